@@ -1,0 +1,23 @@
+"""The user-facing error types: one line that names the file, line, field or param."""
+
+
+class SingaError(Exception):
+    """A user mistake or a bad input; the CLI prints the message alone and exits with `exit_code`."""
+    exit_code = 2
+
+
+class ConfigError(SingaError):
+    """A job.conf / singa.conf that cannot be used (message: `<file>:<line>: <what>`)."""
+
+
+class DataError(SingaError):
+    """A data store, IDX file or record that cannot be read."""
+
+
+class CheckpointError(SingaError):
+    """A checkpoint file that is missing, torn, corrupt or does not fit the net."""
+
+
+class ClusterError(SingaError):
+    """ZooKeeper or a peer process that cannot be reached (message names host and port)."""
+    exit_code = 1
