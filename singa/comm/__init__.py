@@ -1,0 +1,1 @@
+"""Messaging between workers, servers and stubs over ZeroMQ (SINGA's comm/)."""

@@ -1,0 +1,66 @@
+"""Dealer and Router: ZeroMQ endpoints carrying Msgs (SINGA's Dealer/Router, §4.6).
+
+A Dealer is an executor's (worker's or server's) connection to its process's stub; the Router
+is the stub's socket. Endpoints are `inproc://` inside a process and `tcp://` across processes;
+the message layout is the same on both.
+"""
+import zmq
+
+from singa.comm.msg import Msg
+from singa.errors import ClusterError
+
+
+def identity(address):
+    return b"%d" % address
+
+
+class Dealer:
+    """One executor's socket, identified by its address, connected to a Router endpoint."""
+
+    def __init__(self, ctx, address, endpoint):
+        self.address = address
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.IDENTITY, identity(address))
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, msg):
+        self.sock.send_multipart([msg.header(), *msg.frames], copy=False)
+
+    def receive(self, timeout_ms):
+        """The next message, or None after `timeout_ms` milliseconds."""
+        if not self.sock.poll(timeout_ms):
+            return None
+        return Msg.from_frames(self.sock.recv_multipart(copy=False))
+
+    def close(self):
+        self.sock.close(0)
+
+
+class Router:
+    """The stub's socket: receives from every Dealer, sends to a Dealer by its address."""
+
+    def __init__(self, ctx, endpoint):
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        try:
+            self.sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            raise ClusterError(f"cannot bind {endpoint}: {e}") from None
+        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def send(self, msg):
+        try:
+            self.sock.send_multipart([identity(msg.dst), msg.header(), *msg.frames], copy=False)
+        except zmq.ZMQError as e:
+            raise ClusterError(f"cannot deliver {msg}: {e}") from None
+
+    def receive(self, timeout_ms):
+        if not self.sock.poll(timeout_ms):
+            return None
+        frames = self.sock.recv_multipart(copy=False)
+        return Msg.from_frames(frames[1:])
+
+    def close(self):
+        self.sock.close(0)

@@ -1,0 +1,85 @@
+"""Layer: the unit of a NeuralNet (SINGA's Layer), and the registry keyed by LayerType/user_type.
+
+Contract (mirrors SINGA 0.3, §7.1 of the reference):
+  * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
+    for layers that take no gradient) and creates `params` (list of `singa.param.Param`,
+    in the order of the conf's `param` entries).
+  * `compute_feature(flag, srclayers)` fills `data` (and `aux_data` for input layers).
+  * `compute_gradient(flag, srclayers)` reads `grad` (dL/d data, written by the
+    destinations), fills each param's `grad`, and writes dL/d src into `src.grad_for(self)`
+    (skipped when that is None). Gradients are written, not accumulated, unless `flag`
+    has kAggGrad.
+  * `data_for(dst)` / `grad_for(dst)`: what a destination reads / where it writes its gradient
+    (connection layers give each destination its own blob).
+  * `to_string(flag)`: the metrics accumulated since the last call (`Loss = …, accuracy = …`),
+    then reset; "" for layers without metrics.
+`flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
+`rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
+"""
+from singa.errors import ConfigError
+from singa.proto import job_pb2
+
+_REGISTRY = {}
+
+
+def register(*keys):
+    """Class decorator: register a Layer class under LayerType values or user_type strings."""
+    def deco(cls):
+        for k in keys:
+            _REGISTRY[k] = cls
+        return cls
+    return deco
+
+
+def create_layer(conf):
+    """Instantiate the layer class for `conf` (user_type wins over type, as in SINGA)."""
+    key = conf.user_type if conf.HasField("user_type") else conf.type
+    cls = _REGISTRY.get(key)
+    if cls is None:
+        name = key if isinstance(key, str) else job_pb2.LayerType.Name(key)
+        raise ConfigError(f"layer '{conf.name}': layer type {name} is not implemented")
+    return cls(conf)
+
+
+def is_registered(conf):
+    key = conf.user_type if conf.HasField("user_type") else conf.type
+    return key in _REGISTRY
+
+
+class Layer:
+    """Base layer: holds the conf, output blob, its gradient, labels and params."""
+
+    #: True for input layers: they may feed several destinations without a Split layer.
+    one_to_many = False
+
+    def __init__(self, conf):
+        self.conf = conf
+        self.name = conf.name
+        self.partition_id = conf.partition_id
+        self.unroll_index = conf.unroll_index
+        self.data = None
+        self.grad = None
+        self.aux_data = None
+        self.params = []
+        self.rng = None
+
+    def setup(self, srclayers):
+        raise NotImplementedError
+
+    def compute_feature(self, flag, srclayers):
+        raise NotImplementedError
+
+    def compute_gradient(self, flag, srclayers):
+        pass
+
+    def data_for(self, dst):
+        return self.data
+
+    def grad_for(self, dst):
+        return self.grad
+
+    def to_string(self, flag):
+        return ""
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r})"

@@ -1,0 +1,219 @@
+"""NeuralNet: a NetProto turned into set-up layers for one phase (SINGA's NeuralNet::Create, §7.2).
+
+Steps: phase filter (include/exclude) → unrolling (`<i>#` names, also for unroll_len 1, so
+param names are SINGA's `0#w1`) → share_from → split layers → topological sort → create and
+set up layers, number params. Test and validation nets share the train net's param values.
+"""
+import collections
+
+from singa import layers  # noqa: F401  (registers every layer type)
+from singa.errors import ConfigError
+from singa.layers.base import create_layer
+from singa.proto import job_pb2
+
+PHASE_NAMES = {job_pb2.kTrain: "train", job_pb2.kVal: "validation", job_pb2.kTest: "test"}
+
+
+class NeuralNet:
+    """Layers of one phase in topological order, with their params.
+
+    `layers`: list of Layer; `srclayers[name]`: the layer's sources; `params`: every Param in
+    layer order (owners and sharers); `owner_params`: the params that own their values.
+    """
+
+    def __init__(self, net_conf, phase, rng, share_from=None):
+        self.phase = phase
+        self.rng = rng
+        confs = unroll(filter_phase(net_conf, phase))
+        resolve_share_from(confs)
+        confs = add_split_layers(confs)
+        confs = topological_sort(confs)
+        self.layers = []
+        self.by_name = {}
+        self.srclayers = {}
+        for conf in confs:
+            layer = create_layer(conf)
+            layer.rng = rng
+            srcs = [self.by_name[s] for s in conf.srclayers]
+            layer.setup(srcs)
+            self.layers.append(layer)
+            self.by_name[conf.name] = layer
+            self.srclayers[conf.name] = srcs
+        self.params = [p for layer in self.layers for p in layer.params]
+        for i, p in enumerate(self.params):
+            p.id = p.owner = i
+        by_name = {p.name: p for p in self.params}
+        for layer in self.layers:
+            for p, pconf in zip(layer.params, layer.conf.param):
+                if pconf.share_from:
+                    # unrolled copies share data and gradient; user share_from shares data only
+                    p.share_data_from(by_name[pconf.share_from], grad=layer.unroll_index > 0)
+        if share_from is not None:
+            self.share_params_from(share_from)
+        self.owner_params = [p for p in self.params if p.is_owner]
+
+    def share_params_from(self, other):
+        """Use `other`'s param values (matched by name): test/val nets follow the train net."""
+        theirs = {p.name: p for p in other.owner_params}
+        for p in self.params:
+            src = theirs.get(p.name)
+            if src is not None:
+                p.share_data_from(src)
+                p.owner = -1 - src.id  # never an owner here: the train net updates it
+
+    def forward(self, flag):
+        for layer in self.layers:
+            layer.compute_feature(flag, self.srclayers[layer.name])
+
+    def display(self, flag):
+        """Lines `<metrics>` of every layer with something to say (resets their accumulators)."""
+        out = []
+        for layer in self.layers:
+            s = layer.to_string(flag)
+            if s:
+                out.append(s)
+        return out
+
+    def input_layers(self):
+        return [layer for layer in self.layers if hasattr(layer, "get_state")]
+
+
+def filter_phase(net_conf, phase):
+    """Layer confs kept in `phase` (exclude removes, include keeps only the listed phases)."""
+    kept = []
+    for conf in net_conf.layer:
+        if phase in conf.exclude:
+            continue
+        if len(conf.include) and phase not in conf.include:
+            continue
+        c = job_pb2.LayerProto()
+        c.CopyFrom(conf)
+        if not c.HasField("unroll_len"):
+            c.unroll_len = net_conf.unroll_len
+        if not c.HasField("partition_dim"):
+            c.partition_dim = net_conf.partition_dim
+        kept.append(c)
+    return kept
+
+
+def unroll(confs):
+    """Copy each layer `unroll_len` times as `<i>#<name>`, params `<i>#<param>` (§7.2 step 3)."""
+    by_name = {c.name: c for c in confs}
+    out = []
+    for conf in confs:
+        n = conf.unroll_len
+        for i in range(n):
+            c = job_pb2.LayerProto()
+            c.CopyFrom(conf)
+            c.name = f"{i}#{conf.name}"
+            c.unroll_index = i
+            del c.srclayers[:]
+            c.ClearField("unroll_len")
+            del c.unroll_conn_type[:]
+            del c.shift[:]
+            for p in c.param:
+                if i > 0:
+                    p.share_from = f"0#{p.name}"
+                p.name = f"{i}#{p.name}"
+            for k, src in enumerate(conf.srclayers):
+                if src not in by_name:
+                    raise ConfigError(f"layer '{conf.name}': srclayer '{src}' names no layer")
+                m = by_name[src].unroll_len
+                ctype = (conf.unroll_conn_type[k] if k < len(conf.unroll_conn_type)
+                         else job_pb2.kUnrollOneToOne)
+                shift = conf.shift[k] if k < len(conf.shift) else 0
+                if ctype == job_pb2.kUnrollOneToAll:
+                    c.srclayers.extend(f"{j}#{src}" for j in range(m))
+                elif ctype == job_pb2.kUnrollFirstToLast:
+                    if i == 0:
+                        c.srclayers.append(f"{m - 1}#{src}")
+                elif ctype == job_pb2.kUnrollOneToOne:
+                    if i - shift >= 0:
+                        c.srclayers.append(f"{i - shift}#{src}")
+                else:
+                    raise ConfigError(f"layer '{conf.name}': unroll_conn_type "
+                                      f"{job_pb2.UnrollConnType.Name(ctype)} is not implemented")
+            if conf.type == job_pb2.kGRU and i > 0:
+                c.srclayers.append(f"{i - 1}#{conf.name}")
+            out.append(c)
+    return out
+
+
+def resolve_share_from(confs):
+    """Point user `share_from` at the unrolled name (`w1` → `0#w1`).
+
+    SINGA 0.2/0.3 leave a user's `share_from` unprefixed and then abort (`can't find
+    share_from`), which breaks its own rbm confs (§12 item 11); we resolve it instead.
+    """
+    names = {p.name for c in confs for p in c.param}
+    for c in confs:
+        for p in c.param:
+            if not p.share_from or p.share_from in names:
+                continue
+            prefixed = f"{c.unroll_index}#{p.share_from}"
+            if prefixed in names:
+                p.share_from = prefixed
+            elif f"0#{p.share_from}" in names:
+                p.share_from = f"0#{p.share_from}"
+            else:
+                raise ConfigError(f"layer '{c.name}': param '{p.name}' has share_from "
+                                  f"'{p.share_from}', which names no param")
+
+
+def add_split_layers(confs):
+    """Insert `split(<L>)` after each non-input layer that feeds several layers (§7.2 step 5)."""
+    from singa.layers.base import _REGISTRY
+    dsts = collections.defaultdict(list)
+    for c in confs:
+        for s in c.srclayers:
+            dsts[s].append(c.name)
+    by_name = {c.name: c for c in confs}
+    out = []
+    for c in confs:
+        out.append(c)
+        key = c.user_type if c.HasField("user_type") else c.type
+        cls = _REGISTRY.get(key)
+        if len(dsts[c.name]) > 1 and not getattr(cls, "one_to_many", False):
+            split = job_pb2.LayerProto(name=f"split({c.name})", type=job_pb2.kSplit)
+            split.srclayers.append(c.name)
+            split.split_conf.num_splits = len(dsts[c.name])
+            split.partition_dim = c.partition_dim
+            split.unroll_index = c.unroll_index
+            out.append(split)
+            for d in dsts[c.name]:
+                srcs = by_name[d].srclayers
+                for k, s in enumerate(srcs):
+                    if s == c.name:
+                        srcs[k] = split.name
+    return out
+
+
+def topological_sort(confs):
+    """Kahn's order from source-less layers, in conf order (SINGA's Graph::Sort)."""
+    by_name = {}
+    for c in confs:
+        if c.name in by_name:
+            raise ConfigError(f"duplicate layer name '{c.name}'")
+        by_name[c.name] = c
+    for c in confs:
+        for s in c.srclayers:
+            if s not in by_name:
+                raise ConfigError(f"layer '{c.name}': srclayer '{s}' names no layer")
+    dsts = collections.defaultdict(list)
+    for c in confs:
+        for s in dict.fromkeys(c.srclayers):
+            dsts[s].append(c)
+    pending = {c.name: len(set(c.srclayers)) for c in confs}
+    queue = collections.deque(c for c in confs if pending[c.name] == 0)
+    order = []
+    while queue:
+        c = queue.popleft()
+        order.append(c)
+        for d in dsts[c.name]:
+            pending[d.name] -= 1
+            if pending[d.name] == 0:
+                queue.append(d)
+    if len(order) < len(confs):
+        stuck = [c.name for c in confs if pending[c.name] > 0]
+        raise ConfigError(f"the layers {', '.join(stuck)} form a cycle")
+    return order

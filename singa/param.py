@@ -1,0 +1,86 @@
+"""Param: a named, versioned float32 array with its gradient; SINGA's init methods (§8.3)."""
+import numpy as np
+
+from singa.errors import ConfigError
+from singa.proto import job_pb2
+
+
+class Param:
+    """Values `data`, gradient `grad`, `version` (updates seen, -1 before init) and the conf.
+
+    Shared params (`share_from`, replicas) point `data` at the owner's array and set
+    `owner` to the owner's id; only owners are checkpointed and updated.
+    """
+
+    def __init__(self, proto):
+        self.proto = proto
+        self.name = proto.name
+        self.lr_scale = proto.lr_scale
+        self.wd_scale = proto.wd_scale
+        self.data = None
+        self.grad = None
+        self.version = -1
+        self.last_version = -1
+        self.id = -1
+        self.owner = -1
+
+    def setup(self, shape):
+        self.data = np.zeros(shape, np.float32)
+        self.grad = np.zeros(shape, np.float32)
+
+    @property
+    def shape(self):
+        return self.data.shape
+
+    @property
+    def size(self):
+        return self.data.size
+
+    @property
+    def is_owner(self):
+        return self.owner == self.id
+
+    def share_data_from(self, other, grad=False):
+        """Use `other`'s values (and gradient if `grad`) in place: SINGA's ShareDataFrom."""
+        if other.data.shape != self.data.shape:
+            raise ConfigError(f"param '{self.name}' of shape {self.data.shape} cannot share "
+                              f"'{other.name}' of shape {other.data.shape}")
+        self.data = other.data
+        if grad:
+            self.grad = other.grad
+        self.owner = other.owner
+
+    def init_values(self, rng, version=0):
+        """Fill `data` from the conf's `init` (§8.3) and set `version`."""
+        self.data[...] = fill(self.proto.init, self.data.shape, rng, self.name)
+        self.version = version
+
+    def __repr__(self):
+        return f"Param({self.name!r}, shape={None if self.data is None else self.data.shape}, v={self.version})"
+
+
+def fill(gen, shape, rng, name=""):
+    """Values drawn per ParamGenProto `gen` (SINGA's ParamGenerator::Fill), as float32."""
+    t = gen.type
+    if t == job_pb2.kConstant:
+        return np.full(shape, gen.value, np.float32)
+    if t in (job_pb2.kGaussian, job_pb2.kGaussianSqrtFanIn):
+        v = rng.normal(gen.mean, gen.std, shape)
+    elif t in (job_pb2.kUniform, job_pb2.kUniformSqrtFanIn, job_pb2.kUniformSqrtFanInOut):
+        v = rng.uniform(gen.low, gen.high, shape)
+    else:
+        raise ConfigError(f"param '{name}' has no usable init method "
+                          f"({job_pb2.InitMethod.Name(t)}); set init {{ type: ... }}")
+    if gen.value != 1:
+        v *= gen.value
+    if t in (job_pb2.kGaussianSqrtFanIn, job_pb2.kUniformSqrtFanIn, job_pb2.kUniformSqrtFanInOut):
+        if len(shape) != 2:
+            raise ConfigError(f"param '{name}': {job_pb2.InitMethod.Name(t)} needs a 2-D param, "
+                              f"got shape {tuple(shape)}")
+        if t == job_pb2.kGaussianSqrtFanIn:
+            v /= np.sqrt(shape[1])
+        elif t == job_pb2.kUniformSqrtFanIn:
+            v /= np.sqrt(shape[1] / 3.0)
+        else:
+            v /= np.sqrt(shape[0] + shape[1])
+    return v.astype(np.float32)
