@@ -1,0 +1,178 @@
+"""SINGA's kvfile: a plain concatenation of (8-byte LE key_len, key, 8-byte LE val_len, value).
+
+No header, magic or checksum (§3.2), so shards written here load in SINGA 0.3 and back.
+"""
+import os
+import struct
+
+from singa.errors import DataError
+
+__all__ = ["KVFile", "CAPACITY"]
+
+#: SINGA's default write-buffer capacity in bytes.
+CAPACITY = 10485760
+
+_LEN = struct.Struct("<Q")
+
+
+class KVFile:
+    """A kvfile opened in mode "read", "create" or "append".
+
+    Read and append open `path`, or `path/shard.dat` when `path` is a 0.1 shard folder;
+    create writes exactly `path`. Append continues after the last complete tuple and cuts
+    off a torn tail; it remembers the existing keys and rejects duplicates, like SINGA.
+    """
+
+    def __init__(self, path, mode="read", capacity=CAPACITY):
+        if mode not in ("read", "create", "append"):
+            raise ValueError(f"KVFile mode must be read, create or append, not {mode!r}")
+        self.path = os.fspath(path)
+        self.mode = mode
+        self.capacity = capacity
+        self._keys = set()
+        self._buf = bytearray()
+        if mode == "create":
+            self._file = _open(self.path, "wb")
+            return
+        if os.path.isdir(self.path):
+            self.path = os.path.join(self.path, "shard.dat")
+        if mode == "read":
+            if not os.path.exists(self.path):
+                raise DataError(f"{self.path}: no such kvfile")
+            self._file = _open(self.path, "rb")
+            self._size = os.fstat(self._file.fileno()).st_size
+            return
+        if not os.path.exists(self.path):
+            self._file = _open(self.path, "wb")
+            return
+        end = 0
+        with _open(self.path, "rb") as f:
+            for key, end in _walk(f):
+                self._keys.add(key)
+        self._file = _open(self.path, "r+b")
+        self._file.truncate(end)
+        self._file.seek(end)
+
+    def read(self):
+        """Next (key, value) as bytes, or None at the end of the file or at a torn tail."""
+        f = self._file
+        start = f.tell()
+        head = f.read(8)
+        if len(head) < 8:
+            return self._torn(start)
+        (klen,) = _LEN.unpack(head)
+        if not self._fits(start + 8, klen + 8):
+            return self._torn(start)
+        key = f.read(klen)
+        (vlen,) = _LEN.unpack(f.read(8))
+        if not self._fits(start + 16 + klen, vlen):
+            return self._torn(start)
+        return key, f.read(vlen)
+
+    def seek_to_first(self):
+        self.seek(0)
+
+    def tell(self):
+        """Byte offset of the next tuple to read (or of the end, when writing)."""
+        return self._file.tell() + len(self._buf)
+
+    def seek(self, offset):
+        """Continue reading at byte `offset`, a value returned by `tell`."""
+        if self.mode != "read":
+            raise ValueError("KVFile.seek needs read mode")
+        if offset < 0:
+            raise DataError(f"{self.path}: negative offset {offset}")
+        self._file.seek(offset)
+
+    def insert(self, key, value):
+        """Buffer one tuple; False (nothing written) for an empty value or a key seen in append."""
+        key, value = _bytes(key), _bytes(value)
+        if not value or key in self._keys:
+            return False
+        tuple_ = b"".join((_LEN.pack(len(key)), key, _LEN.pack(len(value)), value))
+        if len(self._buf) + len(tuple_) > self.capacity:
+            self._write_buffer()
+        if len(tuple_) > self.capacity:
+            # SINGA aborts here; writing it unbuffered is just as correct.
+            self._file.write(tuple_)
+        else:
+            self._buf += tuple_
+        if self.mode == "append":
+            self._keys.add(key)
+        return True
+
+    def flush(self):
+        """Write buffered tuples to the file and flush it to the OS."""
+        if self.mode != "read":
+            self._write_buffer()
+            self._file.flush()
+
+    def close(self):
+        if self._file.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._file.close()
+
+    def count(self):
+        """Number of complete tuples in the file (buffered tuples are flushed first)."""
+        self.flush()
+        with _open(self.path, "rb") as f:
+            return sum(1 for _ in _walk(f))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        """(key, value) from the current position to the end."""
+        return iter(self.read, None)
+
+    def _fits(self, offset, length):
+        # A length prefix beyond the end of the file is a torn tail or garbage: never allocate it.
+        if offset + length <= self._size:
+            return True
+        self._size = os.fstat(self._file.fileno()).st_size
+        return offset + length <= self._size
+
+    def _torn(self, start):
+        # Stay at the start of the incomplete tuple, so tell() names where valid data ends.
+        self._file.seek(start)
+        return None
+
+    def _write_buffer(self):
+        if self._buf:
+            self._file.write(self._buf)
+            self._buf.clear()
+
+
+def _walk(f):
+    """Yield (key, end offset) of each complete tuple of open file `f`, skipping the values."""
+    size = os.fstat(f.fileno()).st_size
+    pos = 0
+    while pos + 8 <= size:
+        f.seek(pos)
+        (klen,) = _LEN.unpack(f.read(8))
+        if pos + 16 + klen > size:
+            return
+        key = f.read(klen)
+        (vlen,) = _LEN.unpack(f.read(8))
+        end = pos + 16 + klen + vlen
+        if end > size:
+            return
+        yield key, end
+        pos = end
+
+
+def _bytes(s):
+    return s.encode() if isinstance(s, str) else bytes(s)
+
+
+def _open(path, mode):
+    try:
+        return open(path, mode)
+    except OSError as e:
+        raise DataError(f"{path}: cannot open kvfile: {e.strerror}") from None

@@ -1,0 +1,28 @@
+"""open_store: SINGA's CreateStore(backend) + Open(path, mode) (§3.1)."""
+from singa.errors import DataError
+from singa.io.kvfile import KVFile
+from singa.io.textfile import TextFileStore
+
+__all__ = ["open_store", "KVFileStore", "TextFileStore", "BACKENDS"]
+
+
+class KVFileStore(KVFile):
+    """The "kvfile" backend: a KVFile whose write(key, value) is insert."""
+
+    def write(self, key, value):
+        return self.insert(key, value)
+
+
+BACKENDS = {"kvfile": KVFileStore, "textfile": TextFileStore}
+
+
+def open_store(backend, path, mode="read"):
+    """A store of `backend` ("kvfile" | "textfile") opened on `path` in mode read/create/append.
+
+    Every store has read() -> (key, value) | None, seek_to_first(), tell(), seek(offset),
+    write(key, value), flush() and close(), and is a context manager.
+    """
+    if backend not in BACKENDS:
+        raise DataError(f"{path}: store backend {backend!r} not recognized "
+                        f"(known: {', '.join(sorted(BACKENDS))})")
+    return BACKENDS[backend](path, mode)

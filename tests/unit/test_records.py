@@ -1,0 +1,62 @@
+"""Record decoding: RecordProto data/pixel, 0.1 Record wrapper, SINGA's shards, count checks."""
+import numpy as np
+import pytest
+
+from singa.errors import DataError
+from singa.io.kvfile import KVFile
+from singa.io.records import decode_batch, record_values
+from singa.proto import common_pb2
+
+FIXTURES = "/work/shared/fixtures/singa-0.3"
+
+
+def _rec(**kw):
+    return common_pb2.RecordProto(**kw).SerializeToString()
+
+
+def test_singa_record_input_layer_records():
+    # The three records of SINGA's test_record_input_layer.cc.
+    values = [_rec(data=[3.2, 1, 14.1], label=12), _rec(data=[0.2, 0, 1.1], label=2),
+              _rec(data=[2.2, 1, 4.1], label=1)]
+    x, labels = decode_batch(values, 3)
+    np.testing.assert_array_equal(
+        x, np.array([[3.2, 1, 14.1], [0.2, 0, 1.1], [2.2, 1, 4.1]], np.float32))
+    assert x.dtype == np.float32 and labels.tolist() == [12, 2, 1]
+
+
+def test_pixels_are_unsigned_bytes_and_fill_preallocated_out():
+    out = np.full((2, 4), -1, np.float32)
+    labels = np.zeros(2, np.int32)
+    x, lab = decode_batch([_rec(pixel=bytes([0, 128, 255, 7]), label=3),
+                           _rec(pixel=bytes([1, 2, 3, 4]))], 4, out=out, labels_out=labels)
+    assert x is out and lab is labels
+    assert out.tolist() == [[0, 128, 255, 7], [1, 2, 3, 4]] and labels.tolist() == [3, 0]
+
+
+def test_record_values_reshapes_and_reads_v01_wrapper():
+    inner = common_pb2.RecordProto(shape=[2, 2], label=5, pixel=bytes([9, 8, 7, 6]))
+    wrapped = common_pb2.Record(type=0, image=inner).SerializeToString()
+    x, label = record_values(wrapped, (1, 2, 2))
+    assert x.shape == (1, 2, 2) and label == 5 and x.ravel().tolist() == [9, 8, 7, 6]
+
+
+def test_count_mismatch_names_count_shape_and_key():
+    msg = r"'00000007' has 3 values, expected 784 \(shape \[1, 28, 28\]\)"
+    with pytest.raises(DataError, match=msg):
+        record_values(_rec(data=[1, 2, 3]), (1, 28, 28), key=b"00000007")
+
+
+def test_garbage_value_names_key():
+    with pytest.raises(DataError, match="record 'k9' is not a RecordProto"):
+        decode_batch([b"\xff\xff\xff"], 3, [b"k9"])
+
+
+def test_decodes_singa_fashion_mnist_shard():
+    with KVFile(f"{FIXTURES}/train-1000.bin") as f:
+        keys, values = zip(*f)
+    x, labels = decode_batch(list(values), 784, keys)
+    assert x.shape == (1000, 784) and x.dtype == np.float32
+    assert 0 <= x.min() and x.max() == 255 and x.mean() > 10
+    assert set(labels.tolist()) == set(range(10))
+    shape = common_pb2.RecordProto.FromString(values[0]).shape
+    assert list(shape) == [28, 28]

@@ -1,0 +1,82 @@
+"""open_store: SINGA's test_store cases for both backends, positions, and bad backends/paths."""
+import pytest
+
+from singa.errors import DataError
+from singa.io.store import open_store
+
+FIXTURES = "/work/shared/fixtures/singa-0.3"
+
+
+def _write_three(backend, path):
+    store = open_store(backend, path, "create")
+    store.write("001", "first tuple")
+    store.write("002", "second tuple")
+    store.flush()
+    store.write("003", "third tuple")
+    store.close()
+
+
+@pytest.mark.parametrize("backend, first_key", [("textfile", b"0"), ("kvfile", b"001")])
+def test_singa_store_write_read_seek_to_first(tmp_path, backend, first_key):
+    path = tmp_path / "store"
+    open_store(backend, path, "create").close()
+    open_store(backend, path, "read").close()
+    _write_three(backend, path)
+    store = open_store(backend, path, "read")
+    assert store.read() == (first_key, b"first tuple")
+    assert store.read() is not None and store.read() is not None
+    assert store.read() is None
+    store.seek_to_first()
+    assert store.read() == (first_key, b"first tuple")
+    store.close()
+
+
+def test_textfile_keys_are_line_numbers_and_lines_are_raw(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_bytes(b"12,3.2,1,14.1\n\n2,0.2,0,1.1")
+    with open_store("textfile", path) as store:
+        assert list(store) == [(b"0", b"12,3.2,1,14.1"), (b"1", b""), (b"2", b"2,0.2,0,1.1")]
+
+
+def test_textfile_append_adds_lines(tmp_path):
+    path = tmp_path / "out.csv"
+    _write_three("textfile", path)
+    with open_store("textfile", path, "append") as store:
+        store.write("ignored", b"fourth")
+    assert path.read_bytes() == b"first tuple\nsecond tuple\nthird tuple\nfourth\n"
+
+
+@pytest.mark.parametrize("backend", ["textfile", "kvfile"])
+def test_seek_to_tell_restores_position_and_key(tmp_path, backend):
+    path = tmp_path / "store"
+    with open_store(backend, path, "create") as store:
+        for i in range(6):
+            store.write(b"k%d" % i, b"value %d" % i)
+    with open_store(backend, path) as store:
+        store.read(), store.read()
+        pos = store.tell()
+        rest = list(store)
+        store.seek_to_first()
+        store.seek(pos)
+        assert list(store) == rest
+        assert rest[0][1] == b"value 2"
+        if backend == "textfile":
+            assert rest[0][0] == b"2"
+
+
+def test_kvfile_store_reads_singa_shard():
+    with open_store("kvfile", f"{FIXTURES}/test-500.bin") as store:
+        keys = [k for k, _ in store]
+    assert keys == [b"%08d" % i for i in range(5000, 5500)]
+
+
+def test_unknown_backend_is_named():
+    with pytest.raises(DataError, match="'lmdb'"):
+        open_store("lmdb", "x", "read")
+
+
+@pytest.mark.parametrize("backend", ["textfile", "kvfile"])
+def test_missing_file_in_read_mode_names_path(tmp_path, backend):
+    path = tmp_path / "absent.bin"
+    with pytest.raises(DataError, match=str(path)):
+        open_store(backend, path, "read")
