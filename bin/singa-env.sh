@@ -1,0 +1,22 @@
+# Environment of SINGA's scripts (source it). Sets, unless already set: SINGA_BIN, SINGA_HOME,
+# SINGA_CONF, PYTHON (the venv of thirdparty/install.sh), SINGATOOL, SINGA_LOG (log_dir of
+# singa.conf, no trailing /), SINGA_MANAGES_ZK (true: bin/zk-service.sh runs a local server).
+if [ -z "${SINGA_ENV_DONE:-}" ]; then
+  : "${SINGA_BIN:=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
+  : "${SINGA_HOME:=$(dirname "$SINGA_BIN")}"
+  : "${SINGA_CONF:=$SINGA_HOME/conf}"
+  : "${PYTHON:=$SINGA_HOME/.venv/bin/python}"
+  : "${SINGA_MANAGES_ZK:=true}"
+  if [ ! -x "$PYTHON" ]; then
+    echo "singa: $PYTHON not found; run $SINGA_HOME/thirdparty/install.sh" >&2
+    return 1 2>/dev/null || exit 1
+  fi
+  # the package imports from SINGA_HOME even where it is not pip-installed
+  export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
+  SINGATOOL="$PYTHON -m singa.tool"
+  if [ -z "${SINGA_LOG:-}" ]; then
+    SINGA_LOG=$($SINGATOOL getlogdir -confdir "$SINGA_CONF") || { return 2 2>/dev/null || exit 2; }
+  fi
+  export SINGA_BIN SINGA_HOME SINGA_CONF PYTHON SINGATOOL SINGA_LOG SINGA_MANAGES_ZK
+  export SINGA_ENV_DONE=1
+fi

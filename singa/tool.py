@@ -1,0 +1,128 @@
+"""singatool: job ids, hosts and the job list in ZooKeeper (SINGA's src/utils/tool.cc).
+
+Exit codes: 0 ok, 1 bad arguments (usage printed), 2 runtime error (one-line message).
+"""
+import os
+import re
+import sys
+
+from google.protobuf import text_format
+
+import singa
+from singa.cluster import nprocs
+from singa.errors import ConfigError, SingaError
+from singa.proto import job_pb2, singa_pb2
+from singa.zk import ZK
+
+USAGE = """\
+Usage: singatool <command> [args] [-confdir <dir>]
+  getlogdir          print log_dir of singa.conf
+  create             print a new unique job id
+  genhost [JOB_CONF] print the hosts of the job's processes, one per line
+  list               list running jobs
+  listall            list all jobs
+  view ID            print the processes of job ID as host|pid
+  remove ID          remove job ID's processes from ZooKeeper
+  removeall          remove all jobs from ZooKeeper
+  cleanup            remove all of SINGA's data from ZooKeeper
+  -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
+
+# command -> number of arguments it takes (genhost: the job conf is optional)
+ARITY = {"getlogdir": (0,), "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,),
+         "view": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,)}
+
+
+def main(argv=None):
+    args = list(sys.argv[1:] if argv is None else argv)
+    confdir = os.path.join(singa.HOME, "conf")
+    if "-confdir" in args:
+        i = args.index("-confdir")
+        if i + 1 >= len(args):
+            return usage("-confdir needs a directory")
+        confdir = args[i + 1]
+        del args[i:i + 2]
+    if not args or args[0] not in ARITY:
+        return usage(f"unknown command {args[0]!r}" if args else None)
+    cmd, rest = args[0], args[1:]
+    if len(rest) not in ARITY[cmd]:
+        return usage(f"{cmd}: wrong number of arguments")
+    if cmd in ("view", "remove") and not rest[0].isdigit():
+        return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
+    try:
+        run(cmd, rest, confdir)
+    except SingaError as e:
+        print(f"singatool: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def run(cmd, rest, confdir):
+    conf = read_singa_conf(os.path.join(confdir, "singa.conf"))
+    if cmd == "getlogdir":
+        print(conf.log_dir.rstrip("/") or "/")
+        return
+    with ZK(conf.zookeeper_host) as zk:
+        if cmd == "create":
+            print(zk.new_job_id())
+        elif cmd == "genhost":
+            n = nprocs(read_cluster(rest[0])) if rest else 1
+            print("\n".join(zk.gen_hosts(os.path.join(confdir, "hostfile"), n)))
+        elif cmd in ("list", "listall"):
+            print("JOB ID    |NUM PROCS  ")
+            print("----------|-----------")
+            for job_id, n in zk.list_jobs(all=cmd == "listall"):
+                print("%-10d|%-10d" % (job_id, n))
+        elif cmd == "view":
+            for proc in zk.job_procs(int(rest[0])):
+                print(proc)
+        elif cmd == "remove":
+            zk.remove_job(int(rest[0]))
+        elif cmd == "removeall":
+            zk.remove_all()
+        elif cmd == "cleanup":
+            zk.cleanup()
+
+
+def usage(problem=None):
+    if problem:
+        print(f"singatool: {problem}", file=sys.stderr)
+    print(USAGE, file=sys.stderr)
+    return 1
+
+
+def read_singa_conf(path):
+    """conf/singa.conf as a SingaProto."""
+    return _parse(_read(path), singa_pb2.SingaProto(), path)
+
+
+def read_cluster(path):
+    """The `cluster { ... }` block of a job conf as a ClusterProto.
+
+    Like SINGA, only that block is read, so confs with user extension fields still work.
+    """
+    text = _read(path)
+    m = re.search(r"^[ \t]*cluster[ \t]*:?[ \t]*\{([^}]*)\}", text, re.M)
+    if not m:
+        return job_pb2.ClusterProto()
+    first_line = text.count("\n", 0, m.start(1)) + 1
+    return _parse(m.group(1), job_pb2.ClusterProto(), path, first_line - 1)
+
+
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _parse(text, msg, path, line_offset=0):
+    try:
+        return text_format.Parse(text, msg)
+    except text_format.ParseError as e:
+        what = re.sub(r"^\d+:\d+ : ", "", str(e))
+        raise ConfigError(f"{path}:{(e.GetLine() or 1) + line_offset}: {what}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

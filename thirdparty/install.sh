@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Install what SINGA needs: Debian's zookeeper (with Java) and dataset-fashion-mnist, and the
+# venv $SINGA_HOME/.venv with singa installed in it (editable, with test extras).
+# Idempotent: when everything is in place it only checks files.   Usage: install.sh [--quiet]
+set -euo pipefail
+
+QUIET=
+case ${1:-} in
+  --quiet) QUIET=1 ;;
+  "") ;;
+  *) echo "Usage: install.sh [--quiet]" >&2; exit 1 ;;
+esac
+SINGA_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$SINGA_HOME/.venv
+STAMP=$VENV/.singa-installed   # newer than pyproject.toml: the install is current
+PY=${PYTHON3:-python3}
+
+say() { [ -n "$QUIET" ] || echo "install: $*"; }
+die() { echo "install: error: $*" >&2; exit 1; }
+
+# --- Debian packages ---
+pkgs=()
+{ [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || pkgs+=(zookeeper)
+compgen -G "/usr/share/datasets/fashion-mnist/*.gz" >/dev/null || pkgs+=(dataset-fashion-mnist)
+if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' 2>/dev/null; then
+  pkgs+=(python3-venv)   # Debian's python3 makes venvs only with this package
+fi
+if [ ${#pkgs[@]} -gt 0 ]; then
+  command -v apt-get >/dev/null || die "missing ${pkgs[*]} and no apt-get to install them"
+  SUDO=
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || die "installing ${pkgs[*]} needs root (or sudo)"
+    SUDO=sudo
+  fi
+  say "apt-get update"
+  $SUDO apt-get update -qq >/dev/null || die "apt-get update failed"
+  say "apt-get install ${pkgs[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${pkgs[@]}" >/dev/null \
+    || die "apt-get install ${pkgs[*]} failed"
+fi
+
+# --- the venv ---
+if [ ! -x "$VENV/bin/python" ]; then
+  command -v "$PY" >/dev/null || die "$PY not found; SINGA needs Python 3.11 or newer"
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || die "$PY is Python $("$PY" -c 'import platform; print(platform.python_version())'); SINGA needs 3.11 or newer"
+  say "creating the venv $VENV"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV" || die "$PY -m venv $VENV failed"
+fi
+if [ ! -f "$STAMP" ] || [ "$SINGA_HOME/pyproject.toml" -nt "$STAMP" ]; then
+  say "pip install -e $SINGA_HOME[test]"
+  "$VENV/bin/python" -m pip install ${QUIET:+-q} --disable-pip-version-check -e "$SINGA_HOME[test]" \
+    || die "pip install into $VENV failed"
+  touch "$STAMP"
+fi
+say "all installed (venv $VENV, zookeeper, dataset-fashion-mnist)"
