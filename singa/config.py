@@ -1,0 +1,332 @@
+"""Read job.conf / singa.conf (protobuf text format) into validated protos, errors as `file:line: what`.
+
+`load_job` mirrors what SINGA 0.3 rejects (parse errors, unknown fields and enum values, missing
+required fields, `include` mixed with `exclude`, unknown srclayers, repeated layer/param names,
+unknown `share_from`, an unset `alg`/updater) and adds checks SINGA only fails on later (cycles,
+unregistered layer types, missing data files, missing workspace). Layers without `unroll_len` /
+`partition_dim` get `NetProto`'s values (SINGA's `NeuralNet::Create` step 1-2).
+"""
+import collections
+import os
+import re
+
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import text_format
+
+import singa
+from singa.errors import ConfigError
+from singa.proto import job_pb2, singa_pb2
+
+#: Phases whose nets a job builds: kTrain always, kVal / kTest when their steps are > 0.
+PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
+          ("kTest", job_pb2.kTest, "test_steps"))
+_OUTPUT_TYPES = (job_pb2.kCSVOutput, job_pb2.kRecordOutput)
+
+
+def resolve(path):
+    """`path` made absolute; relative paths are relative to the SINGA home (SINGA runs from there)."""
+    return os.path.normpath(os.path.join(singa.HOME, os.path.expanduser(path)))
+
+
+def load_job(path, check_paths=True, check_layers=True):
+    """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
+    return parse_job(_read(path), path, check_paths=check_paths, check_layers=check_layers)
+
+
+def parse_job(text, path="<string>", check_paths=True, check_layers=True):
+    """Parse and validate job conf `text`; `path` only names the file in error messages.
+
+    check_paths: data files must exist and the workspace is created if missing.
+    check_layers: every layer type must be registered in `singa.layers`.
+    """
+    conf = _Conf(text, path)
+    job = conf.parse(job_pb2.JobProto())
+    _check_job(conf, job, check_layers)
+    if check_paths:
+        _check_paths(conf, job)
+    _apply_defaults(job)
+    return job
+
+
+def load_singa_conf(path):
+    """Parse the global conf (conf/singa.conf) into a SingaProto."""
+    return _Conf(_read(path), path).parse(singa_pb2.SingaProto())
+
+
+def phase_layers(job, phase):
+    """(index, LayerProto) of the layers in the `phase` net (SINGA's include/exclude rules)."""
+    return [(i, layer) for i, layer in enumerate(job.neuralnet.layer)
+            if phase not in layer.exclude and (not layer.include or phase in layer.include)]
+
+
+def _read(path):
+    try:
+        with open(resolve(path), "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
+
+
+class _Conf:
+    """The text of one conf file and the line of every field in it, for error messages."""
+
+    def __init__(self, text, path):
+        self.text = text
+        self.path = path
+        self.lines = {}
+
+    def fail(self, line, what):
+        raise ConfigError(f"{self.path}:{line}: {what}")
+
+    def parse(self, msg):
+        try:
+            text_format.Parse(self.text, msg)
+        except text_format.ParseError as e:
+            self.fail(e.GetLine() or 1, self._parse_error(e))
+        self.lines = _field_lines(self.text, msg.DESCRIPTOR)
+        missing = msg.FindInitializationErrors()
+        if missing:
+            m = re.match(r"neuralnet\.layer\[(\d+)\]", missing[0])
+            name = msg.neuralnet.layer[int(m.group(1))].name if m else ""
+            who = f"layer '{name}': " if name else ""
+            self.fail(self.line(missing[0]), f"{who}required field {missing[0]} is missing")
+        return msg
+
+    def line(self, *paths):
+        """Line of the first of `paths` (FindInitializationErrors syntax) or of its nearest
+        enclosing message found in the text; 1 if none."""
+        for path in paths:
+            while path:
+                if path in self.lines:
+                    return self.lines[path]
+                path = path.rpartition(".")[0]
+        return 1
+
+    def layer_line(self, i):
+        return self.line(f"neuralnet.layer[{i}].name", f"neuralnet.layer[{i}]")
+
+    def _parse_error(self, e):
+        msg = str(e)
+        msg = re.sub(r"^\d+:\d+ : ", "", msg)
+        lines = self.text.splitlines()
+        if e.GetLine() and e.GetLine() <= len(lines):
+            msg = msg.removeprefix(f"'{lines[e.GetLine() - 1]}': ")
+        ext = re.match(r'Extension "([\w.]+)" not registered', msg)
+        if ext:
+            return (f"extension [{ext.group(1)}] is not defined (a user extension from an "
+                    f"example's own .proto, e.g. rnnlm.proto, which this build does not know)")
+        msg = " ".join(msg.split())
+        if re.search(r"^\s*model\s*[{<:]", self.text, re.M):
+            return f"not a SINGA 0.2/0.3 job conf (stale pre-0.1 format?): {msg}"
+        return msg
+
+
+def _check_job(conf, job, check_layers):
+    alg = job.train_one_batch
+    if not alg.HasField("alg") and not alg.HasField("user_alg"):
+        conf.fail(conf.line("train_one_batch"),
+                  "train_one_batch.alg is not set (kBP, kBPTT or kCD)")
+    if job.train_steps > 0:
+        up = job.updater
+        if not up.HasField("type") and not up.HasField("user_type"):
+            conf.fail(conf.line("updater.type", "updater"),
+                      "updater.type is not set (kSGD, kAdaGrad, kRMSProp, kNesterov, ...)")
+        lr = up.learning_rate
+        if not lr.HasField("type") and not lr.HasField("user_type"):
+            conf.fail(conf.line("updater.learning_rate", "updater"),
+                      "updater.learning_rate.type is not set (kFixed, kStep, ...)")
+    if not job.cluster.workspace:
+        conf.fail(conf.line("cluster"), "cluster.workspace is not set")
+    layers = job.neuralnet.layer
+    _check_include_exclude(conf, layers)
+    all_names = {layer.name for layer in layers}
+    for pname, phase, steps in PHASES:
+        if steps is None or getattr(job, steps) > 0:
+            _check_phase(conf, phase_layers(job, phase), pname, all_names)
+    if check_layers:
+        import singa.layers  # noqa: F401  (registers the layer types)
+        from singa.layers.base import is_registered
+        for i, layer in enumerate(layers):
+            if not is_registered(layer):
+                kind = layer.user_type or job_pb2.LayerType.Name(layer.type)
+                conf.fail(conf.layer_line(i),
+                          f"layer '{layer.name}': layer type {kind} is not implemented")
+
+
+def _check_include_exclude(conf, layers):
+    first = {}
+    for i, layer in enumerate(layers):
+        for kind in ("include", "exclude"):
+            if getattr(layer, kind):
+                first.setdefault(kind, i)
+    if len(first) == 2:
+        i = max(first.values())
+        conf.fail(conf.layer_line(i), f"layer '{layers[i].name}': don't use include and exclude "
+                  f"together (line {conf.layer_line(min(first.values()))} uses the other)")
+
+
+def _check_phase(conf, members, pname, all_names):
+    index = {}
+    for i, layer in members:
+        if layer.name in index:
+            conf.fail(conf.layer_line(i), f"duplicate layer name '{layer.name}' in the {pname} "
+                      f"net (also at line {conf.layer_line(index[layer.name])})")
+        index[layer.name] = i
+    for i, layer in members:
+        for src in layer.srclayers:
+            if src not in index:
+                where = "names no layer" if src not in all_names else f"is not in the {pname} net"
+                conf.fail(conf.line(f"neuralnet.layer[{i}].srclayers", f"neuralnet.layer[{i}]"),
+                          f"layer '{layer.name}': srclayer '{src}' {where}")
+    _check_cycles(conf, members, index)
+    params = {}
+    for i, layer in members:
+        for j, p in enumerate(layer.param):
+            line = conf.line(f"neuralnet.layer[{i}].param[{j}].name", f"neuralnet.layer[{i}].param[{j}]")
+            if p.name in params:
+                what = f"param name '{p.name}'" if p.name else "unnamed param (every param needs a name)"
+                conf.fail(line, f"layer '{layer.name}': duplicate {what} in the {pname} net "
+                          f"(also at line {params[p.name]})")
+            params[p.name] = line
+    for i, layer in members:
+        for j, p in enumerate(layer.param):
+            if p.share_from and p.share_from not in params:
+                conf.fail(conf.line(f"neuralnet.layer[{i}].param[{j}].share_from"),
+                          f"layer '{layer.name}': share_from '{p.share_from}' names no param "
+                          f"of the {pname} net")
+
+
+def _check_cycles(conf, members, index):
+    """Kahn's sort as SINGA's Graph::Sort: a layer is ready when all its sources are, or, if it
+    has several sources and a two-way edge with one (RBMVis <-> RBMHid), when its first is."""
+    srcs = {layer.name: list(layer.srclayers) for _, layer in members}
+    dsts = collections.defaultdict(list)
+    for name, ss in srcs.items():
+        for s in ss:
+            dsts[s].append(name)
+    queue = collections.deque(n for n, ss in srcs.items() if not ss)
+    done = set(queue)
+    while queue:
+        for d in dsts[queue.popleft()]:
+            ss = srcs[d]
+            two_way = len(ss) > 1 and any(d in srcs[s] for s in ss)
+            if d not in done and (all(s in done for s in ss) or (two_way and ss[0] in done)):
+                done.add(d)
+                queue.append(d)
+    left = [name for name in srcs if name not in done]
+    if left:
+        cycle = _find_cycle(left, srcs, done)
+        conf.fail(conf.layer_line(index[cycle[0]]),
+                  "srclayers form a cycle: " + " -> ".join(cycle + [cycle[0]]))
+
+
+def _find_cycle(left, srcs, done):
+    """A cycle among the unsorted layers, as a list of names (each one's source follows it)."""
+    name, seen = left[0], []
+    while name not in seen:
+        seen.append(name)
+        name = next(s for s in srcs[name] if s not in done)
+    cycle = seen[seen.index(name):][::-1]
+    first = min(cycle, key=left.index)  # report from the layer written first
+    i = cycle.index(first)
+    return cycle[i:] + cycle[:i]
+
+
+def _check_paths(conf, job):
+    for pname, phase, steps in PHASES:
+        if steps is not None and getattr(job, steps) <= 0:
+            continue
+        for i, layer in phase_layers(job, phase):
+            prefix = f"neuralnet.layer[{i}]"
+            files = []
+            if layer.HasField("store_conf") and layer.type not in _OUTPUT_TYPES:
+                files += [("store_conf." + f, getattr(layer.store_conf, f))
+                          for f in ("path", "mean_file", "std_file")]
+            for field in ("sharddata_conf", "lmdbdata_conf"):
+                if layer.HasField(field):
+                    files.append((field + ".path", getattr(layer, field).path))
+            if layer.HasField("char_rnn_conf"):
+                files += [("char_rnn_conf." + f, getattr(layer.char_rnn_conf, f))
+                          for f in ("path", "vocab_path")]
+            for field, value in files:
+                if value and "://" not in value and not os.path.exists(resolve(value)):
+                    conf.fail(conf.line(f"{prefix}.{field}", prefix),
+                              f"layer '{layer.name}': {field} '{value}' does not exist "
+                              f"(resolved to {resolve(value)})")
+    ws = resolve(job.cluster.workspace)
+    if not os.path.isdir(ws):
+        if not os.path.isdir(os.path.dirname(ws)):
+            conf.fail(conf.line("cluster.workspace"), f"cluster.workspace '{job.cluster.workspace}'"
+                      f" does not exist and neither does its parent ({ws})")
+        try:
+            os.mkdir(ws)
+        except OSError as e:
+            conf.fail(conf.line("cluster.workspace"),
+                      f"cluster.workspace: cannot create {ws}: {e.strerror}")
+
+
+def _apply_defaults(job):
+    net = job.neuralnet
+    for layer in net.layer:
+        if not layer.HasField("unroll_len"):
+            layer.unroll_len = net.unroll_len
+        if not layer.HasField("partition_dim"):
+            layer.partition_dim = net.partition_dim
+
+
+_TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[\w.+\-]+|\S')
+
+
+def _field_lines(text, descriptor):
+    """{field path → line} for every field set in `text` (already known to parse), with paths in
+    FindInitializationErrors' syntax: `neuralnet.layer[3].innerproduct_conf.num_output`;
+    repeated scalars map the field path without index to their first line."""
+    toks = []
+    for m in _TOKEN.finditer(text):
+        if m.group()[0] != "#":
+            toks.append((m.group(), text.count("\n", 0, m.start()) + 1))
+    lines = {}
+    stack = [("", descriptor, collections.Counter())]
+    i = 0
+    while i < len(toks):
+        tok, line = toks[i]
+        i += 1
+        if tok in "}>":
+            stack.pop()
+            continue
+        if tok in ",;":
+            continue
+        if tok == "[":  # extension name: [pkg.name]
+            while toks[i][0] != "]":
+                tok += toks[i][0]
+                i += 1
+            tok += "]"
+            i += 1
+        prefix, desc, counts = stack[-1]
+        field = desc.fields_by_name.get(tok) if desc is not None else None
+        path = prefix + tok
+        if field is not None and field.is_repeated and (
+                field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE):
+            path += f"[{counts[tok]}]"
+            counts[tok] += 1
+        lines.setdefault(path, line)
+        if toks[i][0] == ":":
+            i += 1
+        if toks[i][0] in "{<":
+            i += 1
+            sub = field.message_type if field is not None else None
+            stack.append((path + ".", sub, collections.Counter()))
+        elif toks[i][0] == "[":  # list value [a, b, ...]
+            while toks[i][0] != "]":
+                i += 1
+            i += 1
+        else:
+            i += 1
+            while i < len(toks) and toks[i - 1][0][0] in "\"'" and toks[i][0][0] in "\"'":
+                i += 1  # adjacent strings concatenate
+    return lines

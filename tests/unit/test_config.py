@@ -1,0 +1,303 @@
+"""singa.config: SINGA's confs parse; every bad input gives one line `file:line: what`."""
+import os
+import pathlib
+
+import pytest
+
+import singa
+from singa import config
+from singa.errors import ConfigError
+from singa.proto import job_pb2
+
+CONFS = pathlib.Path("/work/shared/confs")
+ALL_CONFS = sorted(CONFS.glob("*/*.conf"))
+UNPARSEABLE = {"rnnlm", "rbm_job"}
+DATA, FC, W, B = 'name: "data"', 'name: "fc"', 'name: "w"', 'name: "b"'
+
+GOOD = """\
+name: "t"
+train_steps: 10
+test_steps: 2
+train_one_batch {
+  alg: kBP
+}
+updater {
+  type: kSGD
+  learning_rate {
+    type: kFixed
+    base_lr: 0.1
+  }
+}
+neuralnet {
+  layer {
+    name: "data"
+    type: kRecordInput
+    store_conf {
+      path: "TRAIN"
+      batchsize: 4
+    }
+    include: kTrain
+  }
+  layer {
+    name: "data"
+    type: kRecordInput
+    store_conf {
+      path: "TEST"
+      batchsize: 4
+    }
+    include: kTest
+  }
+  layer {
+    name: "fc"
+    type: kInnerProduct
+    srclayers: "data"
+    innerproduct_conf {
+      num_output: 2
+    }
+    param {
+      name: "w"
+    }
+    param {
+      name: "b"
+    }
+  }
+  layer {
+    name: "loss"
+    type: kSoftmaxLoss
+    srclayers: "fc"
+    srclayers: "data"
+  }
+}
+cluster {
+  workspace: "WS"
+}
+"""
+
+
+def _line_of(text, needle):
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def _conf(tmp_path, text):
+    """Write `text` with real data files and workspace into tmp_path; return its path."""
+    for name in ("train.bin", "test.bin"):
+        (tmp_path / name).write_bytes(b"")
+    text = (text.replace("TRAIN", str(tmp_path / "train.bin"))
+            .replace("TEST", str(tmp_path / "test.bin"))
+            .replace('"WS"', f'"{tmp_path / "ws"}"'))
+    path = tmp_path / "job.conf"
+    path.write_text(text)
+    return path
+
+
+def _error(tmp_path, text, **kw):
+    path = _conf(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        config.load_job(str(path), **kw)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg, str(path)
+
+
+def _expect(tmp_path, text, needle, what, **kw):
+    """`text` fails at the line holding `needle` with a message containing `what`."""
+    msg, path = _error(tmp_path, text, **kw)
+    assert msg.startswith(f"{path}:{_line_of(text, needle)}: "), msg
+    assert what in msg, msg
+
+
+@pytest.mark.parametrize("path", [p for p in ALL_CONFS
+                                  if not any(u in p.name or u in p.parent.name for u in UNPARSEABLE)],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_singa_example_confs_parse(path):
+    job = config.load_job(str(path), check_paths=False, check_layers=False)
+    assert job.neuralnet.layer and (job.train_steps > 0 or job.test_steps > 0)
+    assert all(layer.HasField("unroll_len") for layer in job.neuralnet.layer)
+
+
+@pytest.mark.parametrize("name", ["job.conf", "job-v0.1.0.conf"])
+def test_rnnlm_conf_names_the_missing_extension(name):
+    with pytest.raises(ConfigError, match=r"rnnlm/" + name + r":35: extension \[data_conf\]"):
+        config.load_job(str(CONFS / "rnnlm" / name), check_paths=False, check_layers=False)
+
+
+@pytest.mark.parametrize("name", ["rbm_job.conf", "rbm_job-v0.1.0.conf"])
+def test_stale_rbm_job_conf_is_recognised(name):
+    with pytest.raises(ConfigError, match=name + r":9: not a SINGA 0.2/0.3 job conf \(stale pre-0.1"):
+        config.load_job(str(CONFS / "mnist" / name), check_paths=False, check_layers=False)
+
+
+def test_good_conf_loads_and_creates_workspace(tmp_path):
+    job = config.load_job(str(_conf(tmp_path, GOOD)), check_layers=False)
+    assert (tmp_path / "ws").is_dir()
+    assert [layer.name for layer in job.neuralnet.layer] == ["data", "data", "fc", "loss"]
+
+
+def test_error_message_is_one_line_with_file_and_line(tmp_path):
+    msg, path = _error(tmp_path, GOOD.replace("  alg: kBP\n", "  alg: kBP\n  alg: kNope\n"))
+    file, line, what = msg.split(":", 2)
+    assert file == path and os.path.basename(path) == "job.conf"
+    assert int(line) == 6 and "kNope" in what and "\n" not in msg
+
+
+def test_unknown_field(tmp_path):
+    _expect(tmp_path, GOOD.replace("test_steps: 2", "checkpoint_frequency: 2"),
+            "checkpoint_frequency", 'no field named "checkpoint_frequency"')
+
+
+def test_unknown_enum_value_without_parser_noise(tmp_path):
+    msg, path = _error(tmp_path, GOOD.replace("kSoftmaxLoss", "kTanh"))
+    assert msg == f'{path}:{_line_of(GOOD, "kSoftmaxLoss")}: Enum type "singa.LayerType" has no value named kTanh.'
+
+
+def test_syntax_error(tmp_path):
+    _expect(tmp_path, GOOD.replace('name: "t"\n', 'name: "t\n', 1), 'name: "t', "missing ending quote")
+
+
+def test_missing_required_field_names_layer_and_path(tmp_path):
+    text = GOOD.replace("      num_output: 2\n", "")
+    _expect(tmp_path, text, "innerproduct_conf {",
+            "layer 'fc': required field neuralnet.layer[2].innerproduct_conf.num_output is missing")
+
+
+def test_missing_layer_name(tmp_path):
+    text = GOOD.replace('    name: "loss"\n', "")
+    msg, path = _error(tmp_path, text)
+    layer_line = _line_of(text, "kSoftmaxLoss") - 1
+    assert msg == f"{path}:{layer_line}: required field neuralnet.layer[3].name is missing"
+
+
+def test_layer_type_not_implemented(tmp_path, monkeypatch):
+    from singa.layers import base
+    monkeypatch.setattr(base, "_REGISTRY", dict.fromkeys(
+        [job_pb2.kRecordInput, job_pb2.kInnerProduct, job_pb2.kSoftmaxLoss]))
+    config.load_job(str(_conf(tmp_path, GOOD)))
+    text = GOOD.replace("    type: kSoftmaxLoss\n", '    user_type: "kNoSuchLayer"\n')
+    _expect(tmp_path, text, 'name: "loss"', "layer 'loss': layer type kNoSuchLayer is not implemented")
+
+
+def test_srclayer_naming_no_layer(tmp_path):
+    _expect(tmp_path, GOOD.replace('srclayers: "fc"', 'srclayers: "fc9"'), '"fc9"',
+            "layer 'loss': srclayer 'fc9' names no layer", check_layers=False)
+
+
+def test_srclayer_missing_from_phase(tmp_path):
+    text = GOOD.replace("    include: kTest\n", "    include: kTest\n    srclayers: \"fc\"\n", 1)
+    text = text.replace('    name: "fc"\n', '    name: "fc"\n    include: kTrain\n')
+    _expect(tmp_path, text, '    srclayers: "fc"', "srclayer 'fc' is not in the kTest net",
+            check_layers=False)
+
+
+def test_duplicate_layer_name_in_one_phase(tmp_path):
+    text = GOOD.replace("    include: kTest\n", "")
+    msg, path = _error(tmp_path, text, check_layers=False)
+    assert msg.startswith(f"{path}:{_line_of(text, 'TEST') - 3}: duplicate layer name 'data' in the kTrain net")
+    assert f"also at line {_line_of(text, DATA)}" in msg
+
+
+def test_duplicate_param_name(tmp_path):
+    msg, path = _error(tmp_path, GOOD.replace(B, 'name: "w"'), check_layers=False)
+    assert msg == (f"{path}:{_line_of(GOOD, B)}: layer 'fc': duplicate param name 'w' "
+                   f"in the kTrain net (also at line {_line_of(GOOD, W)})")
+
+
+def test_unnamed_params(tmp_path):
+    text = GOOD.replace('      name: "w"\n', "").replace('      name: "b"\n', "")
+    msg, path = _error(tmp_path, text, check_layers=False)
+    assert "duplicate unnamed param" in msg and msg.startswith(path + ":")
+
+
+def test_cycle(tmp_path):
+    text = GOOD.replace('srclayers: "data"\n    innerproduct_conf',
+                        'srclayers: "data"\n    srclayers: "b"\n    innerproduct_conf')
+    text = text.replace("\n}\ncluster", '\n  layer {\n    name: "a"\n    srclayers: "fc"\n  }\n'
+                        '  layer {\n    name: "b"\n    srclayers: "a"\n  }\n}\ncluster')
+    msg, path = _error(tmp_path, text, check_layers=False)
+    assert msg == f"{path}:{_line_of(text, FC)}: srclayers form a cycle: fc -> a -> b -> fc"
+
+
+def test_rbm_two_way_edge_is_not_a_cycle(tmp_path):
+    text = GOOD.replace('srclayers: "fc"\n', 'srclayers: "fc"\n    srclayers: "hid"\n')
+    text = text.replace("\n}\ncluster", '\n  layer {\n    name: "hid"\n    srclayers: "loss"\n  }\n}\ncluster')
+    config.load_job(str(_conf(tmp_path, text)), check_layers=False)
+
+
+def test_include_and_exclude_mixed(tmp_path):
+    text = GOOD.replace('    srclayers: "fc"\n', '    srclayers: "fc"\n    exclude: kTest\n')
+    _expect(tmp_path, text, 'name: "loss"', "don't use include and exclude together",
+            check_layers=False)
+
+
+def test_share_from_naming_no_param(tmp_path):
+    text = GOOD.replace('name: "b"\n', 'name: "b"\n      share_from: "w0"\n')
+    _expect(tmp_path, text, 'share_from: "w0"', "layer 'fc': share_from 'w0' names no param",
+            check_layers=False)
+
+
+def test_missing_data_path(tmp_path):
+    text = GOOD.replace("TEST", "/nonexistent/test.bin")
+    _expect(tmp_path, text, "/nonexistent/test.bin",
+            "layer 'data': store_conf.path '/nonexistent/test.bin' does not exist", check_layers=False)
+    # the test net is not built without test_steps, so its data need not exist
+    config.load_job(str(_conf(tmp_path, text.replace("test_steps: 2", "test_steps: 0"))),
+                    check_layers=False)
+
+
+def test_missing_alg(tmp_path):
+    _expect(tmp_path, GOOD.replace("  alg: kBP\n", ""), "train_one_batch {",
+            "train_one_batch.alg is not set", check_layers=False)
+
+
+def test_missing_updater(tmp_path):
+    text = GOOD.replace("  type: kSGD\n", "")
+    _expect(tmp_path, text, "updater {", "updater.type is not set", check_layers=False)
+
+
+def test_workspace_without_parent(tmp_path):
+    text = GOOD.replace('"WS"', '"/nonexistent/dir/ws"')
+    _expect(tmp_path, text, "workspace:", "cluster.workspace '/nonexistent/dir/ws' does not exist",
+            check_layers=False)
+
+
+def test_val_net_checked_only_with_validate_steps(tmp_path):
+    text = GOOD.replace('  layer {\n    name: "fc"',
+                        '  layer {\n    name: "v"\n    include: kVal\n    srclayers: "x"\n  }\n'
+                        '  layer {\n    name: "fc"')
+    config.load_job(str(_conf(tmp_path, text)), check_layers=False)
+    _expect(tmp_path, text.replace("test_steps: 2", "test_steps: 2\nvalidate_steps: 1"),
+            'srclayers: "x"', "srclayer 'x' names no layer", check_layers=False)
+
+
+def test_net_defaults_copied_to_layers(tmp_path):
+    text = GOOD.replace("neuralnet {\n", "neuralnet {\n  unroll_len: 3\n  partition_dim: 1\n")
+    text = text.replace('    name: "loss"\n', '    name: "loss"\n    unroll_len: 1\n')
+    job = config.load_job(str(_conf(tmp_path, text)), check_layers=False)
+    assert [layer.unroll_len for layer in job.neuralnet.layer] == [3, 3, 3, 1]
+    assert [layer.partition_dim for layer in job.neuralnet.layer] == [1, 1, 1, 1]
+
+
+def test_parse_job_from_string():
+    job = config.parse_job(GOOD, check_paths=False, check_layers=False)
+    assert isinstance(job, job_pb2.JobProto) and job.test_steps == 2
+    with pytest.raises(ConfigError, match=r"^<string>:2: "):
+        config.parse_job(GOOD.replace("train_steps", "trainsteps"), check_paths=False)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match=r"^/nonexistent/job.conf: cannot read: No such file"):
+        config.load_job("/nonexistent/job.conf")
+
+
+def test_singa_conf(tmp_path):
+    path = tmp_path / "singa.conf"
+    path.write_text('zookeeper_host: "127.0.0.1:2182"\n')
+    conf = config.load_singa_conf(str(path))
+    assert conf.zookeeper_host == "127.0.0.1:2182" and conf.log_dir == "/tmp/singa-log/"
+    path.write_text('zookeeper_host: "h:1"\nlogdir: "x"\n')
+    with pytest.raises(ConfigError, match=r"singa.conf:2: .*no field named \"logdir\""):
+        config.load_singa_conf(str(path))
+
+
+def test_resolve_relative_to_singa_home():
+    assert config.resolve("examples/mnist") == os.path.join(singa.HOME, "examples", "mnist")
+    assert config.resolve("/abs/x") == "/abs/x"
