@@ -18,7 +18,7 @@ from singa.errors import ConfigError
 from singa.proto import job_pb2, singa_pb2
 
 #: Phases whose nets a job builds: kTrain always, kVal / kTest when their steps are > 0.
-PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
+_PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
           ("kTest", job_pb2.kTest, "test_steps"))
 _OUTPUT_TYPES = (job_pb2.kCSVOutput, job_pb2.kRecordOutput)
 
@@ -53,7 +53,7 @@ def load_singa_conf(path):
     return _Conf(_read(path), path).parse(singa_pb2.SingaProto())
 
 
-def phase_layers(job, phase):
+def _phase_layers(job, phase):
     """(index, LayerProto) of the layers in the `phase` net (SINGA's include/exclude rules)."""
     return [(i, layer) for i, layer in enumerate(job.neuralnet.layer)
             if phase not in layer.exclude and (not layer.include or phase in layer.include)]
@@ -145,9 +145,9 @@ def _check_job(conf, job, check_layers):
     layers = job.neuralnet.layer
     _check_include_exclude(conf, layers)
     all_names = {layer.name for layer in layers}
-    for pname, phase, steps in PHASES:
+    for pname, phase, steps in _PHASES:
         if steps is None or getattr(job, steps) > 0:
-            _check_phase(conf, phase_layers(job, phase), pname, all_names)
+            _check_phase(conf, _phase_layers(job, phase), pname, all_names)
     if check_layers:
         import singa.layers  # noqa: F401  (registers the layer types)
         from singa.layers.base import is_registered
@@ -238,10 +238,10 @@ def _find_cycle(left, srcs, done):
 
 
 def _check_paths(conf, job):
-    for pname, phase, steps in PHASES:
+    for pname, phase, steps in _PHASES:
         if steps is not None and getattr(job, steps) <= 0:
             continue
-        for i, layer in phase_layers(job, phase):
+        for i, layer in _phase_layers(job, phase):
             prefix = f"neuralnet.layer[{i}]"
             files = []
             if layer.HasField("store_conf") and layer.type not in _OUTPUT_TYPES:
@@ -286,10 +286,12 @@ def _field_lines(text, descriptor):
     """{field path → line} for every field set in `text` (already known to parse), with paths in
     FindInitializationErrors' syntax: `neuralnet.layer[3].innerproduct_conf.num_output`;
     repeated scalars map the field path without index to their first line."""
-    toks = []
+    toks, line, pos = [], 1, 0
     for m in _TOKEN.finditer(text):
+        line += text.count("\n", pos, m.start())
+        pos = m.start()
         if m.group()[0] != "#":
-            toks.append((m.group(), text.count("\n", 0, m.start()) + 1))
+            toks.append((m.group(), line))
     lines = {}
     stack = [("", descriptor, collections.Counter())]
     i = 0

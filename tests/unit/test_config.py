@@ -301,3 +301,10 @@ def test_singa_conf(tmp_path):
 def test_resolve_relative_to_singa_home():
     assert config.resolve("examples/mnist") == os.path.join(singa.HOME, "examples", "mnist")
     assert config.resolve("/abs/x") == "/abs/x"
+
+
+def test_lines_found_past_comments_and_braces_in_strings(tmp_path):
+    text = GOOD.replace("neuralnet {\n", 'neuralnet {\n  # a comment { layer { name: "x" }\n')
+    text = text.replace('name: "t"', 'name: "t { # }"')
+    text = text.replace('srclayers: "fc"', 'srclayers: "nope"')
+    _expect(tmp_path, text, '"nope"', "srclayer 'nope' names no layer", check_layers=False)
