@@ -1,0 +1,141 @@
+"""Loss layers: SoftmaxLoss and EuclideanLoss (§7.3); they accumulate metrics for display."""
+import numpy as np
+
+from singa.errors import ConfigError, DataError
+from singa.layers.base import Layer, register
+from singa.layers.neuron import softmax
+from singa.proto import job_pb2
+
+__all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer"]
+
+FLT_MIN = np.finfo(np.float32).tiny
+
+
+def _need_sources(layer, srclayers, what):
+    if len(srclayers) != 2:
+        raise ConfigError(f"layer '{layer.name}' needs 2 srclayers ({what}), "
+                          f"got {len(srclayers)}")
+
+
+@register(job_pb2.kSoftmaxLoss)
+class SoftmaxLossLayer(Layer):
+    """p = softmax(x) per row; loss = scale·mean_n −log(max(p[label_n], FLT_MIN));
+    accuracy = scale·mean_n [label_n ∈ top-k of p]; gx = (p − onehot(label))·scale/N.
+
+    Sources: [scores, label provider (its aux_data)]. `data` holds p; `loss`, `accuracy` and
+    `counter` accumulate until `to_string`.
+    """
+
+    def setup(self, srclayers):
+        _need_sources(self, srclayers, "scores, labels")
+        src = srclayers[0].data_for(self)
+        n = src.shape[0]
+        self.data = np.zeros((n, src.size // n), np.float32)
+        self.topk = self.conf.softmaxloss_conf.topk
+        self.scale = self.conf.softmaxloss_conf.scale
+        self._rowmax = np.empty((n, 1), np.float32)
+        self._rows = np.arange(n)
+        self._cols = np.arange(self.data.shape[1])
+        self.loss = self.accuracy = 0.0
+        self.counter = 0
+
+    def _labels(self, srclayers):
+        labels = srclayers[1].aux_data
+        n, dim = self.data.shape
+        if labels is None or len(labels) != n:
+            raise ConfigError(f"layer '{self.name}': source '{srclayers[1].name}' gives no "
+                              f"labels for a batch of {n}")
+        bad = labels[(labels < 0) | (labels >= dim)]
+        if bad.size:
+            raise DataError(f"layer '{self.name}': label {bad[0]} from source "
+                            f"'{srclayers[1].name}' is outside [0, {dim})")
+        return labels
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        p = self.data
+        softmax(x.reshape(p.shape), p, self._rowmax)
+        labels = self._labels(srclayers)
+        truth = p[self._rows, labels]
+        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
+        # SINGA ranks (p, index) pairs descending, so among equal p the higher index ranks first.
+        above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
+        hits = np.count_nonzero(above.sum(axis=1) < self.topk)
+        n = p.shape[0]
+        self.loss += self.scale * loss / n
+        self.accuracy += self.scale * hits / n
+        self.counter += 1
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None:
+            return
+        g = gsrc.reshape(self.data.shape)
+        np.copyto(g, self.data)
+        g[self._rows, srclayers[1].aux_data] -= 1
+        g *= np.float32(self.scale) / np.float32(g.shape[0])
+
+    def to_string(self, flag):
+        """`Loss = %f, accuracy = %f` averaged since the last call; resets the averages."""
+        if not self.counter:
+            return ""
+        text = f"Loss = {self.loss / self.counter:f}, accuracy = {self.accuracy / self.counter:f}"
+        self.loss = self.accuracy = 0.0
+        self.counter = 0
+        return text
+
+
+@register(job_pb2.kCudnnSoftmaxLoss)
+class CudnnSoftmaxLossLayer(SoftmaxLossLayer):
+    """SoftmaxLoss as SINGA's cuDNN layer computes it: no scale; displays only `Loss = %f`."""
+
+    def setup(self, srclayers):
+        super().setup(srclayers)
+        self.scale = 1.0
+
+    def to_string(self, flag):
+        if not self.counter:
+            return ""
+        text = f"Loss = {self.loss / self.counter:f}"
+        self.loss = self.accuracy = 0.0
+        self.counter = 0
+        return text
+
+
+@register(job_pb2.kEuclideanLoss)
+class EuclideanLossLayer(Layer):
+    """loss = Σ(t − r)²/N (no ½); gr = (r − t)/N, SINGA's gradient (that of ½·loss).
+
+    Sources: [reconstruction r, target t (its data)].
+    """
+
+    def setup(self, srclayers):
+        _need_sources(self, srclayers, "reconstruction, target")
+        r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
+        if r.size != t.size:
+            raise ConfigError(f"layer '{self.name}': reconstruction '{srclayers[0].name}' has "
+                              f"shape {r.shape} but target '{srclayers[1].name}' has {t.shape}")
+        self._diff = np.empty(r.shape, np.float32)
+        self.loss = 0.0
+        self.counter = 0
+
+    def compute_feature(self, flag, srclayers):
+        r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
+        d = self._diff
+        np.subtract(r, t.reshape(r.shape), out=d)
+        self.loss += float(np.dot(d.ravel(), d.ravel())) / d.shape[0]
+        self.counter += 1
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is not None:
+            np.divide(self._diff, np.float32(self._diff.shape[0]), out=gsrc.reshape(self._diff.shape))
+
+    def to_string(self, flag):
+        """`Loss = %f` averaged since the last call; resets the average."""
+        if not self.counter:
+            return ""
+        text = f"Loss = {self.loss / self.counter:f}"
+        self.loss = 0.0
+        self.counter = 0
+        return text

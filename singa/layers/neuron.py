@@ -1,0 +1,248 @@
+"""Neuron layers without convolution: InnerProduct, elementwise activations, Dropout, Softmax (§7.3)."""
+import numpy as np
+
+from singa.errors import ConfigError
+from singa.layers.base import Layer, register
+from singa.param import Param
+from singa.proto import job_pb2
+
+__all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
+           "DropoutLayer", "SoftmaxLayer", "make_params"]
+
+# SINGA's scaled tanh constants (mshadow op::stanh).
+STANH_A = np.float32(1.7159047)
+STANH_B = np.float32(0.66666667)
+
+
+def make_params(layer, shapes):
+    """Create `layer.params` from the conf's `param` entries, one per shape, in conf order."""
+    names = ", ".join(shapes)
+    confs = layer.conf.param
+    if len(confs) < len(shapes):
+        raise ConfigError(f"layer '{layer.name}' needs {len(shapes)} param entries ({names}), "
+                          f"got {len(confs)}")
+    params = []
+    for conf, shape in zip(confs, shapes.values()):
+        p = Param(conf)
+        p.setup(shape)
+        params.append(p)
+    return params
+
+
+def partitioned(layer, n):
+    """`n` split across partitions when the layer is partitioned on dim 1 (model partition)."""
+    if layer.conf.partition_dim > 0:
+        return n // layer.conf.num_partitions
+    return n
+
+
+@register(job_pb2.kInnerProduct)
+class InnerProductLayer(Layer):
+    """y = x·Wᵀ + b (y = x·W with transpose); gW = gᵀ·x (xᵀ·g); gb = Σ_n g; gx = g·W (g·Wᵀ).
+
+    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose.
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        n = src.shape[0]
+        self.batchsize, self.vdim = n, src.size // n
+        self.hdim = partitioned(self, self.conf.innerproduct_conf.num_output)
+        self.transpose = self.conf.innerproduct_conf.transpose
+        wshape = (self.vdim, self.hdim) if self.transpose else (self.hdim, self.vdim)
+        self.weight, self.bias = self.params = make_params(
+            self, {"weight": wshape, "bias": (self.hdim,)})
+        self.data = np.zeros((n, self.hdim), np.float32)
+        self.grad = np.zeros_like(self.data)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
+        w = self.weight.data
+        np.dot(x, w if self.transpose else w.T, out=self.data)
+        self.data += self.bias.data
+
+    def compute_gradient(self, flag, srclayers):
+        src = srclayers[0]
+        x = src.data_for(self).reshape(self.batchsize, self.vdim)
+        g, w = self.grad, self.weight.data
+        if flag & job_pb2.kAggGrad:
+            # BPTT: unrolled copies share one gradient, so each adds its part.
+            self.bias.grad += g.sum(axis=0)
+            self.weight.grad += np.dot(x.T, g) if self.transpose else np.dot(g.T, x)
+        else:
+            np.sum(g, axis=0, out=self.bias.grad)
+            if self.transpose:
+                np.dot(x.T, g, out=self.weight.grad)
+            else:
+                np.dot(g.T, x, out=self.weight.grad)
+        gsrc = src.grad_for(self)
+        if gsrc is not None:
+            np.dot(g, w.T if self.transpose else w, out=gsrc.reshape(self.batchsize, self.vdim))
+
+
+class _Elementwise(Layer):
+    """y = f(x) elementwise; gx = g·f'(·), with f' computed from y (and x for none here).
+
+    Subclasses give `forward(x, y)` and `derivative(y, d)` (d = f' as a function of y).
+    The derivative goes to a scratch blob first so that gx may alias g (share_src_blobs).
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        self.data = np.zeros(src.shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+        self._d = np.empty_like(self.data)
+
+    def compute_feature(self, flag, srclayers):
+        self.forward(srclayers[0].data_for(self), self.data)
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is not None:
+            self.derivative(self.data, self._d)
+            np.multiply(self.grad, self._d, out=gsrc)
+
+
+def _relu(x, y):
+    np.maximum(x, 0, out=y)
+
+
+def _relu_d(y, d):
+    np.greater(y, 0, out=d)
+
+
+def _sigmoid(x, y):
+    # 1 / (1 + e^-x), in place on y.
+    np.negative(x, out=y)
+    np.exp(y, out=y)
+    y += 1
+    np.reciprocal(y, out=y)
+
+
+def _sigmoid_d(y, d):
+    np.subtract(1, y, out=d)
+    d *= y
+
+
+def _tanh(x, y):
+    np.tanh(x, out=y)
+
+
+def _tanh_d(y, d):
+    np.multiply(y, y, out=d)
+    np.subtract(1, d, out=d)
+
+
+def _stanh(x, y):
+    np.multiply(x, STANH_B, out=y)
+    np.tanh(y, out=y)
+    y *= STANH_A
+
+
+def _stanh_d(y, d):
+    np.multiply(y, y, out=d)
+    d *= -STANH_B / STANH_A
+    d += STANH_A * STANH_B
+
+
+@register(job_pb2.kReLU)
+class ReLULayer(_Elementwise):
+    """y = max(x, 0); gx = g·[y > 0] (relu_conf.negative_slope is ignored, as in SINGA)."""
+    forward, derivative = staticmethod(_relu), staticmethod(_relu_d)
+
+
+@register(job_pb2.kSigmoid)
+class SigmoidLayer(_Elementwise):
+    """y = 1/(1+e^{-x}); gx = g·y(1−y)."""
+    forward, derivative = staticmethod(_sigmoid), staticmethod(_sigmoid_d)
+
+
+@register(job_pb2.kSTanh)
+class STanhLayer(_Elementwise):
+    """y = A·tanh(B·x) with A = 1.7159047, B = 0.66666667; gx = g·(A·B − (B/A)·y²)."""
+    forward, derivative = staticmethod(_stanh), staticmethod(_stanh_d)
+
+
+_ACTIVATIONS = {
+    job_pb2.RELU: (_relu, _relu_d),
+    job_pb2.SIGMOID: (_sigmoid, _sigmoid_d),
+    job_pb2.TANH: (_tanh, _tanh_d),
+    # SINGA 0.3 logs "Unknow activation type" for STANH; we compute it.
+    job_pb2.STANH: (_stanh, _stanh_d),
+}
+
+
+@register(job_pb2.kActivation, job_pb2.kCudnnActivation)
+class ActivationLayer(_Elementwise):
+    """y = f(x) for activation_conf.type RELU | SIGMOID | TANH | STANH.
+
+    With share_src_blobs, data and grad alias the source's (computed in place).
+    """
+
+    def setup(self, srclayers):
+        fns = _ACTIVATIONS.get(self.conf.activation_conf.type)
+        if fns is None:
+            raise ConfigError(f"layer '{self.name}': unknown activation type "
+                              f"{self.conf.activation_conf.type}")
+        self.forward, self.derivative = fns
+        if self.conf.share_src_blobs:
+            src = srclayers[0]
+            self.data, self.grad = src.data_for(self), src.grad_for(self)
+            self._d = np.empty_like(self.data)
+        else:
+            super().setup(srclayers)
+
+
+@register(job_pb2.kDropout)
+class DropoutLayer(Layer):
+    """Train: mask = [u < 1−p]/(1−p), u ~ U[0,1) from `rng`; y = x·mask; gx = g·mask. Else y = x."""
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        self.keep = np.float32(1 - self.conf.dropout_conf.dropout_ratio)
+        self.data = np.zeros(src.shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+        self.mask = np.ones_like(self.data)
+        self._keep = np.empty(src.shape, bool)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        if not flag & job_pb2.kTrain:
+            np.copyto(self.data, x)
+            return
+        self.rng.random(out=self.mask, dtype=np.float32)
+        np.less(self.mask, self.keep, out=self._keep)
+        np.multiply(self._keep, 1 / self.keep, out=self.mask)
+        np.multiply(x, self.mask, out=self.data)
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is not None:
+            np.multiply(self.grad, self.mask, out=gsrc)
+
+
+@register(job_pb2.kSoftmax, job_pb2.kCudnnSoftmax)
+class SoftmaxLayer(Layer):
+    """y[n] = softmax(x[n]) row-wise over D = count/N. Forward only, like SINGA's."""
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        self.data = np.zeros(src.shape, np.float32)
+        self._rowmax = np.empty((src.shape[0], 1), np.float32)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        softmax(x.reshape(x.shape[0], -1), self.data.reshape(x.shape[0], -1), self._rowmax)
+
+    def compute_gradient(self, flag, srclayers):
+        raise ConfigError(f"layer '{self.name}': SINGA's Softmax layer has no backward; "
+                          f"use kSoftmaxLoss in training nets and kSoftmax only in test nets")
+
+
+def softmax(x, p, scratch):
+    """p = exp(x − max_row) / Σ_row exp(x − max_row) for 2-D x; `scratch` is (N, 1) float32."""
+    np.max(x, axis=1, keepdims=True, out=scratch)
+    np.subtract(x, scratch, out=p)
+    np.exp(p, out=p)
+    np.sum(p, axis=1, keepdims=True, out=scratch)
+    p /= scratch

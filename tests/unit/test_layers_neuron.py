@@ -1,0 +1,149 @@
+"""InnerProduct, activations, Dropout and Softmax: values against numpy, gradients by gradcheck."""
+import numpy as np
+import pytest
+
+from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa.errors import ConfigError
+from singa.layers.neuron import STANH_A, STANH_B
+from singa.proto import job_pb2
+
+IP = """name: "ip" type: kInnerProduct innerproduct_conf {{ num_output: 4 {extra} }}
+        param {{ name: "w" }} param {{ name: "b" }}"""
+
+
+def inputs(shape, seed=1, away_from_zero=0.0):
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    x[np.abs(x) < away_from_zero] += 2 * away_from_zero
+    return x
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_innerproduct_forward_is_x_times_w_transposed_plus_b(transpose):
+    src = Source(inputs((3, 2, 5)))
+    layer = make_layer(IP.format(extra="transpose: true" if transpose else ""), [src])
+    w, b = layer.params
+    assert w.shape == ((10, 4) if transpose else (4, 10)) and b.shape == (4,)
+    layer.compute_feature(FORWARD, [src])
+    x = src.data.reshape(3, 10)
+    want = x @ (w.data if transpose else w.data.T) + b.data
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_innerproduct_gradients(transpose):
+    src = Source(inputs((3, 2, 5)))
+    layer = make_layer(IP.format(extra="transpose: true" if transpose else ""), [src])
+    assert check_gradients(layer, [src]) == 30 + 40 + 4
+
+
+def test_innerproduct_aggregates_param_grads_with_kagggrad():
+    src = Source(inputs((3, 5)))
+    layer = make_layer(IP.format(extra=""), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = inputs((3, 4), seed=2)
+    layer.compute_gradient(BACKWARD, [src])
+    once = [p.grad.copy() for p in layer.params]
+    layer.compute_gradient(BACKWARD | job_pb2.kAggGrad, [src])
+    for p, g in zip(layer.params, once):
+        np.testing.assert_allclose(p.grad, 2 * g, rtol=1e-6)
+
+
+def test_innerproduct_splits_outputs_over_partitions_on_dim_1():
+    src = Source(inputs((2, 6)))
+    layer = make_layer(IP.format(extra="") + " partition_dim: 1 num_partitions: 2", [src])
+    assert layer.data.shape == (2, 2) and layer.params[0].shape == (2, 6)
+
+
+def test_innerproduct_without_params_names_the_layer():
+    with pytest.raises(ConfigError, match="layer 'ip' needs 2 param entries"):
+        make_layer('name: "ip" type: kInnerProduct innerproduct_conf { num_output: 4 }',
+                   [Source(inputs((2, 3)))])
+
+
+FUNCTIONS = {
+    "kReLU": lambda x: np.maximum(x, 0),
+    "kSigmoid": lambda x: 1 / (1 + np.exp(-x)),
+    "kSTanh": lambda x: STANH_A * np.tanh(STANH_B * x),
+}
+ACTIVATIONS = {"RELU": FUNCTIONS["kReLU"], "SIGMOID": FUNCTIONS["kSigmoid"], "TANH": np.tanh,
+               "STANH": FUNCTIONS["kSTanh"]}
+
+
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_elementwise_layer_values_and_gradients(kind):
+    src = Source(inputs((3, 4), away_from_zero=0.05))
+    layer = make_layer(f'name: "f" type: {kind}', [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data, FUNCTIONS[kind](src.data), rtol=1e-5, atol=1e-6)
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("kind", sorted(ACTIVATIONS))
+@pytest.mark.parametrize("layer_type", ["kActivation", "kCudnnActivation"])
+def test_activation_layer_values_and_gradients(kind, layer_type):
+    src = Source(inputs((3, 4), away_from_zero=0.05))
+    layer = make_layer(f'name: "a" type: {layer_type} activation_conf {{ type: {kind} }}', [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data, ACTIVATIONS[kind](src.data), rtol=1e-5, atol=1e-6)
+    check_gradients(layer, [src])
+
+
+def test_activation_sharing_source_blobs_works_in_place():
+    x = inputs((3, 4))
+    plain_src, shared_src = Source(x), Source(x.copy())
+    conf = 'name: "a" type: kActivation activation_conf { type: SIGMOID }'
+    plain = make_layer(conf, [plain_src])
+    shared = make_layer(conf + " share_src_blobs: true", [shared_src])
+    assert shared.data is shared_src.data and shared.grad is shared_src.grad
+    g = inputs((3, 4), seed=3)
+    for layer, src in ((plain, plain_src), (shared, shared_src)):
+        layer.compute_feature(FORWARD, [src])
+        layer.grad[...] = g
+        layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(shared_src.data, plain.data)
+    np.testing.assert_array_equal(shared_src.grad, plain_src.grad)
+
+
+def test_dropout_scales_kept_units_and_drops_the_rest_in_training():
+    src = Source(np.ones((200, 50), np.float32))
+    layer = make_layer('name: "d" type: kDropout dropout_conf { dropout_ratio: 0.3 }', [src])
+    layer.compute_feature(FORWARD, [src])
+    kept = layer.data != 0
+    np.testing.assert_allclose(layer.data[kept], 1 / 0.7, rtol=1e-6)
+    assert abs(kept.mean() - 0.7) < 0.02
+
+
+def test_dropout_is_identity_outside_training():
+    src = Source(inputs((4, 5)))
+    layer = make_layer('name: "d" type: kDropout', [src])
+    layer.compute_feature(job_pb2.kTest | job_pb2.kForward, [src])
+    np.testing.assert_array_equal(layer.data, src.data)
+
+
+def test_dropout_gradients_with_a_fixed_mask():
+    src = Source(inputs((4, 5)))
+    layer = make_layer('name: "d" type: kDropout', [src])
+
+    def same_mask():
+        layer.rng = np.random.default_rng(7)
+    check_gradients(layer, [src], before_forward=same_mask)
+    assert 0 < np.count_nonzero(layer.mask) < layer.mask.size
+
+
+@pytest.mark.parametrize("layer_type", ["kSoftmax", "kCudnnSoftmax"])
+def test_softmax_rows_sum_to_one_and_backward_is_refused(layer_type):
+    src = Source(inputs((3, 6)) * 50)
+    layer = make_layer(f'name: "sm" type: {layer_type}', [src])
+    layer.compute_feature(job_pb2.kTest, [src])
+    e = np.exp(src.data - src.data.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(layer.data, e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+    with pytest.raises(ConfigError, match="Softmax layer has no backward"):
+        layer.compute_gradient(BACKWARD, [src])
+
+
+def test_gradcheck_catches_a_wrong_gradient():
+    src = Source(inputs((3, 4), away_from_zero=0.05))
+    layer = make_layer('name: "f" type: kSigmoid', [src])
+    layer.derivative = lambda y, d: np.multiply(y, 1.01, out=d)
+    with pytest.raises(AssertionError, match="gradient of source 'src'"):
+        check_gradients(layer, [src])
