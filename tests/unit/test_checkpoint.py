@@ -1,0 +1,414 @@
+"""Checkpoint files: SINGA compatibility, checksums, torn/hostile files, snapshots, retention, CLI."""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+import types
+import zlib
+
+import numpy as np
+import pytest
+
+import singa
+from singa import checkpoint as ckpt
+from singa.errors import CheckpointError
+from singa.proto import common_pb2
+
+FIX = "/work/shared/fixtures/singa-0.3"
+FIX_NAMES = ["0#weight1", "0#bias1", "0#weight2", "0#bias2"]
+FIX_SHAPES = [(64, 784), (64,), (10, 64), (10,)]
+
+# §2.3's example: two params, versions 100, as SINGA (and python protobuf) serialize them.
+EXAMPLE = bytes.fromhex(
+    "18 64 18 64  22 04 30 23 77 31  22 04 30 23 62 31"
+    "2a 1e 08 02 08 03 12 18 cdcccc3d cdcc4c3e 9a99993e cdcccc3e 0000003f 9a99193f"
+    "2a 0c 08 02 12 08 0000803f 000080bf")
+EXAMPLE_PARAMS = [("0#w1", np.array([[.1, .2, .3], [.4, .5, .6]], np.float32), 100),
+                  ("0#b1", np.array([1, -1], np.float32), 100)]
+
+
+def params(seed=0, version=7):
+    rng = np.random.default_rng(seed)
+    return [("0#w1", rng.standard_normal((4, 3)).astype(np.float32), version),
+            ("0#b1", rng.standard_normal(4).astype(np.float32), version)]
+
+
+def state(step=5, nworkers=1, **kw):
+    rng = np.random.default_rng(42)
+    rng.standard_normal(3)
+    return ckpt.SnapshotState(
+        step=step, nworkers=nworkers, lr_index=2,
+        param_state={"0#w1": [np.full((4, 3), 0.5, np.float32)]},
+        rng={"worker0": rng.bit_generator.state}, reader={"data": (1234, True)}, **kw)
+
+
+def snapshot(folder, step, nworkers=1, metrics=None, workers=None):
+    for w in (range(nworkers) if workers is None else workers):
+        ckpt.write_file(ckpt.snapshot_file(folder, step, w), params(step) if w == 0 else [],
+                        state(step, nworkers, metrics=dict(metrics or {})))
+
+
+# --- SINGA's own files ------------------------------------------------------------------------
+
+def test_reads_singa_03_checkpoint_fixture():
+    r = ckpt.CheckpointReader(f"{FIX}/run-1worker/step100-worker0")
+    assert r.names == FIX_NAMES
+    assert [m[1] for m in r.meta()] == FIX_SHAPES
+    assert {v for _, (a, v) in r.params().items()} == {100}
+    assert r.param("0#weight1").dtype == np.float32 and r.param("0#weight1").shape == (64, 784)
+    assert not r.verified and r.state is None and r.step == 100
+    r2 = ckpt.CheckpointReader(f"{FIX}/run-1worker/step200-worker0")
+    assert [m[3] for m in r2.meta()] == [199] * 4
+
+
+def test_singa_two_worker_snapshot_with_empty_file_is_complete():
+    (snap,) = ckpt.list_snapshots(f"{FIX}/run-2workers")
+    assert (snap.step, snap.complete, snap.nworkers_expected, snap.verified) == (200, True, 2, False)
+    assert sorted(snap.files) == [0, 1]
+    assert ckpt.CheckpointReader(snap.files[1]).names == []
+
+
+def test_latest_of_singa_run_is_newest_step():
+    assert ckpt.latest_snapshot(f"{FIX}/run-1worker").step == 200
+
+
+# --- format -----------------------------------------------------------------------------------
+
+def test_bytes_match_reference_example_plus_crc_trailer(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step1-worker0.bin"), EXAMPLE_PARAMS)
+    data = open(path, "rb").read()
+    assert data[:-6] == EXAMPLE
+    assert data[-6:] == b"\xb5\x13" + struct.pack("<I", zlib.crc32(EXAMPLE))
+
+
+def test_ours_decodes_as_singa_blobprotos(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state())
+    msg = common_pb2.BlobProtos.FromString(open(path, "rb").read())
+    assert list(msg.name) == ["0#w1", "0#b1"] and list(msg.version) == [7, 7]
+    assert list(msg.blob[0].shape) == [4, 3]
+    np.testing.assert_array_equal(np.array(msg.blob[1].data, np.float32), params()[1][1])
+    # SINGA's part comes first and is exactly what a SINGA-only message serializes to.
+    singa_only = common_pb2.BlobProtos(version=msg.version, name=msg.name, blob=msg.blob)
+    assert open(path, "rb").read().startswith(singa_only.SerializeToString())
+
+
+def test_round_trip_values_versions_and_state(tmp_path):
+    st = state(metrics={"accuracy": 0.75, "loss": 0.5})
+    path = ckpt.write_file(str(tmp_path / "step5-worker0"), params(), st)
+    assert path.endswith("step5-worker0.bin")
+    r = ckpt.open_snapshot_file(str(tmp_path / "step5-worker0"))   # by prefix
+    assert r.verified and r.step == 5 and r.nworkers == 1
+    for name, a, v in params():
+        got, version = r.params()[name]
+        np.testing.assert_array_equal(got, a)
+        assert version == v
+    s = r.state
+    assert (s.step, s.lr_index, s.reader) == (5, 2, {"data": (1234, True)})
+    np.testing.assert_array_equal(s.param_state["0#w1"][0], np.full((4, 3), 0.5))
+    assert s.metrics == {"accuracy": pytest.approx(0.75), "loss": pytest.approx(0.5)}
+    restored = np.random.default_rng()
+    restored.bit_generator.state = s.rng["worker0"]
+    expected = np.random.default_rng(42)
+    expected.standard_normal(3)
+    assert restored.standard_normal(5).tolist() == expected.standard_normal(5).tolist()
+
+
+def test_meta_file_describes_params(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state(metrics={"loss": 1.5}))
+    assert ckpt.meta_path(path) == str(tmp_path / "step5-worker0.meta")
+    meta = ckpt.read_meta(ckpt.meta_path(path))
+    r = ckpt.CheckpointReader(path)
+    assert meta["params"] == r.meta() == [("0#w1", (4, 3), "float32", 7), ("0#b1", (4,), "float32", 7)]
+    assert (meta["step"], meta["nworkers"], meta["bytes"], meta["metrics"]) == (
+        5, 1, os.path.getsize(path), {"loss": 1.5})
+    assert "param\t0#w1\t4,3\tfloat32\t7" in open(ckpt.meta_path(path)).read().splitlines()
+
+
+def test_writer_api_by_prefix(tmp_path):
+    with ckpt.CheckpointWriter(str(tmp_path / "step3-worker0")) as w:
+        w.write("0#w1", np.ones((2, 2)), 3)
+        w.set_state(ckpt.SnapshotState(step=3))
+    assert ckpt.CheckpointReader(w.path).param("0#w1").tolist() == [[1, 1], [1, 1]]
+    with pytest.raises(ValueError, match="twice"):
+        w.write("0#w1", np.ones(1), 3)
+
+
+# --- crash-safety and damaged files -----------------------------------------------------------
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(version=1))
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left")))
+    with pytest.raises(CheckpointError, match="step5-worker0.bin: No space left"):
+        ckpt.write_file(path, params(version=2))
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["step5-worker0.bin", "step5-worker0.meta"]
+    assert ckpt.CheckpointReader(path).version("0#w1") == 1
+
+
+def test_exception_inside_writer_block_writes_nothing(tmp_path):
+    with pytest.raises(RuntimeError):
+        with ckpt.CheckpointWriter(str(tmp_path / "step1-worker0")) as w:
+            w.write("0#w1", np.ones(2), 1)
+            raise RuntimeError("worker died")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("with_meta", [True, False])
+def test_bit_flip_is_detected(tmp_path, with_meta):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state())
+    if not with_meta:
+        os.unlink(ckpt.meta_path(path))
+    data = bytearray(open(path, "rb").read())
+    data[40] ^= 0x04   # inside the first blob's floats: still parses
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointError, match="step5-worker0.bin: bad checksum"):
+        ckpt.CheckpointReader(path)
+
+
+@pytest.mark.parametrize("with_meta", [True, False])
+@pytest.mark.parametrize("eighth", range(1, 8))
+def test_truncation_is_detected(tmp_path, with_meta, eighth):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state())
+    if not with_meta:
+        os.unlink(ckpt.meta_path(path))
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:len(data) * eighth // 8])
+    with pytest.raises(CheckpointError, match="step5-worker0.bin: .*(truncated|corrupt|pair up)"):
+        ckpt.CheckpointReader(path)
+
+
+@pytest.mark.parametrize("eighth", range(1, 8))
+def test_truncated_singa_file_is_detected(tmp_path, eighth):
+    data = open(f"{FIX}/cnn/step100-worker0", "rb").read()
+    path = tmp_path / "step100-worker0"
+    path.write_bytes(data[:len(data) * eighth // 8])
+    with pytest.raises(CheckpointError, match="step100-worker0: "):
+        ckpt.CheckpointReader(str(path))
+
+
+def test_bad_updater_state_is_refused_at_open(tmp_path):
+    msg = common_pb2.BlobProtos(step=1)
+    msg.param_state.add(name="0#w1").buffer.add(shape=[1000, 1000], data=[1.0])
+    path = tmp_path / "step1-worker0.bin"
+    payload = msg.SerializeToString()
+    path.write_bytes(payload + b"\xb5\x13" + struct.pack("<I", zlib.crc32(payload)))
+    with pytest.raises(CheckpointError, match=r"updater state 0 of 0#w1 has shape \(1000, 1000\) but 1 values"):
+        ckpt.CheckpointReader(str(path))
+
+
+def test_singa_file_beside_ours_of_same_step(tmp_path):
+    shutil.copy(f"{FIX}/run-1worker/step100-worker0", tmp_path)
+    ckpt.write_file(ckpt.snapshot_file(str(tmp_path), 100, 0), params(), state(100))
+    assert ckpt.CheckpointReader(str(tmp_path / "step100-worker0")).names == FIX_NAMES
+    (snap,) = ckpt.list_snapshots(str(tmp_path))
+    assert snap.complete and snap.files == {0: str(tmp_path / "step100-worker0.bin")}
+
+
+def test_hostile_files_fail_fast_with_checkpoint_error(tmp_path):
+    path = str(tmp_path / "evil")
+    huge_blob = common_pb2.BlobProtos(name=["x"], version=[1])
+    huge_blob.blob.add(shape=[1 << 30, 1 << 30])
+    cases = [b"\x2a\xff\xff\xff\xff\x07" + b"\0" * 10,          # blob of declared length 2 GiB
+             b"\x22\xff\xff\xff\xff\x0f",                        # name longer than the file
+             huge_blob.SerializeToString(),                      # shape of 2^60 values, no data
+             b"\xff" * 64, b"\x0b" * 50,                         # garbage, unmatched groups
+             ]
+    start = time.monotonic()
+    for data in cases:
+        open(path, "wb").write(data)
+        with pytest.raises(CheckpointError, match="evil"):
+            ckpt.CheckpointReader(path)
+    assert time.monotonic() - start < 1
+
+
+def test_random_damage_only_ever_raises_checkpoint_error(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state())
+    os.unlink(ckpt.meta_path(path))
+    good = open(path, "rb").read()
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        data = bytearray(good)
+        for i in rng.integers(0, len(data), rng.integers(1, 4)):
+            data[i] = rng.integers(0, 256)
+        open(path, "wb").write(bytes(data))
+        try:
+            ckpt.CheckpointReader(path)
+        except CheckpointError:
+            pass
+
+
+def test_file_over_2gib_is_refused_without_reading(tmp_path):
+    path = tmp_path / "step1-worker0.bin"
+    with open(path, "wb") as f:
+        f.truncate(ckpt.MAX_FILE_BYTES + 1)    # sparse: no disk used
+    with pytest.raises(CheckpointError, match="more than the 2 GiB"):
+        ckpt.CheckpointReader(str(path))
+
+
+# --- snapshots --------------------------------------------------------------------------------
+
+def test_parse_step_worker_is_strict():
+    assert ckpt.parse_step_worker("/a/step100-worker0") == (100, 0)
+    assert ckpt.parse_step_worker("step7-worker3.bin") == (7, 3)
+    for name in (".step5-worker0.bin.tmp-123", "step5-worker0.meta", "step5-worker0~",
+                 "step5-worker0.bin.swp", "backup-step5-worker0", "step5-worker0.bin.orig"):
+        assert ckpt.parse_step_worker(name) is None, name
+
+
+def test_latest_falls_back_past_missing_worker_and_torn_file(tmp_path):
+    folder = str(tmp_path)
+    snapshot(folder, 100, nworkers=2)
+    snapshot(folder, 200, nworkers=2, workers=[0])             # worker 1's file never written
+    snapshot(folder, 300, nworkers=2)
+    torn = ckpt.snapshot_file(folder, 300, 1)
+    data = open(torn, "rb").read()
+    open(torn, "wb").write(data[:len(data) // 2])
+    open(tmp_path / ".step400-worker0.bin.tmp-123", "wb").write(b"\x18")   # killed mid-write
+    snaps = ckpt.list_snapshots(folder)
+    assert [(s.step, s.complete) for s in snaps] == [(100, True), (200, False), (300, False)]
+    log = []
+    latest = ckpt.latest_snapshot(folder, log=log.append)
+    assert latest.step == 100 and latest.verified and sorted(latest.files) == [0, 1]
+    assert any("step300-worker1.bin: truncated" in m for m in log)
+    assert any("step200-worker1.bin: missing" in m for m in log)
+
+
+def test_empty_worker0_file_is_torn(tmp_path):
+    open(tmp_path / "step100-worker0", "wb").close()
+    (snap,) = ckpt.list_snapshots(str(tmp_path))
+    assert not snap.complete and "empty" in snap.problems[0]
+
+
+def test_file_recording_another_step_makes_snapshot_incomplete(tmp_path):
+    snapshot(str(tmp_path), 100)
+    shutil.copy(ckpt.snapshot_file(str(tmp_path), 100, 0), ckpt.snapshot_file(str(tmp_path), 200, 0))
+    snaps = ckpt.list_snapshots(str(tmp_path))
+    assert [(s.step, s.complete) for s in snaps] == [(100, True), (200, False)]
+    assert "records step 100" in snaps[1].problems[0]
+
+
+def test_best_snapshot_by_accuracy_and_loss(tmp_path):
+    folder = str(tmp_path)
+    for step, acc, loss in [(100, 0.6, 0.9), (200, 0.8, 0.7), (300, 0.7, 0.6)]:
+        snapshot(folder, step, metrics={"accuracy": acc, "Loss": loss})
+    assert ckpt.best_snapshot(folder, "accuracy").step == 200
+    assert ckpt.best_snapshot(folder, "loss").step == 300
+    assert ckpt.best_snapshot(folder).step == 200
+    assert ckpt.best_snapshot(f"{FIX}/run-1worker") is None
+
+
+def test_prune_keeps_newest_best_and_foreign(tmp_path):
+    folder = str(tmp_path)
+    for step, acc in [(100, 0.5), (200, 0.9), (300, 0.6), (400, 0.7), (500, 0.8), (600, 0.1)]:
+        snapshot(folder, step, metrics={"accuracy": acc})
+    snapshot(folder, 700, nworkers=2, workers=[0])             # newest, still being written
+    shutil.copy(f"{FIX}/run-1worker/step100-worker0", folder + "/step50-worker0")   # not ours
+    deleted = ckpt.prune(folder, keep_newest=2, keep_best_metric="accuracy",
+                         own_steps={200, 300, 400, 500, 600, 700})
+    assert sorted(os.path.basename(p) for p in deleted) == [
+        "step300-worker0.bin", "step300-worker0.meta", "step400-worker0.bin", "step400-worker0.meta"]
+    assert [s.step for s in ckpt.list_snapshots(folder)] == [50, 100, 200, 500, 600, 700]
+    assert ckpt.prune(folder, keep_newest=0, own_steps={100, 200, 500}) == []
+
+
+def test_prune_never_deletes_newest_complete(tmp_path):
+    snapshot(str(tmp_path), 100)
+    snapshot(str(tmp_path), 200)
+    assert ckpt.prune(str(tmp_path), keep_newest=1, own_steps={100, 200}) == [
+        ckpt.snapshot_file(str(tmp_path), 100, 0), str(tmp_path / "step100-worker0.meta")]
+    assert ckpt.prune(str(tmp_path), keep_newest=1, own_steps={100, 200}) == []
+
+
+# --- checkpoint_path and loading --------------------------------------------------------------
+
+def test_resolve_latest_best_prefix_and_missing(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    snapshot(str(folder), 100, nworkers=2, metrics={"accuracy": 0.9})
+    snapshot(str(folder), 200, nworkers=2, metrics={"accuracy": 0.5})
+    ws = str(tmp_path)
+    assert ckpt.resolve_checkpoint_paths(["latest"], ws) == [
+        ckpt.snapshot_file(str(folder), 200, 0), ckpt.snapshot_file(str(folder), 200, 1)]
+    assert ckpt.resolve_checkpoint_paths(["best"], ws)[0].endswith("step100-worker0.bin")
+    assert ckpt.resolve_checkpoint_paths([str(folder / "step100-worker0")], ws) == [
+        str(folder / "step100-worker0.bin")]
+    rel = os.path.relpath(f"{FIX}/run-1worker/step100-worker0", singa.HOME)
+    assert ckpt.resolve_checkpoint_paths([rel], ws) == [f"{FIX}/run-1worker/step100-worker0"]
+    with pytest.raises(CheckpointError, match="not found: .*nope/step1-worker0"):
+        ckpt.resolve_checkpoint_paths([str(tmp_path / "nope/step1-worker0")], ws)
+    os.unlink(ckpt.snapshot_file(str(folder), 100, 1))
+    os.unlink(ckpt.snapshot_file(str(folder), 200, 1))
+    with pytest.raises(CheckpointError, match="latest.*no complete snapshot in .*checkpoint"):
+        ckpt.resolve_checkpoint_paths(["latest"], ws)
+
+
+def net_params(shapes):
+    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1) for n, s in shapes}
+
+
+def test_load_params_from_singa_files_later_wins():
+    ps = net_params(zip(FIX_NAMES + ["0#extra"], FIX_SHAPES + [(3,)]))
+    keep = ps["0#weight1"].data
+    log = []
+    files = [f"{FIX}/run-1worker/step100-worker0", f"{FIX}/run-1worker/step200-worker0"]
+    loaded = ckpt.load_params(files, ps, log.append)
+    assert loaded == dict.fromkeys(FIX_NAMES, files[1])
+    assert ps["0#weight1"].data is keep and ps["0#weight1"].version == 199
+    np.testing.assert_array_equal(keep, ckpt.CheckpointReader(files[1]).param("0#weight1"))
+    assert log[:2] == [f"Load from checkpoint file {f}" for f in files]
+    assert "Param 0#extra: not in the checkpoint files" in log
+    assert ps["0#extra"].version == -1
+
+
+def test_load_params_matches_01_plain_names(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"),
+                           [("w1", np.ones((4, 3)), 9), ("b1", np.ones(4), 9), ("0#b1", np.full(4, 2), 8)])
+    ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
+    assert ckpt.load_params([path], ps) == {"0#w1": path, "0#b1": path}
+    assert ps["0#w1"].version == 9 and ps["0#b1"].data.tolist() == [2, 2, 2, 2]
+
+
+def test_load_params_shape_mismatch_names_param_shapes_and_file():
+    ps = net_params([("0#weight1", (32, 784))])
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load_params([f"{FIX}/run-1worker/step100-worker0"], ps)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for part in ("0#weight1", "(64, 784)", "(32, 784)", "run-1worker/step100-worker0"):
+        assert part in msg
+
+
+# --- command line -----------------------------------------------------------------------------
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "singa.checkpoint", *args], cwd=singa.HOME,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_ls_show_diff(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    snapshot(str(folder), 100, metrics={"accuracy": 0.9, "loss": 0.3})
+    snapshot(str(folder), 200, metrics={"accuracy": 0.8, "loss": 0.2})
+    out = cli("ls", str(tmp_path))
+    assert out.returncode == 0
+    assert "latest: step200" in out.stdout and "best (accuracy): step100" in out.stdout
+    assert "best (loss): step200" in out.stdout and "accuracy=0.9" in out.stdout
+    out = cli("show", f"{FIX}/run-1worker/step200-worker0")
+    assert out.returncode == 0 and "unverified (SINGA)" in out.stdout
+    assert any(line.split()[:5] == ["0#weight1", "(64,", "784)", "float32", "199"]
+               for line in out.stdout.splitlines())
+    a, b = ckpt.snapshot_file(str(folder), 100, 0), ckpt.snapshot_file(str(folder), 200, 0)
+    same = cli("diff", a, a)
+    assert same.returncode == 0 and same.stdout.count("same") == 2
+    differ = cli("diff", a, f"{FIX}/run-1worker/step100-worker0")
+    assert differ.returncode == 1 and "only in a" in differ.stdout and "only in b" in differ.stdout
+    assert "max abs diff" in cli("diff", a, b).stdout
+
+
+def test_cli_user_error_is_one_line_exit_2(tmp_path):
+    out = cli("show", str(tmp_path / "missing"))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "missing" in out.stderr
