@@ -23,7 +23,7 @@ JOB_LOCK = "/singa/sys/job-lock"
 HOST_IDX = "/singa/sys/host-idx"
 APP = "/singa/app"
 SESSION_TIMEOUT = 30.0     # seconds, as SINGA's 30,000 ms
-KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once this many newer jobs exist
+KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once more newer jobs than this exist
 
 # kazoo warns on every failed connection attempt; our errors say it in one line instead.
 logging.getLogger("kazoo").addHandler(logging.NullHandler())
@@ -36,9 +36,11 @@ def job_path(job_id):
 def zookeeper_answers(hosts, timeout=2.0):
     """True when a ZooKeeper session to `hosts` can be opened within `timeout` seconds."""
     try:
-        ZK(hosts, timeout).close()
+        client = _connect(hosts, timeout)
     except ClusterError:
         return False
+    client.stop()
+    client.close()
     return True
 
 
@@ -51,18 +53,14 @@ class ZK:
     def __init__(self, hosts, timeout=15):
         self.hosts = hosts
         self.timeout = timeout
-        _probe(hosts, timeout)
-        self.client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT,
-                                  connection_retry={"max_tries": -1, "delay": 0.1,
-                                                    "backoff": 2, "max_delay": 1})
+        self.client = _connect(hosts, timeout)
         try:
-            self.client.start(timeout=timeout)
-        except (KazooTimeoutError, KazooException, ValueError) as e:
-            self.client.close()
-            raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s") from e
-        for path in (ROOT, SYS, JOB_LOCK, APP):
-            self._ensure(path)
-        self._ensure(HOST_IDX, b"0")
+            for path in (ROOT, SYS, JOB_LOCK, APP):
+                self._ensure(path)
+            self._ensure(HOST_IDX, b"0")
+        except ClusterError:
+            self.close()
+            raise
 
     def close(self):
         self.client.stop()
@@ -265,6 +263,18 @@ def read_hostfile(path):
     if not hosts:
         raise ConfigError(f"{path}: no hosts listed")
     return hosts
+
+
+def _connect(hosts, timeout):
+    """A started KazooClient, or ClusterError within `timeout` seconds."""
+    _probe(hosts, timeout)
+    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT,
+                         connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1})
+    try:
+        client.start(timeout=timeout)
+    except (KazooTimeoutError, KazooException) as e:    # start() has stopped the client already
+        raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s") from e
+    return client
 
 
 def _probe(hosts, timeout):

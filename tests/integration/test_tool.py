@@ -1,0 +1,214 @@
+"""singatool (`python -m singa.tool`) and the shell scripts, against a real ZooKeeper."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import singa
+from singa.zk import ZK
+
+BIN = os.path.join(singa.HOME, "bin")
+
+
+def tool(*args, confdir):
+    return subprocess.run([sys.executable, "-m", "singa.tool", *args, "-confdir", str(confdir)],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def confdir(singa_conf, zk_server):
+    with ZK(zk_server) as zk:       # each test starts from an empty /singa
+        zk.cleanup()
+    return singa_conf.parent
+
+
+def script_env(confdir):
+    return dict(os.environ, PYTHON=sys.executable, SINGA_CONF=str(confdir))
+
+
+def alive(pid):
+    """A running (not zombie) process; a reparented zombie may linger where nobody reaps."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def start_registered_process(zk_server, job_id, tmp_path):
+    """A process that registers in job `job_id` and stays alive; returns it once registered."""
+    ready = tmp_path / f"ready-{time.monotonic_ns()}"
+    code = ("import os, sys, time; from singa.zk import ZK; "
+            f"z = ZK({zk_server!r}); z.register_proc({job_id}, 'localhost:0', os.getpid()); "
+            f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 15
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "helper process did not register"
+        time.sleep(0.05)
+    return proc
+
+
+def test_getlogdir_strips_trailing_slash(confdir, tmp_path):
+    r = tool("getlogdir", confdir=confdir)
+    assert (r.returncode, r.stdout) == (0, f"{tmp_path / 'log'}\n")
+
+
+def test_create_prints_increasing_ids(confdir):
+    ids = [int(tool("create", confdir=confdir).stdout) for _ in range(2)]
+    assert ids == [0, 1]
+
+
+def test_list_view_remove_removeall_cleanup(confdir, zk_server, tmp_path):
+    with ZK(zk_server) as zk:
+        a, b = zk.new_job_id(), zk.new_job_id()
+        zk.register_proc(a, "localhost:0", 4242)
+        zk.register_proc(b, "node7:6723", 77)
+        zk.register_proc(b, "node8:6723", 88)
+
+        r = tool("list", confdir=confdir)
+        assert r.returncode == 0
+        assert r.stdout == ("JOB ID    |NUM PROCS  \n----------|-----------\n"
+                            f"{a:<10d}|{1:<10d}\n{b:<10d}|{2:<10d}\n")
+        r = tool("view", str(b), confdir=confdir)
+        assert (r.returncode, r.stdout) == (0, "node7|77\nnode8|88\n")
+
+        assert tool("remove", str(a), confdir=confdir).returncode == 0
+        assert tool("list", confdir=confdir).stdout.splitlines()[2:] == [f"{b:<10d}|{2:<10d}"]
+        assert tool("listall", confdir=confdir).stdout.splitlines()[2:] == [
+            f"{a:<10d}|{0:<10d}", f"{b:<10d}|{2:<10d}"]
+
+        assert tool("removeall", confdir=confdir).returncode == 0
+        assert tool("listall", confdir=confdir).stdout.splitlines()[2:] == []
+        assert int(tool("create", confdir=confdir).stdout) == b + 1
+
+        assert tool("cleanup", confdir=confdir).returncode == 0
+        assert not zk.client.exists("/singa")
+    assert int(tool("create", confdir=confdir).stdout) == 0
+
+
+def test_view_of_unknown_job_is_a_runtime_error(confdir, zk_server):
+    r = tool("view", "12345", confdir=confdir)
+    assert r.returncode == 2
+    assert r.stderr == f"singatool: job 12345 does not exist in ZooKeeper at {zk_server}\n"
+
+
+def test_genhost_uses_cluster_block_and_round_robins(confdir, tmp_path):
+    (confdir / "hostfile").write_text("h0\nh1\nh2\n")
+    job = tmp_path / "job.conf"
+    # an extension field outside the cluster block (as in the rnnlm example) does not matter
+    job.write_text('name: "x"\n[singa.lossconf] { nclass: 3 }\n'
+                   "cluster {\n  nworker_groups: 2\n  nworkers_per_group: 2\n"
+                   "  server_worker_separate: true\n}\n")
+    r = tool("genhost", str(job), confdir=confdir)
+    assert (r.returncode, r.stdout) == (0, "h0\nh1\nh2\nh0\nh1\n")     # 4 worker + 1 server procs
+    assert tool("genhost", confdir=confdir).stdout == "h2\n"
+
+
+def test_genhost_bad_cluster_field_names_file_and_line(confdir, tmp_path):
+    job = tmp_path / "job.conf"
+    job.write_text('name: "x"\ncluster {\n  nworker_groups: 1\n  nworkers: 2\n}\n')
+    r = tool("genhost", str(job), confdir=confdir)
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"singatool: {job}:4: ")
+    assert r.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [[], ["bogus"], ["view"], ["view", "abc"], ["list", "extra"]])
+def test_usage_errors_exit_1(confdir, args):
+    r = tool(*args, confdir=confdir)
+    assert r.returncode == 1
+    assert "Usage: singatool <command>" in r.stderr
+
+
+def test_unreachable_zookeeper_exits_2_with_one_line(tmp_path, closed_port):
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "singa.conf").write_text(f'zookeeper_host: "127.0.0.1:{closed_port}"\n')
+    t = time.monotonic()
+    r = tool("list", confdir=conf)
+    assert time.monotonic() - t < 15
+    assert r.returncode == 2
+    assert r.stdout == ""
+    assert r.stderr.startswith(f"singatool: cannot reach ZooKeeper at 127.0.0.1:{closed_port} within 15 s")
+    assert r.stderr.count("\n") == 1
+
+
+def test_missing_singa_conf_exits_2(tmp_path):
+    r = tool("create", confdir=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == f"singatool: {tmp_path / 'singa.conf'}: cannot read (No such file or directory)\n"
+
+
+def test_console_list_view_kill(confdir, zk_server, tmp_path):
+    with ZK(zk_server) as zk:
+        job_id = zk.new_job_id()
+    proc = start_registered_process(zk_server, job_id, tmp_path)
+    try:
+        env = script_env(confdir)
+        console = os.path.join(BIN, "singa-console.sh")
+        r = subprocess.run([console, "list"], env=env, capture_output=True, text=True)
+        assert r.stdout.splitlines()[2:] == [f"{job_id:<10d}|{1:<10d}"]
+        r = subprocess.run([console, "view", str(job_id)], env=env, capture_output=True, text=True)
+        assert r.stdout == f"localhost|{proc.pid}\n"
+        r = subprocess.run([console, "kill", str(job_id)], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert proc.wait(10) == -9
+        with ZK(zk_server) as zk:
+            assert zk.list_jobs(all=True) == [(job_id, 0)]
+        r = subprocess.run([console, "bogus"], env=env, capture_output=True, text=True)
+        assert r.returncode == 1 and "list" in r.stderr and "view" in r.stderr and "kill" in r.stderr
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_stop_and_cleanup_scripts(confdir, zk_server, tmp_path):
+    with ZK(zk_server) as zk:
+        a, b = zk.new_job_id(), zk.new_job_id()
+    procs = [start_registered_process(zk_server, a, tmp_path), start_registered_process(zk_server, b, tmp_path)]
+    try:
+        env = script_env(confdir)
+        r = subprocess.run([os.path.join(BIN, "singa-stop.sh")], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert [p.wait(10) for p in procs] == [-9, -9]
+        with ZK(zk_server) as zk:
+            assert zk.list_jobs(all=True) == []
+            assert zk.new_job_id() == b + 1
+        r = subprocess.run([os.path.join(BIN, "singa-cleanup.sh")], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        with ZK(zk_server) as zk:
+            assert zk.new_job_id() == 0
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_zk_service_start_stop_are_idempotent(tmp_path, closed_port):
+    env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"))
+    service = os.path.join(BIN, "zk-service.sh")
+
+    def run(cmd):
+        return subprocess.run([service, cmd], env=env, capture_output=True, text=True, timeout=60)
+
+    assert run("status").returncode == 3
+    first = run("start")
+    try:
+        assert first.returncode == 0, first.stderr
+        second = run("start")
+        assert second.returncode == 0 and "already running" in second.stdout
+        pid = int((tmp_path / "zk" / "zookeeper.pid").read_text())
+        assert run("status").returncode == 0
+        cfg = (tmp_path / "zk" / "zoo.cfg").read_text()
+        assert f"clientPort={closed_port}\n" in cfg and "admin.enableServer=false\n" in cfg
+        assert "4lw.commands.whitelist=*\n" in cfg
+    finally:
+        stopped = run("stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    assert not alive(pid)
+    again = run("stop")
+    assert again.returncode == 0 and "not running" in again.stdout
+    assert run("status").returncode == 3
