@@ -1,10 +1,11 @@
-"""Checkpoint files: SINGA's `BlobProtos` snapshots, written crash-safe, found, verified, read, pruned.
+"""Checkpoint files: SINGA's `BlobProtos` snapshots, written crash-safe, verified, read, pruned.
 
-A snapshot of step N is one file per group-0 worker W, `<workspace>/checkpoint/step<N>-worker<W>.bin`
-(SINGA 0.3 writes the same name without `.bin`). Each file is one `BlobProtos`: SINGA's fields
-(entry i of `version`, `name`, `blob` belong together, §2.3), then our additions (step, updater,
-RNG and reader state, LR index, worker count, test metrics, fields 300-307) and last a CRC-32
-trailer (field 310): `payload + b"\\xb5\\x13" + crc32(payload)` as little-endian uint32.
+A snapshot of step N is one file per group-0 worker W,
+`<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
+Each file is one `BlobProtos`: SINGA's fields (entry i of `version`, `name`, `blob` belong
+together, §2.3), then our additions (step, updater, RNG and reader state, LR index, worker
+count, test metrics, fields 300-307) and last a CRC-32 trailer (field 310):
+`payload + b"\\xb5\\x13" + crc32(payload)` as little-endian uint32, payload = all bytes before it.
 Beside it `step<N>-worker<W>.meta` (the `.bin` suffix replaced; `<path>.meta` for SINGA's
 suffix-less files) lists, as text, the file's size and CRC, the step and one line per param:
 `param<TAB>name<TAB>shape<TAB>dtype<TAB>version`, shape as `64,784`.
@@ -45,7 +46,7 @@ class SnapshotState:
     nworkers: int = 1
     lr_index: int = 0
     param_state: dict = dataclasses.field(default_factory=dict)  # name -> [updater buffers]
-    rng: dict = dataclasses.field(default_factory=dict)          # name -> bit_generator.state
+    rng: dict = dataclasses.field(default_factory=dict)          # name -> PCG64 bit_generator.state
     reader: dict = dataclasses.field(default_factory=dict)       # name -> (offset, skipped)
     metrics: dict = dataclasses.field(default_factory=dict)      # test metric -> value
 
@@ -73,7 +74,7 @@ def meta_path(path):
 
 
 def parse_step_worker(filename):
-    """(step, worker) of a snapshot file name `step<N>-worker<W>` or `step<N>-worker<W>.bin`, else None.
+    """(step, worker) of a file name `step<N>-worker<W>` or `step<N>-worker<W>.bin`, else None.
 
     The whole base name must match. SINGA's rule (any name containing "step") would also pick
     `.meta` files, temporary files of an interrupted write (`.step5-worker0.bin.tmp-123`) and
@@ -87,7 +88,7 @@ def parse_step_worker(filename):
 # Writing
 
 class CheckpointWriter:
-    """Collects one snapshot file's params and state; `close()` writes `<prefix>.bin` and `<prefix>.meta`.
+    """One snapshot file's params and state; `close()` writes `<prefix>.bin` and `<prefix>.meta`.
 
     Crash-safe: each file goes to a temporary name, is flushed, fsynced and renamed, then the
     directory is fsynced. Leaving a `with` block by an exception writes nothing.
@@ -98,6 +99,7 @@ class CheckpointWriter:
         self.path = self.prefix + SUFFIX
         self._msg = common_pb2.BlobProtos()
         self._names = set()
+        self._closed = False
 
     def write(self, name, array, version):
         """Append param `name` (values as float32, row-major) with its `version`."""
@@ -131,6 +133,9 @@ class CheckpointWriter:
 
     def close(self):
         """Write the binary file, then its `.meta`; returns the binary file's path."""
+        if self._closed:
+            return self.path
+        self._closed = True
         payload = self._msg.SerializeToString()
         crc = zlib.crc32(payload)
         trailer = _CRC_TAG + struct.pack("<I", crc)
@@ -153,7 +158,7 @@ class CheckpointWriter:
 
 
 def write_file(path, params, state=None):
-    """Write one snapshot file: `params` = iterable of (name, ndarray, version); `state` a SnapshotState."""
+    """Write a snapshot file: `params` = iterable of (name, ndarray, version); `state` optional."""
     with CheckpointWriter(path) as w:
         for name, array, version in params:
             w.write(name, array, version)
@@ -225,7 +230,7 @@ def _meta_text(msg, path, size, crc):
 # Reading
 
 def read_meta(path):
-    """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics and
+    """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
     params [(name, shape, dtype, version)]; missing keys are absent."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -249,17 +254,14 @@ def read_meta(path):
                 meta[key] = (value if key == "file" else int(value, 16) if key == "crc32"
                              else int(value))
         except ValueError:
-            raise CheckpointError(f"{path}:{i}: not a checkpoint meta line: {line[:80]!r}") from None
+            raise CheckpointError(f"{path}:{i}: not a checkpoint meta line: {line[:60]!r}") \
+                from None
     return meta
 
 
-def open_snapshot_file(path):
-    """A `CheckpointReader` of `path`, or of `path + ".bin"` when `path` is a prefix."""
-    return CheckpointReader(path)
-
-
 class CheckpointReader:
-    """One snapshot file, parsed and verified at open; values become arrays on request.
+    """One snapshot file (`path`, or `path.bin` for a prefix), parsed and verified at open;
+    values become arrays on request.
 
     `verified` is True for our files (checksum matched) and False for SINGA's (no checksum;
     accepted when they parse and are consistent). Anything else is a CheckpointError.
@@ -306,7 +308,8 @@ class CheckpointReader:
 
     def params(self):
         """{name: (values, version)} of every param in the file."""
-        return {n: (_array(b), v) for n, v, b in zip(self.proto.name, self.proto.version, self.proto.blob)}
+        p = self.proto
+        return {n: (_array(b), v) for n, v, b in zip(p.name, p.version, p.blob)}
 
     def _i(self, name):
         try:
@@ -463,17 +466,14 @@ def _snapshot(folder, step, files, nworkers):
     if len(recorded) > 1:
         problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
     expected = max(recorded) if recorded else nworkers or max(files) + 1
-    files = {w: p for w, p in files.items() if w < expected}
     for w in range(expected):
         if w not in files:
             problems.append(f"{snapshot_file(folder, step, w)}: missing "
                             f"(the snapshot has {expected} worker files)")
     verified = bool(readers) and all(r.verified for r in readers.values())
     for w, r in sorted(readers.items()):
-        if w >= expected:
-            continue
         if r.size == 0 and w == 0:
-            problems.append(f"{r.path}: empty (0 bytes); worker 0's file holds the params (torn write)")
+            problems.append(f"{r.path}: empty (0 bytes), but worker 0's file has the params")
         elif not r.verified and any(o.verified for o in readers.values()):
             problems.append(f"{r.path}: no checksum while the other files of step{step} have one")
         elif r.verified and r.step != step:
@@ -668,7 +668,8 @@ def _cmd_show(path):
         s = r.state
         print(f"state: {len(s.param_state)} updater states, {len(s.rng)} RNGs, "
               f"{len(s.reader)} readers, lr_index {s.lr_index}")
-    rows = [(n, str(shape), dtype, str(v), f"{np.abs(r.param(n)).mean():.6g}" if math.prod(shape) else "-")
+    rows = [(n, str(shape), dtype, str(v),
+             f"{np.abs(r.param(n)).mean():.6g}" if math.prod(shape) else "-")
             for n, shape, dtype, v in r.meta()]
     _table([("name", "shape", "dtype", "version", "mean|x|")] + rows)
     return 0

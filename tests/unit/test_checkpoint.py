@@ -98,7 +98,7 @@ def test_round_trip_values_versions_and_state(tmp_path):
     st = state(metrics={"accuracy": 0.75, "loss": 0.5})
     path = ckpt.write_file(str(tmp_path / "step5-worker0"), params(), st)
     assert path.endswith("step5-worker0.bin")
-    r = ckpt.open_snapshot_file(str(tmp_path / "step5-worker0"))   # by prefix
+    r = ckpt.CheckpointReader(str(tmp_path / "step5-worker0"))   # by prefix
     assert r.verified and r.step == 5 and r.nworkers == 1
     for name, a, v in params():
         got, version = r.params()[name]
