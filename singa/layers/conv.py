@@ -10,7 +10,7 @@ __all__ = ["ConvolutionLayer", "PoolingLayer"]
 
 
 def window(conf):
-    """(kh, kw, ph, pw, sh, sw) from a conv/pooling conf: `kernel` etc. if set, else the _y/_x pair."""
+    """(kh, kw, ph, pw, sh, sw) of a conv/pooling conf: `kernel` etc. if set, else _y/_x pairs."""
     def pair(name):
         if conf.HasField(name):
             v = getattr(conf, name)
@@ -45,7 +45,7 @@ def _taps(kh, kw, sh, sw, oh, ow):
 
 
 def _padded(x, buf, pad):
-    """x copied into the interior of `buf` (whose border holds the padding value), or x if no pad."""
+    """x copied into the interior of `buf` (its border holds the padding value); x if no pad."""
     ph, pw = pad
     if ph == 0 and pw == 0:
         return x
@@ -128,8 +128,9 @@ class ConvolutionLayer(Layer):
 class PoolingLayer(Layer):
     """MAX: y = max over the window (padding never wins), g routed to the first argmax (Caffe).
 
-    AVG: y = Σ window / size, where size is the window clipped to the padded image (Caffe,
-    kCPooling), k_h·k_w (mshadow, kPooling) or the window clipped to the image (cuDNN).
+    AVG: y = Σ window / size, where size is k_h·k_w (Caffe clips the window to the padded
+    image, which floor output sizes never pass; mshadow) or, for kCudnnPool, the window
+    clipped to the image (cuDNN excludes padding).
     Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1).
     """
 
@@ -161,15 +162,12 @@ class PoolingLayer(Layer):
 
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
         """Window sizes (oh, ow) by which AVG divides; see the class docstring."""
-        if self.conf.type == job_pb2.kPooling:
+        if self.conf.type != job_pb2.kCudnnPool:
             return np.full((oh, ow), kh * kw, np.float32)
         sizes = []
         for size, o, k, p, s in ((h, oh, kh, ph, sh), (w, ow, kw, pw, sw)):
             start = np.arange(o) * s - p
-            if self.conf.type == job_pb2.kCPooling:
-                sizes.append(np.minimum(start + k, size + p) - start)
-            else:
-                sizes.append(np.minimum(start + k, size) - np.maximum(start, 0))
+            sizes.append(np.minimum(start + k, size) - np.maximum(start, 0))
         return np.outer(sizes[0], sizes[1]).astype(np.float32)
 
     def compute_feature(self, flag, srclayers):

@@ -101,7 +101,7 @@ class StoreInputLayer(Layer):
 
 
 def batchsize(conf):
-    """SINGA's batch rule: on partition_dim 0 one size is split evenly, several are per partition."""
+    """SINGA's batch rule: on partition_dim 0 one size is split evenly, several go per partition."""
     sizes = conf.store_conf.batchsize
     if not sizes:
         raise ConfigError(f"layer '{conf.name}': store_conf.batchsize is not set")
@@ -162,7 +162,7 @@ class CSVInputLayer(StoreInputLayer):
         try:
             return np.array(tokens, dtype=np.float32)
         except ValueError as e:
-            raise DataError(f"{self.path}: {e} in a batch starting at line {_text(keys[0])}") from None
+            raise DataError(f"{self.path}: {e} in the batch from line {_text(keys[0])}") from None
 
 
 def _text(key):

@@ -129,7 +129,8 @@ class EuclideanLossLayer(Layer):
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is not None:
-            np.divide(self._diff, np.float32(self._diff.shape[0]), out=gsrc.reshape(self._diff.shape))
+            d = self._diff
+            np.divide(d, np.float32(d.shape[0]), out=gsrc.reshape(d.shape))
 
     def to_string(self, flag):
         """`Loss = %f` averaged since the last call; resets the average."""

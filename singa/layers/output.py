@@ -39,7 +39,7 @@ class ArgSortLayer(Layer):
 
 @register(job_pb2.kAccuracy)
 class AccuracyLayer(ArgSortLayer):
-    """Sources [scores, label provider]: accuracy += fraction of rows whose label is in the top-k."""
+    """Sources [scores, label provider]: accuracy += fraction of rows with the label in the top-k."""
 
     def setup(self, srclayers):
         if len(srclayers) != 2:

@@ -25,7 +25,7 @@ class Source(Layer):
 
 
 def make_layer(conf_text, srclayers, seed=0, param_std=0.5):
-    """The layer of text-format LayerProto `conf_text`, set up on `srclayers`, params ~ N(0, std)."""
+    """The layer of text-format LayerProto `conf_text` set up on `srclayers`; params ~ N(0, std)."""
     conf = text_format.Parse(conf_text, job_pb2.LayerProto())
     layer = create_layer(conf)
     layer.rng = np.random.default_rng(seed)
@@ -35,21 +35,25 @@ def make_layer(conf_text, srclayers, seed=0, param_std=0.5):
     return layer
 
 
-def check_gradients(layer, srclayers, flag=FORWARD, objective=None, eps=1e-2, rtol=1e-2,
-                    atol=1e-3, before_forward=None, seed=0):
+def check_gradients(layer, srclayers, flag=FORWARD, objective=None, outputs=None, eps=1e-2,
+                    rtol=1e-2, atol=1e-3, before_forward=None, seed=0):
     """Assert the layer's analytic gradients equal numeric ones; return how many were checked.
 
-    L = objective() after `compute_feature(flag)`; by default L = Σ data·R for a fixed random
-    R, and R is written into `layer.grad` as dL/d data before `compute_gradient`. Gradient
+    L = objective() after `compute_feature(flag)`. By default L = Σ_k data_k·R_k over
+    `outputs`, pairs (data_k, grad_k) of the layer's blobs (default: [(data, grad)]), with
+    fixed random R_k written into grad_k as dL/d data_k before `compute_gradient`. Gradient
     blobs are filled with NaN first, so a layer that accumulates instead of writing fails.
     `before_forward` runs before every forward (e.g. to fix a Dropout mask).
     """
     rng = np.random.default_rng(seed)
-    r = None
+    seeds = []
     if objective is None:
-        r = rng.standard_normal(layer.data.shape).astype(np.float32)
+        outputs = outputs or [(layer.data, layer.grad)]
+        seeds = [(g, rng.standard_normal(d.shape).astype(np.float32)) for d, g in outputs]
+
         def objective():
-            return float(np.dot(layer.data.ravel().astype(np.float64), r.ravel()))
+            return sum(float(np.dot(d.ravel().astype(np.float64), r.ravel()))
+                       for (d, _), (_, r) in zip(outputs, seeds))
 
     def loss():
         if before_forward is not None:
@@ -58,8 +62,8 @@ def check_gradients(layer, srclayers, flag=FORWARD, objective=None, eps=1e-2, rt
         return objective()
 
     loss()
-    if r is not None:
-        layer.grad[...] = r
+    for g, r in seeds:
+        g[...] = r
     targets = [(f"source '{s.name}'", s.data, s.grad_for(layer)) for s in srclayers
                if s.grad_for(layer) is not None]
     targets += [(f"param '{p.name}'", p.data, p.grad) for p in layer.params]
@@ -73,6 +77,7 @@ def check_gradients(layer, srclayers, flag=FORWARD, objective=None, eps=1e-2, rt
         np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=atol,
                                    err_msg=f"{layer!r}: gradient of {what}")
         checked += x.size
+    loss()  # leave the layer's outputs as they are for the unperturbed inputs
     return checked
 
 

@@ -1,0 +1,131 @@
+"""Convolution and pooling: values against direct loops, Caffe's pooling rules, gradients.
+
+SINGA's own cnn checkpoint is run through these layers in test_layers_loss.py."""
+import numpy as np
+import pytest
+
+from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa.errors import ConfigError
+
+
+def conv_conf(layer_type="kCConvolution", **kw):
+    fields = " ".join(f"{k}: {v}" for k, v in kw.items())
+    return (f'name: "conv" type: {layer_type} convolution_conf {{ num_filters: 3 {fields} }} '
+            'param { name: "w" } param { name: "b" }')
+
+
+def direct_conv(x, w, b, kh, kw, ph, pw, sh, sw):
+    """Convolution by loops over output positions (the definition)."""
+    n, c, h, wd = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+    wk = w.reshape(-1, c, kh, kw)
+    y = np.empty((n, wk.shape[0], oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            patch = xp[:, :, i * sh:i * sh + kh, j * sw:j * sw + kw]
+            y[:, :, i, j] = np.tensordot(patch, wk, axes=([1, 2, 3], [1, 2, 3])) + b
+    return y
+
+
+@pytest.mark.parametrize("layer_type", ["kConvolution", "kCConvolution", "kCudnnConv"])
+@pytest.mark.parametrize("window", [dict(kernel=3), dict(kernel=3, pad=1, stride=2),
+                                    dict(kernel_x=3, kernel_y=2, pad_x=1, stride_y=2)])
+def test_convolution_matches_direct_loops(layer_type, window):
+    src = Source(np.random.default_rng(0).standard_normal((2, 2, 7, 6)))
+    layer = make_layer(conv_conf(layer_type, **window), [src])
+    layer.compute_feature(FORWARD, [src])
+    kh = window.get("kernel", window.get("kernel_y", 3))
+    kw = window.get("kernel", window.get("kernel_x", 3))
+    ph = window.get("pad", window.get("pad_y", 0))
+    pw = window.get("pad", window.get("pad_x", 0))
+    sh = window.get("stride", window.get("stride_y", 1))
+    sw = window.get("stride", window.get("stride_x", 1))
+    w, b = layer.params
+    assert w.shape == (3, 2 * kh * kw)
+    want = direct_conv(src.data, w.data, b.data, kh, kw, ph, pw, sh, sw)
+    assert layer.data.shape == want.shape
+    np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3), dict(kernel=3, pad=1, stride=2)])
+def test_convolution_gradients(window):
+    src = Source(np.random.default_rng(0).standard_normal((2, 2, 5, 5)))
+    layer = make_layer(conv_conf(**window), [src])
+    check_gradients(layer, [src])
+
+
+def test_convolution_treats_a_3d_input_as_one_channel():
+    src = Source(np.random.default_rng(0).standard_normal((2, 5, 5)))
+    layer = make_layer(conv_conf(kernel=3), [src])
+    assert layer.data.shape == (2, 3, 3, 3) and layer.params[0].shape == (3, 9)
+    check_gradients(layer, [src])
+
+
+def test_convolution_rejects_a_kernel_larger_than_the_input():
+    with pytest.raises(ConfigError, match="layer 'conv': kernel 5, pad 0, stride 1"):
+        make_layer(conv_conf(kernel=5), [Source(np.zeros((1, 1, 4, 4)))])
+
+
+def pool_conf(layer_type="kCPooling", pool="MAX", **kw):
+    fields = " ".join(f"{k}: {v}" for k, v in kw.items())
+    return f'name: "pool" type: {layer_type} pooling_conf {{ pool: {pool} {fields} }}'
+
+
+def distinct(shape, seed=0):
+    """Values at least 0.1 apart, so a small perturbation never changes which one is the max."""
+    v = np.random.default_rng(seed).permutation(int(np.prod(shape))) * 0.1
+    return v.reshape(shape).astype(np.float32)
+
+
+def test_max_pooling_values_and_output_size_use_floor():
+    x = distinct((1, 1, 5, 5))
+    src = Source(x)
+    layer = make_layer(pool_conf(kernel=2, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    want = x[:, :, :4, :4].reshape(1, 1, 2, 2, 2, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(layer.data, want)
+
+
+def test_max_pooling_routes_the_gradient_to_the_first_maximum_like_caffe():
+    src = Source(np.ones((1, 1, 2, 2)))
+    layer = make_layer(pool_conf(kernel=2, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = 5
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(src.grad[0, 0], [[5, 0], [0, 0]])
+
+
+def test_max_pooling_ignores_padding_even_for_negative_inputs():
+    src = Source(-1 - distinct((1, 1, 3, 3)))
+    layer = make_layer(pool_conf(kernel=2, stride=2, pad=1), [src])
+    layer.compute_feature(FORWARD, [src])
+    x = src.data[0, 0]
+    want = [[x[0, 0], x[0, 1:3].max()], [x[1:3, 0].max(), x[1:3, 1:3].max()]]
+    np.testing.assert_array_equal(layer.data[0, 0], want)
+
+
+@pytest.mark.parametrize("layer_type, divisors", [
+    # Caffe clips the window to the padded image; with floor output sizes no window passes it.
+    ("kCPooling", [[9, 9], [9, 9]]),
+    # mshadow divides by k*k.
+    ("kPooling", [[9, 9], [9, 9]]),
+    # cuDNN excludes the padding.
+    ("kCudnnPool", [[4, 4], [4, 4]]),
+])
+def test_avg_pooling_divisors(layer_type, divisors):
+    src = Source(np.ones((1, 1, 3, 3)))
+    layer = make_layer(pool_conf(layer_type, "AVG", kernel=3, stride=2, pad=1), [src])
+    layer.compute_feature(FORWARD, [src])
+    counts = np.array([[4, 4], [4, 4]])
+    np.testing.assert_allclose(layer.data[0, 0], counts / np.array(divisors), rtol=1e-6)
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+@pytest.mark.parametrize("window", [dict(kernel=2, stride=2), dict(kernel=3, stride=2, pad=1),
+                                    dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2)])
+def test_pooling_gradients(layer_type, pool, window):
+    src = Source(distinct((2, 2, 5, 5)))
+    layer = make_layer(pool_conf(layer_type, pool, **window), [src])
+    check_gradients(layer, [src])

@@ -1,0 +1,185 @@
+"""RecordInput and CSVInput: batches, wrap-around, labels, normalisation, batch rules, random
+skip, resumable read position, and clear errors for bad data."""
+import os
+
+import numpy as np
+import pytest
+
+from gradcheck import make_layer
+import singa
+from singa.errors import ConfigError, DataError
+from singa.io.kvfile import KVFile
+from singa.proto import common_pb2, job_pb2
+
+TRAIN = job_pb2.kTrain | job_pb2.kForward
+
+
+def write_records(path, xs, labels, as_floats=False):
+    with KVFile(path, "create") as f:
+        for i, (x, label) in enumerate(zip(xs, labels)):
+            rec = common_pb2.RecordProto(shape=[len(x)], label=int(label))
+            if as_floats:
+                rec.data.extend(x)
+            else:
+                rec.pixel = bytes(bytearray(int(v) for v in x))
+            f.insert(b"%08d" % i, rec.SerializeToString())
+    return str(path)
+
+
+def record_input(path, store="", extra="", layer_type="kRecordInput", seed=0):
+    conf = (f'name: "data" type: {layer_type} {extra} store_conf {{ path: "{path}" {store} }}')
+    return make_layer(conf, [], seed=seed)
+
+
+@pytest.fixture
+def shard(tmp_path):
+    xs = np.arange(7 * 4).reshape(7, 4)
+    return write_records(tmp_path / "shard.bin", xs, np.arange(7) % 3), xs
+
+
+def test_record_input_reads_batches_in_order_and_wraps_around(shard):
+    path, xs = shard
+    layer = record_input(path, 'backend: "kvfile" batchsize: 3 shape: 2 shape: 2')
+    assert layer.one_to_many and layer.data.shape == (3, 2, 2) and layer.aux_data.dtype == np.int32
+    seen = []
+    for _ in range(3):
+        layer.compute_feature(TRAIN, [])
+        seen.append((layer.data.reshape(3, 4).copy(), layer.aux_data.copy()))
+    order = [0, 1, 2, 3, 4, 5, 6, 0, 1]
+    np.testing.assert_array_equal(np.concatenate([s[0] for s in seen]), xs[order])
+    np.testing.assert_array_equal(np.concatenate([s[1] for s in seen]), np.array(order) % 3)
+
+
+def test_record_input_normalises_with_mean_and_std_values(shard):
+    path, xs = shard
+    layer = record_input(path, 'backend: "kvfile" batchsize: 2 shape: 4 mean_value: 3 std_value: 2')
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data, (xs[:2] - np.float32(3)) / np.float32(2))
+
+
+def test_record_input_normalises_with_mean_and_std_files(tmp_path, shard):
+    path, xs = shard
+    mean = write_records(tmp_path / "mean.bin", [[1.5, 2, 3, 4]], [0], as_floats=True)
+    std = write_records(tmp_path / "std.bin", [[2, 4, 8, 0.5], [9, 9, 9, 9]], [0, 0],
+                        as_floats=True)
+    layer = record_input(path, f'backend: "kvfile" batchsize: 2 shape: 4 mean_file: "{mean}" '
+                               f'std_file: "{std}"')
+    layer.compute_feature(TRAIN, [])
+    want = (xs[:2] - np.float32([1.5, 2, 3, 4])) / np.float32([2, 4, 8, 0.5])
+    np.testing.assert_allclose(layer.data, want, rtol=1e-6)
+
+
+def test_record_input_resolves_relative_paths_against_the_singa_home(shard):
+    path, xs = shard
+    rel = os.path.relpath(path, singa.HOME)
+    layer = record_input(rel, 'backend: "kvfile" batchsize: 1 shape: 4')
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data[0], xs[0])
+
+
+@pytest.mark.parametrize("extra, sizes, want", [
+    ("partition_dim: 0 num_partitions: 2", "batchsize: 8", 4),
+    ("partition_dim: 0 num_partitions: 2 partition_id: 1", "batchsize: 8 batchsize: 5", 5),
+    ("partition_dim: 1 num_partitions: 2", "batchsize: 8 batchsize: 5", 8),
+])
+def test_record_input_batch_size_rule(shard, extra, sizes, want):
+    layer = record_input(shard[0], f'backend: "kvfile" {sizes} shape: 4', extra)
+    assert layer.data.shape == (want, 4)
+
+
+def test_record_input_random_skip_draws_from_the_layer_rng(shard):
+    path, xs = shard
+    skip = np.random.default_rng(5).integers(0, 4)
+    assert skip > 0
+    layer = record_input(path, 'backend: "kvfile" batchsize: 1 shape: 4 random_skip: 3', seed=5)
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data[0], xs[skip])
+
+
+def test_record_input_state_resumes_at_the_same_record_without_skipping_again(shard):
+    path, _ = shard
+    store = 'backend: "kvfile" batchsize: 3 shape: 4 random_skip: 6'
+    first = record_input(path, store, seed=1)
+    assert first.get_state() == {"offset": 0, "skipped": False}
+    for _ in range(2):
+        first.compute_feature(TRAIN, [])
+    state = first.get_state()
+    assert state["skipped"] and state["offset"] > 0
+    first.compute_feature(TRAIN, [])
+    resumed = record_input(path, store, seed=2)
+    resumed.set_state(**state)
+    resumed.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(resumed.data, first.data)
+    np.testing.assert_array_equal(resumed.aux_data, first.aux_data)
+
+
+def test_record_input_rejects_records_of_the_wrong_size(shard):
+    layer = record_input(shard[0], 'backend: "kvfile" batchsize: 1 shape: 5')
+    with pytest.raises(DataError, match="has 4 values, expected 5"):
+        layer.compute_feature(TRAIN, [])
+
+
+def test_record_input_rejects_an_empty_store(tmp_path):
+    path = write_records(tmp_path / "empty.bin", [], [])
+    layer = record_input(path, 'backend: "kvfile" batchsize: 1 shape: 1')
+    with pytest.raises(DataError, match="empty.bin: the kvfile store is empty"):
+        layer.compute_feature(TRAIN, [])
+
+
+@pytest.mark.parametrize("store, message", [
+    ("batchsize: 1 shape: 4", "store_conf.backend is not set"),
+    ('backend: "kvfile" shape: 4', "store_conf.batchsize is not set"),
+    ('backend: "kvfile" batchsize: 1', "store_conf.shape must list positive sizes"),
+])
+def test_record_input_names_a_missing_store_field(shard, store, message):
+    with pytest.raises(ConfigError, match=f"layer 'data': {message}"):
+        record_input(shard[0], store)
+
+
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def csv_input(path, store="", seed=0):
+    return record_input(path, store, layer_type="kCSVInput", seed=seed)
+
+
+def test_csv_input_reads_label_and_values_with_textfile_default(tmp_path):
+    path = write_lines(tmp_path / "a.csv", ["1,0.5,2", "0,-1,3e1", "2,4,5"])
+    layer = csv_input(path, "batchsize: 2 shape: 2")
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data, [[0.5, 2], [-1, 30]])
+    np.testing.assert_array_equal(layer.aux_data, [1, 0])
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data, [[4, 5], [0.5, 2]])
+    np.testing.assert_array_equal(layer.aux_data, [2, 1])
+
+
+def test_csv_input_without_labels_and_with_a_separator(tmp_path):
+    path = write_lines(tmp_path / "a.csv", ["1;2;3"])
+    layer = csv_input(path, 'batchsize: 1 shape: 3 has_label: false separator: ";"')
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data, [[1, 2, 3]])
+    deploy = csv_input(write_lines(tmp_path / "b.csv", ["4,5"]), "batchsize: 1 shape: 2")
+    deploy.compute_feature(job_pb2.kDeploy, [])
+    np.testing.assert_array_equal(deploy.data, [[4, 5]])
+
+
+def test_csv_input_normalises_with_a_textfile_mean(tmp_path):
+    path = write_lines(tmp_path / "a.csv", ["0,3,5"])
+    mean = write_lines(tmp_path / "mean.csv", ["1,2", "7,7"])
+    layer = csv_input(path, f'batchsize: 1 shape: 2 mean_file: "{mean}"')
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.data, [[2, 3]])
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["0,1,2", "1,2"], "line 1 has 2 values, expected 3"),
+    (["0,1,2,3"], "line 0 has 4 values, expected 3"),
+    (["0,1,x"], "could not convert string to float"),
+])
+def test_csv_input_names_the_bad_line(tmp_path, lines, message):
+    layer = csv_input(write_lines(tmp_path / "a.csv", lines), f"batchsize: {len(lines)} shape: 2")
+    with pytest.raises(DataError, match=message):
+        layer.compute_feature(TRAIN, [])
