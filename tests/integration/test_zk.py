@@ -193,11 +193,12 @@ def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port
     env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"))
     subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
     try:
-        z = ZK(f"127.0.0.1:{env['ZK_PORT']}", timeout=1)
+        z = ZK(f"127.0.0.1:{env['ZK_PORT']}")
     finally:
         subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
+    z.timeout = 1      # connect patiently (busy machine), then wait briefly for the lost server
     t = time.monotonic()
-    with pytest.raises(ClusterError, match="ZooKeeper at 127.0.0.1:.*"):
+    with pytest.raises(ClusterError, match=r"ZooKeeper at 127.0.0.1:\d+ did not answer within 1 s \(create job lock\)"):
         z.new_job_id()
-    assert time.monotonic() - t < 5
+    assert time.monotonic() - t < 4
     z.close()
