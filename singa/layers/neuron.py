@@ -15,7 +15,7 @@ STANH_B = np.float32(0.66666667)
 
 
 def make_params(layer, shapes):
-    """Create `layer.params` from the conf's `param` entries, one per shape, in conf order."""
+    """Params from the conf's `param` entries in order, one per {role: shape} of `shapes`."""
     names = ", ".join(shapes)
     confs = layer.conf.param
     if len(confs) < len(shapes):
@@ -81,10 +81,10 @@ class InnerProductLayer(Layer):
 
 
 class _Elementwise(Layer):
-    """y = f(x) elementwise; gx = g·f'(·), with f' computed from y (and x for none here).
+    """y = f(x) elementwise; gx = g·f', where f' is computed from y.
 
-    Subclasses give `forward(x, y)` and `derivative(y, d)` (d = f' as a function of y).
-    The derivative goes to a scratch blob first so that gx may alias g (share_src_blobs).
+    Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d). The derivative
+    goes to a scratch blob first so that gx may alias g (share_src_blobs).
     """
 
     def setup(self, srclayers):
