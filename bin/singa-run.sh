@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Launch a SINGA job (SINGA's singa-run.sh, §6.3):
+#
+#   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [other args]
+#
+# Installs what is missing (thirdparty/install.sh), starts the local ZooKeeper when
+# conf/singa.conf names a local one that does not answer, gets a job id, and starts one
+# process per host of the job (ssh for remote hosts). Other arguments go to the program.
+set -euo pipefail
+SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SINGA_HOME=$(dirname "$SINGA_BIN")
+
+usage() { echo "Usage: singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test]" >&2; exit 2; }
+
+exe=""; conf=""; args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -exec) [ $# -ge 2 ] || usage; exe=$2; shift 2 ;;
+    -conf) [ $# -ge 2 ] || usage; conf=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+[ -n "$conf" ] || usage
+[ -f "$conf" ] || { echo "singa-run: $conf not exists" >&2; exit 2; }
+conf=$(cd "$(dirname "$conf")" && pwd)/$(basename "$conf")
+
+"$SINGA_HOME/thirdparty/install.sh" --quiet
+. "$SINGA_BIN/singa-env.sh"
+cd "$SINGA_HOME"
+[ -n "$exe" ] || exe="$PYTHON -m singa.driver"
+
+# The embedded default: a local ZooKeeper that does not answer is started here.
+zk_hosts=$($PYTHON -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
+if ! $PYTHON -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
+  case $zk_hosts in
+    localhost:*|127.0.0.1:*) "$SINGA_BIN/zk-service.sh" start ;;
+    *) echo "singa-run: ZooKeeper at $zk_hosts does not answer" >&2; exit 1 ;;
+  esac
+fi
+
+job_id=$($SINGATOOL create -confdir "$SINGA_CONF")
+echo "Unique JOB_ID is $job_id"
+log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$log_dir"
+echo "Record job information to $log_dir"
+$SINGATOOL genhost "$conf" -confdir "$SINGA_CONF" > "$log_dir/job.hosts"
+cp "$conf" "$log_dir/job.conf"
+
+cmd="$exe ${args[*]:-} -singa_conf $SINGA_CONF/singa.conf -singa_job $job_id -conf $conf"
+pids=()
+while read -r host _; do
+  [ -n "$host" ] || continue
+  if [ "$host" = localhost ]; then
+    echo "Executing : $cmd"
+    $cmd &
+  else
+    ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet "$host" \
+      "cd $SINGA_HOME; source $SINGA_HOME/conf/profile; $cmd -host $host" &
+  fi
+  pids+=($!)
+done < "$log_dir/job.hosts"
+
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
+done
+exit $status
