@@ -135,18 +135,39 @@ class Driver:
 
     # --- training -------------------------------------------------------------------------
     def train(self, zk):
-        job = self.job
         if self.flags["resume"]:
             self.setup_for_resume()
-        self.rngs = self.seeds()
-        nets = self.build_nets(self.rngs, (job_pb2.kTrain, job_pb2.kTest, job_pb2.kVal))
-        self.train_net = train = nets[job_pb2.kTrain]
-        self.nets = nets
-        updater = create_updater(job.updater)
-        self.updater = updater
+        self.zk = zk
+        self.setup_executors()
+        server, worker = self.server, self.worker
+        zk.watch_sgroup(self.job_id, 0, server.stop)
+        threads = [threading.Thread(target=x.run, name=name, daemon=True)
+                   for x, name in ((server, "server-0-0"), (worker, "worker-0-0"))]
+        for t in threads:
+            t.start()
+        try:
+            self.stub.run()
+        finally:
+            worker.abort.set()
+            server.stop()
+            for t in threads:
+                t.join(timeout=30)
+            self.close_executors()
+        for x in (server, worker):
+            if x.error is not None:
+                if isinstance(x.error, SingaError):
+                    raise x.error
+                raise RuntimeError(f"{type(x).__name__} failed") from x.error
 
-        ctx = zmq.Context()
-        router = Router(ctx, f"inproc://singa-stub-{os.getpid()}")
+    def setup_executors(self):
+        """Nets, updater, the Stub's Router, one Server and one Worker, all in this process."""
+        job = self.job
+        self.rngs = self.seeds()
+        self.nets = self.build_nets(self.rngs, (job_pb2.kTrain, job_pb2.kTest, job_pb2.kVal))
+        self.train_net = train = self.nets[job_pb2.kTrain]
+        self.updater = create_updater(job.updater)
+        self.ctx = zmq.Context()
+        self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
         server_addr = m.addr(0, 0, m.kServer)
         entries = {}
         for layer in train.layers:
@@ -161,37 +182,20 @@ class Driver:
                 e.add_share(m.addr(0, 0, m.kWorkerParam), p)
         for e in entries.values():
             e.num_total = e.num_local
-        self.entries = entries
         restore = self.restore_state() if self.restored is not None else None
-        server = Server(ctx, router.endpoint, 0, 0, updater, job.cluster.poll_time, restore)
-        worker = Worker(ctx, router.endpoint, 0, 0, job, train, nets.get(job_pb2.kTest),
-                        nets.get(job_pb2.kVal), hooks=self)
-        self.zk = zk
-        self.server = server
-        zk.watch_sgroup(self.job_id, 0, server.stop)
-        threads = [threading.Thread(target=x.run, name=name, daemon=True)
-                   for x, name in ((server, "server-0-0"), (worker, "worker-0-0"))]
-        executors = (server, worker)
-        stub = Stub(router, m.addr(-1, -1, m.kStub), entries, 1, 1, job.cluster.poll_time,
-                    alive=lambda: not any(x.error for x in executors))
-        for t in threads:
-            t.start()
-        try:
-            stub.run()
-        finally:
-            worker.abort.set()
-            server.stop()
-            for t in threads:
-                t.join(timeout=30)
-            router.close()
-            for x in executors:
-                x.dealer.close()
-            ctx.term()
-        for x in executors:
-            if x.error is not None:
-                if isinstance(x.error, SingaError):
-                    raise x.error
-                raise RuntimeError(f"{type(x).__name__} failed") from x.error
+        poll = job.cluster.poll_time
+        self.server = Server(self.ctx, self.router.endpoint, 0, 0, self.updater, poll, restore)
+        self.worker = Worker(self.ctx, self.router.endpoint, 0, 0, job, train,
+                             self.nets.get(job_pb2.kTest), self.nets.get(job_pb2.kVal), hooks=self)
+        executors = (self.server, self.worker)
+        self.stub = Stub(self.router, m.addr(-1, -1, m.kStub), entries, 1, 1, poll,
+                         alive=lambda: not any(x.error for x in executors))
+
+    def close_executors(self):
+        self.router.close()
+        self.server.dealer.close()
+        self.worker.dealer.close()
+        self.ctx.term()
 
     # --- hooks called by the worker thread ------------------------------------------------
     def joined(self, worker):
@@ -213,12 +217,10 @@ class Driver:
             if p.name in loaded:
                 if job.reset_param_version:
                     p.version = job.step
-                if not self.restored:
-                    log.info("param %s loaded from %s", p.name, loaded[p.name])
             else:
                 p.init_values(self.rngs[0], job.step)
                 if paths:
-                    log.info("param %s freshly initialised (%s)", p.name,
+                    log.info("Param %s: freshly initialised (%s)", p.name,
                              job_pb2.InitMethod.Name(p.proto.init.type))
         if self.restored is not None:
             self.restore_streams()
