@@ -15,7 +15,7 @@ import numpy as np
 import zmq
 
 import singa
-from singa import checkpoint, config
+from singa import checkpoint, cluster, config
 from singa import log as singa_log
 from singa.comm import msg as m
 from singa.comm.socket import Router
@@ -102,21 +102,10 @@ class Driver:
         finally:
             zk.close()
 
-    def seeds(self):
-        """Independent RNG streams (init, train, test, validation) from the job's `seed`."""
+    def seeds(self, n):
+        """`n` independent RNG streams from the job's `seed` (the clock when unset, as SINGA)."""
         seq = np.random.SeedSequence(self.job.seed if self.job.HasField("seed") else None)
-        return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(4)]
-
-    def build_nets(self, rngs, phases):
-        net = self.job.neuralnet
-        nets = {job_pb2.kTrain: NeuralNet(net, job_pb2.kTrain, rngs[1])} \
-            if job_pb2.kTrain in phases else {}
-        train = nets.get(job_pb2.kTrain)
-        if job_pb2.kTest in phases and self.job.test_steps > 0:
-            nets[job_pb2.kTest] = NeuralNet(net, job_pb2.kTest, rngs[2], share_from=train)
-        if job_pb2.kVal in phases and self.job.validate_steps > 0:
-            nets[job_pb2.kVal] = NeuralNet(net, job_pb2.kVal, rngs[3], share_from=train)
-        return nets
+        return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
     def setup_for_resume(self):
         """§2.7: continue from the newest complete snapshot (ours: verified, all workers)."""
@@ -139,62 +128,106 @@ class Driver:
             self.setup_for_resume()
         self.zk = zk
         self.setup_executors()
-        server, worker = self.server, self.worker
-        zk.watch_sgroup(self.job_id, 0, server.stop)
-        threads = [threading.Thread(target=x.run, name=name, daemon=True)
-                   for x, name in ((server, "server-0-0"), (worker, "worker-0-0"))]
+        servers, workers = self.servers, self.workers
+
+        def stop_servers():
+            for s in servers:
+                s.stop()
+        zk.watch_sgroup(self.job_id, 0, stop_servers)
+        threads = [threading.Thread(target=x.run, name=f"{type(x).__name__}-{x.grp}-{x.id}",
+                                    daemon=True) for x in servers + workers]
         for t in threads:
             t.start()
         try:
             self.stub.run()
         finally:
-            worker.abort.set()
-            server.stop()
+            for w in workers:
+                w.abort.set()
+            stop_servers()
             for t in threads:
                 t.join(timeout=30)
             self.close_executors()
-        for x in (server, worker):
+        for x in servers + workers:
             if x.error is not None:
                 if isinstance(x.error, SingaError):
                     raise x.error
                 raise RuntimeError(f"{type(x).__name__} failed") from x.error
 
     def setup_executors(self):
-        """Nets, updater, the Stub's Router, one Server and one Worker, all in this process."""
-        job = self.job
-        self.rngs = self.seeds()
-        self.nets = self.build_nets(self.rngs, (job_pb2.kTrain, job_pb2.kTest, job_pb2.kVal))
-        self.train_net = train = self.nets[job_pb2.kTrain]
+        """Nets, updater, the Stub's Router, every Server and Worker of this (single) process.
+
+        Worker (g, j) runs partition j of group g's net (data parallel: replicas j > 0 share
+        partition 0's param values); groups > 0 share group 0's values (share_memory).
+        Params are cut into slices over the servers of a group (SINGA's Slice).
+        """
+        job, cl = self.job, self.job.cluster
+        G, K, S = cl.nworker_groups, cl.nworkers_per_group, cl.nservers_per_group
+        self.rngs = rngs = self.seeds(3 + G * K)   # init, test, validation, one per worker
+        nets, next_id = {}, 0
+        for g in range(G):
+            for j in range(K):
+                share = nets[(g, 0)] if j > 0 else (nets[(0, 0)] if g > 0 else None)
+                net = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K + j], share, j, K,
+                                next_id)
+                nets[(g, j)] = net
+                next_id = net.next_id
+        self.train_nets = nets
+        self.train_net = train = nets[(0, 0)]
+        self.eval_nets = {}
+        if job.test_steps > 0:
+            self.eval_nets["test"] = NeuralNet(job.neuralnet, job_pb2.kTest, rngs[1], train,
+                                               first_id=next_id)
+            next_id = self.eval_nets["test"].next_id
+        if job.validate_steps > 0:
+            self.eval_nets["validation"] = NeuralNet(job.neuralnet, job_pb2.kVal, rngs[2], train,
+                                                     first_id=next_id)
         self.updater = create_updater(job.updater)
         self.ctx = zmq.Context()
         self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
-        server_addr = m.addr(0, 0, m.kServer)
+
+        owners = train.owner_params
+        pieces = cluster.slice_sizes(cluster.lcm(cl.nserver_groups, S), [p.size for p in owners])
+        slice2server = cluster.partition_slices(S, [n for ps in pieces for n in ps])
+        self.slice_table, sid = {}, 0
+        for p, ps in zip(owners, pieces):
+            table, offset = [], 0
+            for n in ps:
+                table.append((sid, offset, n))
+                offset += n
+                sid += 1
+            self.slice_table[p.id] = table
         entries = {}
-        for layer in train.layers:
-            if layer.unroll_index > 0:
-                continue
-            for p in layer.params:
-                e = entries.get((0, p.owner))
-                if e is None:
-                    owner = train.params[p.owner]
-                    e = entries[(0, p.owner)] = ParamEntry(
-                        0, p.owner, 0, [(p.owner, server_addr, 0, owner.size)])
-                e.add_share(m.addr(0, 0, m.kWorkerParam), p)
+        for (g, j), net in nets.items():
+            for layer in net.layers:
+                if layer.unroll_index > 0:
+                    continue
+                for p in layer.params:
+                    e = entries.get((g, p.owner))
+                    if e is None:
+                        e = entries[(g, p.owner)] = ParamEntry(g, p.owner, 0, [
+                            (s, m.addr(0, slice2server[s], m.kServer), o, n)
+                            for s, o, n in self.slice_table[p.owner]])
+                    e.add_share(m.addr(g, j, m.kWorkerParam), p)
         for e in entries.values():
             e.num_total = e.num_local
         restore = self.restore_state() if self.restored is not None else None
-        poll = job.cluster.poll_time
-        self.server = Server(self.ctx, self.router.endpoint, 0, 0, self.updater, poll, restore)
-        self.worker = Worker(self.ctx, self.router.endpoint, 0, 0, job, train,
-                             self.nets.get(job_pb2.kTest), self.nets.get(job_pb2.kVal), hooks=self)
-        executors = (self.server, self.worker)
-        self.stub = Stub(self.router, m.addr(-1, -1, m.kStub), entries, 1, 1, poll,
-                         alive=lambda: not any(x.error for x in executors))
+        poll = cl.poll_time
+        self.servers = [Server(self.ctx, self.router.endpoint, 0, s, self.updater, poll, restore)
+                        for s in range(S)]
+        self.server_of_slice = [self.servers[x] for x in slice2server]
+        self.workers = [Worker(self.ctx, self.router.endpoint, g, j, job, net,
+                               self.eval_nets.get("test") if (g, j) == (0, 0) else None,
+                               self.eval_nets.get("validation") if (g, j) == (0, 0) else None,
+                               hooks=self)
+                        for (g, j), net in nets.items()]
+        executors = self.servers + self.workers
+        self.stub = Stub(self.router, m.addr(-1, -1, m.kStub), entries, len(self.workers),
+                         len(self.servers), poll, alive=lambda: not any(x.error for x in executors))
 
     def close_executors(self):
         self.router.close()
-        self.server.dealer.close()
-        self.worker.dealer.close()
+        for x in self.servers + self.workers:
+            x.dealer.close()
         self.ctx.term()
 
     # --- hooks called by the worker thread ------------------------------------------------
@@ -210,6 +243,12 @@ class Driver:
     def init_params(self, worker):
         """§2.6: load `checkpoint_path` by name, init the rest, Put owners, Get the others."""
         job, net = self.job, worker.train_net
+        if self.restored is not None:
+            self.restore_streams(worker)
+        if worker.grp > 0:      # groups > 0 share group 0's values: they only Get
+            for p in net.params:
+                worker.get(job.warmup_steps, p)
+            return
         owners = {p.name: p for p in net.owner_params}
         paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace)
         loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
@@ -222,8 +261,6 @@ class Driver:
                 if paths:
                     log.info("Param %s: freshly initialised (%s)", p.name,
                              job_pb2.InitMethod.Name(p.proto.init.type))
-        if self.restored is not None:
-            self.restore_streams()
         for p in net.owner_params:
             worker.put(p)
         for p in net.params:
@@ -234,11 +271,10 @@ class Driver:
         net = worker.train_net
         state = checkpoint.SnapshotState(
             step=step,
-            param_state={p.name: self.server.slices[p.owner].state for p in net.owner_params
-                         if p.owner in self.server.slices},
-            rng={name: n.rng.bit_generator.state for name, n in self.named_nets()},
+            param_state={p.name: self.updater_state(p) for p in net.owner_params},
+            rng={name: n.rng.bit_generator.state for name, n in self.named_nets(worker)},
             reader={f"{name}/{layer.name}": (layer.get_state()["offset"], layer.get_state()["skipped"])
-                    for name, n in self.named_nets() for layer in n.input_layers()},
+                    for name, n in self.named_nets(worker) for layer in n.input_layers()},
             lr_index=self.updater.lr_gen.get_state() if hasattr(self.updater, "lr_gen") else 0,
             nworkers=self.job.cluster.nworkers_per_group,
             metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {})
@@ -250,9 +286,18 @@ class Driver:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
                              self.job.checkpoint_keep_best, self.own_steps)
 
-    def named_nets(self):
-        names = {job_pb2.kTrain: "train", job_pb2.kTest: "test", job_pb2.kVal: "validation"}
-        return [(names[phase], net) for phase, net in self.nets.items()]
+    def named_nets(self, worker):
+        """The nets whose streams (RNG, readers) `worker` saves: its own, plus test/validation."""
+        nets = [("train", worker.train_net)]
+        if (worker.grp, worker.id) == (0, 0):
+            nets += sorted(self.eval_nets.items())
+        return nets
+
+    def updater_state(self, p):
+        """The updater buffers of owner param `p`, gathered from its slices, shaped like `p`."""
+        parts = [self.server_of_slice[sid].slices[sid].state for sid, _, _ in self.slice_table[p.id]]
+        return [np.concatenate([part[k] for part in parts]).reshape(p.shape)
+                for k in range(len(parts[0]))]
 
     # --- bit-exact resume -----------------------------------------------------------------
     def restore_state(self):
@@ -264,22 +309,25 @@ class Driver:
         for p in self.train_net.owner_params:
             bufs = st.param_state.get(p.name)
             if bufs:
-                out[p.owner] = [np.ascontiguousarray(b, np.float32).reshape(-1) for b in bufs]
+                flat = [np.ascontiguousarray(b, np.float32).reshape(-1) for b in bufs]
+                for sid, o, n in self.slice_table[p.id]:
+                    out[sid] = [b[o:o + n].copy() for b in flat]
         if hasattr(self.updater, "lr_gen"):
             self.updater.lr_gen.set_state(st.lr_index)
         return out
 
-    def restored_state(self):
-        if not hasattr(self, "_restored_state"):
-            files = self.restored.files
-            self._restored_state = checkpoint.CheckpointReader(files[min(files)]).state
-        return self._restored_state
+    def restored_state(self, worker_id=0):
+        """The extra state in the resumed snapshot's file of `worker_id` (None: a SINGA file)."""
+        path = self.restored.files.get(worker_id)
+        return None if path is None else checkpoint.CheckpointReader(path).state
 
-    def restore_streams(self):
-        st = self.restored_state()
+    def restore_streams(self, worker):
+        if worker.grp > 0:
+            return
+        st = self.restored_state(worker.id)
         if st is None:
             return
-        for name, net in self.named_nets():
+        for name, net in self.named_nets(worker):
             if name in st.rng:
                 net.rng.bit_generator.state = st.rng[name]
             for layer in net.input_layers():
@@ -293,8 +341,7 @@ class Driver:
         job = self.job
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
-        rngs = self.seeds()
-        net = NeuralNet(job.neuralnet, job_pb2.kTest, rngs[2])
+        net = NeuralNet(job.neuralnet, job_pb2.kTest, self.seeds(3)[1])
         owners = {p.name: p for p in net.owner_params}
         paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace)
         if not paths:
@@ -312,13 +359,22 @@ class Driver:
 
 
 def check_cluster(job):
+    """What this version runs: every executor in one process, one server group."""
     cl = job.cluster
-    if (cl.nworker_groups, cl.nworkers_per_group, cl.nserver_groups, cl.nservers_per_group) != (1, 1, 1, 1):
-        raise ConfigError(f"cluster: only 1 worker group of 1 worker and 1 server group of 1 "
-                          f"server are supported in this version (got nworker_groups "
-                          f"{cl.nworker_groups}, nworkers_per_group {cl.nworkers_per_group}, "
-                          f"nserver_groups {cl.nserver_groups}, nservers_per_group "
-                          f"{cl.nservers_per_group})")
+    n = cluster.nprocs(cl)
+    if n != 1:
+        raise ConfigError(f"cluster: this job needs {n} processes (nworkers_per_procs "
+                          f"{cl.nworkers_per_procs}, nservers_per_procs {cl.nservers_per_procs}); "
+                          f"multi-process jobs are not supported yet: put every worker and "
+                          f"server in one process")
+    if cl.nserver_groups != 1:
+        raise ConfigError(f"cluster: nserver_groups {cl.nserver_groups}: exactly one server "
+                          f"group is supported yet")
+    if min(cl.nworker_groups, cl.nworkers_per_group, cl.nservers_per_group) < 1:
+        raise ConfigError("cluster: nworker_groups, nworkers_per_group and nservers_per_group "
+                          "must be at least 1")
+    if cl.nworker_groups > 1 and not cl.share_memory:
+        raise ConfigError("cluster: several worker groups in one process need share_memory: true")
 
 
 if __name__ == "__main__":

@@ -21,10 +21,15 @@ class NeuralNet:
     layer order (owners and sharers); `owner_params`: the params that own their values.
     """
 
-    def __init__(self, net_conf, phase, rng, share_from=None):
+    def __init__(self, net_conf, phase, rng, share_from=None, partition_id=0, num_partitions=1,
+                 first_id=0):
+        """`share_from`: a net whose owner params this one uses (by name): the train net for
+        test/validation nets, partition 0 for the data-parallel replicas of a worker group.
+        Param ids start at `first_id` so that they are unique within a process."""
         self.phase = phase
         self.rng = rng
-        confs = unroll(filter_phase(net_conf, phase))
+        self.partition_id = partition_id
+        confs = unroll(filter_phase(net_conf, phase, partition_id, num_partitions))
         resolve_share_from(confs)
         confs = add_split_layers(confs)
         confs = topological_sort(confs)
@@ -40,9 +45,10 @@ class NeuralNet:
             self.by_name[conf.name] = layer
             self.srclayers[conf.name] = srcs
         self.params = [p for layer in self.layers for p in layer.params]
-        for i, p in enumerate(self.params):
+        for i, p in enumerate(self.params, first_id):
             p.id = p.owner = i
         by_name = {p.name: p for p in self.params}
+        self.next_id = first_id + len(self.params)
         for layer in self.layers:
             for p, pconf in zip(layer.params, layer.conf.param):
                 if pconf.share_from:
@@ -53,13 +59,12 @@ class NeuralNet:
         self.owner_params = [p for p in self.params if p.is_owner]
 
     def share_params_from(self, other):
-        """Use `other`'s param values (matched by name): test/val nets follow the train net."""
+        """Use `other`'s param values (matched by name); `other`'s params stay the owners."""
         theirs = {p.name: p for p in other.owner_params}
         for p in self.params:
             src = theirs.get(p.name)
             if src is not None:
                 p.share_data_from(src)
-                p.owner = -1 - src.id  # never an owner here: the train net updates it
 
     def forward(self, flag):
         for layer in self.layers:
@@ -78,8 +83,9 @@ class NeuralNet:
         return [layer for layer in self.layers if hasattr(layer, "get_state")]
 
 
-def filter_phase(net_conf, phase):
-    """Layer confs kept in `phase` (exclude removes, include keeps only the listed phases)."""
+def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
+    """Layer confs kept in `phase` (exclude removes, include keeps only the listed phases),
+    marked with this worker's partition."""
     kept = []
     for conf in net_conf.layer:
         if phase in conf.exclude:
@@ -92,6 +98,11 @@ def filter_phase(net_conf, phase):
             c.unroll_len = net_conf.unroll_len
         if not c.HasField("partition_dim"):
             c.partition_dim = net_conf.partition_dim
+        if num_partitions > 1 and c.partition_dim != 0:
+            raise ConfigError(f"layer '{c.name}': partition_dim {c.partition_dim} (model "
+                              f"partitioning) is not supported yet; use partition_dim 0")
+        c.partition_id = partition_id
+        c.num_partitions = num_partitions
         kept.append(c)
     return kept
 
