@@ -251,7 +251,7 @@ class Driver:
             return
         owners = {p.name: p for p in net.owner_params}
         paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace)
-        loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
+        loaded = checkpoint.load_params(paths, owners, log=log.info) if paths and owners else {}
         for p in net.owner_params:
             if p.name in loaded:
                 if job.reset_param_version:
