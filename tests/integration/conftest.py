@@ -1,11 +1,15 @@
-"""Fixtures of the integration tests: a real ZooKeeper server and a singa.conf pointing at it."""
+"""Fixtures of the integration tests: a real ZooKeeper server, a singa.conf pointing at it, and
+runs of the `singa` driver on SINGA's fixture jobs."""
 import os
 import socket
 import subprocess
+import sys
 
 import pytest
+from google.protobuf import text_format
 
 import singa
+from singa.proto import job_pb2
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
@@ -46,3 +50,89 @@ def singa_conf(tmp_path, zk_server):
     path = conf / "singa.conf"
     path.write_text(f'zookeeper_host: "{zk_server}"\nlog_dir: "{tmp_path / "log"}/"\n')
     return path
+
+
+FIXTURES = os.path.join(singa.HOME, "..", "shared", "fixtures", "singa-0.3")
+
+
+@pytest.fixture
+def singa_run(singa_conf):
+    """run(conf, *flags) runs `python -m singa.driver -conf conf -singa_conf <singa_conf> flags`
+    to its end; returns the CompletedProcess (text; the log is on stderr)."""
+    def run(conf, *flags, timeout=60):
+        return subprocess.run([sys.executable, "-m", "singa.driver", "-conf", str(conf),
+                               "-singa_conf", str(singa_conf), *flags],
+                              capture_output=True, text=True, timeout=timeout)
+    return run
+
+
+@pytest.fixture
+def singa_popen(singa_conf):
+    """popen(conf, *flags): the driver as a running Popen (stdout and stderr to one log file
+    beside conf, `<conf>.log`), for tests that kill it."""
+    def popen(conf, *flags):
+        with open(f"{conf}.log", "w") as out:
+            return subprocess.Popen([sys.executable, "-m", "singa.driver", "-conf", str(conf),
+                                     "-singa_conf", str(singa_conf), *flags],
+                                    stdout=out, stderr=subprocess.STDOUT)
+    return popen
+
+
+@pytest.fixture
+def fixture_job(tmp_path):
+    """job(name="job", workspace=None, edit=None, **fields) writes <tmp>/<name>.conf: SINGA's
+    fixture MLP (784-64-10, 200 steps) with workspace (default <tmp>/ws, created), the given
+    top-level fields and `edit(JobProto)` applied; returns the conf's path."""
+    def job(name="job", workspace=None, edit=None, conf=os.path.join(FIXTURES, "job.conf"),
+            **fields):
+        proto = job_pb2.JobProto()
+        with open(conf) as f:
+            text_format.Parse(f.read(), proto)
+        ws = workspace or tmp_path / "ws"
+        os.makedirs(ws, exist_ok=True)
+        proto.cluster.workspace = str(ws)
+        for key, value in fields.items():
+            if isinstance(value, (list, tuple)):
+                getattr(proto, key)[:] = value
+            else:
+                setattr(proto, key, value)
+        if edit is not None:
+            edit(proto)
+        path = tmp_path / f"{name}.conf"
+        path.write_text(text_format.MessageToString(proto))
+        return path
+    return job
+
+
+FIXTURES = os.path.join(singa.HOME, "..", "shared", "fixtures", "singa-0.3")
+PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
+
+
+@pytest.fixture
+def fixture_job(tmp_path):
+    """Factory: SINGA's fixture job.conf (784-64-10 MLP on train-1000/test-500, 200 steps) written
+    to <tmp>/<name> with its workspace at `workspace` (default <tmp>/ws); `edits` maps text of the
+    conf to its replacement (each must occur) and `head` is put in front. Returns the path."""
+    with open(os.path.join(FIXTURES, "job.conf")) as f:
+        text = f.read()
+
+    def write(name="job.conf", workspace=None, edits=None, head=""):
+        conf = text.replace("/tmp/singa-fixture-ws", str(workspace or tmp_path / "ws"))
+        for old, new in (edits or {}).items():
+            assert old in conf, f"{old!r} is not in the fixture job.conf"
+            conf = conf.replace(old, new)
+        path = tmp_path / name
+        path.write_text(head + conf)
+        return path
+    return write
+
+
+@pytest.fixture
+def run_driver(singa_conf, tmp_path):
+    """Run `python -m singa.driver -conf CONF [flags] -singa_conf <fixture singa.conf>` from a
+    directory other than the SINGA home; returns the CompletedProcess (text)."""
+    def run(conf, *flags, conf_file=singa_conf, timeout=180):
+        return subprocess.run([PYTHON, "-m", "singa.driver", "-conf", str(conf), *flags,
+                               "-singa_conf", str(conf_file)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+    return run
