@@ -10,8 +10,9 @@ from google.protobuf import text_format
 
 import singa
 from singa.cluster import nprocs
+from singa.config import load_singa_conf
 from singa.errors import ConfigError, SingaError
-from singa.proto import job_pb2, singa_pb2
+from singa.proto import job_pb2
 from singa.zk import ZK
 
 USAGE = """\
@@ -57,7 +58,7 @@ def main(argv=None):
 
 
 def run(cmd, rest, confdir):
-    conf = read_singa_conf(os.path.join(confdir, "singa.conf"))
+    conf = load_singa_conf(os.path.join(confdir, "singa.conf"))
     if cmd == "getlogdir":
         print(conf.log_dir.rstrip("/") or "/")
         return
@@ -88,11 +89,6 @@ def usage(problem=None):
         print(f"singatool: {problem}", file=sys.stderr)
     print(USAGE, file=sys.stderr)
     return 1
-
-
-def read_singa_conf(path):
-    """conf/singa.conf as a SingaProto."""
-    return _parse(_read(path), singa_pb2.SingaProto(), path)
 
 
 def read_cluster(path):
