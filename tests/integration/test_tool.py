@@ -139,7 +139,7 @@ def test_unreachable_zookeeper_exits_2_with_one_line(tmp_path, closed_port):
 def test_missing_singa_conf_exits_2(tmp_path):
     r = tool("create", confdir=tmp_path)
     assert r.returncode == 2
-    assert r.stderr == f"singatool: {tmp_path / 'singa.conf'}: cannot read (No such file or directory)\n"
+    assert r.stderr == f"singatool: {tmp_path / 'singa.conf'}: cannot read: No such file or directory\n"
 
 
 def test_console_list_view_kill(confdir, zk_server, tmp_path):
