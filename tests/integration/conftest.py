@@ -3,7 +3,6 @@ runs of the `singa` driver on SINGA's fixture jobs."""
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 from google.protobuf import text_format
@@ -52,37 +51,24 @@ def singa_conf(tmp_path, zk_server):
     return path
 
 
-FIXTURES = os.path.join(singa.HOME, "..", "shared", "fixtures", "singa-0.3")
-
-
-@pytest.fixture
-def singa_run(singa_conf):
-    """run(conf, *flags) runs `python -m singa.driver -conf conf -singa_conf <singa_conf> flags`
-    to its end; returns the CompletedProcess (text; the log is on stderr)."""
-    def run(conf, *flags, timeout=60):
-        return subprocess.run([sys.executable, "-m", "singa.driver", "-conf", str(conf),
-                               "-singa_conf", str(singa_conf), *flags],
-                              capture_output=True, text=True, timeout=timeout)
-    return run
-
-
 @pytest.fixture
 def singa_popen(singa_conf):
     """popen(conf, *flags): the driver as a running Popen (stdout and stderr to one log file
     beside conf, `<conf>.log`), for tests that kill it."""
     def popen(conf, *flags):
         with open(f"{conf}.log", "w") as out:
-            return subprocess.Popen([sys.executable, "-m", "singa.driver", "-conf", str(conf),
+            return subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
                                      "-singa_conf", str(singa_conf), *flags],
                                     stdout=out, stderr=subprocess.STDOUT)
     return popen
 
 
 @pytest.fixture
-def fixture_job(tmp_path):
-    """job(name="job", workspace=None, edit=None, **fields) writes <tmp>/<name>.conf: SINGA's
-    fixture MLP (784-64-10, 200 steps) with workspace (default <tmp>/ws, created), the given
-    top-level fields and `edit(JobProto)` applied; returns the conf's path."""
+def mlp_job(tmp_path):
+    """job(name="job", workspace=None, edit=None, conf=FIXTURES/job.conf, **fields) writes
+    <tmp>/<name>.conf: `conf` (default SINGA's fixture MLP, 784-64-10, 200 steps) with the
+    workspace (default <tmp>/ws, created), the given top-level fields and `edit(JobProto)`
+    applied; returns its path."""
     def job(name="job", workspace=None, edit=None, conf=os.path.join(FIXTURES, "job.conf"),
             **fields):
         proto = job_pb2.JobProto()

@@ -46,17 +46,17 @@ def logged_tests(stderr):
     ("job.conf", "run-1worker/step200-worker0", "Loss = 0.706795, accuracy = 0.748000"),
     ("cnn/job.conf", "cnn/step100-worker0", "Loss = 0.730350, accuracy = 0.734000"),
 ])
-def test_singa_checkpoint_reproduces_singas_test_line(fixture_job, singa_run, conf, ckpt, line):
-    job = fixture_job(conf=os.path.join(FIXTURES, conf),
+def test_singa_checkpoint_reproduces_singas_test_line(mlp_job, run_driver, conf, ckpt, line):
+    job = mlp_job(conf=os.path.join(FIXTURES, conf),
                       checkpoint_path=[os.path.join(FIXTURES, ckpt)])
-    r = singa_run(job, "-test")
+    r = run_driver(job, "-test")
     assert r.returncode == 0, r.stderr
     assert [t[1] for t in logged_tests(r.stderr)] == [line]
     assert f"Load from checkpoint file {os.path.normpath(os.path.join(FIXTURES, ckpt))}" in r.stderr
 
 
-def test_our_checkpoint_is_singas_blobprotos(fixture_job, singa_run, tmp_path):
-    r = singa_run(fixture_job())
+def test_our_checkpoint_is_singas_blobprotos(mlp_job, run_driver, tmp_path):
+    r = run_driver(mlp_job())
     assert r.returncode == 0, r.stderr
     plain = singa03_blobprotos()
     for step in (100, 200):
@@ -75,13 +75,13 @@ def test_our_checkpoint_is_singas_blobprotos(fixture_job, singa_run, tmp_path):
     # -test on our step100 file repeats, digit for digit, the training's `Test @ step 100`
     # (both read the whole test shard from its start)
     trained = dict(logged_tests(r.stderr))
-    job = fixture_job("test", checkpoint_path=[str(tmp_path / "ws" / "checkpoint" / "step100-worker0")])
-    t = singa_run(job, "-test")
+    job = mlp_job("test", checkpoint_path=[str(tmp_path / "ws" / "checkpoint" / "step100-worker0")])
+    t = run_driver(job, "-test")
     assert t.returncode == 0, t.stderr
     assert [line for _, line in logged_tests(t.stderr)] == [trained[100]]
 
 
-def test_singa_two_worker_snapshot_resumes(fixture_job, singa_run, tmp_path):
+def test_singa_two_worker_snapshot_resumes(mlp_job, run_driver, tmp_path):
     folder = tmp_path / "ws" / "checkpoint"
     folder.mkdir(parents=True)
     for w in (0, 1):
@@ -90,7 +90,7 @@ def test_singa_two_worker_snapshot_resumes(fixture_job, singa_run, tmp_path):
     def two_workers(job):
         job.cluster.nworkers_per_group = 2
         job.cluster.nworkers_per_procs = 2
-    r = singa_run(fixture_job(train_steps=260, edit=two_workers), "-resume")
+    r = run_driver(mlp_job(train_steps=260, edit=two_workers), "-resume")
     assert r.returncode == 0, r.stderr
     assert "Resume from step 200" in r.stderr
     final = checkpoint.CheckpointReader(str(folder / "step260-worker0.bin"))
