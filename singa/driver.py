@@ -181,6 +181,8 @@ class Driver:
         if job.validate_steps > 0:
             self.eval_nets["validation"] = NeuralNet(job.neuralnet, job_pb2.kVal, rngs[2], train,
                                                      first_id=next_id)
+        with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
+            f.write(train.to_json())
         self.updater = create_updater(job.updater)
         self.ctx = zmq.Context()
         self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
@@ -342,6 +344,8 @@ class Driver:
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
         net = NeuralNet(job.neuralnet, job_pb2.kTest, self.seeds(3)[1])
+        with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
+            f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
         paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace)
         if not paths:

@@ -5,6 +5,7 @@ param names are SINGA's `0#w1`) → share_from → split layers → topological 
 set up layers, number params. Test and validation nets share the train net's param values.
 """
 import collections
+import json
 
 from singa import layers  # noqa: F401  (registers every layer type)
 from singa.errors import ConfigError
@@ -78,6 +79,17 @@ class NeuralNet:
             if s:
                 out.append(s)
         return out
+
+    def to_json(self):
+        """SINGA's graph file (visualization/train_net.json): node-link JSON of layers and shapes."""
+        index = {layer.name: i for i, layer in enumerate(self.layers)}
+        nodes = [{"id": layer.name, "shape": "box", "color": "white",
+                  "label": f"{layer.name} -- shape: "
+                           + " ".join(str(d) for d in getattr(layer.data, "shape", ()))}
+                 for layer in self.layers]
+        links = [{"source": index[src.name], "target": index[layer.name], "label": ""}
+                 for layer in self.layers for src in self.srclayers[layer.name]]
+        return json.dumps({"directed": 1, "nodes": nodes, "links": links}, indent=1)
 
     def input_layers(self):
         return [layer for layer in self.layers if hasattr(layer, "get_state")]
