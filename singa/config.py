@@ -262,7 +262,7 @@ def _check_paths(conf, job):
     if not os.path.isdir(ws):
         if not os.path.isdir(os.path.dirname(ws)):
             conf.fail(conf.line("cluster.workspace"), f"cluster.workspace '{job.cluster.workspace}'"
-                      f" does not exist and neither does its parent ({ws})")
+                      f" does not exist and neither does its parent ({os.path.dirname(ws)})")
         try:
             os.mkdir(ws)
         except OSError as e:

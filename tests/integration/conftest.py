@@ -115,10 +115,10 @@ def fixture_job(tmp_path):
 
 @pytest.fixture
 def run_driver(singa_conf, tmp_path):
-    """Run `python -m singa.driver -conf CONF [flags] -singa_conf <fixture singa.conf>` from a
-    directory other than the SINGA home; returns the CompletedProcess (text)."""
+    """Run `python -m singa.driver -conf CONF [flags] -singa_conf <fixture singa.conf>` (no -conf
+    when CONF is None) from a directory other than the SINGA home; returns the CompletedProcess."""
     def run(conf, *flags, conf_file=singa_conf, timeout=180):
-        return subprocess.run([PYTHON, "-m", "singa.driver", "-conf", str(conf), *flags,
-                               "-singa_conf", str(conf_file)],
+        job = ["-conf", str(conf)] if conf is not None else []
+        return subprocess.run([PYTHON, "-m", "singa.driver", *job, *flags, "-singa_conf", str(conf_file)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     return run
