@@ -1,0 +1,161 @@
+"""bin/singa-run.sh, singa-console.sh and singa-stop.sh running real jobs on a real ZooKeeper."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+import singa
+from singa.zk import ZK
+
+BIN = os.path.join(singa.HOME, "bin")
+TRAIN = re.compile(r"\] Train @ step \d+  Loss = \d+\.\d{6}, accuracy = \d+\.\d{6}$", re.M)
+TEST = re.compile(r"\] Test @ step \d+\n.*\]    Loss = \d+\.\d{6}, accuracy = (\d+\.\d{6})$", re.M)
+LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq: 0",
+        "checkpoint_freq: 100": "checkpoint_freq: 0", "disp_freq: 20": "disp_freq: 1000"}
+
+
+@pytest.fixture
+def env(singa_conf, zk_server):
+    """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty."""
+    with ZK(zk_server) as zk:
+        zk.cleanup()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
+    env["SINGA_CONF"] = str(singa_conf.parent)
+    return env
+
+
+def script(name, *args, env, timeout=180):
+    return subprocess.run([os.path.join(BIN, name), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def job_id(stdout):
+    return int(re.search(r"^Unique JOB_ID is (\d+)$", stdout, re.M)[1])
+
+
+def listed(env):
+    """{job id: number of procs} of `singa-console.sh list`."""
+    r = script("singa-console.sh", "list", env=env)
+    assert r.returncode == 0, r.stderr
+    return {int(a): int(b) for a, b in (line.split("|") for line in r.stdout.splitlines()[2:])}
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
+
+
+class LongJob:
+    """`singa-run.sh -conf <a job of a million steps>` in its own process group, output to files."""
+
+    def __init__(self, conf, env, tmp_path):
+        self.out = tmp_path / f"run-{time.monotonic_ns()}.out"
+        with open(self.out, "w") as out:
+            self.proc = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)],
+                                         env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.env = env
+
+    def wait_listed(self, timeout=60):
+        """The job id once `singa-console.sh list` shows the job with its process."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.out.read_text()
+            m = re.search(r"^Unique JOB_ID is (\d+)$", self.out.read_text(), re.M)
+            if m and listed(self.env).get(int(m[1])) == 1:
+                return int(m[1])
+            time.sleep(0.2)
+        pytest.fail(f"the job was not listed within {timeout} s:\n{self.out.read_text()}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+@pytest.fixture
+def long_job(fixture_job, env, tmp_path):
+    jobs = []
+
+    def start():
+        jobs.append(LongJob(fixture_job("long.conf", edits=LONG), env, tmp_path))
+        return jobs[-1]
+    yield start
+    for job in jobs:
+        job.stop()
+
+
+def test_run_trains_with_job_info_and_test_reads_its_checkpoint(fixture_job, env, tmp_path):
+    conf = fixture_job()
+    r = script("singa-run.sh", "-conf", str(conf), env=env)
+    assert r.returncode == 0, r.stderr
+    n = job_id(r.stdout)
+    info = re.search(r"^Record job information to (.+)$", r.stdout, re.M)[1]
+    assert info.startswith(f"{tmp_path / 'log'}/job-info/job-{n}-")
+    assert open(os.path.join(info, "job.conf")).read() == conf.read_text()
+    assert open(os.path.join(info, "job.hosts")).read() == "localhost\n"
+    executing = re.search(r"^Executing : (.+)$", r.stdout, re.M)[1]
+    assert "-m singa.driver" in executing and executing.endswith(f"-singa_job {n} -conf {conf}")
+    assert len(TRAIN.findall(r.stderr)) == 10
+
+    snap = tmp_path / "ws" / "checkpoint" / "step200-worker0.bin"
+    test_conf = fixture_job("test.conf", head=f'checkpoint_path: "{snap}"\n')
+    r = script("singa-run.sh", "-conf", str(test_conf), "-test", env=env)
+    assert r.returncode == 0, r.stderr
+    assert job_id(r.stdout) > n
+    accuracy, = TEST.findall(r.stderr)
+    assert float(accuracy) >= 0.6
+    assert not TRAIN.search(r.stderr)
+
+
+def test_job_ids_increase_between_runs(fixture_job, env):
+    conf = fixture_job(edits={"train_steps: 200": "train_steps: 1"})
+    ids = []
+    for _ in range(2):
+        r = script("singa-run.sh", "-conf", str(conf), env=env)
+        assert r.returncode == 0, r.stderr
+        ids.append(job_id(r.stdout))
+    assert ids[1] > ids[0]
+
+
+def test_console_lists_views_and_kills_a_running_job(long_job, env):
+    job = long_job()
+    n = job.wait_listed()
+    r = script("singa-console.sh", "view", str(n), env=env)
+    host, pid = r.stdout.strip().split("|")
+    assert host == "localhost"
+    assert "singa.driver" in cmdline(pid) and f"-singa_job {n} " in cmdline(pid)
+
+    r = script("singa-console.sh", "kill", str(n), env=env)
+    assert r.returncode == 0, r.stderr
+    assert job.proc.wait(30) == 128 + signal.SIGKILL   # singa-run.sh passes on its process's status
+    assert cmdline(pid) == ""
+    assert n not in listed(env)
+
+
+def test_stop_ends_every_job(long_job, env, zk_server):
+    jobs = [long_job(), long_job()]
+    pids = []
+    for job in jobs:
+        n = job.wait_listed()
+        pids.append(script("singa-console.sh", "view", str(n), env=env).stdout.strip().split("|")[1])
+    r = script("singa-stop.sh", env=env)
+    assert r.returncode == 0, r.stderr
+    assert [job.proc.wait(30) for job in jobs] == [128 + signal.SIGKILL] * 2
+    assert [cmdline(pid) for pid in pids] == ["", ""]
+    with ZK(zk_server) as zk:
+        assert zk.list_jobs(all=True) == []
+
+
+def test_run_with_missing_conf_exits_2(env, tmp_path):
+    conf = tmp_path / "none.conf"
+    r = script("singa-run.sh", "-conf", str(conf), env=env)
+    assert r.returncode == 2
+    assert r.stderr == f"singa-run: {conf} not exists\n"
+    assert r.stdout == ""
