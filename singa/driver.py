@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import threading
+import time
 
 import numpy as np
 import zmq
@@ -20,12 +21,12 @@ from singa import log as singa_log
 from singa.comm import msg as m
 from singa.comm.socket import Router
 from singa.comm.stub import ParamEntry, Stub
-from singa.errors import ConfigError, SingaError
+from singa.errors import ClusterError, ConfigError, SingaError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.server import Server
 from singa.updater import create_updater
-from singa.worker import Worker
+from singa.worker import AbortedError, Worker
 
 log = logging.getLogger("singa")
 
@@ -265,6 +266,17 @@ class Driver:
                              job_pb2.InitMethod.Name(p.proto.init.type))
         for p in net.owner_params:
             worker.put(p)
+        # A Put has no answer; a checkpoint right away (step 0, or a resume on the schedule)
+        # reads the servers' updater state, so wait until every slice has arrived.
+        sids = [sid for p in net.owner_params for sid, _, _ in self.slice_table[p.id]]
+        deadline = time.monotonic() + worker.response_timeout
+        while not all(sid in self.server_of_slice[sid].slices for sid in sids):
+            if worker.abort.is_set():
+                raise AbortedError()
+            if time.monotonic() > deadline:
+                raise ClusterError(f"worker ({worker.grp}, {worker.id}): servers did not take "
+                                   f"the initial params in {worker.response_timeout:.0f} s")
+            time.sleep(0.001)
         for p in net.params:
             worker.get(job.warmup_steps, p)
 

@@ -1,0 +1,202 @@
+"""`-resume`, retention and bad checkpoint input, run as users run them (driver processes on a
+real ZooKeeper): a resumed run reaches the uninterrupted run's parameters bit for bit."""
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from singa import checkpoint
+from singa.proto import job_pb2
+
+from conftest import FIXTURES, PYTHON
+
+BITEXACT = dict(seed=7, train_steps=200, test_freq=40, test_steps=2, disp_freq=50,
+                checkpoint_freq=30)
+
+
+def bitexact_edit(job):
+    """Momentum SGD with a FixedStep LR (updater and LR state matter), a kDropout layer (RNG
+    state matters) and random_skip on both readers (reader state matters)."""
+    job.updater.learning_rate.type = job_pb2.kFixedStep
+    job.updater.learning_rate.fixedstep_conf.step[:] = [0, 90]
+    job.updater.learning_rate.fixedstep_conf.step_lr[:] = [0.05, 0.02]
+    layers = list(job.neuralnet.layer)
+    del job.neuralnet.layer[:]
+    for layer in layers:
+        if layer.name == "data":
+            layer.store_conf.random_skip = 300 if layer.include[0] == job_pb2.kTrain else 50
+        if layer.name == "ip2":
+            job.neuralnet.layer.add(name="drop1", type=job_pb2.kDropout, srclayers=["sig1"]) \
+                .dropout_conf.dropout_ratio = 0.3
+            layer.srclayers[:] = ["drop1"]
+        job.neuralnet.layer.add().CopyFrom(layer)
+
+
+def driver(conf, singa_conf, *flags):
+    return subprocess.run([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
+                           str(singa_conf), *flags], capture_output=True, text=True, timeout=180)
+
+
+def logged_tests(log):
+    lines = log.splitlines()
+    return {int(re.search(r"Test @ step (\d+)", a).group(1)): b.split("]", 1)[1].strip()
+            for a, b in zip(lines, lines[1:]) if "Test @ step" in a}
+
+
+def assert_same_training_state(path_a, path_b):
+    """Params, versions, updater buffers, LR index, train RNG and train reader: equal bytes."""
+    a, b = checkpoint.CheckpointReader(str(path_a)), checkpoint.CheckpointReader(str(path_b))
+    assert a.names == b.names
+    for name in a.names:
+        assert a.param(name).tobytes() == b.param(name).tobytes(), name
+        assert a.version(name) == b.version(name), name
+    sa, sb = a.state, b.state
+    assert sa.step == sb.step and sa.lr_index == sb.lr_index
+    assert sa.param_state.keys() == sb.param_state.keys()
+    for name, bufs in sa.param_state.items():
+        assert [x.tobytes() for x in bufs] == [x.tobytes() for x in sb.param_state[name]], name
+    assert sa.rng["train"] == sb.rng["train"]
+    train_readers = [{k: v for k, v in s.reader.items() if k.startswith("train/")} for s in (sa, sb)]
+    assert train_readers[0] and train_readers[0] == train_readers[1]
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory, zk_server):
+    """The uninterrupted bit-exactness run: (folder of its checkpoints, its log)."""
+    d = tmp_path_factory.mktemp("run_a")
+    singa_conf = d / "singa.conf"
+    singa_conf.write_text(f'zookeeper_host: "{zk_server}"\nlog_dir: "{d / "log"}/"\n')
+    conf = write_bitexact(d, "a", d / "ws")
+    r = driver(conf, singa_conf)
+    assert r.returncode == 0, r.stderr
+    return d / "ws" / "checkpoint", r.stderr
+
+
+def write_bitexact(folder, name, workspace, **fields):
+    job = job_pb2.JobProto()
+    with open(os.path.join(FIXTURES, "job.conf")) as f:
+        text_format.Parse(f.read(), job)
+    for key, value in {**BITEXACT, **fields}.items():
+        setattr(job, key, value)
+    job.cluster.workspace = str(workspace)
+    os.makedirs(workspace, exist_ok=True)
+    bitexact_edit(job)
+    path = folder / f"{name}.conf"
+    path.write_text(text_format.MessageToString(job))
+    return path
+
+
+def test_resume_after_sigkill_is_bit_exact(run_a, tmp_path, singa_conf, singa_popen):
+    folder_a, _ = run_a
+    conf = write_bitexact(tmp_path, "b", tmp_path / "ws")
+    folder = tmp_path / "ws" / "checkpoint"
+    proc = singa_popen(conf)
+    deadline = time.monotonic() + 120
+    while not (folder / "step60-worker0.meta").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no step60 snapshot"
+        time.sleep(0.005)
+    proc.kill()
+    assert proc.wait() == -9, "the run ended before it could be killed"
+    snap = checkpoint.latest_snapshot(str(folder))
+    assert 60 <= snap.step < 200
+    r = driver(conf, singa_conf, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert f"Resume from step {snap.step}" in r.stderr
+    assert_same_training_state(folder_a / "step200-worker0.bin", folder / "step200-worker0.bin")
+
+
+def test_graceful_stop_then_resume_is_bit_exact(run_a, tmp_path, singa_conf):
+    folder_a, log_a = run_a
+    first = write_bitexact(tmp_path, "first", tmp_path / "ws", train_steps=100)
+    assert driver(first, singa_conf).returncode == 0
+    r = driver(write_bitexact(tmp_path, "second", tmp_path / "ws"), singa_conf, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 100" in r.stderr
+    final = tmp_path / "ws" / "checkpoint" / "step200-worker0.bin"
+    assert final.read_bytes() == (folder_a / "step200-worker0.bin").read_bytes()
+    tests_a = logged_tests(log_a)
+    assert logged_tests(r.stderr) == {s: tests_a[s] for s in (120, 160)}
+
+
+@pytest.mark.xfail(strict=True, reason="a run resumed from a snapshot written right after a "
+                   "test repeats that test, so the test reader runs ahead of the uninterrupted "
+                   "run (fix: worker.py skips validation/test at the start step of a resume "
+                   "from an in-loop snapshot)")
+def test_resume_from_snapshot_after_a_test_keeps_test_stream(run_a, tmp_path, singa_conf):
+    folder_a, log_a = run_a
+    folder = tmp_path / "ws" / "checkpoint"
+    folder.mkdir(parents=True)
+    for step in (90, 120):   # as if killed right after writing step 120 (tested at 120 too)
+        for ext in (".bin", ".meta"):
+            shutil.copy(folder_a / f"step{step}-worker0{ext}", folder)
+    r = driver(write_bitexact(tmp_path, "b", tmp_path / "ws"), singa_conf, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert_same_training_state(folder_a / "step200-worker0.bin", folder / "step200-worker0.bin")
+    assert logged_tests(r.stderr)[160] == logged_tests(log_a)[160]
+
+
+def test_retention_keeps_two_newest_and_best(mlp_job, run_driver, tmp_path):
+    folder = tmp_path / "ws" / "checkpoint"
+    job = mlp_job(train_steps=1000, checkpoint_freq=100, test_freq=100, disp_freq=0,
+                  checkpoint_keep_newest=2, checkpoint_keep_best="accuracy")
+    r = run_driver(job)
+    assert r.returncode == 0, r.stderr
+    tests = logged_tests(r.stderr)
+    accuracy = {s: float(line.rsplit("=", 1)[1]) for s, line in tests.items()}
+    best = max(accuracy, key=lambda s: (accuracy[s], s))
+    kept = {900, 1000, best}
+    assert sorted(os.listdir(folder)) == sorted(f"step{s}-worker0{ext}" for s in kept
+                                                for ext in (".bin", ".meta"))
+    assert checkpoint.best_snapshot(str(folder), "accuracy").step == best
+
+    r = run_driver(job, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 1000" in r.stderr
+
+    r = run_driver(mlp_job("best", checkpoint_path=["best"]), "-test")
+    assert r.returncode == 0, r.stderr
+    assert f"Load from checkpoint file {folder / f'step{best}-worker0.bin'}" in r.stderr
+    assert list(logged_tests(r.stderr).values()) == [tests[best]]
+
+
+def error_line(r):
+    """The one `singa: ...` line of a failed run (exit 2, no traceback)."""
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("singa: ")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_corrupt_file_in_checkpoint_path(mlp_job, run_driver, tmp_path):
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(b"\xff" * 100)
+    line = error_line(run_driver(mlp_job(checkpoint_path=[str(bad)])))
+    assert str(bad) in line and "corrupt" in line
+
+
+def test_wrong_param_shape_names_param_shapes_and_file(mlp_job, run_driver, tmp_path):
+    path = checkpoint.write_file(str(tmp_path / "small.bin"),
+                                 [("0#weight1", np.zeros((32, 784), np.float32), 5)])
+    line = error_line(run_driver(mlp_job(checkpoint_path=[path])))
+    assert all(s in line for s in ("0#weight1", "(32, 784)", "(64, 784)", path)), line
+
+
+def test_missing_file_in_checkpoint_path(mlp_job, run_driver, tmp_path):
+    missing = str(tmp_path / "nowhere" / "step5-worker0")
+    line = error_line(run_driver(mlp_job(checkpoint_path=[missing]), "-test"))
+    assert "not found" in line and missing in line
+
+
+def test_resume_with_empty_folder_starts_fresh(mlp_job, run_driver, tmp_path):
+    (tmp_path / "ws" / "checkpoint").mkdir(parents=True)
+    r = run_driver(mlp_job(train_steps=20, checkpoint_freq=0, test_freq=0), "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "No complete checkpoint in" in r.stderr and "starting from step 0" in r.stderr
+    final = checkpoint.CheckpointReader(str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin"))
+    assert [v for *_, v in final.meta()] == [20] * 4
