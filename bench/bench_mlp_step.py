@@ -1,0 +1,204 @@
+"""Bench: one training step of SINGA's MNIST MLP through our full runtime vs hand-written numpy.
+
+    python bench/bench_mlp_step.py [--batch 64] [--rounds 10] [--steps 5] [--profile]
+
+Ours: examples/mnist/job.conf (784-2500-2000-1500-1000-500-10, STanh, softmax loss, SGD) on
+SINGA's train-1000.bin shard, built by `Driver.setup_executors()`; the server and the stub run
+in their own threads, the worker is driven here. A step is `train_one_batch(step)` then
+`collect_all()`: forward, backward, gradients to the server through the stub, updates applied
+and their new versions back, like the reference's in-place SGD. Reference:
+`mlp_reference.numpy_step` (and `torch_step` when torch is installed), timed in the same
+process in interleaved rounds (ours, numpy, torch, ours, ...); medians per side. Target:
+ours / numpy <= 1.15. The bench measures; it exits 0 whatever the ratio.
+"""
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+import singa
+from singa import config
+from singa.comm import msg as m
+from singa.driver import Driver
+from singa.proto import job_pb2, singa_pb2
+from singa.worker import STUB
+
+SHARED = os.path.join(singa.HOME, "..", "shared")
+FIXTURES = os.path.join(SHARED, "fixtures", "singa-0.3")
+ANCHORS = os.path.join(SHARED, "anchors")
+MNIST_CONF = os.path.join(singa.HOME, "examples", "mnist", "job.conf")
+TARGET = 1.15
+
+
+def load_reference():
+    """The shared `mlp_reference` module, or exit with a message naming where it should be."""
+    path = os.path.join(ANCHORS, "mlp_reference.py")
+    if not os.path.isfile(path):
+        sys.exit(f"bench: the reference {os.path.normpath(path)} is missing; it is what we compare against")
+    sys.path.insert(0, ANCHORS)
+    import mlp_reference
+    return mlp_reference
+
+
+def mlp_job(workspace, batch=64):
+    """SINGA's MNIST MLP job: train on train-1000.bin (random_skip 0), test on test-500.bin."""
+    job = config.load_job(MNIST_CONF, check_paths=False)
+    for layer in job.neuralnet.layer:
+        if layer.type != job_pb2.kRecordInput:
+            continue
+        sc = layer.store_conf
+        if job_pb2.kTrain in layer.include:
+            sc.path = os.path.join(FIXTURES, "train-1000.bin")
+            sc.random_skip = 0
+            sc.batchsize[:] = [batch]
+        else:
+            sc.path = os.path.join(FIXTURES, "test-500.bin")
+    job.cluster.workspace = workspace
+    for sub in ("checkpoint", "visualization"):     # what Driver.run makes before setup
+        os.makedirs(os.path.join(workspace, sub), exist_ok=True)
+    return job
+
+
+class Runtime:
+    """Our runtime for `job`: executors set up, server and stub threads running, params Put.
+
+    With `resume`, the driver continues from the newest snapshot in the job's workspace.
+    """
+
+    def __init__(self, job, resume=False):
+        self.driver = d = Driver(job, singa_pb2.SingaProto(), {"resume": resume, "test": False})
+        if resume:
+            d.setup_for_resume()
+        d.setup_executors()
+        self.worker = d.workers[0]
+        self.threads = [threading.Thread(target=x.run, name=f"server-{x.grp}-{x.id}", daemon=True)
+                        for x in d.servers]
+        self.threads.append(threading.Thread(target=d.stub.run, name="stub", daemon=True))
+        for t in self.threads:
+            t.start()
+        d.init_params(self.worker)
+        self.step = job.step
+
+    def train_step(self):
+        """One step, ended when every param's update has come back from the server."""
+        self.worker.train_one_batch(self.step)
+        self.worker.collect_all()
+        self.step += 1
+
+    def checkpoint(self):
+        self.driver.checkpoint(self.worker, self.step)
+
+    def close(self):
+        w, d = self.worker, self.driver
+        w.dealer.send(m.Msg(w.address, STUB, m.kStop))
+        for x in d.servers:
+            x.stop()
+        for t in self.threads:
+            t.join(timeout=30)
+            if t.is_alive():
+                raise RuntimeError(f"bench: thread {t.name} did not stop")
+        d.close_executors()
+        for x in d.servers + [w]:
+            if x.error is not None:
+                raise RuntimeError(f"bench: {type(x).__name__} failed") from x.error
+
+
+def per_call_seconds(fn, n):
+    """Seconds of each of `n` calls of `fn`."""
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def interleaved(sides, rounds, n, warmup=2):
+    """{name: median seconds per call}: rounds of `n` calls of each side in turn, after warm-up."""
+    for fn in sides.values():
+        per_call_seconds(fn, warmup)
+    times = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, fn in sides.items():
+            times[name] += per_call_seconds(fn, n)
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def print_blas():
+    """The BLAS numpy uses and the thread env vars, in a few lines (OPENBLAS env left as set)."""
+    cfg = np.show_config(mode="dicts")
+    blas = cfg.get("Build Dependencies", {}).get("blas", {})
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("OPENBLAS", "OMP_", "MKL_", "GOTO"))}
+    print(f"numpy {np.__version__}, BLAS {blas.get('name', '?')} {blas.get('version', '')} "
+          f"({blas.get('openblas configuration', '').strip()}); cpus {os.cpu_count()}; "
+          f"env {env or 'no BLAS/OMP thread variables set'}")
+
+
+def print_table(rows, header):
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    for r in [header] + rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+
+
+def profile(rt, steps):
+    """Top functions by cumulative and own time over `steps` of ours (worker thread only)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        rt.train_step()
+    prof.disable()
+    for key in ("cumulative", "tottime"):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(key).print_stats(15)
+        lines = s.getvalue().splitlines()
+        start = next(i for i, line in enumerate(lines) if "ncalls" in line)
+        print(f"--- profile of {steps} steps of ours (worker thread), by {key} ---")
+        print("\n".join(line for line in lines[start:] if line.strip()))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
+    ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
+    ap.add_argument("--profile", action="store_true", help="profile ours even if within target")
+    args = ap.parse_args(argv)
+    ref = load_reference()
+    print_blas()
+    workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
+    rt = Runtime(mlp_job(workspace, args.batch))
+    try:
+        sides = {"ours (full runtime)": rt.train_step, "numpy reference": ref.numpy_step(args.batch)}
+        torch_step = ref.torch_step(args.batch)
+        if torch_step is not None:
+            sides["torch cpu"] = torch_step
+        med = interleaved(sides, args.rounds, args.steps)
+        ratio = med["ours (full runtime)"] / med["numpy reference"]
+        flops = ref.flops_per_step(args.batch)
+        print(f"MNIST MLP step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
+              f"per side, median ms/step ({flops / 1e9:.2f} GFLOP/step):")
+        print_table([[name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}"] for name, t in med.items()],
+                    ["side", "ms/step", "GFLOP/s"])
+        if "torch cpu" not in med:
+            print("torch: not installed, not compared")
+        verdict = "within" if ratio <= TARGET else "ABOVE"
+        print(f"ratio ours/numpy = {ratio:.3f} (target <= {TARGET}: {verdict} target)")
+        if args.profile or ratio > TARGET:
+            profile(rt, 3 * args.steps)
+    finally:
+        rt.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+#!/bin/sh
+# Run both benches with the repo venv, default settings (bench/README.md says what they
+# measure). They print figures and exit 0 whatever the ratios: they measure, not judge.
+set -e
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[ -x "$PY" ] || { echo "bench/run.sh: $PWD/$PY not found (make the repo venv first)" >&2; exit 2; }
+echo "== bench_mlp_step.py  $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cpus"
+"$PY" bench/bench_mlp_step.py
+echo
+echo "== bench_checkpoint.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_checkpoint.py
