@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import numpy as np
-import pytest
 
 import singa
 from singa.checkpoint import CheckpointReader
@@ -112,7 +111,7 @@ def test_mnist_example_conf_learns_and_its_checkpoint_tests(run_driver, tmp_path
         assert made.returncode == 0, made.stderr
     made_dirs = [d for d in ("checkpoint", "visualization") if not os.path.isdir(os.path.join(MNIST, d))]
     try:
-        r = run_driver(os.path.join(MNIST, "job.conf"), timeout=1200)
+        r = run_driver(os.path.join(MNIST, "job.conf"), timeout=1800)
         assert r.returncode == 0, r.stderr
         ours = metrics(messages(r.stderr))
         losses = [loss for k, _, loss, _ in ours if k == "Train"]
