@@ -51,7 +51,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         flags = parse_flags(argv)
-        job = config.load_job(flags["conf"])
+        job = config.load_job(os.path.abspath(flags["conf"]))
         singa_conf = config.load_singa_conf(
             flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf"))
         Driver(job, singa_conf, flags).run()
