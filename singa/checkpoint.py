@@ -35,7 +35,7 @@ META_SUFFIX = ".meta"
 MAX_FILE_BYTES = 2 << 30
 _CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
 _STATE_FIELDS = ("step", "param_state", "rng", "reader", "lr_index", "nworkers",
-                 "metric_name", "metric_value")
+                 "metric_name", "metric_value", "evaluated")
 _NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
 
 
@@ -49,6 +49,7 @@ class SnapshotState:
     rng: dict = dataclasses.field(default_factory=dict)          # name -> PCG64 bit_generator.state
     reader: dict = dataclasses.field(default_factory=dict)       # name -> (offset, skipped)
     metrics: dict = dataclasses.field(default_factory=dict)      # test metric -> value
+    evaluated: bool = False     # the step's test/validation ran before the snapshot was taken
 
 
 @dataclasses.dataclass
@@ -116,6 +117,8 @@ class CheckpointWriter:
         m.step = state.step
         m.nworkers = state.nworkers
         m.lr_index = state.lr_index
+        if state.evaluated:
+            m.evaluated = True
         for name, buffers in state.param_state.items():
             ps = m.param_state.add(name=name)
             for b in buffers:
@@ -358,7 +361,8 @@ def _parse(path, data):
         return True, msg
     if msg.HasField("crc32"):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
-    if any(msg.HasField(f) if f in ("step", "lr_index", "nworkers") else len(getattr(msg, f))
+    if any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
+           else len(getattr(msg, f))
            for f in _STATE_FIELDS):
         raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
     return False, msg
@@ -416,7 +420,7 @@ def _check_state(path, msg):
 
 def _state(msg):
     state = SnapshotState(step=msg.step, nworkers=msg.nworkers if msg.HasField("nworkers") else 1,
-                          lr_index=msg.lr_index,
+                          lr_index=msg.lr_index, evaluated=msg.evaluated,
                           metrics=dict(zip(msg.metric_name, msg.metric_value)))
     for ps in msg.param_state:
         state.param_state[ps.name] = [_array(b) for b in ps.buffer]

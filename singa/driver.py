@@ -223,6 +223,10 @@ class Driver:
                                self.eval_nets.get("validation") if (g, j) == (0, 0) else None,
                                hooks=self)
                         for (g, j), net in nets.items()]
+        if self.restored is not None:
+            st = self.restored_state(0)
+            for w in self.workers:
+                w.resumed_evaluated = st is not None and st.evaluated
         executors = self.servers + self.workers
         self.stub = Stub(self.router, m.addr(-1, -1, m.kStub), entries, len(self.workers),
                          len(self.servers), poll, alive=lambda: not any(x.error for x in executors))
@@ -280,8 +284,11 @@ class Driver:
         for p in net.params:
             worker.get(job.warmup_steps, p)
 
-    def checkpoint(self, worker, step):
-        """Write `step<step>-worker<id>.bin` with params and everything a bit-exact resume needs."""
+    def checkpoint(self, worker, step, final=False):
+        """Write `step<step>-worker<id>.bin` with params and everything a bit-exact resume needs.
+
+        In the loop a snapshot follows its step's test and validation (`evaluated`); the final
+        one, at train_steps, does not."""
         net = worker.train_net
         state = checkpoint.SnapshotState(
             step=step,
@@ -291,7 +298,8 @@ class Driver:
                     for name, n in self.named_nets(worker) for layer in n.input_layers()},
             lr_index=self.updater.lr_gen.get_state() if hasattr(self.updater, "lr_gen") else 0,
             nworkers=self.job.cluster.nworkers_per_group,
-            metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {})
+            metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {},
+            evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{worker.id}.bin")
         checkpoint.write_file(path, [(p.name, p.data, p.version) for p in net.owner_params], state)
         log.info("checkpoint to %s", path)
@@ -332,8 +340,11 @@ class Driver:
 
     def restored_state(self, worker_id=0):
         """The extra state in the resumed snapshot's file of `worker_id` (None: a SINGA file)."""
-        path = self.restored.files.get(worker_id)
-        return None if path is None else checkpoint.CheckpointReader(path).state
+        cache = self.__dict__.setdefault("_restored_states", {})
+        if worker_id not in cache:
+            path = self.restored.files.get(worker_id)
+            cache[worker_id] = None if path is None else checkpoint.CheckpointReader(path).state
+        return cache[worker_id]
 
     def restore_streams(self, worker):
         if worker.grp > 0:

@@ -40,6 +40,8 @@ class Worker:
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.hooks = hooks
         self.step = job.step
+        #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
+        self.resumed_evaluated = False
         self.params_by_id = {p.id: p for p in train_net.params}
         self.abort = threading.Event()
         self.error = None
@@ -55,17 +57,19 @@ class Worker:
             self.hooks.init_params(self)
             while self.step < job.train_steps:
                 s = self.step
-                if self.val_net and every(job.validate_freq, job.validate_after, s) \
-                        and job.validate_steps > 0:
+                evaluate = not (self.resumed_evaluated and s == job.step)
+                if evaluate and self.val_net and job.validate_steps > 0 \
+                        and every(job.validate_freq, job.validate_after, s):
                     self.collect_all()
                     log.info("Validation @ step %d", s)
                     self.test(job.validate_steps, kVal, self.val_net)
-                if self.test_net and every(job.test_freq, job.test_after, s) and job.test_steps > 0:
+                if evaluate and self.test_net and job.test_steps > 0 \
+                        and every(job.test_freq, job.test_after, s):
                     self.collect_all()
                     log.info("Test @ step %d", s)
                     metrics = self.test(job.test_steps, kTest, self.test_net)
                     self.hooks.tested(self, s, metrics)
-                if self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
+                if evaluate and self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
                     self.collect_all()
                     self.hooks.checkpoint(self, s)
                 self.train_one_batch(s)
@@ -75,7 +79,7 @@ class Worker:
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.grp == 0:
-                self.hooks.checkpoint(self, self.step)
+                self.hooks.checkpoint(self, self.step, final=True)
         except Exception as e:   # reported by the driver, which then stops the job
             self.error = e
             if not isinstance(e, AbortedError):

@@ -123,10 +123,6 @@ def test_graceful_stop_then_resume_is_bit_exact(run_a, tmp_path, singa_conf):
     assert logged_tests(r.stderr) == {s: tests_a[s] for s in (120, 160)}
 
 
-@pytest.mark.xfail(strict=True, reason="a run resumed from a snapshot written right after a "
-                   "test repeats that test, so the test reader runs ahead of the uninterrupted "
-                   "run (fix: worker.py skips validation/test at the start step of a resume "
-                   "from an in-loop snapshot)")
 def test_resume_from_snapshot_after_a_test_keeps_test_stream(run_a, tmp_path, singa_conf):
     folder_a, log_a = run_a
     folder = tmp_path / "ws" / "checkpoint"
