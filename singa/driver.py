@@ -21,7 +21,7 @@ from singa import log as singa_log
 from singa.comm import msg as m
 from singa.comm.socket import Router
 from singa.comm.stub import ParamEntry, Stub
-from singa.errors import ClusterError, ConfigError, SingaError
+from singa.errors import CheckpointError, ClusterError, ConfigError, SingaError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.server import Server
@@ -301,7 +301,11 @@ class Driver:
             metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {},
             evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{worker.id}.bin")
-        checkpoint.write_file(path, [(p.name, p.data, p.version) for p in net.owner_params], state)
+        try:
+            checkpoint.write_file(path, [(p.name, p.data, p.version) for p in net.owner_params],
+                                  state)
+        except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
+            raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)
         self.own_steps.add(step)
         if self.job.checkpoint_keep_newest or self.job.checkpoint_keep_best:

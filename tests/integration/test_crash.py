@@ -3,10 +3,13 @@ that resume picks up broken; damaged snapshots are skipped and the log says whic
 import os
 import random
 import re
+import resource
+import subprocess
 import time
 
 import numpy as np
 
+from conftest import PYTHON
 from singa import checkpoint
 
 KILLS = 20
@@ -92,3 +95,29 @@ def test_damaged_snapshots_are_skipped_with_reasons(mlp_job, run_driver, tmp_pat
     final = checkpoint.CheckpointReader(str(step[60]))
     assert {v for *_, v in final.meta()} == {60}
     assert np.isfinite(final.param("0#weight1")).all()
+
+
+def test_a_full_disk_stops_with_one_line_and_resume_continues(mlp_job, singa_conf, run_driver):
+    """A snapshot write that fails (a file size limit: EFBIG, like ENOSPC) stops the job with one
+    line and leaves no torn or temporary file; the older snapshot it was replacing is intact and
+    -resume continues from it once there is room."""
+    first = mlp_job(name="first", checkpoint_freq=100, train_steps=100)
+    assert run_driver(first).returncode == 0
+    folder = os.path.join(os.path.dirname(first), "ws", "checkpoint")
+    before = open(os.path.join(folder, "step100-worker0.bin"), "rb").read()
+    conf = mlp_job(checkpoint_freq=100, train_steps=200)
+    full = subprocess.run(
+        [PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf", str(singa_conf), "-resume"],
+        capture_output=True, text=True, timeout=120,
+        # logs fit; a 400 KB snapshot (params + momentum) does not
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000)))
+    lines = full.stderr.strip().splitlines()
+    assert full.returncode == 2, full.stderr
+    assert "Traceback" not in full.stderr
+    assert lines[-1].startswith("singa: cannot write checkpoint ") and "step100" in lines[-1]
+    assert not [f for f in os.listdir(folder) if ".tmp" in f]
+    assert open(os.path.join(folder, "step100-worker0.bin"), "rb").read() == before
+    r = run_driver(conf, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 100" in r.stderr
+    assert checkpoint.latest_snapshot(folder).step == 200
