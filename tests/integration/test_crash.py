@@ -22,6 +22,10 @@ def small_net(job):
             layer.innerproduct_conf.num_output = 8
 
 
+def temporary_files(folder):
+    return {n for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if ".tmp-" in n}
+
+
 def versions(path):
     return {v for *_, v in checkpoint.CheckpointReader(path).meta()}
 
@@ -33,8 +37,13 @@ def test_sigkill_at_random_moments_then_resume(mlp_job, singa_popen, run_driver,
     rng = random.Random(20160401)
     latest, kills = None, 0
     while kills < KILLS:
+        old = temporary_files(folder)
         proc = singa_popen(job, "-resume")
         time.sleep(rng.uniform(0.3, 1.5))
+        if kills % 4 == 3:   # every fourth kill aims at a write: the moment a new temporary file shows
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not temporary_files(folder) - old:
+                pass
         proc.kill()
         assert proc.wait() == -9, f"the run ended by itself: {open(f'{job}.log').read()[-2000:]}"
         kills += 1
@@ -53,9 +62,8 @@ def test_sigkill_at_random_moments_then_resume(mlp_job, singa_popen, run_driver,
             assert versions(now.files[0]) == {now.step}
         latest = now
     assert latest is not None and latest.step > 0, "no kill came after the first checkpoint"
-    # about a third of the kills land inside a write and leave its temporary file behind
-    torn = [n for n in os.listdir(folder) if ".tmp-" in n]
-    assert torn, "no kill landed inside a checkpoint write"
+    # kills inside a write leave its temporary file behind
+    assert temporary_files(folder), "no kill landed inside a checkpoint write"
     end = latest.step + 20
     r = run_driver(mlp_job("final", train_steps=end, checkpoint_freq=1, test_freq=0,
                            disp_freq=0, edit=small_net), "-resume")
