@@ -82,8 +82,9 @@ class Driver:
     # --- setup ----------------------------------------------------------------------------
     def run(self):
         from singa.zk import ZK
-        job, cl = self.job, self.job.cluster
-        check_cluster(job)
+        job = self.job
+        if not self.flags["test"]:
+            check_runnable(job)
         zk = ZK(self.singa_conf.zookeeper_host)
         try:
             if self.job_id < 0:
@@ -389,8 +390,12 @@ class Driver:
             log.info("   %s", line)
 
 
-def check_cluster(job):
-    """What this version runs: every executor in one process, one server group."""
+def check_runnable(job):
+    """What this version runs: kBP, every executor in one process, one server group."""
+    alg = job.train_one_batch
+    if alg.user_alg or alg.alg != job_pb2.kBP:
+        name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
+        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP is)")
     cl = job.cluster
     n = cluster.nprocs(cl)
     if n != 1:

@@ -90,3 +90,16 @@ def test_unreachable_zookeeper_names_host_and_port(fixture_job, run_driver, tmp_
     assert r.returncode != 0
     err = one_line_error(r, r.returncode)
     assert f"cannot reach ZooKeeper at 127.0.0.1:{closed_port}" in err, err
+
+
+@pytest.mark.parametrize("edit, name", [({"alg: kBP": "alg: kCD"}, "kCD"),
+                                        ({"alg: kBP": "alg: kBPTT"}, "kBPTT")])
+def test_an_algorithm_not_implemented_is_refused(edit, name, fixture_job, run_driver):
+    err = one_line_error(run_driver(fixture_job(edits=edit)))
+    assert err == f"singa: train_one_batch: alg {name} is not implemented yet (kBP is)"
+
+
+def test_a_multi_process_cluster_is_refused(fixture_job, run_driver):
+    conf = fixture_job(edits={"nworker_groups: 1": "nworker_groups: 2"})
+    err = one_line_error(run_driver(conf))
+    assert "needs 2 processes" in err and "not supported yet" in err
