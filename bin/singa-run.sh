@@ -61,6 +61,9 @@ while read -r host _; do
   pids+=($!)
 done < "$log_dir/job.hosts"
 
+sleep 2
+$SINGATOOL view "$job_id" -confdir "$SINGA_CONF" > "$log_dir/job.pids" 2>/dev/null || true
+
 status=0
 for pid in "${pids[@]}"; do
   wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
