@@ -4,22 +4,26 @@ A snapshot of step N is one file per group-0 worker W,
 `<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
 Each file is one `BlobProtos`: SINGA's fields (entry i of `version`, `name`, `blob` belong
 together, §2.3), then our additions (step, updater, RNG and reader state, LR index, worker
-count, test metrics, fields 300-307) and last a CRC-32 trailer (field 310):
+count, test metrics, whether the step's evaluation ran: fields 300-308) and last a CRC-32 trailer (field 310):
 `payload + b"\\xb5\\x13" + crc32(payload)` as little-endian uint32, payload = all bytes before it.
 Beside it `step<N>-worker<W>.meta` (the `.bin` suffix replaced; `<path>.meta` for SINGA's
 suffix-less files) lists, as text, the file's size and CRC, the step and one line per param:
 `param<TAB>name<TAB>shape<TAB>dtype<TAB>version`, shape as `64,784`.
 
-A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB); every array
-size is checked against its shape before anything is allocated for it.
+A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB): the values
+(packed floats of blobs and updater buffers) are located by hand and viewed in place, with
+every length checked against the file; anything not encoded as SINGA and we write it goes to
+protobuf whole. Every array size is checked against its shape before anything is allocated.
 """
 import argparse
 import dataclasses
+import errno
 import math
 import os
 import re
 import struct
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -91,14 +95,17 @@ def parse_step_worker(filename):
 class CheckpointWriter:
     """One snapshot file's params and state; `close()` writes `<prefix>.bin` and `<prefix>.meta`.
 
-    Crash-safe: each file goes to a temporary name, is flushed, fsynced and renamed, then the
-    directory is fsynced. Leaving a `with` block by an exception writes nothing.
+    Crash-safe: both files go to temporary names, are flushed and fsynced, renamed, then the
+    directory is fsynced. Leaving a `with` block by an exception writes nothing. Float32
+    arrays are not copied by `write`/`set_state`: their values are read by `close()`.
     """
 
     def __init__(self, prefix):
         self.prefix = prefix[:-len(SUFFIX)] if prefix.endswith(SUFFIX) else prefix
         self.path = self.prefix + SUFFIX
-        self._msg = common_pb2.BlobProtos()
+        self._msg = common_pb2.BlobProtos()     # every field but the values (blob, param_state)
+        self._arrays = []                       # entry i of blob
+        self._param_state = []                  # [(name, [arrays])], field 301
         self._names = set()
         self._closed = False
 
@@ -109,7 +116,7 @@ class CheckpointWriter:
         self._names.add(name)
         self._msg.version.append(version)
         self._msg.name.append(name)
-        self._msg.blob.add().MergeFromString(_blob_bytes(array))
+        self._arrays.append(_float32(array))
 
     def set_state(self, state):
         """Store a `SnapshotState` in our fields (SINGA ignores them)."""
@@ -119,10 +126,8 @@ class CheckpointWriter:
         m.lr_index = state.lr_index
         if state.evaluated:
             m.evaluated = True
-        for name, buffers in state.param_state.items():
-            ps = m.param_state.add(name=name)
-            for b in buffers:
-                ps.buffer.add().MergeFromString(_blob_bytes(b))
+        self._param_state = [(name, [_float32(b) for b in buffers])
+                             for name, buffers in state.param_state.items()]
         for name, st in state.rng.items():
             m.rng.add(name=name, bit_generator=st["bit_generator"],
                       state=st["state"]["state"].to_bytes(16, "little"),
@@ -139,18 +144,69 @@ class CheckpointWriter:
         if self._closed:
             return self.path
         self._closed = True
-        payload = self._msg.SerializeToString()
-        crc = zlib.crc32(payload)
-        trailer = _CRC_TAG + struct.pack("<I", crc)
-        size = len(payload) + len(trailer)
-        folder = os.path.dirname(self.path) or "."
+        _cache.clear()      # a process that writes snapshots is done resuming: free the files
+        meta = self.prefix + META_SUFFIX
+        tmps = [_tmp_name(self.path), _tmp_name(meta)]
         try:
-            _write_atomic(self.path, payload, trailer)
-            _write_atomic(self.prefix + META_SUFFIX, _meta_text(self._msg, self.path, size, crc))
-            _fsync_dir(folder)
+            with open(tmps[0], "w+b") as f:
+                crc, size = _write_checksummed(f, self._pieces())
+                f.write(_CRC_TAG + struct.pack("<I", crc))
+                f.flush()
+                os.fsync(f.fileno())
+            with open(tmps[1], "wb") as f:
+                f.write(self._meta_text(size + 6, crc))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmps[0], self.path)
+            os.replace(tmps[1], meta)
+            _fsync_dir(os.path.dirname(self.path) or ".")
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint {self.path}: {e.strerror}") from None
+        finally:
+            for tmp in tmps:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
         return self.path
+
+    def _pieces(self):
+        """The payload as bytes-like pieces, the values as views of the arrays.
+
+        The same bytes as `SerializeToString` of the whole message, which orders fields by
+        number: 3 and 4 (versions, names), 5 (blobs), 300, 301 (updater state), 302-308. The
+        parts without values are serialized by protobuf; blobs and ParamStates are framed by
+        hand (field tag, length varint) because protobuf encodes packed floats one by one.
+        """
+        m = self._msg
+        yield common_pb2.BlobProtos(version=m.version, name=m.name).SerializeToString()
+        for a in self._arrays:
+            yield from _blob_pieces(_BLOB_TAG, a)
+        if m.HasField("step"):
+            yield common_pb2.BlobProtos(step=m.step).SerializeToString()
+        for name, buffers in self._param_state:
+            head = common_pb2.ParamState(name=name).SerializeToString()
+            blobs = [list(_blob_pieces(_BUFFER_TAG, b)) for b in buffers]
+            size = len(head) + sum(len(p) if isinstance(p, bytes) else p.nbytes
+                                   for pieces in blobs for p in pieces)
+            yield _PARAM_STATE_TAG + _varint(size) + head
+            for pieces in blobs:
+                yield from pieces
+        rest = common_pb2.BlobProtos()
+        rest.CopyFrom(m)
+        for field in ("version", "name", "step"):
+            rest.ClearField(field)
+        yield rest.SerializeToString()
+
+    def _meta_text(self, size, crc):
+        m = self._msg
+        lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version",
+                 f"file {os.path.basename(self.path)}", f"bytes {size}", f"crc32 {crc:08x}"]
+        for field in ("step", "nworkers", "lr_index"):
+            if m.HasField(field):
+                lines.append(f"{field} {getattr(m, field)}")
+        lines += [f"metric {n} {v!r}" for n, v in zip(m.metric_name, m.metric_value)]
+        lines += [f"param\t{n}\t{','.join(map(str, a.shape))}\tfloat32\t{v}"
+                  for n, v, a in zip(m.name, m.version, self._arrays)]
+        return ("\n".join(lines) + "\n").encode()
 
     def __enter__(self):
         return self
@@ -170,18 +226,25 @@ def write_file(path, params, state=None):
     return w.path
 
 
-def _blob_bytes(array):
-    """A serialized BlobProto (shape as varints, data packed float32 LE).
+_BLOB_TAG = b"\x2a"                 # BlobProtos.blob, field 5, length-delimited
+_BUFFER_TAG = b"\x12"               # ParamState.buffer, field 2, length-delimited
+_PARAM_STATE_TAG = b"\xea\x12"      # BlobProtos.param_state, field 301, length-delimited
+_CHUNK = 1 << 20
 
-    Built by hand and merged because `RepeatedScalarContainer.extend` converts value by value
-    (about 8x slower for large params); the message's serialization is unchanged.
-    """
-    a = np.ascontiguousarray(array, dtype="<f4")
-    raw = a.tobytes()
-    parts = [b"\x08" + _varint(d) for d in a.shape]
-    if raw:
-        parts += [b"\x12", _varint(len(raw)), raw]
-    return b"".join(parts)
+
+def _float32(array):
+    return np.ascontiguousarray(array, dtype="<f4")
+
+
+def _blob_pieces(tag, a):
+    """A BlobProto as a field `tag`: tag, length, shape varints (field 1), then the values
+    packed (field 2: 0x12, byte count, float32 LE) as a view of `a`, omitted when empty."""
+    head = b"".join(b"\x08" + _varint(d) for d in a.shape)
+    if a.size:
+        head += b"\x12" + _varint(a.nbytes)
+    yield tag + _varint(len(head) + a.nbytes) + head
+    if a.size:
+        yield memoryview(a.reshape(-1)).cast("B")
 
 
 def _varint(n):
@@ -193,20 +256,45 @@ def _varint(n):
     return bytes(out)
 
 
-def _write_atomic(path, *chunks):
-    folder, base = os.path.split(path)
-    tmp = os.path.join(folder, f".{base}.tmp-{os.getpid()}")
+def _write_checksummed(f, pieces):
+    """Write `pieces` to file `f` (opened for reading too), fsync it, and return (CRC-32, byte
+    count) of the file's bytes.
+
+    The CRC is computed over the bytes read back from the file (the page cache) while a helper
+    thread runs the fsync (which waits on the disk, without the GIL): it matches the file even
+    if another thread updated a param while it was written (servers update params in place).
+    """
+    for piece in pieces:
+        f.write(piece)
+    f.flush()
+    size, fd, errors = f.tell(), f.fileno(), []
+
+    def sync():
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            errors.append(e)     # raised again by the caller's thread
+
+    thread = threading.Thread(target=sync, name="checkpoint-fsync", daemon=True)
+    thread.start()
+    crc, pos, buf = 0, 0, bytearray(min(size, _CHUNK))
     try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        while pos < size:
+            n = os.preadv(fd, [buf], pos)
+            if n == 0:
+                raise OSError(errno.EIO, "file shorter than written")
+            crc = zlib.crc32(memoryview(buf)[:n], crc)
+            pos += n
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return crc, size
+
+
+def _tmp_name(path):
+    folder, base = os.path.split(path)
+    return os.path.join(folder, f".{base}.tmp-{os.getpid()}")
 
 
 def _fsync_dir(folder):
@@ -215,18 +303,6 @@ def _fsync_dir(folder):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _meta_text(msg, path, size, crc):
-    lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version",
-             f"file {os.path.basename(path)}", f"bytes {size}", f"crc32 {crc:08x}"]
-    for field in ("step", "nworkers", "lr_index"):
-        if msg.HasField(field):
-            lines.append(f"{field} {getattr(msg, field)}")
-    lines += [f"metric {n} {v!r}" for n, v in zip(msg.metric_name, msg.metric_value)]
-    lines += [f"param\t{n}\t{','.join(map(str, b.shape))}\tfloat32\t{v}"
-              for n, v, b in zip(msg.name, msg.version, msg.blob)]
-    return ("\n".join(lines) + "\n").encode()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,57 +344,101 @@ class CheckpointReader:
 
     `verified` is True for our files (checksum matched) and False for SINGA's (no checksum;
     accepted when they parse and are consistent). Anything else is a CheckpointError.
+    The file is read once; values are read-only views of its bytes until requested. The
+    files of the snapshot `latest_snapshot`/`best_snapshot` chose are kept parsed, so that
+    opening them again (restoring state, loading params) reads nothing while they are unchanged.
     """
 
     def __init__(self, path):
         self.path = existing_file(path)
-        data = _read_bounded(self.path)
-        self.size = len(data)
-        self.verified, self.proto = _parse(self.path, data)
-        self._index = _check_entries(self.path, self.proto)
-        _check_state(self.path, self.proto)
+        c = _cached(self.path) or _load(self.path)
+        self._contents = c
+        self.size, self.verified = c.size, c.verified
+        msg = c.msg
         sw = parse_step_worker(self.path)
-        if self.proto.HasField("step"):
-            self.step = self.proto.step
+        if msg.HasField("step"):
+            self.step = msg.step
         else:
             self.step = sw[0] if sw else None
-        self.nworkers = self.proto.nworkers if self.proto.HasField("nworkers") else None
-        self.metrics = dict(zip(self.proto.metric_name, self.proto.metric_value))
+        self.nworkers = msg.nworkers if msg.HasField("nworkers") else None
+        self.metrics = dict(zip(msg.metric_name, msg.metric_value))
 
     @property
     def state(self):
         """The file's SnapshotState, or None when it carries none (SINGA's files)."""
-        return _state(self.proto) if self.proto.HasField("step") else None
+        c = self._contents
+        return _state(c.msg, c.param_state) if c.msg.HasField("step") else None
 
     @property
     def names(self):
-        return list(self.proto.name)
+        return list(self._contents.msg.name)
 
     def meta(self):
         """[(name, shape, dtype, version)] without converting any values."""
-        p = self.proto
-        return [(n, tuple(b.shape), "float32", v) for n, v, b in zip(p.name, p.version, p.blob)]
+        c = self._contents
+        return [(n, shape, "float32", v)
+                for n, v, (shape, _) in zip(c.msg.name, c.msg.version, c.blobs)]
 
     def shape(self, name):
-        return tuple(self.proto.blob[self._i(name)].shape)
+        return self._contents.blobs[self._i(name)][0]
 
     def version(self, name):
-        return self.proto.version[self._i(name)]
+        return self._contents.msg.version[self._i(name)]
 
     def param(self, name):
         """Values of param `name` as a new float32 array of its stored shape."""
-        return _array(self.proto.blob[self._i(name)])
+        return _array(*self._contents.blobs[self._i(name)], copy=True)
 
     def params(self):
         """{name: (values, version)} of every param in the file."""
-        p = self.proto
-        return {n: (_array(b), v) for n, v, b in zip(p.name, p.version, p.blob)}
+        c = self._contents
+        return {n: (_array(*blob, copy=True), v)
+                for n, v, blob in zip(c.msg.name, c.msg.version, c.blobs)}
+
+    def copy_param(self, name, out):
+        """Copy the values of param `name` into array `out` (of the stored shape)."""
+        np.copyto(out, _array(*self._contents.blobs[self._i(name)], copy=False))
 
     def _i(self, name):
         try:
-            return self._index[name]
+            return self._contents.index[name]
         except KeyError:
             raise CheckpointError(f"checkpoint {self.path}: no param named {name}") from None
+
+
+@dataclasses.dataclass
+class _Contents:
+    """A parsed, checked file: `msg` has every field but the values, which are (shape, raw)
+    pairs, raw = bytes of packed float32 LE or protobuf's repeated float."""
+    key: tuple                  # _stat_key of the file read
+    size: int
+    verified: bool
+    msg: object
+    blobs: list                 # entry i of msg.name
+    param_state: list           # [(name, [(shape, raw)])], field 301
+    index: dict                 # name -> i
+
+
+#: path -> _Contents of the files of the snapshot last chosen by latest/best_snapshot.
+_cache = {}
+
+
+def _stat_key(st):
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _cached(path):
+    c = _cache.get(path)
+    try:
+        return c if c is not None and c.key == _stat_key(os.stat(path)) else None
+    except OSError:
+        return None
+
+
+def _remember(readers):
+    """Keep these readers' parsed files (only these) for the next CheckpointReader of them."""
+    _cache.clear()
+    _cache.update((r.path, r._contents) for r in readers)
 
 
 def existing_file(path):
@@ -330,42 +450,134 @@ def existing_file(path):
     raise CheckpointError(f"checkpoint file not found: {path} (nor {path}{SUFFIX})")
 
 
-def _read_bounded(path):
+def _load(path):
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                raise CheckpointError(f"checkpoint {path}: {size} bytes, more than the "
+            st = os.fstat(f.fileno())
+            if st.st_size > MAX_FILE_BYTES:
+                raise CheckpointError(f"checkpoint {path}: {st.st_size} bytes, more than the "
                                       f"{MAX_FILE_BYTES >> 30} GiB a checkpoint file may have")
-            data = f.read(size)
+            data = f.read(st.st_size)
     except OSError as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
-    if len(data) != size:
+    if len(data) != st.st_size:
         raise CheckpointError(f"checkpoint {path}: changed while being read")
-    return data
+    verified, msg, blobs, param_state = _parse(path, data)
+    index = _check_entries(path, msg, blobs)
+    _check_state(path, msg, param_state)
+    return _Contents(_stat_key(st), len(data), verified, msg, blobs, param_state, index)
 
 
 def _parse(path, data):
-    """(verified, BlobProtos) of file bytes `data`; see the module docstring for the trailer."""
+    """(verified, msg, blobs, param_state) of file bytes `data` (see _Contents); see the
+    module docstring for the trailer."""
     trailer = len(data) >= 6 and data[-6:-4] == _CRC_TAG
     crc_ok = trailer and zlib.crc32(memoryview(data)[:-6]) == struct.unpack("<I", data[-4:])[0]
     if not crc_ok:
         _diagnose_by_meta(path, len(data))
-    msg = common_pb2.BlobProtos()
     try:
-        msg.ParseFromString(data)
-    except DecodeError:
-        why = "bad checksum" if trailer else "not a BlobProtos message"
-        raise CheckpointError(f"checkpoint {path}: {why} (truncated or corrupt)") from None
+        msg, blobs, param_state = _split(data)
+    except (_Unusual, DecodeError):
+        msg = common_pb2.BlobProtos()
+        try:
+            msg.ParseFromString(data)
+        except DecodeError:
+            why = "bad checksum" if trailer else "not a BlobProtos message"
+            raise CheckpointError(f"checkpoint {path}: {why} (truncated or corrupt)") from None
+        blobs = [(tuple(b.shape), b.data) for b in msg.blob]
+        param_state = [(ps.name, [(tuple(b.shape), b.data) for b in ps.buffer])
+                       for ps in msg.param_state]
     if crc_ok:
-        return True, msg
+        return True, msg, blobs, param_state
     if msg.HasField("crc32"):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
-    if any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
-           else len(getattr(msg, f))
-           for f in _STATE_FIELDS):
+    if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
+                          else len(getattr(msg, f))
+                          for f in _STATE_FIELDS if f != "param_state"):
         raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
-    return False, msg
+    return False, msg, blobs, param_state
+
+
+class _Unusual(Exception):
+    """Bytes that `_split` leaves to protobuf: malformed, or encoded otherwise than SINGA and
+    we write (groups, unpacked or split values, unknown blob fields)."""
+
+
+def _split(data):
+    """Parse `data` without copying values: blobs (field 5) and ParamStates (field 301) by
+    hand, every other field by protobuf. Raises _Unusual or DecodeError."""
+    mv = memoryview(data)
+    rest, blobs, param_state = [], [], []
+    for field, wire, start, value, end in _fields(data, 0, len(data)):
+        if field == 5 and wire == 2:
+            blobs.append(_blob(data, mv, value, end))
+        elif field == 301 and wire == 2:
+            param_state.append(_param_state(data, mv, value, end))
+        else:
+            rest.append(mv[start:end])
+    return common_pb2.BlobProtos.FromString(b"".join(rest)), blobs, param_state
+
+
+def _blob(data, mv, start, end):
+    """(shape, raw values) of the BlobProto in data[start:end]."""
+    shape, raw = [], mv[start:start]
+    for field, wire, _, value, stop in _fields(data, start, end):
+        if field == 1 and wire == 0:
+            d = _varint_at(data, value, stop)[0]
+            if d >= 1 << 31:
+                raise _Unusual()
+            shape.append(d)
+        elif field == 2 and wire == 2 and not raw and (stop - value) % 4 == 0:
+            raw = mv[value:stop]
+        else:
+            raise _Unusual()
+    return tuple(shape), raw
+
+
+def _param_state(data, mv, start, end):
+    """(name, [(shape, raw)]) of the ParamState in data[start:end]."""
+    name, buffers = None, []
+    for field, wire, first, value, stop in _fields(data, start, end):
+        if field == 1 and wire == 2 and name is None:
+            name = common_pb2.ParamState.FromString(bytes(mv[first:stop])).name
+        elif field == 2 and wire == 2:
+            buffers.append(_blob(data, mv, value, stop))
+        else:
+            raise _Unusual()
+    return name or "", buffers
+
+
+def _fields(data, pos, end):
+    """Yield (field, wire type, field start, value start, value end) of data[pos:end]."""
+    while pos < end:
+        key, value = _varint_at(data, pos, end)
+        wire = key & 7
+        if wire == 0:
+            stop = _varint_at(data, value, end)[1]
+        elif wire == 2:
+            n, value = _varint_at(data, value, end)
+            stop = value + n
+        elif wire in (1, 5):
+            stop = value + (8 if wire == 1 else 4)
+        else:
+            raise _Unusual()
+        if stop > end or key >> 3 == 0:
+            raise _Unusual()
+        yield key >> 3, wire, pos, value, stop
+        pos = stop
+
+
+def _varint_at(data, pos, end):
+    """(value, position after it) of the varint at data[pos]."""
+    value = shift = 0
+    while pos < end and shift < 64:
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    raise _Unusual()
 
 
 def _diagnose_by_meta(path, size):
@@ -384,46 +596,50 @@ def _diagnose_by_meta(path, size):
                               f"{os.path.basename(mp)} records crc32 {meta['crc32']:08x})")
 
 
-def _check_entries(path, msg):
+def _check_entries(path, msg, blobs):
     n = len(msg.name)
-    if len(msg.version) != n or len(msg.blob) != n:
+    if len(msg.version) != n or len(blobs) != n:
         raise CheckpointError(f"checkpoint {path}: {len(msg.version)} versions, {n} names and "
-                              f"{len(msg.blob)} blobs; entries must pair up (truncated or corrupt)")
+                              f"{len(blobs)} blobs; entries must pair up (truncated or corrupt)")
     index = {}
-    for i, (name, blob) in enumerate(zip(msg.name, msg.blob)):
+    for i, (name, blob) in enumerate(zip(msg.name, blobs)):
         if name in index:
             raise CheckpointError(f"checkpoint {path}: param {name} appears twice")
         index[name] = i
-        _check_blob(path, f"param {name}", blob)
+        _check_blob(path, f"param {name}", *blob)
     return index
 
 
-def _check_blob(path, what, blob):
-    shape = tuple(blob.shape)
-    if any(d < 0 for d in shape) or math.prod(shape) != len(blob.data):
-        raise CheckpointError(f"checkpoint {path}: {what} has shape {shape} but "
-                              f"{len(blob.data)} values")
+def _check_blob(path, what, shape, raw):
+    count = len(raw) // 4 if isinstance(raw, memoryview) else len(raw)
+    if any(d < 0 for d in shape) or math.prod(shape) != count:
+        raise CheckpointError(f"checkpoint {path}: {what} has shape {shape} but {count} values")
 
 
-def _array(blob):
-    return np.array(blob.data, dtype=np.float32).reshape(tuple(blob.shape))
+def _array(shape, raw, copy):
+    """The values as a float32 array of `shape`: a read-only view of the file's bytes unless
+    `copy` (protobuf's repeated floats are always converted)."""
+    if isinstance(raw, memoryview):
+        a = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        return a.astype(np.float32) if copy else a
+    return np.array(raw, dtype=np.float32).reshape(shape)
 
 
-def _check_state(path, msg):
-    for ps in msg.param_state:
-        for i, b in enumerate(ps.buffer):
-            _check_blob(path, f"updater state {i} of {ps.name}", b)
+def _check_state(path, msg, param_state):
+    for name, buffers in param_state:
+        for i, blob in enumerate(buffers):
+            _check_blob(path, f"updater state {i} of {name}", *blob)
     for r in msg.rng:
         if len(r.state) != 16 or len(r.inc) != 16:
             raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is not 128-bit")
 
 
-def _state(msg):
+def _state(msg, param_state):
     state = SnapshotState(step=msg.step, nworkers=msg.nworkers if msg.HasField("nworkers") else 1,
                           lr_index=msg.lr_index, evaluated=msg.evaluated,
                           metrics=dict(zip(msg.metric_name, msg.metric_value)))
-    for ps in msg.param_state:
-        state.param_state[ps.name] = [_array(b) for b in ps.buffer]
+    for name, buffers in param_state:
+        state.param_state[name] = [_array(*b, copy=True) for b in buffers]
     for r in msg.rng:
         state.rng[r.name] = {"bit_generator": r.bit_generator,
                              "state": {"state": int.from_bytes(r.state, "little"),
@@ -444,6 +660,12 @@ def list_snapshots(folder, nworkers=None):
     empty file of a data-parallel worker >= 1; for worker 0 it is a torn write. When both
     `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used.
     """
+    return [_snapshot(folder, step, files, nworkers)[0]
+            for step, files in sorted(_files_by_step(folder).items())]
+
+
+def _files_by_step(folder):
+    """{step: {worker: path}} of the snapshot files in `folder`."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
@@ -456,10 +678,11 @@ def list_snapshots(folder, nworkers=None):
         files = by_step.setdefault(sw[0], {})
         if sw[1] not in files or name.endswith(SUFFIX):
             files[sw[1]] = os.path.join(folder, name)
-    return [_snapshot(folder, step, files, nworkers) for step, files in sorted(by_step.items())]
+    return by_step
 
 
 def _snapshot(folder, step, files, nworkers):
+    """(Snapshot, its readers by worker) of one step's `files`."""
     problems, readers = [], {}
     for w, path in sorted(files.items()):
         try:
@@ -483,13 +706,18 @@ def _snapshot(folder, step, files, nworkers):
         elif r.verified and r.step != step:
             problems.append(f"{r.path}: records step {r.step}, not {step}")
     metrics = readers[0].metrics if 0 in readers else {}
-    return Snapshot(step, files, expected, not problems, problems, verified, metrics)
+    return Snapshot(step, files, expected, not problems, problems, verified, metrics), readers
 
 
 def latest_snapshot(folder, nworkers=None, log=None):
-    """The newest complete snapshot (or None); each newer broken one is reported to `log`."""
-    for snap in reversed(list_snapshots(folder, nworkers)):
+    """The newest complete snapshot (or None); each newer broken one is reported to `log`.
+
+    Steps are verified newest first, up to the first complete one; its files stay parsed
+    for the CheckpointReaders that follow (restoring state, loading params)."""
+    for step, files in sorted(_files_by_step(folder).items(), reverse=True):
+        snap, readers = _snapshot(folder, step, files, nworkers)
         if snap.complete:
+            _remember(readers.values())
             return snap
         if log is not None:
             for problem in snap.problems:
@@ -507,8 +735,12 @@ def best_snapshot(folder, metric=None, nworkers=None):
 
     `metric` None: "accuracy" if any snapshot records it, else "loss". Names match case-blind.
     """
-    snaps = [s for s in list_snapshots(folder, nworkers) if s.complete]
-    return _best(snaps, metric)
+    found = [_snapshot(folder, step, files, nworkers)
+             for step, files in sorted(_files_by_step(folder).items())]
+    best = _best([snap for snap, _ in found if snap.complete], metric)
+    if best is not None:
+        _remember(next(readers for snap, readers in found if snap is best).values())
+    return best
 
 
 def _best(snaps, metric):
@@ -568,7 +800,7 @@ def load_params(paths, params, log=None):
             if r.shape(name) != p.data.shape:
                 raise CheckpointError(f"checkpoint {path}: param {target} has shape {r.shape(name)}"
                                       f", the net expects {p.data.shape}")
-            np.copyto(p.data, r.param(name))
+            r.copy_param(name, p.data)
             p.version = r.version(name)
             loaded[target] = path
     if log is not None:

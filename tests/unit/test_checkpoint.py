@@ -4,6 +4,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
 import types
 import zlib
@@ -94,6 +95,138 @@ def test_ours_decodes_as_singa_blobprotos(tmp_path):
     assert open(path, "rb").read().startswith(singa_only.SerializeToString())
 
 
+def reference_bytes(params, st):
+    """What protobuf serializes for the same snapshot (the format before values were streamed;
+    a 0-d value is stored with shape (1,), as np.ascontiguousarray gives it)."""
+    msg = common_pb2.BlobProtos()
+    for name, a, version in params:
+        msg.version.append(version)
+        msg.name.append(name)
+        msg.blob.add(shape=np.ascontiguousarray(a).shape).data.extend(np.ascontiguousarray(a, np.float32).ravel().tolist())
+    msg.step, msg.nworkers, msg.lr_index = st.step, st.nworkers, st.lr_index
+    if st.evaluated:
+        msg.evaluated = True
+    for name, buffers in st.param_state.items():
+        ps = msg.param_state.add(name=name)
+        for b in buffers:
+            ps.buffer.add(shape=b.shape).data.extend(np.asarray(b, np.float32).ravel().tolist())
+    for name, s in st.rng.items():
+        msg.rng.add(name=name, bit_generator=s["bit_generator"],
+                    state=s["state"]["state"].to_bytes(16, "little"),
+                    inc=s["state"]["inc"].to_bytes(16, "little"),
+                    has_uint32=s["has_uint32"], uinteger=s["uinteger"])
+    for name, (offset, skipped) in st.reader.items():
+        msg.reader.add(name=name, offset=offset, skipped=skipped)
+    msg.metric_name.extend(st.metrics)
+    msg.metric_value.extend(st.metrics.values())
+    payload = msg.SerializeToString()
+    return payload + b"\xb5\x13" + struct.pack("<I", zlib.crc32(payload))
+
+
+def odd_params():
+    """Params of every shape kind: float64 input, a non-contiguous view, 0-d, empty, 3-d."""
+    big = np.arange(6 * 5, dtype=np.float64).reshape(6, 5) / 7
+    return params() + [("0#f64", big, 3), ("0#view", big.T[::2].astype(np.float32).T, 4),
+                       ("0#scalar", np.float32(2.5), 0), ("0#empty", np.zeros((0, 3)), 1),
+                       ("0#cube", np.linspace(-1, 1, 24, dtype=np.float32).reshape(2, 3, 4), 200)]
+
+
+@pytest.mark.parametrize("evaluated", [True, False])
+def test_file_bytes_equal_protobuf_serialization_with_every_field(tmp_path, evaluated):
+    st = state(metrics={"accuracy": 0.75, "loss": 0.5}, evaluated=evaluated)
+    st.param_state = {"0#w1": [np.full((4, 3), 0.5, np.float32), np.arange(12.).reshape(4, 3)],
+                      "0#b1": [], "0#empty": [np.zeros((0, 3), np.float32)]}
+    st.rng["test"] = np.random.default_rng(7).bit_generator.state
+    st.reader["test/data"] = (0, False)
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), odd_params(), st)
+    assert open(path, "rb").read() == reference_bytes(odd_params(), st)
+    r = ckpt.CheckpointReader(path)
+    s = r.state
+    assert r.verified and (s.step, s.evaluated, s.rng, s.reader) == (5, evaluated, st.rng, st.reader)
+    assert sorted(s.param_state) == sorted(st.param_state) and s.param_state["0#b1"] == []
+    for name, a, _ in odd_params():
+        np.testing.assert_array_equal(r.param(name), np.asarray(a, np.float32))
+    np.testing.assert_array_equal(r.state.param_state["0#w1"][1], np.arange(12.).reshape(4, 3))
+    assert ckpt.read_meta(ckpt.meta_path(path))["bytes"] == os.path.getsize(path)
+
+
+def test_worker_file_without_params_equals_protobuf_serialization(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker1.bin"), [], state(nworkers=2))
+    assert open(path, "rb").read() == reference_bytes([], state(nworkers=2))
+
+
+def test_checksum_matches_file_while_a_param_changes_during_the_write(tmp_path):
+    a = np.zeros(1 << 20, np.float32)
+    stop = []
+
+    def scribble():       # a server thread updating the param in place
+        while not stop:
+            np.add(a, 1, out=a)
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        for i in range(3):
+            ckpt.write_file(str(tmp_path / f"step{i}-worker0.bin"), [("0#w", a, i)])
+    finally:
+        stop.append(True)
+        t.join()
+    for i in range(3):
+        assert ckpt.CheckpointReader(str(tmp_path / f"step{i}-worker0.bin")).verified
+
+
+def unusual_encoding(data):
+    """The same BlobProtos, each blob's floats unpacked and after its shape, blobs first."""
+    msg = common_pb2.BlobProtos.FromString(data)
+    out = bytearray()
+    for b in msg.blob:
+        body = b"".join(b"\x15" + struct.pack("<f", v) for v in b.data)
+        body += b"".join(b"\x08" + bytes([d]) for d in b.shape)
+        out += b"\x2a" + bytes([len(body)]) + body
+    msg.ClearField("blob")
+    return bytes(out) + msg.SerializeToString()
+
+
+def test_unusual_encodings_read_as_protobuf_reads_them(tmp_path):
+    data = open(ckpt.write_file(str(tmp_path / "a.bin"), params()), "rb").read()[:-6]
+    odd = unusual_encoding(data)
+    assert odd != data and common_pb2.BlobProtos.FromString(odd) == common_pb2.BlobProtos.FromString(data)
+    path = tmp_path / "step1-worker0"
+    path.write_bytes(odd)
+    r = ckpt.CheckpointReader(str(path))
+    assert not r.verified and r.meta() == [("0#w1", (4, 3), "float32", 7), ("0#b1", (4,), "float32", 7)]
+    for name, a, _ in params():
+        np.testing.assert_array_equal(r.param(name), a)
+
+
+def test_param_values_are_private_copies(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), state())
+    r = ckpt.CheckpointReader(path)
+    w = r.param("0#w1")
+    w += 1                                   # writable, and not the reader's bytes
+    np.testing.assert_array_equal(r.param("0#w1"), params()[0][1])
+    r.state.param_state["0#w1"][0][:] = 0
+    assert r.state.param_state["0#w1"][0][0, 0] == 0.5
+
+
+def test_latest_snapshot_keeps_its_files_parsed_until_they_change(tmp_path, monkeypatch):
+    folder = str(tmp_path)
+    snapshot(folder, 100)
+    snapshot(folder, 200)
+    loads = []
+    load = ckpt._load
+    monkeypatch.setattr(ckpt, "_load", lambda path: loads.append(path) or load(path))
+    snap = ckpt.latest_snapshot(folder)
+    assert snap.step == 200 and loads == [snap.files[0]]     # newest first, older unread
+    ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
+    ckpt.load_params([snap.files[0]], ps)
+    assert ckpt.CheckpointReader(snap.files[0]).state.step == 200
+    assert len(loads) == 1                                   # no second read
+    np.testing.assert_array_equal(ps["0#w1"].data, params(200)[0][1])
+    ckpt.write_file(snap.files[0], params(7), state(200))    # replaced: read again
+    np.testing.assert_array_equal(ckpt.CheckpointReader(snap.files[0]).param("0#w1"), params(7)[0][1])
+    assert len(loads) == 2
+
+
 def test_round_trip_values_versions_and_state(tmp_path):
     st = state(metrics={"accuracy": 0.75, "loss": 0.5})
     path = ckpt.write_file(str(tmp_path / "step5-worker0"), params(), st)
@@ -141,6 +274,22 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(version=1))
     monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(CheckpointError, match="step5-worker0.bin: No space left"):
+        ckpt.write_file(path, params(version=2))
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["step5-worker0.bin", "step5-worker0.meta"]
+    assert ckpt.CheckpointReader(path).version("0#w1") == 1
+
+
+def test_failed_meta_write_leaves_old_files_and_no_temp(tmp_path, monkeypatch):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(version=1))
+    calls = []
+
+    def fsync(fd):        # the data file's fsync passes, the .meta's fails
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(5, "Input/output error")
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(CheckpointError, match="step5-worker0.bin: Input/output error"):
         ckpt.write_file(path, params(version=2))
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["step5-worker0.bin", "step5-worker0.meta"]
