@@ -65,7 +65,7 @@ def test_missing_workspace_with_existing_parent_is_created_and_runs(fixture_job,
 
 
 def test_stale_pre_0_1_conf_says_so(run_driver):
-    conf = os.path.join(CONFS, "mnist", "rbm_job.conf")
+    conf = os.path.abspath(os.path.join(CONFS, "mnist", "rbm_job.conf"))
     err = one_line_error(run_driver(conf))
     assert err.startswith(f"singa: {conf}:9: not a SINGA 0.2/0.3 job conf (stale pre-0.1 format?)"), err
 
