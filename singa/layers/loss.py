@@ -75,11 +75,15 @@ class SoftmaxLossLayer(Layer):
         g[self._rows, srclayers[1].aux_data] -= 1
         g *= np.float32(self.scale) / np.float32(g.shape[0])
 
+    #: the metrics `to_string` shows, in order
+    shown = ("Loss", "accuracy")
+
     def to_string(self, flag):
         """`Loss = %f, accuracy = %f` averaged since the last call; resets the averages."""
         if not self.counter:
             return ""
-        text = f"Loss = {self.loss / self.counter:f}, accuracy = {self.accuracy / self.counter:f}"
+        value = {"Loss": self.loss, "accuracy": self.accuracy}
+        text = ", ".join(f"{k} = {value[k] / self.counter:f}" for k in self.shown)
         self.loss = self.accuracy = 0.0
         self.counter = 0
         return text
@@ -89,17 +93,11 @@ class SoftmaxLossLayer(Layer):
 class CudnnSoftmaxLossLayer(SoftmaxLossLayer):
     """SoftmaxLoss as SINGA's cuDNN layer computes it: no scale; displays only `Loss = %f`."""
 
+    shown = ("Loss",)
+
     def setup(self, srclayers):
         super().setup(srclayers)
         self.scale = 1.0
-
-    def to_string(self, flag):
-        if not self.counter:
-            return ""
-        text = f"Loss = {self.loss / self.counter:f}"
-        self.loss = self.accuracy = 0.0
-        self.counter = 0
-        return text
 
 
 @register(job_pb2.kEuclideanLoss)
