@@ -873,8 +873,8 @@ def _cmd_ls(folder):
     snaps = list_snapshots(folder)
     print(f"checkpoint folder {folder}")
     for s in snaps:
-        status = ("complete" if s.complete else "INCOMPLETE") + (
-            "" if s.verified else "  unverified (SINGA)")
+        status = ("complete" + ("" if s.verified else "  unverified (SINGA)")
+                  if s.complete else "INCOMPLETE")
         metrics = "  ".join(f"{k}={v:.6g}" for k, v in s.metrics.items())
         workers = ",".join(map(str, sorted(s.files))) or "-"
         print(f"step{s.step}  workers {workers}  {status}  {metrics}".rstrip())

@@ -383,7 +383,8 @@ class Driver:
         if missing:
             raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "
                               f"checkpoint_path files")
-        log.info("Test @ step %d", job.step)
+        step = checkpoint.CheckpointReader(paths[-1]).step
+        log.info("Test @ step %d", job.step if step is None else step)
         for _ in range(job.test_steps):
             net.forward(job_pb2.kTest | job_pb2.kForward)
         for line in net.display(job_pb2.kTest):

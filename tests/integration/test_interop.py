@@ -51,7 +51,8 @@ def test_singa_checkpoint_reproduces_singas_test_line(mlp_job, run_driver, conf,
                       checkpoint_path=[os.path.join(FIXTURES, ckpt)])
     r = run_driver(job, "-test")
     assert r.returncode == 0, r.stderr
-    assert [t[1] for t in logged_tests(r.stderr)] == [line]
+    # the step of the file, like the training's `Test @ step N` that printed the same line
+    assert logged_tests(r.stderr) == [(int(re.search(r"step(\d+)", ckpt).group(1)), line)]
     assert f"Load from checkpoint file {os.path.normpath(os.path.join(FIXTURES, ckpt))}" in r.stderr
 
 
@@ -78,7 +79,7 @@ def test_our_checkpoint_is_singas_blobprotos(mlp_job, run_driver, tmp_path):
     job = mlp_job("test", checkpoint_path=[str(tmp_path / "ws" / "checkpoint" / "step100-worker0")])
     t = run_driver(job, "-test")
     assert t.returncode == 0, t.stderr
-    assert [line for _, line in logged_tests(t.stderr)] == [trained[100]]
+    assert logged_tests(t.stderr) == [(100, trained[100])]
 
 
 def test_singa_two_worker_snapshot_resumes(mlp_job, run_driver, tmp_path):
