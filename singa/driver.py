@@ -2,9 +2,9 @@
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
 
-Registers with ZooKeeper, builds the nets, starts one Server and one Worker thread that talk
-to this process's Stub (run by the main thread) over ZeroMQ, and reports user mistakes as one
-line on stderr with exit code 2.
+Registers with ZooKeeper, builds the nets, starts a thread per Server and per Worker that
+talk to this process's Stub (run by the main thread) over ZeroMQ, and reports user mistakes
+as one line on stderr with exit code 2.
 """
 import logging
 import os
@@ -27,6 +27,7 @@ from singa.proto import job_pb2
 from singa.server import Server
 from singa.updater import create_updater
 from singa.worker import AbortedError, Worker
+from singa.zk import ZK
 
 log = logging.getLogger("singa")
 
@@ -81,7 +82,6 @@ class Driver:
 
     # --- setup ----------------------------------------------------------------------------
     def run(self):
-        from singa.zk import ZK
         job = self.job
         if not self.flags["test"]:
             check_runnable(job)
