@@ -297,6 +297,24 @@ def _tmp_name(path):
     return os.path.join(folder, f".{base}.tmp-{os.getpid()}")
 
 
+_TMP_RE = re.compile(r"\.step\d+-worker\d+(\.bin|\.meta)?(\.meta)?\.tmp-(\d+)")
+
+
+def remove_stale_temporaries(folder):
+    """Delete the temporary files of writes whose process is gone (killed mid-write); returns them."""
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        m = _TMP_RE.fullmatch(name)
+        if m is None or os.path.exists(f"/proc/{m.group(3)}"):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def _fsync_dir(folder):
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:

@@ -126,6 +126,9 @@ class Driver:
 
     # --- training -------------------------------------------------------------------------
     def train(self, zk):
+        stale = checkpoint.remove_stale_temporaries(self.folder)
+        if stale:
+            log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
         if self.flags["resume"]:
             self.setup_for_resume()
         self.zk = zk

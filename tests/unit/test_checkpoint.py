@@ -561,3 +561,14 @@ def test_cli_user_error_is_one_line_exit_2(tmp_path):
     out = cli("show", str(tmp_path / "missing"))
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "missing" in out.stderr
+
+
+def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
+    alive = f".step6-worker0.bin.tmp-{os.getpid()}"
+    dead = [".step5-worker0.bin.tmp-999999999", ".step5-worker0.meta.tmp-999999999"]
+    kept = [alive, "step5-worker0.bin", "notes.tmp-1"]
+    for n in dead + kept:
+        (tmp_path / n).write_bytes(b"x")
+    assert sorted(ckpt.remove_stale_temporaries(str(tmp_path))) == sorted(dead)
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    assert ckpt.remove_stale_temporaries(str(tmp_path / "missing")) == []
