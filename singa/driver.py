@@ -26,7 +26,7 @@ from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.server import Server
 from singa.updater import create_updater
-from singa.worker import AbortedError, Worker
+from singa.worker import AbortedError, worker_class
 from singa.zk import ZK
 
 log = logging.getLogger("singa")
@@ -222,7 +222,7 @@ class Driver:
         self.servers = [Server(self.ctx, self.router.endpoint, 0, s, self.updater, poll, restore)
                         for s in range(S)]
         self.server_of_slice = [self.servers[x] for x in slice2server]
-        self.workers = [Worker(self.ctx, self.router.endpoint, g, j, job, net,
+        self.workers = [worker_class(job)(self.ctx, self.router.endpoint, g, j, job, net,
                                self.eval_nets.get("test") if (g, j) == (0, 0) else None,
                                self.eval_nets.get("validation") if (g, j) == (0, 0) else None,
                                hooks=self)
@@ -389,17 +389,21 @@ class Driver:
         step = checkpoint.CheckpointReader(paths[-1]).step
         log.info("Test @ step %d", job.step if step is None else step)
         for _ in range(job.test_steps):
-            net.forward(job_pb2.kTest | job_pb2.kForward)
+            worker_class(job).test_one_batch(job_pb2.kTest, net)
         for line in net.display(job_pb2.kTest):
             log.info("   %s", line)
 
 
 def check_runnable(job):
-    """What this version runs: kBP, every executor in one process, one server group."""
+    """What this version runs: kBP or kCD, every executor in one process, one server group."""
     alg = job.train_one_batch
-    if alg.user_alg or alg.alg != job_pb2.kBP:
+    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kCD):
         name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
-        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP is)")
+        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP and kCD are)")
+    if alg.alg == job_pb2.kCD and not any(layer.type == job_pb2.kRBMVis
+                                          for layer in job.neuralnet.layer):
+        raise ConfigError("train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "
+                          "the net has none")
     cl = job.cluster
     n = cluster.nprocs(cl)
     if n != 1:

@@ -40,11 +40,12 @@ class NeuralNet:
         for conf in confs:
             layer = create_layer(conf)
             layer.rng = rng
-            srcs = [self.by_name[s] for s in conf.srclayers]
-            layer.setup(srcs)
             self.layers.append(layer)
             self.by_name[conf.name] = layer
-            self.srclayers[conf.name] = srcs
+        # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
+        for layer in self.layers:
+            srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
+            layer.setup(srcs)
         self.params = [p for layer in self.layers for p in layer.params]
         for i, p in enumerate(self.params, first_id):
             p.id = p.owner = i
@@ -60,8 +61,11 @@ class NeuralNet:
         self.owner_params = [p for p in self.params if p.is_owner]
 
     def share_params_from(self, other):
-        """Use `other`'s param values (matched by name); `other`'s params stay the owners."""
-        theirs = {p.name: p for p in other.owner_params}
+        """Use `other`'s param values (matched by name); `other`'s params stay the owners.
+
+        Sharers are matched too: a `share_from` param must follow `other`'s values, not the
+        stale array of this net's own owner."""
+        theirs = {p.name: p for p in other.params}
         for p in self.params:
             src = theirs.get(p.name)
             if src is not None:
@@ -212,7 +216,11 @@ def add_split_layers(confs):
 
 
 def topological_sort(confs):
-    """Kahn's order from source-less layers, in conf order (SINGA's Graph::Sort)."""
+    """Kahn's order from source-less layers, in conf order (SINGA's Graph::Sort).
+
+    A layer with several sources, one of which is also its destination (RBMVis <-> RBMHid), is
+    released once its other sources are visited. (SINGA releases it after its first source,
+    the data in every conf it ships.)"""
     by_name = {}
     for c in confs:
         if c.name in by_name:
@@ -226,16 +234,23 @@ def topological_sort(confs):
     for c in confs:
         for s in dict.fromkeys(c.srclayers):
             dsts[s].append(c)
-    pending = {c.name: len(set(c.srclayers)) for c in confs}
+    waits = {}
+    for c in confs:
+        srcs = set(c.srclayers)
+        if len(srcs) > 1:
+            srcs -= {s for s in srcs if c.name in by_name[s].srclayers}
+        waits[c.name] = srcs
+    pending = {name: len(srcs) for name, srcs in waits.items()}
     queue = collections.deque(c for c in confs if pending[c.name] == 0)
     order = []
     while queue:
         c = queue.popleft()
         order.append(c)
         for d in dsts[c.name]:
-            pending[d.name] -= 1
-            if pending[d.name] == 0:
-                queue.append(d)
+            if c.name in waits[d.name]:
+                pending[d.name] -= 1
+                if pending[d.name] == 0:
+                    queue.append(d)
     if len(order) < len(confs):
         stuck = [c.name for c in confs if pending[c.name] > 0]
         raise ConfigError(f"the layers {', '.join(stuck)} form a cycle")

@@ -1,4 +1,4 @@
-"""Worker: the training loop and TrainOneBatch algorithms (SINGA's Worker / BPWorker, §7.4-7.5).
+"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / CDWorker, §7.4-7.5).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
 servers through the stub: Put (initial values), Get, Update (gradients); RGet / RUpdate answers
@@ -10,12 +10,14 @@ import threading
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import ClusterError
+from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.proto import job_pb2
 
 log = logging.getLogger("singa")
 
 kTrain, kVal, kTest = job_pb2.kTrain, job_pb2.kVal, job_pb2.kTest
 kForward, kBackward = job_pb2.kForward, job_pb2.kBackward
+kPositive, kNegative = job_pb2.kPositive, job_pb2.kNegative
 STUB = m.addr(-1, -1, m.kStub)
 
 
@@ -24,8 +26,13 @@ def every(freq, after, step):
     return freq > 0 and step >= after and (step - after) % freq == 0
 
 
+def worker_class(job):
+    """The Worker class of the job's train_one_batch algorithm (kBP when unset, as for -test)."""
+    return CDWorker if job.train_one_batch.alg == job_pb2.kCD else Worker
+
+
 class Worker:
-    """One worker thread of group `grp`, id `id` (its partition of the net).
+    """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
     `hooks` is the driver's side of the loop: `init_params(worker)`, `checkpoint(worker, step)`,
     `joined(worker)` / `left(worker)` (ZooKeeper membership), `tested(worker, step, metrics)`.
@@ -104,10 +111,14 @@ class Worker:
             for p in layer.params:
                 self.update(step, p)
 
+    @staticmethod
+    def test_one_batch(phase, net):
+        net.forward(phase | kForward)
+
     def test(self, nsteps, phase, net):
-        """Run `nsteps` forward passes of `net`; display and return the metrics."""
+        """Run `nsteps` test batches of `net`; display and return the metrics."""
         for _ in range(nsteps):
-            net.forward(phase | kForward)
+            self.test_one_batch(phase, net)
         return self.display(phase, " ", net)
 
     def display(self, flag, prefix, net):
@@ -160,6 +171,42 @@ class Worker:
     def handle(self, msg):
         if msg.type in (m.kRUpdate, m.kRGet):
             self.params_by_id[m.param_id(msg.trgt_val)].version = msg.trgt_version
+
+
+class CDWorker(Worker):
+    """kCD (SINGA's CDWorker): contrastive divergence on the RBM layers of the net.
+
+    Only RBM params are updated; the layers below (a frozen stack loaded by checkpoint_path)
+    only compute features, and `collect` never waits for their versions, which stay put.
+    """
+
+    def train_one_batch(self, step):
+        """Positive pass of every layer, cd_k Gibbs steps of the RBM layers (the first one
+        adds the reconstruction error), then their gradients and updates."""
+        net = self.train_net
+        for layer in net.layers:
+            for p in layer.params:
+                self.collect(p)
+            layer.compute_feature(kPositive, net.srclayers[layer.name])
+        rbms = [layer for layer in net.layers if isinstance(layer, (RBMVisLayer, RBMHidLayer))]
+        for layer in rbms:
+            layer.compute_feature(kNegative | kTest, net.srclayers[layer.name])
+        for _ in range(self.job.train_one_batch.cd_conf.cd_k - 1):
+            for layer in rbms:
+                layer.compute_feature(kNegative, net.srclayers[layer.name])
+        for layer in rbms:
+            layer.compute_gradient(kTrain, net.srclayers[layer.name])
+            for p in layer.params:
+                self.update(step, p)
+
+    @staticmethod
+    def test_one_batch(phase, net):
+        """Positive pass of every layer, then one reconstruction (kNegative|kTest) by RBMVis."""
+        for layer in net.layers:
+            layer.compute_feature(kPositive, net.srclayers[layer.name])
+        for layer in net.layers:
+            if isinstance(layer, RBMVisLayer):
+                layer.compute_feature(kNegative | kTest, net.srclayers[layer.name])
 
 
 class AbortedError(Exception):
