@@ -178,6 +178,8 @@ class CDWorker(Worker):
 
     Only RBM params are updated; the layers below (a frozen stack loaded by checkpoint_path)
     only compute features, and `collect` never waits for their versions, which stay put.
+    W has two shares, RBMVis's (its gradient) and RBMHid's (zero); the server averages the
+    shares, as SINGA's does, so W moves at half the learning rate of the biases.
     """
 
     def train_one_batch(self, step):

@@ -23,21 +23,23 @@ def one_blas_thread(monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
 
 
-def write_conf(tmp_path, name, head=""):
-    """examples/rbm/<name>.conf with STEPS[name] steps, tests every third of them (5 batches),
-    displays every sixth, the workspace and the snapshots it loads under tmp_path."""
+def write_conf(tmp_path, name, head="", steps=STEPS, every=None, workspace=None):
+    """examples/rbm/<name>.conf with steps[name] train steps, tests (5 batches) every third and
+    displays every sixth of `every` (default: of the steps), `head` in front, its workspace
+    (default <tmp>/<name>) and the snapshots it loads (step steps[rbmK]) under tmp_path."""
     with open(os.path.join(EXAMPLES, f"{name}.conf")) as f:
         text = f.read()
-    steps = STEPS[name]
-    for field, value in (("train_steps", steps), ("test_steps", 5), ("test_freq", steps // 3),
-                         ("disp_freq", steps // 6),
-                         ("workspace", f'"{tmp_path / name}"')):
+    every = every or steps[name]
+    workspace = workspace or tmp_path / name
+    for field, value in (("train_steps", steps[name]), ("test_steps", 5),
+                         ("test_freq", every // 3), ("disp_freq", every // 6),
+                         ("workspace", f'"{workspace}"')):
         text, n = re.subn(rf"(?m)^(\s*{field}): ?\S+$", rf"\1: {value}", text)
         assert n == 1, f"{field} is not in {name}.conf"
     text = re.sub(r'"examples/rbm/(rbm\d)/checkpoint/step6000-worker0"',
-                  lambda m: f'"{tmp_path / m[1]}/checkpoint/step{STEPS[m[1]]}-worker0"', text)
-    os.makedirs(tmp_path / name, exist_ok=True)
-    path = tmp_path / f"{name}.conf"
+                  lambda m: f'"{tmp_path / m[1]}/checkpoint/step{steps[m[1]]}-worker0"', text)
+    os.makedirs(workspace, exist_ok=True)
+    path = tmp_path / f"{name}-{os.path.basename(workspace)}-{steps[name]}.conf"
     path.write_text(head + text)
     return path
 
@@ -91,3 +93,24 @@ def test_stacked_rbms_then_autoencoder(tmp_path, run_driver):
     test_losses = metric(r.stderr, "Loss", test=True)
     assert len(losses) == 6 and len(test_losses) == 3, r.stderr
     assert losses[-1] < losses[0] and test_losses[-1] < test_losses[0], (losses, test_losses)
+
+
+def test_rbm2_resumed_midway_ends_bit_exact_with_frozen_params(tmp_path, run_driver):
+    steps = dict(STEPS, rbm1=20, rbm2=40)
+    assert run_driver(write_conf(tmp_path, "rbm1", steps=steps)).returncode == 0
+    straight = run_driver(write_conf(tmp_path, "rbm2", "seed: 7\n", steps, 40,
+                                     tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    half = run_driver(write_conf(tmp_path, "rbm2", "seed: 7\n", dict(steps, rbm2=20), 40,
+                                 tmp_path / "resumed"))
+    assert half.returncode == 0, half.stderr
+    r = run_driver(write_conf(tmp_path, "rbm2", "seed: 7\n", steps, 40, tmp_path / "resumed"),
+                   "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 20" in r.stderr
+    a = checkpoint.CheckpointReader(str(tmp_path / "straight/checkpoint/step40-worker0"))
+    b = checkpoint.CheckpointReader(str(tmp_path / "resumed/checkpoint/step40-worker0"))
+    assert a.names == b.names == ["0#w1", "0#b12", "0#w2", "0#b21", "0#b22"]
+    for name in a.names:
+        np.testing.assert_array_equal(a.param(name), b.param(name))
+        assert a.version(name) == b.version(name) == (0 if name in ("0#w1", "0#b12") else 40)
