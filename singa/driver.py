@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import zmq
+from threadpoolctl import threadpool_limits
 
 import singa
 from singa import checkpoint, cluster, config
@@ -86,6 +87,8 @@ class Driver:
         if not self.flags["test"]:
             check_runnable(job)
         zk = ZK(self.singa_conf.zookeeper_host)
+        # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads
+        blas = threadpool_limits(max(1, job.num_openblas_threads), user_api="blas")
         try:
             if self.job_id < 0:
                 self.job_id = zk.new_job_id()
@@ -102,6 +105,7 @@ class Driver:
             else:
                 self.train(zk)
         finally:
+            blas.restore_original_limits()
             zk.close()
 
     def seeds(self, n):
