@@ -122,3 +122,15 @@ def run_driver(singa_conf, tmp_path):
         return subprocess.run([PYTHON, "-m", "singa.driver", *job, *flags, "-singa_conf", str(conf_file)],
                               cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
     return run
+
+
+MNIST = os.path.join(singa.HOME, "examples", "mnist")
+
+
+@pytest.fixture(scope="session")
+def mnist_data():
+    """examples/mnist/{train,test}_data.bin (Fashion-MNIST shards), made by create_data.py if absent."""
+    made = subprocess.run([PYTHON, os.path.join(MNIST, "create_data.py")],
+                          capture_output=True, text=True, timeout=600)
+    assert made.returncode == 0, made.stderr
+    return MNIST

@@ -18,9 +18,8 @@ OWN = {"rbm1": ("0#w1", "0#b11", "0#b12"), "rbm2": ("0#w2", "0#b21", "0#b22"),
 
 
 @pytest.fixture(autouse=True)
-def one_blas_thread(monkeypatch):
-    # num_openblas_threads is not applied by the driver yet; threads fight on a busy machine
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+def data(mnist_data):
+    """The confs read examples/mnist's shards."""
 
 
 def write_conf(tmp_path, name, head="", steps=STEPS, every=None, workspace=None):

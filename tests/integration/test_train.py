@@ -103,12 +103,8 @@ def test_same_seed_gives_identical_runs_and_no_seed_differs(fixture_job, run_dri
     assert not same_params(c_params, a_params)
 
 
-def test_mnist_example_conf_learns_and_its_checkpoint_tests(run_driver, tmp_path):
+def test_mnist_example_conf_learns_and_its_checkpoint_tests(run_driver, tmp_path, mnist_data):
     """SINGA's examples/mnist/job.conf, unmodified, 1000 steps on Fashion-MNIST (~2 min)."""
-    if not all(os.path.isfile(os.path.join(MNIST, f)) for f in ("train_data.bin", "test_data.bin")):
-        made = subprocess.run([PYTHON, os.path.join(MNIST, "create_data.py")],
-                              capture_output=True, text=True, timeout=600)
-        assert made.returncode == 0, made.stderr
     made_dirs = [d for d in ("checkpoint", "visualization") if not os.path.isdir(os.path.join(MNIST, d))]
     try:
         r = run_driver(os.path.join(MNIST, "job.conf"), timeout=1800)
