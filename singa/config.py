@@ -3,8 +3,8 @@
 `load_job` mirrors what SINGA 0.3 rejects (parse errors, unknown fields and enum values, missing
 required fields, `include` mixed with `exclude`, unknown srclayers, repeated layer/param names,
 unknown `share_from`, an unset `alg`/updater) and adds checks SINGA only fails on later (cycles,
-unregistered layer types, missing data files, missing workspace). Layers without `unroll_len` /
-`partition_dim` get `NetProto`'s values (SINGA's `NeuralNet::Create` step 1-2).
+unregistered layer types, missing data files, missing workspace). NetProto's `unroll_len` /
+`partition_dim` defaults reach the layers in `singa.neuralnet.filter_phase`, as in SINGA.
 """
 import collections
 import os
@@ -44,7 +44,6 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True):
     _check_job(conf, job, check_layers)
     if check_paths:
         _check_paths(conf, job)
-    _apply_defaults(job)
     return job
 
 
@@ -268,15 +267,6 @@ def _check_paths(conf, job):
         except OSError as e:
             conf.fail(conf.line("cluster.workspace"),
                       f"cluster.workspace: cannot create {ws}: {e.strerror}")
-
-
-def _apply_defaults(job):
-    net = job.neuralnet
-    for layer in net.layer:
-        if not layer.HasField("unroll_len"):
-            layer.unroll_len = net.unroll_len
-        if not layer.HasField("partition_dim"):
-            layer.partition_dim = net.partition_dim
 
 
 _TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[\w.+\-]+|\S')

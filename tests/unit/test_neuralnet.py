@@ -4,7 +4,7 @@ import pytest
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.neuralnet import NeuralNet, add_split_layers, topological_sort, unroll
+from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, topological_sort, unroll
 from singa.proto import job_pb2
 
 FIXTURE = "../shared/fixtures/singa-0.3/train-1000.bin"
@@ -178,3 +178,16 @@ def test_graph_json_has_nodes_with_shapes_and_links():
     assert g["directed"] == 1
     assert g["nodes"][1]["label"] == "0#ip1 -- shape: 8 6"
     assert {"source": 0, "target": 1, "label": ""} in g["links"]
+
+
+def test_net_defaults_copied_to_layers():
+    net = net_conf("""
+      unroll_len: 3 partition_dim: 1
+      layer { name: "a" type: kSTanh }
+      layer { name: "b" srclayers: "a" type: kSTanh }
+      layer { name: "c" srclayers: "b" type: kSTanh }
+      layer { name: "loss" srclayers: "c" type: kSTanh unroll_len: 1 }
+    """)
+    kept = filter_phase(net, job_pb2.kTrain)
+    assert [layer.unroll_len for layer in kept] == [3, 3, 3, 1]
+    assert [layer.partition_dim for layer in kept] == [1, 1, 1, 1]
