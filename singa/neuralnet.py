@@ -12,9 +12,6 @@ from singa.errors import ConfigError
 from singa.layers.base import create_layer
 from singa.proto import job_pb2
 
-PHASE_NAMES = {job_pb2.kTrain: "train", job_pb2.kVal: "validation", job_pb2.kTest: "test"}
-
-
 class NeuralNet:
     """Layers of one phase in topological order, with their params.
 

@@ -3,19 +3,16 @@
 On a socket a message is the frame `"src dst type trgt_val trgt_version"` followed by the body
 frames. Arrays travel by reference (`p` format items: a key into this process's pointer table,
 SINGA's raw pointer) between threads of one process, and as raw float32 data frames between
-processes.
+processes (the multi-process runtime, not built yet).
 """
 import struct
-
-import numpy as np
 
 from singa.errors import ClusterError
 from singa.proto import common_pb2
 
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
 kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
-kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
-kWorkerParam, kWorkerLayer = common_pb2.kWorkerParam, common_pb2.kWorkerLayer
+kWorkerParam = common_pb2.kWorkerParam
 kServer, kStub = common_pb2.kServer, common_pb2.kStub
 
 
@@ -140,9 +137,3 @@ def parse_format_frame(fmt, frame):
             out.append(deref(struct.unpack_from("<q", buf, pos)[0]))
             pos += 8
     return out
-
-
-def array_frame(frame, shape=None):
-    """A float32 view of a data frame (no copy)."""
-    a = np.frombuffer(frame.buffer if hasattr(frame, "buffer") else frame, np.float32)
-    return a if shape is None else a.reshape(shape)
