@@ -26,9 +26,10 @@ import time
 
 import numpy as np
 
+import mlp_reference
 from singa import checkpoint
 
-from bench_mlp_step import (Runtime, interleaved, load_reference, mlp_job, print_blas,
+from bench_mlp_step import (Runtime, interleaved, mlp_job, print_blas,
                             print_table)
 
 TARGET_WRITE, TARGET_OVERHEAD, TARGET_RESUME = 1.3, 0.03, 1.2
@@ -192,13 +193,12 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c")
     args = ap.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    ref = load_reference()
     print_blas()
     root = tempfile.mkdtemp(prefix="singa-bench-ckpt-", dir=args.dir)
     print(f"files in {root} ({filesystem(root)})")
     try:
         if "a" not in skip:
-            bench_write(root, ref.SIZES, args.rounds)
+            bench_write(root, mlp_reference.SIZES, args.rounds)
         if "b" not in skip:
             bench_overhead(root, args.train_rounds, args.train_steps)
         if "c" not in skip:

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+import mlp_reference
 import singa
 from singa import config
 from singa.comm import msg as m
@@ -31,21 +32,9 @@ from singa.driver import Driver
 from singa.proto import job_pb2, singa_pb2
 from singa.worker import STUB
 
-SHARED = os.path.join(singa.HOME, "..", "shared")
-FIXTURES = os.path.join(SHARED, "fixtures", "singa-0.3")
-ANCHORS = os.path.join(SHARED, "anchors")
+FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 MNIST_CONF = os.path.join(singa.HOME, "examples", "mnist", "job.conf")
 TARGET = 1.15
-
-
-def load_reference():
-    """The shared `mlp_reference` module, or exit with a message naming where it should be."""
-    path = os.path.join(ANCHORS, "mlp_reference.py")
-    if not os.path.isfile(path):
-        sys.exit(f"bench: the reference {os.path.normpath(path)} is missing; it is what we compare against")
-    sys.path.insert(0, ANCHORS)
-    import mlp_reference
-    return mlp_reference
 
 
 def mlp_job(workspace, batch=64):
@@ -172,18 +161,17 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
     ap.add_argument("--profile", action="store_true", help="profile ours even if within target")
     args = ap.parse_args(argv)
-    ref = load_reference()
     print_blas()
     workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
     rt = Runtime(mlp_job(workspace, args.batch))
     try:
-        sides = {"ours (full runtime)": rt.train_step, "numpy reference": ref.numpy_step(args.batch)}
-        torch_step = ref.torch_step(args.batch)
+        sides = {"ours (full runtime)": rt.train_step, "numpy reference": mlp_reference.numpy_step(args.batch)}
+        torch_step = mlp_reference.torch_step(args.batch)
         if torch_step is not None:
             sides["torch cpu"] = torch_step
         med = interleaved(sides, args.rounds, args.steps)
         ratio = med["ours (full runtime)"] / med["numpy reference"]
-        flops = ref.flops_per_step(args.batch)
+        flops = mlp_reference.flops_per_step(args.batch)
         print(f"MNIST MLP step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
               f"per side, median ms/step ({flops / 1e9:.2f} GFLOP/step):")
         print_table([[name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}"] for name, t in med.items()],

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Launch a SINGA job (SINGA's singa-run.sh, §6.3):
+# Launch a SINGA job (SINGA's bin/singa-run.sh):
 #
 #   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [other args]
 #

@@ -3,7 +3,7 @@
 A snapshot of step N is one file per group-0 worker W,
 `<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
 Each file is one `BlobProtos`: SINGA's fields (entry i of `version`, `name`, `blob` belong
-together, §2.3), then our additions (step, updater, RNG and reader state, LR index, worker
+together, as Worker::Checkpoint writes them), then our additions (step, updater, RNG and reader state, LR index, worker
 count, test metrics, whether the step's evaluation ran: fields 300-308) and last a CRC-32 trailer (field 310):
 `payload + b"\\xb5\\x13" + crc32(payload)` as little-endian uint32, payload = all bytes before it.
 Beside it `step<N>-worker<W>.meta` (the `.bin` suffix replaced; `<path>.meta` for SINGA's

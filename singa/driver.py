@@ -1,4 +1,4 @@
-"""The `singa` process (SINGA's main.cc + Driver, §6.6): flags, setup, train or test.
+"""The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
 
@@ -114,7 +114,7 @@ class Driver:
         return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
     def setup_for_resume(self):
-        """§2.7: continue from the newest complete snapshot (ours: verified, all workers)."""
+        """-resume (SINGA's Trainer::Resume): continue from the newest complete snapshot (ours: verified, all workers)."""
         job = self.job
         snap = checkpoint.latest_snapshot(self.folder, log=log.warning)
         if snap is None:
@@ -256,7 +256,7 @@ class Driver:
         self.last_test = (step, metrics)
 
     def init_params(self, worker):
-        """§2.6: load `checkpoint_path` by name, init the rest, Put owners, Get the others."""
+        """Pretraining (Worker::InitNetParams): load `checkpoint_path` by name, init the rest, Put owners, Get the others."""
         job, net = self.job, worker.train_net
         if self.restored is not None:
             self.restore_streams(worker)
@@ -374,7 +374,7 @@ class Driver:
 
     # --- -test ----------------------------------------------------------------------------
     def test(self):
-        """§2.9: load every param of the test net from `checkpoint_path`, run `test_steps`."""
+        """-test (Driver::Test): load every param of the test net from `checkpoint_path`, run `test_steps`."""
         job = self.job
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")

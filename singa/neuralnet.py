@@ -1,4 +1,4 @@
-"""NeuralNet: a NetProto turned into set-up layers for one phase (SINGA's NeuralNet::Create, §7.2).
+"""NeuralNet: a NetProto turned into set-up layers for one phase (SINGA's NeuralNet::Create, src/neuralnet/neuralnet.cc).
 
 Steps: phase filter (include/exclude) → unrolling (`<i>#` names, also for unroll_len 1, so
 param names are SINGA's `0#w1`) → share_from → split layers → topological sort → create and
@@ -121,7 +121,7 @@ def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
 
 
 def unroll(confs):
-    """Copy each layer `unroll_len` times as `<i>#<name>`, params `<i>#<param>` (§7.2 step 3)."""
+    """Copy each layer `unroll_len` times as `<i>#<name>`, params `<i>#<param>`."""
     by_name = {c.name: c for c in confs}
     out = []
     for conf in confs:
@@ -167,7 +167,7 @@ def resolve_share_from(confs):
     """Point user `share_from` at the unrolled name (`w1` → `0#w1`).
 
     SINGA 0.2/0.3 leave a user's `share_from` unprefixed and then abort (`can't find
-    share_from`), which breaks its own rbm confs (§12 item 11); we resolve it instead.
+    share_from`), which breaks its own rbm confs (docs/differences.md); we resolve it instead.
     """
     names = {p.name for c in confs for p in c.param}
     for c in confs:
@@ -185,7 +185,7 @@ def resolve_share_from(confs):
 
 
 def add_split_layers(confs):
-    """Insert `split(<L>)` after each non-input layer that feeds several layers (§7.2 step 5)."""
+    """Insert `split(<L>)` after each non-input layer that feeds several layers."""
     from singa.layers.base import _REGISTRY
     dsts = collections.defaultdict(list)
     for c in confs:

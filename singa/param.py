@@ -1,4 +1,4 @@
-"""Param: a named, versioned float32 array with its gradient; SINGA's init methods (§8.3)."""
+"""Param: a named, versioned float32 array with its gradient; SINGA's init methods (src/utils/param.cc)."""
 import numpy as np
 
 from singa.errors import ConfigError
@@ -51,7 +51,7 @@ class Param:
         self.owner = other.owner
 
     def init_values(self, rng, version=0):
-        """Fill `data` from the conf's `init` (§8.3) and set `version`."""
+        """Fill `data` from the conf's `init` and set `version`."""
         self.data[...] = fill(self.proto.init, self.data.shape, rng, self.name)
         self.version = version
 

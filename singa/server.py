@@ -1,4 +1,4 @@
-"""Server: owns param slices and applies the Updater to them (SINGA's Server, §4.7).
+"""Server: owns param slices and applies the Updater to them (SINGA's src/server.cc).
 
 A slice is created by a Put (values by reference inside a process), answers a Get once its
 version has reached the requested one, and applies one update per `num_total` gradient shares

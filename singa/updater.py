@@ -1,4 +1,4 @@
-"""Updaters (SINGA's update rules, §8.1) and learning-rate generators (§8.2), in place on float32.
+"""Updaters (SINGA's update rules) and learning-rate generators (src/utils/updater.cc), in place on float32.
 
 `create_updater(UpdaterProto)` gives an `Updater`; the server keeps one state list per param
 (`new_state`) and calls `update(step, data, grad, state, ...)` once the gradients of a step are

@@ -1,4 +1,4 @@
-"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / CDWorker, §7.4-7.5).
+"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
 servers through the stub: Put (initial values), Get, Update (gradients); RGet / RUpdate answers

@@ -1,6 +1,6 @@
 """ZooKeeper: job ids, process registration, group membership and job listing, in SINGA's znodes.
 
-Layout (reference §5.1):
+Layout (SINGA's src/utils/cluster_rt.cc):
   /singa/sys/job-lock/lock-<seq>          ephemeral-sequential; job id = the sequence number
   /singa/sys/host-idx                     next host of conf/hostfile (round-robin across jobs)
   /singa/app/job-<%010d>/proc/proc-<id>   ephemeral, "<host>:<port>|<pid>"

@@ -1,4 +1,4 @@
-"""Msg: SINGA's message (§4.5): header ints, a body of frames, addresses and format frames.
+"""Msg: SINGA's message (src/comm/msg.cc): header ints, a body of frames, addresses and format frames.
 
 On a socket a message is the frame `"src dst type trgt_val trgt_version"` followed by the body
 frames. Arrays travel by reference (`p` format items: a key into this process's pointer table,

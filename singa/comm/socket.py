@@ -1,4 +1,4 @@
-"""Dealer and Router: ZeroMQ endpoints carrying Msgs (SINGA's Dealer/Router, §4.6).
+"""Dealer and Router: ZeroMQ endpoints carrying Msgs (SINGA's src/comm/socket.cc).
 
 A Dealer is an executor's (worker's or server's) connection to its process's stub; the Router
 is the stub's socket. Endpoints are `inproc://` inside a process and `tcp://` across processes;

@@ -1,4 +1,4 @@
-"""Stub: the message router of a process (SINGA's Stub, §4.6-4.7), run by the main thread.
+"""Stub: the message router of a process (SINGA's src/stub.cc), run by the main thread.
 
 It keeps a ParamEntry per (worker group, owner param): the local shares of that param, how
 many shares the group has in all, and the param's slices on the servers. Workers' Put / Get /

@@ -1,4 +1,4 @@
-"""Data stores (kvfile, textfile), record decoding and the MNIST IDX reader (§3)."""
+"""Data stores (kvfile, textfile), record decoding and the MNIST IDX reader."""
 from singa.io.idx import read_idx
 from singa.io.kvfile import KVFile
 from singa.io.store import open_store, KVFileStore, TextFileStore

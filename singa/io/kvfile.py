@@ -1,6 +1,6 @@
 """SINGA's kvfile: a plain concatenation of (8-byte LE key_len, key, 8-byte LE val_len, value).
 
-No header, magic or checksum (§3.2), so shards written here load in SINGA 0.3 and back.
+No header, magic or checksum (src/io/kvfile.cc), so shards written here load in SINGA 0.3 and back.
 """
 import os
 import struct

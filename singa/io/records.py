@@ -1,4 +1,4 @@
-"""Decode store values (RecordProto of 0.2/0.3, 0.1 Record{image}) into float32 (§3.4)."""
+"""Decode store values (RecordProto of 0.2/0.3, 0.1 Record{image}) into float32 (src/io/)."""
 import numpy as np
 from google.protobuf.message import DecodeError
 

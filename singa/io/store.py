@@ -1,4 +1,4 @@
-"""open_store: SINGA's CreateStore(backend) + Open(path, mode) (§3.1)."""
+"""open_store: SINGA's CreateStore(backend) + Open(path, mode) (src/io/store.cc)."""
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
 from singa.io.textfile import TextFileStore

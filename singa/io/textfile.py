@@ -1,4 +1,4 @@
-"""SINGA's "textfile" store: one record per line, the key is the 0-based line number (§3.3)."""
+"""SINGA's "textfile" store: one record per line, the key is the 0-based line number (src/io/textfile_store.cc)."""
 import os
 
 from singa.errors import DataError

@@ -1,6 +1,6 @@
 """Layer: the unit of a NeuralNet (SINGA's Layer), and the registry keyed by LayerType/user_type.
 
-Contract (mirrors SINGA 0.3, §7.1 of the reference):
+Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
   * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
     for layers that take no gradient) and creates `params` (list of `singa.param.Param`,
     in the order of the conf's `param` entries).

@@ -1,4 +1,4 @@
-"""Connection layers: Split, Slice, Concate (§7.3); they route blobs between other layers."""
+"""Connection layers: Split, Slice, Concate (src/neuralnet/connection_layer/); they route blobs between other layers."""
 import numpy as np
 
 from singa.errors import ConfigError

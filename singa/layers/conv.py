@@ -1,4 +1,4 @@
-"""Convolution (im2col + GEMM) and pooling layers (§7.3), on (N, C, H, W) float32 blobs."""
+"""Convolution (im2col + GEMM) and pooling layers (src/neuralnet/neuron_layer/convolution.cc, pooling.cc), on (N, C, H, W) float32 blobs."""
 import numpy as np
 
 from singa.errors import ConfigError

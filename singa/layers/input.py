@@ -1,4 +1,4 @@
-"""Input layers reading a store batch by batch: RecordInput and CSVInput (§3.4, §7.3)."""
+"""Input layers reading a store batch by batch: RecordInput and CSVInput (src/neuralnet/input_layer/)."""
 import numpy as np
 
 from singa.config import resolve

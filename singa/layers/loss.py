@@ -1,4 +1,4 @@
-"""Loss layers: SoftmaxLoss and EuclideanLoss (§7.3); they accumulate metrics for display."""
+"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); they accumulate metrics for display."""
 import numpy as np
 
 from singa.errors import ConfigError, DataError

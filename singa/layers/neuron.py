@@ -1,4 +1,4 @@
-"""Neuron layers other than convolution: InnerProduct, activations, Dropout, Softmax (§7.3)."""
+"""Neuron layers other than convolution: InnerProduct, activations, Dropout, Softmax (src/neuralnet/neuron_layer/)."""
 import numpy as np
 
 from singa.errors import ConfigError

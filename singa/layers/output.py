@@ -1,4 +1,4 @@
-"""Output layers: ArgSort and Accuracy (§7.3)."""
+"""Output layers: ArgSort and Accuracy (src/neuralnet/output_layer/)."""
 import numpy as np
 
 from singa.errors import ConfigError

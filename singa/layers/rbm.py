@@ -1,4 +1,4 @@
-"""RBM layers trained by contrastive divergence: RBMVis and RBMHid (§7.3, kCD in §7.4).
+"""RBM layers trained by contrastive divergence: RBMVis and RBMHid (src/neuralnet/neuron_layer/rbm.cc, CDWorker in src/worker.cc).
 
 An RBM is a pair of layers joined by a bidirectional edge: RBMVis (sources: the data, i.e. an
 input layer or a lower Sigmoid, and RBMHid) and RBMHid (source: RBMVis), sharing the weight

@@ -90,7 +90,7 @@ def mlp_job(tmp_path):
     return job
 
 
-FIXTURES = os.path.join(singa.HOME, "..", "shared", "fixtures", "singa-0.3")
+FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
 
 

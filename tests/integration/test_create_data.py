@@ -9,7 +9,7 @@ from singa import HOME
 from singa.io.kvfile import KVFile
 
 DATASET = "/usr/share/datasets/fashion-mnist"
-FIXTURES = "/work/shared/fixtures/singa-0.3"
+FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 SCRIPT = os.path.join("examples", "mnist", "create_data.py")
 
 pytestmark = pytest.mark.skipif(

@@ -6,7 +6,7 @@ import pytest
 
 import singa
 
-CONFS = os.path.join(singa.HOME, "..", "shared", "confs")
+CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")
 
 
 def one_line_error(r, code=2):
@@ -34,7 +34,7 @@ BAD_CONFS = {
                'srclayers: "sig1" innerproduct_conf { num_output: 64 }'}, 14,
               "srclayers form a cycle: ip1 -> sig1 -> ip1"),
     "missing data file": ({"train-1000.bin": "nope.bin"}, 11,
-                          "store_conf.path '../shared/fixtures/singa-0.3/nope.bin' does not exist"),
+                          "store_conf.path 'tests/fixtures/singa-0.3/nope.bin' does not exist"),
 }
 
 

@@ -15,7 +15,7 @@ TRAIN = re.compile(r"Train @ step (\d+)  Loss = (\d+\.\d{6}), accuracy = (\d+\.\
 TEST = re.compile(r"Test @ step (\d+)")
 RESULT = re.compile(r"   Loss = (\d+\.\d{6}), accuracy = (\d+\.\d{6})")
 MNIST = os.path.join(singa.HOME, "examples", "mnist")
-FIXTURES = os.path.join(singa.HOME, "..", "shared", "fixtures", "singa-0.3")
+FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
 
 

@@ -17,11 +17,11 @@ from singa import checkpoint as ckpt
 from singa.errors import CheckpointError
 from singa.proto import common_pb2
 
-FIX = "/work/shared/fixtures/singa-0.3"
+FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 FIX_NAMES = ["0#weight1", "0#bias1", "0#weight2", "0#bias2"]
 FIX_SHAPES = [(64, 784), (64,), (10, 64), (10,)]
 
-# §2.3's example: two params, versions 100, as SINGA (and python protobuf) serialize them.
+# SINGA's layout: two params, versions 100, as SINGA (and python protobuf) serialize them.
 EXAMPLE = bytes.fromhex(
     "18 64 18 64  22 04 30 23 77 31  22 04 30 23 62 31"
     "2a 1e 08 02 08 03 12 18 cdcccc3d cdcc4c3e 9a99993e cdcccc3e 0000003f 9a99193f"

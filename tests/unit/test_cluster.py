@@ -11,7 +11,7 @@ def cluster(text):
 
 @pytest.mark.parametrize("text, expected", [
     ("", 1),
-    # the four frameworks of SINGA's docs (reference §4.3)
+    # the four frameworks of SINGA's docs (docs/distributed.md)
     ("nworker_groups:1 nserver_groups:1 nworkers_per_group:3 nservers_per_group:2 "
      "server_worker_separate:true", 5),                                         # Sandblaster
     ("nworker_groups:1 nserver_groups:1 nworkers_per_group:3 nservers_per_group:3 "
@@ -33,7 +33,7 @@ def test_nprocs(text, expected):
     assert nprocs(cluster(text)) == expected
 
 
-# SINGA's own test_common.cc values (reference §4.4)
+# SINGA's own test_common.cc values (src/test/test_common.cc)
 SIZES = [14112, 96, 256, 884736, 384]
 
 

@@ -10,7 +10,7 @@ from singa.errors import ConfigError
 from singa.neuralnet import filter_phase
 from singa.proto import job_pb2
 
-CONFS = pathlib.Path("/work/shared/confs")
+CONFS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "confs"
 ALL_CONFS = sorted(CONFS.glob("*/*.conf"))
 UNPARSEABLE = {"rnnlm", "rbm_job"}
 DATA, FC, W, B = 'name: "data"', 'name: "fc"', 'name: "w"', 'name: "b"'

@@ -7,7 +7,7 @@ import pytest
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
 
-FIXTURES = "/work/shared/fixtures/singa-0.3"
+FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 KEYS = [b"firstkey", b"secondkey", b"3key", b"key4", b"key5"]
 TUPLES = [b"firsttuple", b"2th-tuple", b"thridtuple", b"tuple4", b"tuple5"]
 

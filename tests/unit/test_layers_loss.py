@@ -9,7 +9,7 @@ from gradcheck import FORWARD, Source, check_gradients, make_layer
 from singa.errors import DataError
 from singa.proto import common_pb2, job_pb2
 
-FIXTURES = "/work/shared/fixtures/singa-0.3"
+FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
 
 def softmax_loss(scores, labels, conf="", layer_type="kSoftmaxLoss"):
@@ -145,7 +145,6 @@ CNN = ['name: "conv1" type: kCConvolution convolution_conf { num_filters: 8 kern
        ' param { name: "iw1" } param { name: "ib1" }']
 
 
-@pytest.mark.skipif(not os.path.isdir(FIXTURES), reason="SINGA's fixtures are not available")
 @pytest.mark.parametrize("layers, checkpoint, shape, accuracy, loss", [
     (MLP, "run-1worker/step100-worker0", "shape: 784", 0.670, 0.914131),
     (MLP, "run-1worker/step200-worker0", "shape: 784", 0.748, 0.706795),

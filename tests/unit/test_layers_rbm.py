@@ -135,7 +135,7 @@ def test_vis_needs_data_and_hid_sources():
         create_layer(hconf).setup([Source(np.zeros((2, 3)))])
 
 
-FIXTURE = "../shared/fixtures/singa-0.3/train-1000.bin"
+FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"
 RBM2 = f"""
 layer {{ name: "data" type: kRecordInput
   store_conf {{ backend: "kvfile" path: "{FIXTURE}" batchsize: 10 shape: 784 std_value: 255 }} }}

@@ -7,7 +7,7 @@ from singa.errors import ConfigError
 from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, topological_sort, unroll
 from singa.proto import job_pb2
 
-FIXTURE = "../shared/fixtures/singa-0.3/train-1000.bin"
+FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"
 
 MLP = f"""
 layer {{ name: "data" type: kRecordInput include: kTrain

@@ -1,6 +1,6 @@
 """The generated protobuf modules: current, SINGA 0.3's numbers/defaults, SINGA's bytes."""
+import json
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -11,7 +11,7 @@ from google.protobuf import descriptor as _d
 from singa.proto import common_pb2, job_pb2, singa_pb2
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-REFERENCE = pathlib.Path("/work/shared/SINGA-REFERENCE.md")
+SINGA_PROTOS = ROOT / "tests" / "fixtures" / "singa-0.3" / "protos.json"
 MODULES = {"common.proto": common_pb2, "job.proto": job_pb2, "singa.proto": singa_pb2}
 
 
@@ -34,7 +34,7 @@ def _field(msg, name):
     return msg.DESCRIPTOR.fields_by_name[name]
 
 
-def test_spot_checks_against_appendix_a():
+def test_spot_checks_against_singa_protos():
     assert job_pb2.JobProto().reset_param_version is True
     assert _field(job_pb2.JobProto, "reset_param_version").number == 63
     assert job_pb2.PoolingProto().stride == 2
@@ -68,7 +68,7 @@ def test_additions_stay_outside_singa_extension_ranges():
 
 
 def test_checkpoint_bytes_match_reference_example():
-    """§2.3: two params, SINGA's exact bytes."""
+    """Two params as SINGA 0.3 serialises them, byte for byte."""
     bp = common_pb2.BlobProtos()
     for name, shape, data in (("0#w1", (2, 3), [.1, .2, .3, .4, .5, .6]), ("0#b1", (2,), [1, -1])):
         bp.version.append(100)
@@ -83,30 +83,11 @@ def test_checkpoint_bytes_match_reference_example():
     assert bp.SerializeToString() == expected
 
 
-# ---- every message, enum, field, label, default, packed flag and range of Appendix A.1 ----
+# ---- every message, enum, field, label, default, packed flag and extension range of SINGA 0.3 ----
 
-def _appendix_a1():
-    """Parse Appendix A.1's tables for common/job/singa.proto into {file: {kind: {...}}}."""
-    text = REFERENCE.read_text()
-    start = text.index("### A.1 Version 0.3")
-    text = text[start:text.index("#### file rnnlm.proto", start)]
-    files, cur, msg = {}, None, None
-    for line in text.splitlines():
-        if m := re.match(r"#### file (\S+)", line):
-            cur = files.setdefault(m.group(1), {"enums": {}, "messages": {}, "ranges": {}})
-        elif m := re.match(r"(?:enum \*\*(\w+)\*\*|nested enum ([\w.]+)): (.*)", line):
-            name = m.group(1) or m.group(2)
-            cur["enums"][name] = [(k, int(v)) for k, v in
-                                  (kv.split("=") for kv in m.group(3).split(", "))]
-        elif m := re.match(r"##### (\w+)", line):
-            msg = m.group(1)
-            cur["messages"][msg] = []
-        elif m := re.match(r"extension ranges: (\d+)-(\d+)", line):
-            cur["ranges"][msg] = (int(m.group(1)), int(m.group(2)))
-        elif msg and (m := re.match(r"\| (\w+) \| (\d+) \| (\w+) \| ([^|]+)\| ([^|]*)\|", line)):
-            cur["messages"][msg].append((m.group(1), int(m.group(2)), m.group(3),
-                                         m.group(4).strip(), m.group(5).strip()))
-    return files
+def _singa_protos():
+    """{file: {"enums", "messages", "extension_ranges"}} of SINGA 0.3's common/job/singa.proto."""
+    return json.loads(SINGA_PROTOS.read_text())
 
 
 ADDED = {"BlobProtos": 300, "JobProto": 300}  # our fields start here
@@ -134,15 +115,14 @@ def _default_matches(f, want):
     return got == int(want)
 
 
-@pytest.mark.skipif(not REFERENCE.exists(), reason="reference spec not present")
-def test_descriptors_match_every_table_of_appendix_a1():
-    for fname, spec in _appendix_a1().items():
+def test_descriptors_match_every_field_of_singa_protos():
+    for fname, spec in _singa_protos().items():
         fdesc = MODULES[fname].DESCRIPTOR
         for ename, values in spec["enums"].items():
             outer, _, nested = ename.partition(".")
             ed = fdesc.message_types_by_name[outer].enum_types_by_name[nested] if nested \
                 else fdesc.enum_types_by_name[ename]
-            assert [(v.name, v.number) for v in ed.values] == values, ename
+            assert [[v.name, v.number] for v in ed.values] == values, ename
         for mname, rows in spec["messages"].items():
             md = fdesc.message_types_by_name[mname]
             ours = [f for f in md.fields if f.number < ADDED.get(mname, 1 << 29)]
@@ -159,5 +139,5 @@ def test_descriptors_match_every_table_of_appendix_a1():
                     assert f.has_default_value and _default_matches(f, default), where
                 elif label != "repeated":
                     assert not f.has_default_value, where
-            rng = spec["ranges"].get(mname)
+            rng = spec["extension_ranges"].get(mname)
             assert md.extension_ranges == ([(rng[0], rng[1] + 1)] if rng else []), mname

@@ -1,4 +1,5 @@
 """Record decoding: RecordProto data/pixel, 0.1 Record wrapper, SINGA's shards, count checks."""
+import os
 import numpy as np
 import pytest
 
@@ -7,7 +8,7 @@ from singa.io.kvfile import KVFile
 from singa.io.records import decode_batch, record_values
 from singa.proto import common_pb2
 
-FIXTURES = "/work/shared/fixtures/singa-0.3"
+FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
 
 def _rec(**kw):

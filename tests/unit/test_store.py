@@ -1,10 +1,11 @@
 """open_store: SINGA's test_store cases for both backends, positions, and bad backends/paths."""
+import os
 import pytest
 
 from singa.errors import DataError
 from singa.io.store import open_store
 
-FIXTURES = "/work/shared/fixtures/singa-0.3"
+FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
 
 def _write_three(backend, path):

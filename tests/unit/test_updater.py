@@ -1,4 +1,4 @@
-"""Updaters and learning-rate generators against float64 references of SINGA's formulas (§8)."""
+"""Updaters and learning-rate generators against float64 references of SINGA's formulas (src/utils/updater.cc)."""
 import tracemalloc
 
 import numpy as np
