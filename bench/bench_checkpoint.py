@@ -11,7 +11,7 @@
     vs the same steps without, in A B / B A order. Target <= 3 %. Also printed: the checkpoint
     calls' own time as a share of the plain run. That share is far less noisy on a shared
     machine; the difference of runs also counts after-effects (write-back during training).
-(c) start-up: from `Driver(...)` to the end of the first `train_one_batch`, resuming from a
+(c) start-up: from `runtime.Process(...)` to the end of the first `train_one_batch`, resuming from a
     snapshot (`-resume`) vs a fresh start. Target resume / fresh <= 1.2.
 Sides are timed in interleaved rounds in one process; medians per side. Files go to a
 temporary directory under `--dir` (default: the system's temporary directory; note its file
@@ -104,7 +104,7 @@ def bench_write(root, sizes, rounds):
 def bench_overhead(root, rounds, steps):
     workspace = os.path.join(root, "train")
     rt = Runtime(mlp_job(workspace))
-    folder = rt.driver.folder
+    folder = rt.worker.folder
     seg = {"with checkpoints": [], "without": []}
     ckpt_seconds = []
     try:
@@ -142,14 +142,14 @@ def bench_overhead(root, rounds, steps):
 
 
 def start_to_first_step(workspace, resume):
-    """Seconds from Driver construction to the end of the first train_one_batch."""
+    """Seconds from runtime.Process construction to the end of the first train_one_batch."""
     job = mlp_job(workspace)
     t0 = time.perf_counter()
     rt = Runtime(job, resume=resume)
     rt.worker.train_one_batch(rt.step)
     elapsed = time.perf_counter() - t0
     rt.worker.collect_all()
-    restored = rt.driver.restored
+    restored = rt.worker.resume
     rt.close()
     if resume and restored is None:
         raise RuntimeError(f"bench: no snapshot to resume from in {workspace}")
@@ -163,7 +163,7 @@ def bench_startup(root, rounds):
         for _ in range(5):
             rt.train_step()
         rt.checkpoint()
-        size = os.path.getsize(checkpoint.snapshot_file(rt.driver.folder, rt.step, 0))
+        size = os.path.getsize(checkpoint.snapshot_file(rt.worker.folder, rt.step, 0))
     finally:
         rt.close()
     sides = {"fresh start": lambda: start_to_first_step(fresh_ws, False),
@@ -176,7 +176,7 @@ def bench_startup(root, rounds):
             times[k].append(sides[k]())
     med = {k: float(np.median(v)) for k, v in times.items()}
     ratio = med["resume (-resume)"] / med["fresh start"]
-    print(f"\n(c) Driver(...) to end of first train_one_batch, snapshot {size / 1e6:.1f} MB, "
+    print(f"\n(c) Process(...) to end of first train_one_batch, snapshot {size / 1e6:.1f} MB, "
           f"{rounds} interleaved rounds, median:")
     print_table([[k, f"{t * 1e3:.0f}"] for k, t in med.items()], ["side", "ms"])
     print(f"ratio resume/fresh = {ratio:.3f} (target <= {TARGET_RESUME}: "

@@ -3,7 +3,7 @@
     python bench/bench_mlp_step.py [--batch 64] [--rounds 10] [--steps 5] [--profile]
 
 Ours: examples/mnist/job.conf (784-2500-2000-1500-1000-500-10, STanh, softmax loss, SGD) on
-SINGA's train-1000.bin shard, built by `Driver.setup_executors()`; the server and the stub run
+SINGA's train-1000.bin shard, built by `runtime.Process`; the server and the stub run
 in their own threads, the worker is driven here. A step is `train_one_batch(step)` then
 `collect_all()`: forward, backward, gradients to the server through the stub, updates applied
 and their new versions back, like the reference's in-place SGD. Reference:
@@ -28,8 +28,8 @@ import mlp_reference
 import singa
 from singa import config
 from singa.comm import msg as m
-from singa.driver import Driver
-from singa.proto import job_pb2, singa_pb2
+from singa.proto import job_pb2
+from singa.runtime import Process, resume_from
 from singa.worker import STUB
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
@@ -51,7 +51,7 @@ def mlp_job(workspace, batch=64):
         else:
             sc.path = os.path.join(FIXTURES, "test-500.bin")
     job.cluster.workspace = workspace
-    for sub in ("checkpoint", "visualization"):     # what Driver.run makes before setup
+    for sub in ("checkpoint", "visualization"):     # what the driver makes before setup
         os.makedirs(os.path.join(workspace, sub), exist_ok=True)
     return job
 
@@ -63,18 +63,20 @@ class Runtime:
     """
 
     def __init__(self, job, resume=False):
-        self.driver = d = Driver(job, singa_pb2.SingaProto(), {"resume": resume, "test": False})
-        if resume:
-            d.setup_for_resume()
-        d.setup_executors()
-        self.worker = d.workers[0]
+        folder = os.path.join(job.cluster.workspace, "checkpoint")
+        self.process = p = Process(job, resume_from(job, folder) if resume else None)
+        self.worker = p.workers[0]
+        self.failure = None
         self.threads = [threading.Thread(target=x.run, name=f"server-{x.grp}-{x.id}", daemon=True)
-                        for x in d.servers]
-        self.threads.append(threading.Thread(target=d.stub.run, name="stub", daemon=True))
+                        for x in p.servers]
+        self.threads.append(threading.Thread(target=self.route, name="stub", daemon=True))
         for t in self.threads:
             t.start()
-        d.init_params(self.worker)
+        self.worker.init_params()
         self.step = job.step
+
+    def route(self):
+        self.failure = self.process.stub.run()
 
     def train_step(self):
         """One step, ended when every param's update has come back from the server."""
@@ -83,21 +85,18 @@ class Runtime:
         self.step += 1
 
     def checkpoint(self):
-        self.driver.checkpoint(self.worker, self.step)
+        self.worker.checkpoint(self.step)
 
     def close(self):
-        w, d = self.worker, self.driver
-        w.dealer.send(m.Msg(w.address, STUB, m.kStop))
-        for x in d.servers:
-            x.stop()
+        w = self.worker
+        w.dealer.send(m.Msg(w.address, STUB, m.kStop))   # the stub then stops the servers
         for t in self.threads:
             t.join(timeout=30)
             if t.is_alive():
                 raise RuntimeError(f"bench: thread {t.name} did not stop")
-        d.close_executors()
-        for x in d.servers + [w]:
-            if x.error is not None:
-                raise RuntimeError(f"bench: {type(x).__name__} failed") from x.error
+        self.process.close()
+        if self.failure is not None:
+            raise RuntimeError(f"bench: an executor failed: {self.failure}")
 
 
 def per_call_seconds(fn, n):

@@ -21,3 +21,8 @@ class CheckpointError(SingaError):
 class ClusterError(SingaError):
     """ZooKeeper or a peer process that cannot be reached (message names host and port)."""
     exit_code = 1
+
+
+class ExecutorError(SingaError):
+    """A worker or server thread failed on something other than a user mistake (a bug)."""
+    exit_code = 1

@@ -1,49 +1,53 @@
-"""Server: owns param slices and applies the Updater to them (SINGA's src/server.cc).
+"""Server: owns param slices and applies its own Updater to them (SINGA's src/server.cc).
 
-A slice is created by a Put (values by reference inside a process), answers a Get once its
-version has reached the requested one, and applies one update per `num_total` gradient shares
-(averaged with grad_scale = 1/num_total), then answers every buffered request with RUpdate.
-The server stops when its server group has no more workers (a ZooKeeper watch).
+Messages in (from stubs), out (to the requesting worker's address):
+  kPut     [iffii: size, lr_scale, wd_scale, num_total, lr_index; values; updater state...]
+           creates the slice (values in-process alias the putting worker's array) -> kRPut
+  kGet     answered kRGet [values] once the slice's version reaches the requested one
+  kUpdate  [i: num_local; gradient]: once `num_total` shares have arrived they are summed in
+           the order of their senders' addresses (deterministic), the update is applied with
+           grad_scale = 1/num_total, and every buffered request gets kRUpdate [values]. A
+           gradient frame is handed over: the updater may use it as scratch
+  kState   -> kRState [i: lr_index; a copy of each updater buffer] (for a snapshot)
+  kStop    ends the loop
+A malformed message is dropped with a log line; a failure goes to the stub as kError.
 """
 import logging
-import threading
+
+import numpy as np
 
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
+from singa.errors import ClusterError
+from singa.updater import create_updater
 
 log = logging.getLogger("singa")
+STUB = m.addr(-1, -1, m.kStub)
 
 
 class Slice:
     __slots__ = ("data", "lr_scale", "wd_scale", "num_total", "version", "state", "pending",
-                 "num_shares", "name")
+                 "num_shares", "grad_sum")
 
     def __init__(self, data, lr_scale, wd_scale, num_total, version, state):
         self.data, self.lr_scale, self.wd_scale = data, lr_scale, wd_scale
         self.num_total, self.version, self.state = num_total, version, state
-        self.pending = []       # update requests waiting for the other shares
+        self.pending = []       # (request, gradient) waiting for the other shares
         self.num_shares = 0
-        self.name = ""
+        self.grad_sum = None    # where several shares' gradients are summed
 
 
 class Server:
-    """One server thread: `grp`, `id`, an Updater; `restore` gives updater buffers by slice id."""
+    """One server thread of server group `grp`, id `id`, with its own Updater."""
 
-    def __init__(self, ctx, endpoint, grp, id_, updater, poll_ms=100, restore=None):
+    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100):
         self.grp, self.id = grp, id_
         self.address = m.addr(grp, id_, m.kServer)
         self.dealer = Dealer(ctx, self.address, endpoint)
-        self.updater = updater
+        self.updater = create_updater(updater_proto)
         self.poll_ms = poll_ms
         self.slices = {}
         self.waiting_gets = []
-        self.restore = restore or {}
-        self.stopping = threading.Event()
-        self.error = None
-
-    def stop(self):
-        """Called when the server group has no workers left (ZooKeeper watch)."""
-        self.stopping.set()
 
     def run(self):
         log.info("Server (group = %d, id = %d) start", self.grp, self.id)
@@ -51,30 +55,61 @@ class Server:
             while True:
                 msg = self.dealer.receive(self.poll_ms)
                 if msg is None:
-                    if self.stopping.is_set():
-                        break
                     continue
-                self.handle(msg)
-        except Exception as e:  # reported by the driver, which then stops the job
-            self.error = e
-            log.exception("server failed")
+                if msg.type == m.kStop:
+                    break
+                try:
+                    self.handle(msg)
+                except ClusterError as e:   # bad traffic: no state was changed
+                    log.warning("Server (group = %d, id = %d): dropped %r: %s",
+                                self.grp, self.id, msg, e)
+        except Exception as e:  # the stub stops the job and reports it
+            log.exception("Server (group = %d, id = %d) failed", self.grp, self.id)
+            self.dealer.send(m.Msg(self.address, STUB, m.kError,
+                                   frames=[m.format_frame("ss", type(e).__name__.encode(),
+                                                          str(e).encode())]))
         finally:
-            self.dealer.send(m.Msg(self.address, m.addr(-1, -1, m.kStub), m.kStop))
+            self.dealer.send(m.Msg(self.address, STUB, m.kStop))
             log.info("Server (group = %d, id = %d) stops", self.grp, self.id)
 
     def handle(self, msg):
         t = msg.type
         sid = m.slice_id(msg.trgt_val)
         if t == m.kPut:
-            n, lr_scale, wd_scale, data, num_total = m.parse_format_frame("iffpi", msg.frames[0])
-            state = self.restore.get(sid) or self.updater.new_state(data.shape)
-            self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
-            self.answer_gets()
+            self.handle_put(sid, msg)
         elif t == m.kGet:
             self.waiting_gets.append(msg)
             self.answer_gets()
         elif t == m.kUpdate:
             self.handle_update(sid, msg)
+        elif t == m.kState:
+            s = self.slice(sid)
+            frames = [m.format_frame("i", self.updater.lr_gen.get_state())]
+            frames += [m.array_frame(b.copy()) for b in s.state]
+            self.dealer.send(msg.reply(m.kRState, s.version, frames))
+        else:
+            raise ClusterError(f"unexpected message type {t}")
+
+    def slice(self, sid):
+        try:
+            return self.slices[sid]
+        except KeyError:
+            raise ClusterError(f"no slice {sid} on this server") from None
+
+    def handle_put(self, sid, msg):
+        if len(msg.frames) < 2:
+            raise ClusterError(f"Put of slice {sid} without values")
+        n, lr_scale, wd_scale, num_total, lr_index = m.parse_format_frame("iffii", msg.frames[0])
+        if not 1 <= len(msg.frames) - 1 <= 1 + self.updater.nstate or n < 0 or num_total < 1:
+            raise ClusterError(f"malformed Put of slice {sid}")
+        data = own(m.frame_array(msg.frames[1], n))
+        restored = [m.frame_array(f, n).copy() for f in msg.frames[2:]]
+        state = restored if len(restored) == self.updater.nstate else self.updater.new_state(n)
+        if lr_index >= 0:
+            self.updater.lr_gen.set_state(lr_index)
+        self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
+        self.dealer.send(msg.reply(m.kRPut, msg.trgt_version))
+        self.answer_gets()
 
     def answer_gets(self):
         still = []
@@ -83,25 +118,39 @@ class Server:
             if s is None or s.version < msg.trgt_version:
                 still.append(msg)
             else:
-                self.dealer.send(msg.reply(m.kRGet, s.version))
+                self.dealer.send(msg.reply(m.kRGet, s.version, [m.array_frame(s.data)]))
         self.waiting_gets = still
 
     def handle_update(self, sid, msg):
-        s = self.slices[sid]
-        _, grad, num_local = m.parse_format_frame("ipi", msg.frames[0])
-        s.pending.append((msg, grad))
+        s = self.slice(sid)
+        if len(msg.frames) != 2:
+            raise ClusterError(f"Update of slice {sid} without a gradient")
+        (num_local,) = m.parse_format_frame("i", msg.frames[0])
+        if not 1 <= num_local <= s.num_total - s.num_shares:
+            raise ClusterError(f"malformed Update of slice {sid}")
+        s.pending.append((msg, own(m.frame_array(msg.frames[1], s.data.size))))
         s.num_shares += num_local
         if s.num_shares < s.num_total:
             return
+        s.pending.sort(key=lambda pending: pending[0].src)
         g = s.pending[0][1]
-        for _, other in s.pending[1:]:
-            g += other
+        if len(s.pending) > 1:      # summed into a buffer of ours, not into a sender's array
+            if s.grad_sum is None:
+                s.grad_sum = np.empty_like(s.data)
+            g = np.add(g, s.pending[1][1], out=s.grad_sum)
+            for _, other in s.pending[2:]:
+                g += other
         self.updater.update(msg.trgt_version, s.data, g, s.state,
                             s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
         for req, _ in s.pending:
-            self.dealer.send(req.reply(m.kRUpdate, s.version))
+            self.dealer.send(req.reply(m.kRUpdate, s.version, [m.array_frame(s.data)]))
         s.pending = []
         s.num_shares = 0
         if self.waiting_gets:
             self.answer_gets()
+
+
+def own(a):
+    """`a` itself when writable (a frame's buffer is then ours to use), else a copy."""
+    return a if a.flags.writeable else a.copy()

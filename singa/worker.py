@@ -1,15 +1,23 @@
 """Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
-servers through the stub: Put (initial values), Get, Update (gradients); RGet / RUpdate answers
-bring the new version, and `collect` waits for it before a param is used again.
+servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
+(the gradient); RPut / RGet / RUpdate answers bring the new version and, unless the frames
+alias the param's own array (a server in this process), its values; `collect` waits for them
+before a param is used again. The worker initialises or loads its params, restores its own
+streams on a resume, and writes its own snapshot file, asking the servers for the updater
+state by message (SINGA's Worker::InitNetParams / Worker::Checkpoint).
 """
 import logging
-import threading
+import os
+import time
 
+import numpy as np
+
+from singa import checkpoint, config
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
-from singa.errors import ClusterError
+from singa.errors import CheckpointError, ClusterError, SingaError
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.proto import job_pb2
 
@@ -34,24 +42,29 @@ def worker_class(job):
 class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
-    `hooks` is the driver's side of the loop: `init_params(worker)`, `checkpoint(worker, step)`,
-    `joined(worker)` / `left(worker)` (ZooKeeper membership), `tested(worker, step, metrics)`.
+    `init_rng` draws the initial values of the params this worker owns; `resume` is the path of
+    its file in the snapshot a -resume continues from (None: a fresh start); `membership`
+    (ZooKeeper's server-group membership, or None) has `join(worker)` and `leave(worker)`.
     """
 
     def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
-                 hooks=None, response_timeout=120.0):
+                 init_rng=None, resume=None, membership=None, response_timeout=120.0):
         self.grp, self.id = grp, id_
         self.address = m.addr(grp, id_, m.kWorkerParam)
         self.dealer = Dealer(ctx, self.address, endpoint)
         self.job = job
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
-        self.hooks = hooks
+        self.init_rng = init_rng
+        self.resume = resume
+        self.membership = membership
+        self.folder = os.path.join(config.resolve(job.cluster.workspace), "checkpoint")
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False
         self.params_by_id = {p.id: p for p in train_net.params}
-        self.abort = threading.Event()
-        self.error = None
+        self.states = {}            # owner param id -> its updater state, while a snapshot is taken
+        self.last_test = None       # (step, metrics) of the latest test
+        self.own_steps = set()      # snapshots this worker wrote (the only ones retention deletes)
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
 
@@ -60,8 +73,9 @@ class Worker:
         job = self.job
         log.info("Worker (group = %d, id = %d)  start on CPU", self.grp, self.id)
         try:
-            self.hooks.joined(self)
-            self.hooks.init_params(self)
+            if self.membership is not None:
+                self.membership.join(self)
+            self.init_params()
             while self.step < job.train_steps:
                 s = self.step
                 evaluate = not (self.resumed_evaluated and s == job.step)
@@ -74,11 +88,10 @@ class Worker:
                         and every(job.test_freq, job.test_after, s):
                     self.collect_all()
                     log.info("Test @ step %d", s)
-                    metrics = self.test(job.test_steps, kTest, self.test_net)
-                    self.hooks.tested(self, s, metrics)
+                    self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
                 if evaluate and self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
                     self.collect_all()
-                    self.hooks.checkpoint(self, s)
+                    self.checkpoint(s)
                 self.train_one_batch(s)
                 if self.grp == 0 and self.id == 0 and every(job.disp_freq, job.disp_after, s):
                     self.display(kTrain | kForward | kBackward, f"Train @ step {s}",
@@ -86,13 +99,19 @@ class Worker:
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.grp == 0:
-                self.hooks.checkpoint(self, self.step, final=True)
-        except Exception as e:   # reported by the driver, which then stops the job
-            self.error = e
-            if not isinstance(e, AbortedError):
-                log.debug("worker failed", exc_info=True)
+                self.checkpoint(self.step, final=True)
+        except AbortedError:
+            pass
+        except Exception as e:   # the stub stops the job and reports it
+            if not isinstance(e, SingaError):
+                log.exception("Worker (group = %d, id = %d) failed", self.grp, self.id)
+            kind = type(e).__name__ if isinstance(e, SingaError) else "RuntimeError"
+            text = str(e) if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
+            self.dealer.send(m.Msg(self.address, STUB, m.kError,
+                                   frames=[m.format_frame("ss", kind.encode(), text.encode())]))
         finally:
-            self.hooks.left(self)
+            if self.membership is not None:
+                self.membership.leave(self)
             self.dealer.send(m.Msg(self.address, STUB, m.kStop))
             log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
 
@@ -135,8 +154,94 @@ class Worker:
         return metrics
 
     # --- params ---------------------------------------------------------------------------
-    def put(self, p):
-        self.dealer.send(m.Msg(self.address, STUB, m.kPut, m.param_trgt(p.owner, 0), p.version))
+    def init_params(self):
+        """Worker::InitNetParams: on a resume restore this worker's streams; group 0 loads
+        `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
+        updater state on a resume); every worker then Gets what it lacks."""
+        job, net = self.job, self.train_net
+        state = checkpoint.CheckpointReader(self.resume).state if self.resume else None
+        if state is not None:
+            self.restore_streams(state)
+            self.resumed_evaluated = state.evaluated
+        if self.grp == 0 and net.owner_params:
+            owners = {p.name: p for p in net.owner_params}
+            paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
+                                                        job.cluster.workspace)
+            loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
+            for p in net.owner_params:
+                if p.name in loaded:
+                    if job.reset_param_version:
+                        p.version = job.step
+                else:
+                    p.init_values(self.init_rng, job.step)
+                    if paths:
+                        log.info("Param %s: freshly initialised (%s)", p.name,
+                                 job_pb2.InitMethod.Name(p.proto.init.type))
+            lr_index = state.lr_index if state is not None else -1
+            for p in net.owner_params:
+                bufs = state.param_state.get(p.name, []) if state is not None else []
+                self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
+            for p in net.owner_params:
+                self.collect(p)
+        for p in net.params:
+            self.get(job.warmup_steps, p)
+
+    def restore_streams(self, state):
+        for name, net in self.named_nets():
+            if name in state.rng:
+                net.rng.bit_generator.state = state.rng[name]
+            for layer in net.input_layers():
+                saved = state.reader.get(f"{name}/{layer.name}")
+                if saved is not None:
+                    layer.set_state(*saved)
+
+    def named_nets(self):
+        """The nets whose streams (RNG, readers) this worker saves: its own, test, validation."""
+        nets = [("train", self.train_net)]
+        nets += [(name, n) for name, n in (("test", self.test_net), ("validation", self.val_net))
+                 if n is not None]
+        return nets
+
+    def checkpoint(self, step, final=False):
+        """Worker::Checkpoint: write `step<step>-worker<id>.bin` with this worker's owner params
+        and everything a bit-exact resume needs, the updater state asked of the servers.
+
+        In the loop a snapshot follows its step's test and validation (`evaluated`); the final
+        one, at train_steps, does not."""
+        owners = self.train_net.owner_params
+        self.states = {}
+        for p in owners:
+            self.dealer.send(m.Msg(self.address, STUB, m.kState, m.param_trgt(p.owner, 0), step))
+        self.wait(lambda: len(self.states) == len(owners), "the updater state of its params")
+        param_state, lr_index = {}, 0
+        for p in owners:
+            lr_index, param_state[p.name] = self.states[p.owner]
+        state = checkpoint.SnapshotState(
+            step=step, param_state=param_state,
+            rng={name: n.rng.bit_generator.state for name, n in self.named_nets()},
+            reader={f"{name}/{layer.name}": (layer.get_state()["offset"], layer.get_state()["skipped"])
+                    for name, n in self.named_nets() for layer in n.input_layers()},
+            lr_index=lr_index, nworkers=self.job.cluster.nworkers_per_group,
+            metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {},
+            evaluated=not final)
+        path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
+        try:
+            checkpoint.write_file(path, [(p.name, p.data, p.version) for p in owners], state)
+        except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
+            raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+        log.info("checkpoint to %s", path)
+        self.own_steps.add(step)
+        if self.job.checkpoint_keep_newest or self.job.checkpoint_keep_best:
+            checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
+                             self.job.checkpoint_keep_best, self.own_steps)
+
+    def put(self, p, state=(), lr_index=-1):
+        """Send `p`'s values (and updater buffers) to its servers; `collect(p)` awaits the RPut."""
+        p.last_version = p.version - 1
+        frames = [m.format_frame("ffi", p.lr_scale, p.wd_scale, lr_index), m.array_frame(p.data)]
+        frames += [m.array_frame(b) for b in state]
+        self.dealer.send(m.Msg(self.address, STUB, m.kPut, m.param_trgt(p.owner, 0), p.version,
+                               frames))
 
     def get(self, step, p):
         if p.version < step:
@@ -145,22 +250,13 @@ class Worker:
 
     def update(self, step, p):
         p.last_version = p.version
-        self.dealer.send(m.Msg(self.address, STUB, m.kUpdate, m.param_trgt(p.owner, 0), step))
+        self.dealer.send(m.Msg(self.address, STUB, m.kUpdate, m.param_trgt(p.owner, 0), step,
+                               [m.array_frame(p.grad)]))
 
     def collect(self, p):
-        """Wait until an RGet/RUpdate has brought `p` a version newer than its last request."""
-        waited = 0.0
-        while p.version <= p.last_version:
-            msg = self.dealer.receive(self.poll_ms)
-            if msg is None:
-                if self.abort.is_set():
-                    raise AbortedError()
-                waited += self.poll_ms / 1000
-                if waited > self.response_timeout:
-                    raise ClusterError(f"worker ({self.grp}, {self.id}): no answer for param "
-                                       f"'{p.name}' from its server in {self.response_timeout:.0f} s")
-                continue
-            self.handle(msg)
+        """Wait until an answer has brought `p` a version newer than its last request."""
+        if p.version <= p.last_version:
+            self.wait(lambda: p.version > p.last_version, f"param '{p.name}'")
 
     def collect_all(self):
         for layer in self.train_net.layers:
@@ -168,9 +264,67 @@ class Worker:
                 for p in layer.params:
                     self.collect(p)
 
+    def wait(self, done, what):
+        """Handle messages until `done()`; ClusterError after `response_timeout` seconds."""
+        deadline = time.monotonic() + self.response_timeout
+        while not done():
+            msg = self.dealer.receive(self.poll_ms)
+            if msg is not None:
+                try:
+                    self.handle(msg)
+                except ClusterError as e:   # bad traffic: dropped
+                    log.warning("Worker (group = %d, id = %d): dropped %r: %s",
+                                self.grp, self.id, msg, e)
+            elif time.monotonic() > deadline:
+                raise ClusterError(f"worker ({self.grp}, {self.id}): no answer for {what} from "
+                                   f"its servers in {self.response_timeout:.0f} s")
+
     def handle(self, msg):
-        if msg.type in (m.kRUpdate, m.kRGet):
-            self.params_by_id[m.param_id(msg.trgt_val)].version = msg.trgt_version
+        if msg.type == m.kStop:
+            raise AbortedError()
+        p = self.params_by_id.get(m.param_id(msg.trgt_val))
+        if p is None or msg.type not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
+            log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
+            return
+        if msg.type == m.kRState:
+            self.states[p.owner] = self.slice_state(p, msg.frames)
+            return
+        if msg.type != m.kRPut:
+            if not msg.frames:
+                raise ClusterError(f"answer for param '{p.name}' without values")
+            flat = p.data.reshape(-1)
+            offsets = m.parse_int_frame(msg.frames[0])
+            if len(offsets) != len(msg.frames) - 1:
+                raise ClusterError(f"answer for param '{p.name}' with a frame per slice missing")
+            for o, frame in zip(offsets, msg.frames[1:]):
+                values = m.frame_array(frame, len(frame) // 4)
+                if not 0 <= o <= flat.size - values.size:
+                    raise ClusterError(f"values for param '{p.name}' out of its bounds")
+                if not m.same_memory(values, flat[o:]):
+                    flat[o:o + values.size] = values
+        p.version = msg.trgt_version
+
+    @staticmethod
+    def slice_state(p, frames):
+        """(lr_index, [updater buffers shaped like p]) from a kRState: [offsets; per slice:
+        [i: lr_index], then its buffers]."""
+        if not frames:
+            raise ClusterError(f"updater state for param '{p.name}' without frames")
+        offsets = m.parse_int_frame(frames[0])
+        per = (len(frames) - 1) // max(1, len(offsets))
+        if per < 1 or len(frames) != 1 + per * len(offsets):
+            raise ClusterError(f"malformed updater state for param '{p.name}'")
+        bufs = [np.empty(p.size, np.float32) for _ in range(per - 1)]
+        lr_index = 0
+        for k, o in enumerate(offsets):
+            part = frames[1 + k * per:1 + (k + 1) * per]
+            (lr_index,) = m.parse_format_frame("i", part[0])
+            for buf, frame in zip(bufs, part[1:]):
+                values = m.frame_array(frame, len(frame) // 4)
+                if not 0 <= o <= p.size - values.size:
+                    raise ClusterError(f"updater state for param '{p.name}' out of its bounds")
+                buf[o:o + values.size] = values
+        return lr_index, [b.reshape(p.shape) for b in bufs]
 
 
 class CDWorker(Worker):

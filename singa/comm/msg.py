@@ -1,17 +1,20 @@
 """Msg: SINGA's message (src/comm/msg.cc): header ints, a body of frames, addresses and format frames.
 
 On a socket a message is the frame `"src dst type trgt_val trgt_version"` followed by the body
-frames. Arrays travel by reference (`p` format items: a key into this process's pointer table,
-SINGA's raw pointer) between threads of one process, and as raw float32 data frames between
-processes (the multi-process runtime, not built yet).
+frames. Arrays travel as raw float32 frames sent without copying: a receiver in the same
+process gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it may keep that
+alias), a receiver in another process gets its own buffer.
 """
 import struct
+
+import numpy as np
 
 from singa.errors import ClusterError
 from singa.proto import common_pb2
 
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
 kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
+kRPut, kState, kRState, kError = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState, common_pb2.kError
 kWorkerParam = common_pb2.kWorkerParam
 kServer, kStub = common_pb2.kServer, common_pb2.kStub
 
@@ -73,67 +76,81 @@ class Msg:
                 f"trgt=({self.trgt_val}, {self.trgt_version}), {len(self.frames)} frames)")
 
 
-# --- format frames (SINGA's AddFormatFrame / ParseFormatFrame) -------------------------------
+# --- array frames ------------------------------------------------------------------------
+def array_frame(a):
+    """A flat float32 array as a frame (no copy; `a` must stay unchanged until delivered)."""
+    return memoryview(a.reshape(-1)).cast("B")
+
+
+def frame_array(frame, n):
+    """The float32 values of `frame`, which must hold exactly `n` of them (a view, no copy)."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    if len(buf) != 4 * n:
+        raise ClusterError(f"array frame of {len(buf)} bytes where {n} float32 values were expected")
+    return np.frombuffer(buf, np.float32)
+
+
+def same_memory(a, b):
+    """True when `a` and `b` start at the same address (a frame aliasing a local array)."""
+    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+# --- format frames (SINGA's AddFormatFrame / ParseFormatFrame, without pointers) -----------
 _MAGIC = b"*singa*\0"
-_POINTERS = {}
-
-
-def pointer(arr):
-    """A key for `arr` in this process's pointer table (SINGA passes raw pointers in-process)."""
-    key = id(arr)
-    _POINTERS[key] = arr
-    return key
-
-
-def deref(key):
-    return _POINTERS[key]
+_CODES = {"i": "<i", "f": "<f"}
+_RAW = {"1": "<B", "2": "<H", "4": "<I"}
 
 
 def format_frame(fmt, *values):
-    """`*singa*\\0` then per item: i int32, f float32, s bytes\\0, p pointer, 1/2/4 raw uints."""
+    """`*singa*\\0` then per item: i int32, f float32, s bytes\\0, 1/2/4 raw uints."""
     out = [_MAGIC]
     for c, v in zip(fmt, values, strict=True):
-        if c == "i":
-            out.append(b"i" + struct.pack("<i", v))
-        elif c == "f":
-            out.append(b"f" + struct.pack("<f", v))
+        if c in _CODES:
+            out.append(c.encode() + struct.pack(_CODES[c], v))
         elif c == "s":
             out.append(b"s" + v + b"\0")
-        elif c == "p":
-            out.append(b"p" + struct.pack("<q", pointer(v)))
-        elif c in "124":
-            out.append(struct.pack({"1": "<B", "2": "<H", "4": "<I"}[c], v))
+        elif c in _RAW:
+            out.append(struct.pack(_RAW[c], v))
         else:
             raise ValueError(f"unknown format character {c!r}")
     return b"".join(out)
 
 
+def int_frame(values):
+    """A format frame of int32 items only, any number of them."""
+    return format_frame("i" * len(values), *values)
+
+
+def parse_int_frame(frame):
+    """The int32 items of a frame made by `int_frame`."""
+    size = len(frame.buffer if hasattr(frame, "buffer") else frame) - len(_MAGIC)
+    if size % 5:
+        raise ClusterError("malformed integer frame")
+    return parse_format_frame("i" * (size // 5), frame)
+
+
 def parse_format_frame(fmt, frame):
-    """Values of a format frame made by `format_frame(fmt, ...)`; pointers are dereferenced."""
-    buf = bytes(frame)
+    """Values of a format frame made by `format_frame(fmt, ...)`; ClusterError if malformed."""
+    buf = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
     if not buf.startswith(_MAGIC):
         raise ClusterError("message frame is not a SINGA format frame")
     pos, out = len(_MAGIC), []
-    for c in fmt:
-        if c in "124":
-            code = {"1": "<B", "2": "<H", "4": "<I"}[c]
-            out.append(struct.unpack_from(code, buf, pos)[0])
-            pos += struct.calcsize(code)
-            continue
-        if buf[pos:pos + 1] != c.encode():
-            raise ClusterError(f"format frame: expected {c!r} at byte {pos}")
-        pos += 1
-        if c == "i":
-            out.append(struct.unpack_from("<i", buf, pos)[0])
-            pos += 4
-        elif c == "f":
-            out.append(struct.unpack_from("<f", buf, pos)[0])
-            pos += 4
-        elif c == "s":
-            end = buf.index(b"\0", pos)
-            out.append(buf[pos:end])
-            pos = end + 1
-        elif c == "p":
-            out.append(deref(struct.unpack_from("<q", buf, pos)[0]))
-            pos += 8
+    try:
+        for c in fmt:
+            if c in _RAW:
+                out.append(struct.unpack_from(_RAW[c], buf, pos)[0])
+                pos += struct.calcsize(_RAW[c])
+                continue
+            if buf[pos:pos + 1] != c.encode():
+                raise ClusterError(f"format frame: expected {c!r} at byte {pos}")
+            pos += 1
+            if c == "s":
+                end = buf.index(b"\0", pos)
+                out.append(buf[pos:end])
+                pos = end + 1
+            else:
+                out.append(struct.unpack_from(_CODES[c], buf, pos)[0])
+                pos += 4
+    except (struct.error, ValueError):
+        raise ClusterError(f"format frame truncated at byte {pos}") from None
     return out

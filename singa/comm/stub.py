@@ -1,139 +1,196 @@
 """Stub: the message router of a process (SINGA's src/stub.cc), run by the main thread.
 
-It keeps a ParamEntry per (worker group, owner param): the local shares of that param, how
-many shares the group has in all, and the param's slices on the servers. Workers' Put / Get /
-Update go through it (local gradients are summed first); servers' RGet / RUpdate come back
-through it and are passed to every local share. Everything else is forwarded by address.
+It keeps a ParamEntry per (worker group, owner param): the local shares of that param (worker
+address, param id), how many shares the group has in all, and the param's slices on the
+servers. Workers' Put / Get / Update go through it (the gradients of local shares are summed
+first, in the order of their addresses); the servers' answers come back through it and, once
+every slice has answered, go to every local share as one message: [offsets; a frame per slice].
+A failure (kError) stops every local executor; `run` then returns it as (type name, message).
 """
 import logging
+import threading
+
+import numpy as np
 
 from singa.comm import msg as m
-from singa.errors import SingaError
+from singa.errors import ClusterError
 
 log = logging.getLogger("singa")
 
 
 class ParamEntry:
-    """The shares of one owner param inside a process, and its slices (id, server, views)."""
+    """One owner param of a worker group in this process: its local shares and its slices."""
 
-    def __init__(self, grp, owner, num_total, slices):
+    def __init__(self, grp, owner, slices):
         self.grp = grp
         self.owner = owner
-        self.shares = []            # (worker address, Param)
-        self.num_total = num_total
+        self.shares = []            # (worker address, param id)
+        self.num_total = 0          # shares in the whole group
         self.slices = slices        # [(slice id, server address, offset, size)]
-        self.num_update = 0
+        self.index = {sid: i for i, (sid, _, _, _) in enumerate(slices)}
+        self.grads = []             # (worker address, gradient frame) of the current step
+        self.grad_sum = None
         self.next_version = -1
-        self.answers = {}           # version -> slice responses received
-        self._views = None
+        self.answers = {}           # message type -> {slice index: (version, frames)}
 
-    def add_share(self, worker_addr, param):
-        self.shares.append((worker_addr, param))
+    def add_share(self, worker_addr, param_id):
+        self.shares.append((worker_addr, param_id))
 
     @property
     def num_local(self):
         return len(self.shares)
 
-    def views(self, which):
-        """Per slice, flat views of the first share's `data` or `grad` (made once)."""
-        if self._views is None:
-            p = self.shares[0][1]
-            flat_d, flat_g = p.data.reshape(-1), p.grad.reshape(-1)
-            self._views = {"data": [flat_d[o:o + n] for _, _, o, n in self.slices],
-                           "grad": [flat_g[o:o + n] for _, _, o, n in self.slices]}
-        return self._views[which]
+    @property
+    def size(self):
+        return sum(n for _, _, _, n in self.slices)
 
 
 class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
-    def __init__(self, router, address, entries, nworkers, nservers, poll_ms=100, alive=None):
+    def __init__(self, router, entries, executors, poll_ms=100):
         self.router = router
-        self.address = address
         self.entries = entries      # {(grp, owner id): ParamEntry}
-        self.nworkers = nworkers
-        self.nservers = nservers
+        self.executors = set(executors)     # addresses of the local executors still running
+        self.workers = sum(m.addr_type(a) != m.kServer for a in self.executors)
+        self.servers = len(self.executors) - self.workers
         self.poll_ms = poll_ms
-        self.alive = alive          # callable: False when an executor died (stop waiting)
+        self.stop_servers = threading.Event()   # set by the server group's membership watch
+        self.error = None
 
     def run(self):
+        """Route until every local executor has stopped; the first failure, or None."""
         log.info("Stub in process starts")
-        while self.nworkers > 0 or self.nservers > 0:
+        while self.workers > 0 or self.servers > 0:
             msg = self.router.receive(self.poll_ms)
-            if msg is None:
-                if self.alive is not None and not self.alive():
-                    return
-                continue
-            self.handle(msg)
+            if msg is not None:
+                try:
+                    self.handle(msg)
+                except ClusterError as e:   # bad traffic: dropped, nothing changed
+                    log.warning("Stub: dropped %r: %s", msg, e)
+            if self.stop_servers.is_set() or (self.workers == 0 and self.servers > 0):
+                self.stop_servers.clear()
+                self.stop_local(m.kServer)
         log.info("Stub in process stops")
+        return self.error
 
     def handle(self, msg):
         t = msg.type
         if t == m.kStop:
+            if msg.src not in self.executors:
+                raise ClusterError("stop from an executor this process does not run")
+            self.executors.discard(msg.src)
             if m.addr_type(msg.src) == m.kServer:
-                self.nservers -= 1
+                self.servers -= 1
             else:
-                self.nworkers -= 1
+                self.workers -= 1
+        elif t == m.kError:
+            self.handle_error(msg)
         elif t == m.kPut:
             self.handle_put(msg)
         elif t == m.kGet:
             self.handle_get(msg)
         elif t == m.kUpdate:
             self.handle_update(msg)
-        elif t in (m.kRGet, m.kRUpdate):
+        elif t == m.kState:
+            self.handle_state(msg)
+        elif t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             self.handle_response(msg)
-        elif t == m.kConnect:
-            pass
-        else:
+        elif t != m.kConnect:
             self.router.send(msg)
 
-    def entry(self, msg):
-        key = (m.addr_grp(msg.src), m.param_id(msg.trgt_val))
+    def stop_local(self, entity):
+        """kStop to the running local executors of one kind (kServer) or of every kind."""
+        for a in sorted(self.executors):
+            if entity is None or m.addr_type(a) == entity:
+                self.router.send(m.Msg(m.addr(-1, -1, m.kStub), a, m.kStop))
+
+    def handle_error(self, msg):
+        if not msg.frames:
+            raise ClusterError("error report without its text")
+        kind, text = (x.decode(errors="replace") for x in m.parse_format_frame("ss", msg.frames[0]))
+        if self.error is None:
+            self.error = (kind, text)
+            log.error("%s failed: %s", "Server" if m.addr_type(msg.src) == m.kServer else "Worker",
+                      text)
+            self.stop_local(None)
+
+    def entry(self, grp, owner):
         try:
-            return self.entries[key]
+            return self.entries[(grp, owner)]
         except KeyError:
-            raise SingaError(f"stub: no param entry for group {key[0]}, param {key[1]}") from None
+            raise ClusterError(f"no param entry for group {grp}, param {owner}") from None
+
+    def request_entry(self, msg):
+        return self.entry(m.addr_grp(msg.src), m.param_id(msg.trgt_val))
 
     def handle_put(self, msg):
-        e = self.entry(msg)
-        p = e.shares[0][1]
-        for (sid, server, _, n), view in zip(e.slices, e.views("data")):
-            frame = m.format_frame("iffpi", n, p.lr_scale, p.wd_scale, view, e.num_total)
+        """[ffi: lr_scale, wd_scale, lr_index; values; updater state...] -> a Put per slice."""
+        e = self.request_entry(msg)
+        if not msg.frames:
+            raise ClusterError("Put without values")
+        lr_scale, wd_scale, lr_index = m.parse_format_frame("ffi", msg.frames[0])
+        arrays = [m.frame_array(f, e.size) for f in msg.frames[1:]]
+        if not arrays:
+            raise ClusterError("Put without values")
+        for sid, server, o, n in e.slices:
+            head = m.format_frame("iffii", n, lr_scale, wd_scale, e.num_total, lr_index)
             self.router.send(m.Msg(msg.src, server, m.kPut, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version, [frame]))
+                                   msg.trgt_version, [head] + [a[o:o + n] for a in arrays]))
 
     def handle_get(self, msg):
-        e = self.entry(msg)
+        e = self.request_entry(msg)
         if msg.trgt_version <= e.next_version:
             return
         e.next_version = msg.trgt_version
         for sid, server, _, _ in e.slices:
             self.router.send(m.Msg(msg.src, server, m.kGet, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version, [m.format_frame("i", 0)]))
+                                   msg.trgt_version))
 
     def handle_update(self, msg):
-        e = self.entry(msg)
-        e.num_update += 1
-        if e.num_update < e.num_local:
+        """[gradient]; once every local share has sent its own: the sum, a slice per server."""
+        e = self.request_entry(msg)
+        if len(msg.frames) != 1:
+            raise ClusterError("Update without a gradient")
+        e.grads.append((msg.src, m.frame_array(msg.frames[0], e.size)))
+        if len(e.grads) < e.num_local:
             return
-        e.num_update = 0
-        if e.num_local > 1:
-            g = e.shares[0][1].grad
-            for _, p in e.shares[1:]:
-                g += p.grad
-        for (sid, server, _, _), view in zip(e.slices, e.views("grad")):
-            frame = m.format_frame("ipi", 0, view, e.num_local)
-            self.router.send(m.Msg(e.shares[0][0], server, m.kUpdate,
-                                   m.param_trgt(e.owner, sid), msg.trgt_version, [frame]))
+        e.grads.sort(key=lambda x: x[0])
+        g = e.grads[0][1]
+        if len(e.grads) > 1:
+            if e.grad_sum is None:
+                e.grad_sum = np.empty(e.size, np.float32)
+            g = np.add(g, e.grads[1][1], out=e.grad_sum)
+            for _, other in e.grads[2:]:
+                g += other
+        e.grads = []
+        head = m.format_frame("i", e.num_local)
+        src = e.shares[0][0]
+        for sid, server, o, n in e.slices:
+            self.router.send(m.Msg(src, server, m.kUpdate, m.param_trgt(e.owner, sid),
+                                   msg.trgt_version, [head, g[o:o + n]]))
+
+    def handle_state(self, msg):
+        e = self.request_entry(msg)
+        for sid, server, _, _ in e.slices:
+            self.router.send(m.Msg(msg.src, server, m.kState, m.param_trgt(e.owner, sid),
+                                   msg.trgt_version))
 
     def handle_response(self, msg):
-        """A slice answered; once every slice has, every local share learns the new version."""
-        e = self.entries[(m.addr_grp(msg.dst), m.param_id(msg.trgt_val))]
-        n = e.answers.get(msg.trgt_version, 0) + 1
-        if n < len(e.slices):
-            e.answers[msg.trgt_version] = n
+        """A slice answered; once every slice has, the local shares get one message each."""
+        e = self.entry(m.addr_grp(msg.dst), m.param_id(msg.trgt_val))
+        i = e.index.get(m.slice_id(msg.trgt_val))
+        if i is None:
+            raise ClusterError(f"answer for unknown slice {m.slice_id(msg.trgt_val)}")
+        got = e.answers.setdefault(msg.type, {})
+        got[i] = (msg.trgt_version, msg.frames)
+        if len(got) < len(e.slices):
             return
-        e.answers.pop(msg.trgt_version, None)
-        for worker, p in e.shares:
-            self.router.send(m.Msg(msg.src, worker, msg.type, m.param_trgt(p.id, 0),
-                                   msg.trgt_version))
+        del e.answers[msg.type]
+        version = min(v for v, _ in got.values())
+        head = m.int_frame([o for _, _, o, _ in e.slices])
+        frames = [head] + [f for i in range(len(e.slices)) for f in got[i][1]]
+        shares = [s for s in e.shares if s[0] == msg.dst] if msg.type == m.kRState else e.shares
+        for worker, pid in shares:
+            self.router.send(m.Msg(msg.src, worker, msg.type, m.param_trgt(pid, 0), version,
+                                   frames))

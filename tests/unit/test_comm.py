@@ -1,4 +1,4 @@
-"""Msg, format frames, Dealer/Router over real inproc ZeroMQ, and the Stub ⇄ Server protocol."""
+"""Msg, format and array frames, Dealer/Router over real ZeroMQ, and the Stub ⇄ Server protocol."""
 import threading
 
 import numpy as np
@@ -8,11 +8,12 @@ import zmq
 from singa.comm import msg as m
 from singa.comm.socket import Dealer, Router
 from singa.comm.stub import ParamEntry, Stub
-from singa.param import Param
 from singa.proto import job_pb2
 from singa.server import Server
-from singa.updater import create_updater
+from singa.errors import ClusterError
 from google.protobuf import text_format
+
+STUB = m.addr(-1, -1, m.kStub)
 
 
 def test_addresses_pack_like_singa():
@@ -26,14 +27,33 @@ def test_addresses_pack_like_singa():
 
 
 def test_format_frames_round_trip_every_kind():
-    arr = np.arange(3, dtype=np.float32)
-    frame = m.format_frame("ifsp124", -5, 0.5, b"name", arr, 200, 60000, 4000000000)
+    frame = m.format_frame("ifs124", -5, 0.5, b"name", 200, 60000, 4000000000)
     assert frame.startswith(b"*singa*\0")
-    i, f, s, p, one, two, four = m.parse_format_frame("ifsp124", frame)
-    assert (i, f, s, one, two, four) == (-5, 0.5, b"name", 200, 60000, 4000000000)
-    assert p is arr          # in-process: by reference
-    with pytest.raises(Exception):
+    assert m.parse_format_frame("ifs124", frame) == [-5, 0.5, b"name", 200, 60000, 4000000000]
+    assert m.parse_int_frame(m.int_frame([3, -1, 7])) == [3, -1, 7]
+    with pytest.raises(ClusterError):
         m.parse_format_frame("f", m.format_frame("i", 1))
+    with pytest.raises(ClusterError):
+        m.parse_format_frame("ii", m.format_frame("i", 1))
+    with pytest.raises(ClusterError):
+        m.parse_int_frame(b"*singa*\0i\0")
+
+
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_array_frames_alias_in_process_and_copy_across_tcp(transport):
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-alias" if transport == "inproc" else "tcp://127.0.0.1:*")
+    d = Dealer(ctx, m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    small, big = np.arange(3, dtype=np.float32), np.arange(100000, dtype=np.float32)
+    d.send(m.Msg(d.address, 1, m.kPut, frames=[m.array_frame(small), m.array_frame(big)]))
+    got = router.receive(2000)
+    views = [m.frame_array(f, a.size) for f, a in zip(got.frames, (small, big))]
+    for view, a in zip(views, (small, big)):
+        np.testing.assert_array_equal(view, a)
+        assert m.same_memory(view, a) == (transport == "inproc")
+    with pytest.raises(ClusterError):
+        m.frame_array(got.frames[0], 4)
+    d.close(), router.close(), ctx.term()
 
 
 def test_dealer_router_carry_header_and_frames():
@@ -51,42 +71,114 @@ def test_dealer_router_carry_header_and_frames():
     d.close(), router.close(), ctx.term()
 
 
-def test_two_shares_make_one_averaged_update_and_both_learn_the_version():
-    updater = create_updater(text_format.Parse(
-        "type: kSGD learning_rate { type: kFixed base_lr: 0.5 }", job_pb2.UpdaterProto()))
-    ctx = zmq.Context()
-    router = Router(ctx, "inproc://test-protocol")
-    server = Server(ctx, router.endpoint, 0, 0, updater, poll_ms=10)
-    owner, share = Param(job_pb2.ParamProto(name="w")), Param(job_pb2.ParamProto(name="w"))
-    owner.setup((2, 3)), share.setup((2, 3))
-    owner.id = owner.owner = 0
-    share.id, share.owner = 1, 0
-    owner.data[...] = 1.0
-    share.data = owner.data
-    w0, w1 = (Dealer(ctx, m.addr(0, j, m.kWorkerParam), router.endpoint) for j in (0, 1))
-    entry = ParamEntry(0, 0, 2, [(0, server.address, 0, 6)])
-    entry.add_share(w0.address, owner)
-    entry.add_share(w1.address, share)
-    stub = Stub(router, m.addr(-1, -1, m.kStub), {(0, 0): entry}, nworkers=2, nservers=1, poll_ms=10)
-    threads = [threading.Thread(target=x.run) for x in (server, stub)]
-    for t in threads:
-        t.start()
-    stub_addr = m.addr(-1, -1, m.kStub)
-    w0.send(m.Msg(w0.address, stub_addr, m.kPut, m.param_trgt(0, 0), 0))
-    owner.grad[...] = 2.0
-    share.grad[...] = 4.0
-    for w in (w0, w1):
-        w.send(m.Msg(w.address, stub_addr, m.kUpdate, m.param_trgt(0, 0), 0))
-    answers = [w.receive(2000) for w in (w0, w1)]
+UPDATER = "type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.5 }"
+
+
+class Bench:
+    """A Stub and a Server over real inproc sockets, and dealers standing for two workers."""
+
+    def __init__(self, shares=2):
+        self.ctx = zmq.Context()
+        self.router = Router(self.ctx, f"inproc://test-protocol-{id(self)}")
+        updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
+        self.server = Server(self.ctx, self.router.endpoint, 0, 0, updater, poll_ms=10)
+        self.workers = [Dealer(self.ctx, m.addr(0, j, m.kWorkerParam), self.router.endpoint)
+                        for j in range(shares)]
+        entry = ParamEntry(0, 0, [(0, self.server.address, 0, 4), (1, self.server.address, 4, 2)])
+        for j, w in enumerate(self.workers):
+            entry.add_share(w.address, 10 + j)
+        entry.num_total = shares
+        self.stub = Stub(self.router, {(0, 0): entry},
+                         [self.server.address] + [w.address for w in self.workers], poll_ms=10)
+        self.threads = [threading.Thread(target=x.run) for x in (self.server, self.stub)]
+        for t in self.threads:
+            t.start()
+
+    def send(self, j, type_, version=0, frames=()):
+        w = self.workers[j]
+        w.send(m.Msg(w.address, STUB, type_, m.param_trgt(0, 0), version, frames))
+
+    def put(self, values):
+        self.send(0, m.kPut, 0, [m.format_frame("ffi", 1, 1, -1), m.array_frame(values)])
+
+    def answers(self):
+        return [w.receive(2000) for w in self.workers]
+
+    def close(self):
+        for j in range(len(self.workers)):
+            self.send(j, m.kStop)
+        for t in self.threads:
+            t.join(5)
+        assert not any(t.is_alive() for t in self.threads)
+        for w in self.workers:
+            w.close()
+        self.server.dealer.close(), self.router.close(), self.ctx.term()
+
+
+def values_of(answer):
+    """{offset: values} of an RGet / RUpdate answer: [offsets; a frame per slice]."""
+    offsets = m.parse_int_frame(answer.frames[0])
+    return {o: m.frame_array(f, len(f) // 4) for o, f in zip(offsets, answer.frames[1:])}
+
+
+def test_put_is_acknowledged_and_two_shares_make_one_averaged_update():
+    b = Bench()
+    values = np.ones(6, np.float32)        # in-process shares alias one array (share_memory)
+    b.put(values)
+    assert [a.type for a in b.answers()] == [m.kRPut, m.kRPut]
+    grads = [np.full(6, 2.0, np.float32), np.full(6, 4.0, np.float32)]
+    for j, g in enumerate(grads):
+        b.send(j, m.kUpdate, 0, [m.array_frame(g)])
+    answers = b.answers()
     assert [a.type for a in answers] == [m.kRUpdate, m.kRUpdate]
     assert [a.trgt_version for a in answers] == [1, 1]
-    assert [m.param_id(a.trgt_val) for a in answers] == [0, 1]
-    # w -= lr * (g0 + g1) / num_total  = 1 - 0.5 * 6 / 2
-    np.testing.assert_allclose(owner.data, -0.5)
-    server.stop()
-    for w in (w0, w1):
-        w.send(m.Msg(w.address, stub_addr, m.kStop))
-    for t in threads:
-        t.join(5)
-    assert not any(t.is_alive() for t in threads) and server.error is None
-    w0.close(), w1.close(), server.dealer.close(), router.close(), ctx.term()
+    assert [m.param_id(a.trgt_val) for a in answers] == [10, 11]
+    # w -= lr * (g0 + g1) / num_total  = 1 - 0.5 * 6 / 2, in the Put's array itself (an alias)
+    np.testing.assert_allclose(values, -0.5)
+    for answer in answers:
+        got = values_of(answer)
+        assert sorted(got) == [0, 4] and m.same_memory(got[0], values)
+    # the sum went to buffers of the stub and server, not into a worker's gradient
+    np.testing.assert_array_equal(grads[0], 2.0)
+    np.testing.assert_array_equal(grads[1], 4.0)
+    b.close()
+
+
+def test_get_waits_for_the_put_and_answers_with_values():
+    b = Bench(shares=1)
+    b.send(0, m.kGet, 0)
+    assert b.workers[0].receive(100) is None       # no slice yet: the Get waits
+    values = np.arange(6, dtype=np.float32)
+    b.put(values)
+    types = sorted(b.workers[0].receive(2000).type for _ in range(2))
+    assert types == sorted([m.kRPut, m.kRGet])
+    b.close()
+
+
+def test_state_request_gathers_every_slice_of_the_updater_state():
+    b = Bench(shares=1)
+    b.put(np.zeros(6, np.float32))
+    b.workers[0].receive(2000)
+    b.send(0, m.kState, 0)
+    answer = b.workers[0].receive(2000)
+    assert answer.type == m.kRState and m.parse_int_frame(answer.frames[0]) == [0, 4]
+    assert len(answer.frames) == 1 + 2 * 2        # per slice: lr index, SGD's one buffer
+    b.close()
+
+
+@pytest.mark.parametrize("frames", [
+    [b"garbage"], [], [m.format_frame("iffii", 4, 1, 1, 1, -1)],
+    [m.format_frame("iffii", 4, 1, 1, 1, -1), b"abc"],
+    [m.format_frame("iffii", 99, 1, 1, 1, -1), np.zeros(4, np.float32)]])
+def test_server_drops_malformed_puts_and_keeps_serving(frames):
+    b = Bench(shares=1)
+    values = np.ones(6, np.float32)
+    b.put(values)
+    b.workers[0].receive(2000)
+    w = b.workers[0]
+    w.send(m.Msg(w.address, b.server.address, m.kPut, m.param_trgt(0, 0), 0, frames))
+    w.send(m.Msg(w.address, b.server.address, m.kUpdate, m.param_trgt(0, 0), 0, [b"x"]))
+    b.send(0, m.kUpdate, 0, [m.array_frame(np.full(6, 2.0, np.float32))])
+    assert b.workers[0].receive(2000).type == m.kRUpdate
+    np.testing.assert_allclose(values, 0.0)      # 1 - 0.5 * 2: the bad messages changed nothing
+    b.close()
