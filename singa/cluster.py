@@ -2,6 +2,14 @@
 import math
 
 
+def nworker_procs(cluster):
+    return cluster.nworker_groups * cluster.nworkers_per_group // cluster.nworkers_per_procs
+
+
+def nserver_procs(cluster):
+    return cluster.nserver_groups * cluster.nservers_per_group // cluster.nservers_per_procs
+
+
 def nprocs(cluster):
     """Number of OS processes of a job.
 
@@ -11,11 +19,74 @@ def nprocs(cluster):
              else max(nworker_procs, nserver_procs)
     (integer division, as in SINGA)
     """
-    nworker_procs = cluster.nworker_groups * cluster.nworkers_per_group // cluster.nworkers_per_procs
-    nserver_procs = cluster.nserver_groups * cluster.nservers_per_group // cluster.nservers_per_procs
     if cluster.server_worker_separate:
-        return nworker_procs + nserver_procs
-    return max(nworker_procs, nserver_procs)
+        return nworker_procs(cluster) + nserver_procs(cluster)
+    return max(nworker_procs(cluster), nserver_procs(cluster))
+
+
+def worker_procs(cluster, grp, id_):
+    """The process of worker (grp, id): (grp * nworkers_per_group + id) / nworkers_per_procs."""
+    return (grp * cluster.nworkers_per_group + id_) // cluster.nworkers_per_procs
+
+
+def server_procs(cluster, grp, id_):
+    """The process of server (grp, id): (grp * nservers_per_group + id) / nservers_per_procs,
+    after the worker processes when server_worker_separate."""
+    offset = nworker_procs(cluster) if cluster.server_worker_separate else 0
+    return (grp * cluster.nservers_per_group + id_) // cluster.nservers_per_procs + offset
+
+
+def executor_range(pid, grp_size, per_procs):
+    """SINGA's ExecutorRng: (gstart, gend, start, end) of the executors of process `pid`:
+    groups [gstart, gend), ids [start, end) in each."""
+    if grp_size >= per_procs:
+        gstart = pid * per_procs // grp_size
+        start = pid * per_procs % grp_size
+        return gstart, gstart + 1, start, start + per_procs
+    k = per_procs // grp_size
+    return pid * k, (pid + 1) * k, 0, grp_size
+
+
+def workers_of(cluster, pid):
+    """[(grp, id)] of the workers process `pid` runs."""
+    if pid >= nworker_procs(cluster):
+        return []
+    g0, g1, j0, j1 = executor_range(pid, cluster.nworkers_per_group, cluster.nworkers_per_procs)
+    return [(g, j) for g in range(g0, g1) for j in range(j0, j1)]
+
+
+def servers_of(cluster, pid):
+    """[(grp, id)] of the servers process `pid` runs."""
+    if cluster.server_worker_separate:
+        pid -= nworker_procs(cluster)
+    if not 0 <= pid < nserver_procs(cluster):
+        return []
+    g0, g1, j0, j1 = executor_range(pid, cluster.nservers_per_group, cluster.nservers_per_procs)
+    return [(g, j) for g in range(g0, g1) for j in range(j0, j1)]
+
+
+def server_group(cluster, worker_grp):
+    """The server group worker group `worker_grp` talks to."""
+    per = cluster.nworker_groups // cluster.nserver_groups if cluster.nserver_groups else 1
+    return worker_grp // max(1, per)
+
+
+def check_layout(cluster):
+    """The ConfigError SINGA's ExecutorRng would hit, or None: a process holds either part of
+    one group or whole groups, and every executor has a process."""
+    for kind, n, size, per in (("worker", cluster.nworker_groups, cluster.nworkers_per_group,
+                                cluster.nworkers_per_procs),
+                               ("server", cluster.nserver_groups, cluster.nservers_per_group,
+                                cluster.nservers_per_procs)):
+        if per < 1:
+            return f"cluster: n{kind}s_per_procs {per} must be at least 1"
+        if size >= per and size % per:
+            return (f"cluster: n{kind}s_per_group {size} is not a multiple of "
+                    f"n{kind}s_per_procs {per}")
+        if size < per and (per % size or (n * size) % per):
+            return (f"cluster: n{kind}s_per_procs {per} must be a multiple of n{kind}s_per_group "
+                    f"{size} that divides the {n * size} {kind}s")
+    return None
 
 
 def slice_sizes(num, sizes):

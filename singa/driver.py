@@ -159,6 +159,9 @@ def check_runnable(job):
         raise ConfigError("train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "
                           "the net has none")
     cl = job.cluster
+    problem = cluster.check_layout(cl)
+    if problem:
+        raise ConfigError(problem)
     n = cluster.nprocs(cl)
     if n != 1:
         raise ConfigError(f"cluster: this job needs {n} processes (nworkers_per_procs "

@@ -1,9 +1,10 @@
 """Msg: SINGA's message (src/comm/msg.cc): header ints, a body of frames, addresses and format frames.
 
 On a socket a message is the frame `"src dst type trgt_val trgt_version"` followed by the body
-frames. Arrays travel as raw float32 frames sent without copying: a receiver in the same
-process gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it may keep that
-alias), a receiver in another process gets its own buffer.
+frames. Arrays travel as raw float32 frames, large ones sent without copying: a receiver in
+the same process then gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it
+may keep that alias), a receiver in another process gets its own buffer. Receivers check
+(`same_memory`) rather than assume, so small frames, which are copied, work the same.
 """
 import struct
 

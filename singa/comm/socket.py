@@ -2,8 +2,8 @@
 
 A Dealer is an executor's (worker's or server's) connection to its process's stub; the Router
 is the stub's socket. Endpoints are `inproc://` inside a process and `tcp://` across processes;
-the message layout is the same on both. Frames are sent without copying at any size
-(`copy_threshold` 0), so an array frame received in-process always aliases the sender's array.
+the message layout is the same on both. Frames of 64 KB and more are sent without copying
+(pyzmq's `copy_threshold`): in-process such an array frame aliases the sender's array.
 """
 import zmq
 
@@ -23,7 +23,6 @@ class Dealer:
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.IDENTITY, identity(address))
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.copy_threshold = 0
         self.sock.connect(endpoint)
 
     def send(self, msg):
@@ -46,7 +45,6 @@ class Router:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.sock.copy_threshold = 0
         try:
             self.sock.bind(endpoint)
         except zmq.ZMQError as e:
