@@ -18,7 +18,7 @@ from singa import log as singa_log
 from singa.errors import ConfigError, SingaError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.runtime import Process, resume_from, seeds
+from singa.runtime import Process, Transport, resume_from, seeds
 from singa.worker import worker_class
 from singa.zk import ZK
 
@@ -98,11 +98,10 @@ class Driver:
             path = singa_log.setup(self.singa_conf.log_dir, f"{self.job_id}-{job.name}")
             if path:
                 log.info("Record job log to %s", path)
-            procs_id = zk.register_proc(self.job_id, f"{self.host}:0", os.getpid())
-            log.info("proc #%d -> %s:0 (pid = %d)", procs_id, self.host, os.getpid())
             for sub in ("checkpoint", "visualization"):
                 os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
             if self.flags["test"]:
+                self.register(zk, f"{self.host}:0")
                 self.test()
             else:
                 self.train(zk)
@@ -116,11 +115,30 @@ class Driver:
         if stale:
             log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
         resume = resume_from(self.job, self.folder) if self.flags["resume"] else {}
-        process = Process(self.job, resume, Membership(zk, self.job_id))
-        with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
-            f.write(process.train_net.to_json())
-        zk.watch_sgroup(self.job_id, 0, process.stub.stop_servers.set)
+        cl, job_id = self.job.cluster, self.job_id
+        transport = Transport()
+        try:
+            endpoint = f"{self.host}:0"
+            if cluster.nprocs(cl) > 1:
+                endpoint = transport.listen(self.host)
+            pid = self.register(zk, endpoint)
+            process = Process(self.job, pid, resume, Membership(zk, job_id),
+                              peers=lambda p: zk.proc_endpoint(job_id, p), transport=transport)
+        except BaseException:
+            transport.close()
+            raise
+        if process.train_net is not None:
+            with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
+                f.write(process.train_net.to_json())
+        for g in sorted({g for g, _ in cluster.servers_of(cl, pid)}):
+            zk.watch_sgroup(job_id, g, process.stub.stop_servers.set)
         process.run()
+
+    def register(self, zk, endpoint):
+        """This process's procs id, by registration in ZooKeeper with `endpoint`."""
+        pid = zk.register_proc(self.job_id, endpoint, os.getpid())
+        log.info("proc #%d -> %s (pid = %d)", pid, endpoint, os.getpid())
+        return pid
 
     # --- -test ----------------------------------------------------------------------------
     def test(self):

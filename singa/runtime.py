@@ -1,11 +1,11 @@
 """This process's part of a job: nets, param slices, stub entries and executors (no ZooKeeper).
 
-Worker (g, j) runs partition j of group g's net (data parallel: replicas j > 0 share partition
-0's param values in memory); groups > 0 share group 0's values (share_memory). Params are cut
-into slices over the servers of a group (SINGA's Slice / PartitionSlices, src/utils/common.cc).
+Params are cut into slices over the servers of a group (SINGA's Slice / PartitionSlices,
+src/utils/common.cc); which executors run in which process is `cluster`'s layout.
 """
 import logging
 import os
+import socket
 import threading
 
 import numpy as np
@@ -13,7 +13,8 @@ import zmq
 
 from singa import checkpoint, cluster, errors
 from singa.comm import msg as m
-from singa.comm.socket import Router
+from singa.comm.socket import Peer, Router
+from singa.errors import ClusterError
 from singa.comm.stub import ParamEntry, Stub
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
@@ -64,54 +65,65 @@ def slice_table(job, owners):
 
 
 class Process:
-    """Every executor of a single-process job, wired to one Stub over `inproc://` sockets.
+    """The executors process `pid` of a job runs, wired to its Stub over `inproc://` sockets.
 
+    Worker (g, j) runs partition j of group g's net. Nets in one process share param values
+    in memory (replicas j > 0 with partition 0, groups > 0 with group 0 under share_memory);
+    a net whose partner runs elsewhere has its own copies, which it Gets from the servers.
+    Every net numbers its params from 0, so a param's id names it in every process.
     `resume` maps worker id -> its file of the snapshot being resumed; `membership` is handed
-    to the workers (ZooKeeper's server-group membership, or None).
+    to the workers (ZooKeeper's server-group membership, or None). A job of several processes
+    needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
+    on tcp (made before the process registers, which gives it its pid).
     """
 
-    def __init__(self, job, resume=None, membership=None):
+    def __init__(self, job, pid=0, resume=None, membership=None, peers=None, transport=None):
         cl = job.cluster
-        G, K, S = cl.nworker_groups, cl.nworkers_per_group, cl.nservers_per_group
+        G, K = cl.nworker_groups, cl.nworkers_per_group
+        self.job, self.pid = job, pid
         rngs = seeds(job, 3 + G * K)   # init, test, validation, one per worker
-        nets, next_id = {}, 0
-        for g in range(G):
-            for j in range(K):
-                share = nets[(g, 0)] if j > 0 else (nets[(0, 0)] if g > 0 else None)
-                net = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K + j], share, j, K,
-                                next_id)
-                nets[(g, j)] = net
-                next_id = net.next_id
-        self.train_net = train = nets[(0, 0)]
+        nets = {}
+        for g, j in cluster.workers_of(cl, pid):
+            share = nets.get((g, 0)) if j > 0 else (nets.get((0, 0)) if g > 0 and cl.share_memory
+                                                    else None)
+            nets[(g, j)] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K + j], share, j,
+                                     K)
+        self.train_net = train = nets.get((0, 0))
         eval_nets = {}
-        for name, phase, steps, rng in (("test", job_pb2.kTest, job.test_steps, rngs[1]),
-                                        ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
-            if steps > 0:
-                eval_nets[name] = NeuralNet(job.neuralnet, phase, rng, train, first_id=next_id)
-                next_id = eval_nets[name].next_id
+        if train is not None:
+            next_id = train.next_id
+            for name, phase, steps, rng in (("test", job_pb2.kTest, job.test_steps, rngs[1]),
+                                            ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
+                if steps > 0:
+                    eval_nets[name] = NeuralNet(job.neuralnet, phase, rng, train, first_id=next_id)
+                    next_id = eval_nets[name].next_id
         self.eval_nets = eval_nets
 
-        table, slice2server = slice_table(job, train.owner_params)
         entries = {}
+        if nets:
+            table, slice2server = slice_table(job, next(iter(nets.values())).owner_params)
         for (g, j), net in nets.items():
+            shares = {}
             for layer in net.layers:
                 if layer.unroll_index > 0:
                     continue
                 for p in layer.params:
                     e = entries.get((g, p.owner))
                     if e is None:
+                        sg = cluster.server_group(cl, g)
                         e = entries[(g, p.owner)] = ParamEntry(g, p.owner, [
-                            (s, m.addr(0, slice2server[s], m.kServer), o, n)
+                            (s, m.addr(sg, slice2server[s], m.kServer), o, n)
                             for s, o, n in table[p.owner]])
                     e.add_share(m.addr(g, j, m.kWorkerParam), p.id)
-        for e in entries.values():
-            e.num_total = e.num_local
+                    shares[p.owner] = shares.get(p.owner, 0) + 1
+            for owner, n in shares.items():
+                entries[(g, owner)].num_total = n * K     # every partition holds the same shares
 
-        self.ctx = zmq.Context()
-        self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
+        self.transport = transport or Transport()
+        self.ctx, self.router = self.transport.ctx, self.transport.router
         endpoint = self.router.endpoint
-        self.servers = [Server(self.ctx, endpoint, 0, s, job.updater, cl.poll_time)
-                        for s in range(S)]
+        self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time)
+                        for g, s in cluster.servers_of(cl, pid)]
         resume = resume or {}
         cls = worker_class(job)
         self.workers = [
@@ -121,8 +133,23 @@ class Process:
                 init_rng=rngs[0], resume=resume.get(j) if g == 0 else None,
                 membership=membership)
             for (g, j), net in nets.items()]
+        single = cluster.nprocs(cl) == 1
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
-                         cl.poll_time)
+                         cl.poll_time, pid, None if single else self.locate,
+                         None if single else self.peer, stop_servers_with_workers=single)
+        self.peers, self.connect = {}, peers
+
+    def locate(self, address):
+        """The process of the executor at `address`."""
+        grp, id_, kind = m.addr_grp(address), m.addr_id(address), m.addr_type(address)
+        if kind == m.kServer:
+            return cluster.server_procs(self.job.cluster, grp, id_)
+        return cluster.worker_procs(self.job.cluster, grp, id_)
+
+    def peer(self, pid):
+        if pid not in self.peers:
+            self.peers[pid] = Peer(self.ctx, "tcp://" + self.connect(pid))
+        return self.peers[pid]
 
     def run(self):
         """Run every executor in its thread and route until all stop; raise the first failure."""
@@ -140,9 +167,31 @@ class Process:
             raise failure_error(*failure)
 
     def close(self):
-        self.router.close()
+        for peer in self.peers.values():
+            peer.close()
         for x in self.servers + self.workers:
             x.dealer.close()
+        self.transport.close()
+
+
+class Transport:
+    """A process's ZeroMQ context and its stub's Router (`inproc://`, plus tcp for peers)."""
+
+    def __init__(self):
+        self.ctx = zmq.Context()
+        self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
+
+    def listen(self, host):
+        """Accept other processes' messages on `tcp://<host's address>:<free port>`; returns
+        "address:port", the endpoint to register in ZooKeeper. Never every interface."""
+        try:
+            address = socket.gethostbyname(host)
+        except OSError as e:
+            raise ClusterError(f"host {host}: cannot resolve its address: {e}") from None
+        return self.router.bind(f"tcp://{address}:*").removeprefix("tcp://")
+
+    def close(self):
+        self.router.close()
         self.ctx.term()
 
 

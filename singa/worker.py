@@ -62,6 +62,9 @@ class Worker:
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False
         self.params_by_id = {p.id: p for p in train_net.params}
+        #: the params this worker initialises, Puts and checkpoints: partition 0's owners
+        #: (a replica in another process has its own copies, which it only Gets)
+        self.owned = train_net.owner_params if id_ == 0 else []
         self.states = {}            # owner param id -> its updater state, while a snapshot is taken
         self.last_test = None       # (step, metrics) of the latest test
         self.own_steps = set()      # snapshots this worker wrote (the only ones retention deletes)
@@ -163,12 +166,12 @@ class Worker:
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
-        if self.grp == 0 and net.owner_params:
-            owners = {p.name: p for p in net.owner_params}
+        if self.grp == 0 and self.owned:
+            owners = {p.name: p for p in self.owned}
             paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
                                                         job.cluster.workspace)
             loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
-            for p in net.owner_params:
+            for p in self.owned:
                 if p.name in loaded:
                     if job.reset_param_version:
                         p.version = job.step
@@ -178,10 +181,10 @@ class Worker:
                         log.info("Param %s: freshly initialised (%s)", p.name,
                                  job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
-            for p in net.owner_params:
+            for p in self.owned:
                 bufs = state.param_state.get(p.name, []) if state is not None else []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
-            for p in net.owner_params:
+            for p in self.owned:
                 self.collect(p)
         for p in net.params:
             self.get(job.warmup_steps, p)
@@ -208,7 +211,7 @@ class Worker:
 
         In the loop a snapshot follows its step's test and validation (`evaluated`); the final
         one, at train_steps, does not."""
-        owners = self.train_net.owner_params
+        owners = self.owned
         self.states = {}
         for p in owners:
             self.dealer.send(m.Msg(self.address, STUB, m.kState, m.param_trgt(p.owner, 0), step))

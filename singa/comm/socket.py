@@ -38,6 +38,22 @@ class Dealer:
         self.sock.close(0)
 
 
+class Peer:
+    """A send-only connection to another process's stub (its Router's tcp endpoint)."""
+
+    def __init__(self, ctx, endpoint):
+        self.endpoint = endpoint
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def send(self, msg):
+        self.sock.send_multipart([msg.header(), *msg.frames], copy=False)
+
+    def close(self):
+        self.sock.close(0)
+
+
 class Router:
     """The stub's socket: receives from every Dealer, sends to a Dealer by its address."""
 
@@ -50,6 +66,14 @@ class Router:
         except zmq.ZMQError as e:
             raise ClusterError(f"cannot bind {endpoint}: {e}") from None
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def bind(self, endpoint):
+        """Also listen on `endpoint` (e.g. `tcp://10.0.0.2:*`); returns the bound endpoint."""
+        try:
+            self.sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            raise ClusterError(f"cannot bind {endpoint}: {e}") from None
+        return self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
     def send(self, msg):
         try:

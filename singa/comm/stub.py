@@ -6,6 +6,7 @@ servers. Workers' Put / Get / Update go through it (the gradients of local share
 first, in the order of their addresses); the servers' answers come back through it and, once
 every slice has answered, go to every local share as one message: [offsets; a frame per slice].
 A failure (kError) stops every local executor; `run` then returns it as (type name, message).
+Messages for an executor of another process go to that process's stub over tcp (`peers`).
 """
 import logging
 import threading
@@ -48,8 +49,13 @@ class ParamEntry:
 class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
-    def __init__(self, router, entries, executors, poll_ms=100):
+    def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
+                 stop_servers_with_workers=True):
+        """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
+        the Peer connection to another process's stub."""
         self.router = router
+        self.pid, self.locate, self.peers = pid, locate, peers
+        self.stop_servers_with_workers = stop_servers_with_workers
         self.entries = entries      # {(grp, owner id): ParamEntry}
         self.executors = set(executors)     # addresses of the local executors still running
         self.workers = sum(m.addr_type(a) != m.kServer for a in self.executors)
@@ -68,14 +74,30 @@ class Stub:
                     self.handle(msg)
                 except ClusterError as e:   # bad traffic: dropped, nothing changed
                     log.warning("Stub: dropped %r: %s", msg, e)
-            if self.stop_servers.is_set() or (self.workers == 0 and self.servers > 0):
+            if self.stop_servers.is_set() or (self.stop_servers_with_workers and
+                                              self.workers == 0 and self.servers > 0):
                 self.stop_servers.clear()
                 self.stop_local(m.kServer)
         log.info("Stub in process stops")
         return self.error
 
+    def send(self, msg):
+        """To a local executor through the router, else to its process's stub."""
+        where = self.pid if self.locate is None else self.locate(msg.dst)
+        if where == self.pid:
+            self.router.send(msg)
+        else:
+            self.peers(where).send(msg)
+
     def handle(self, msg):
         t = msg.type
+        if m.addr_type(msg.dst) != m.kStub and self.locate is not None and \
+                self.locate(msg.dst) != self.pid:
+            self.send(msg)     # a local server's answer to a remote worker, and the like
+            return
+        if t in (m.kPut, m.kGet, m.kUpdate, m.kState) and m.addr_type(msg.dst) != m.kStub:
+            self.router.send(msg)   # a remote stub's request for a local server
+            return
         if t == m.kStop:
             if msg.src not in self.executors:
                 raise ClusterError("stop from an executor this process does not run")
@@ -97,7 +119,7 @@ class Stub:
         elif t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             self.handle_response(msg)
         elif t != m.kConnect:
-            self.router.send(msg)
+            self.send(msg)
 
     def stop_local(self, entity):
         """kStop to the running local executors of one kind (kServer) or of every kind."""
@@ -135,7 +157,7 @@ class Stub:
             raise ClusterError("Put without values")
         for sid, server, o, n in e.slices:
             head = m.format_frame("iffii", n, lr_scale, wd_scale, e.num_total, lr_index)
-            self.router.send(m.Msg(msg.src, server, m.kPut, m.param_trgt(e.owner, sid),
+            self.send(m.Msg(msg.src, server, m.kPut, m.param_trgt(e.owner, sid),
                                    msg.trgt_version, [head] + [a[o:o + n] for a in arrays]))
 
     def handle_get(self, msg):
@@ -144,7 +166,7 @@ class Stub:
             return
         e.next_version = msg.trgt_version
         for sid, server, _, _ in e.slices:
-            self.router.send(m.Msg(msg.src, server, m.kGet, m.param_trgt(e.owner, sid),
+            self.send(m.Msg(msg.src, server, m.kGet, m.param_trgt(e.owner, sid),
                                    msg.trgt_version))
 
     def handle_update(self, msg):
@@ -167,13 +189,13 @@ class Stub:
         head = m.format_frame("i", e.num_local)
         src = e.shares[0][0]
         for sid, server, o, n in e.slices:
-            self.router.send(m.Msg(src, server, m.kUpdate, m.param_trgt(e.owner, sid),
+            self.send(m.Msg(src, server, m.kUpdate, m.param_trgt(e.owner, sid),
                                    msg.trgt_version, [head, g[o:o + n]]))
 
     def handle_state(self, msg):
         e = self.request_entry(msg)
         for sid, server, _, _ in e.slices:
-            self.router.send(m.Msg(msg.src, server, m.kState, m.param_trgt(e.owner, sid),
+            self.send(m.Msg(msg.src, server, m.kState, m.param_trgt(e.owner, sid),
                                    msg.trgt_version))
 
     def handle_response(self, msg):
