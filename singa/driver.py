@@ -392,18 +392,19 @@ class Driver:
                               f"checkpoint_path files")
         step = checkpoint.CheckpointReader(paths[-1]).step
         log.info("Test @ step %d", job.step if step is None else step)
-        for _ in range(job.test_steps):
-            worker_class(job).test_one_batch(job_pb2.kTest, net)
+        for step in range(job.test_steps):
+            worker_class(job).test_one_batch(job_pb2.kTest, net, step)
         for line in net.display(job_pb2.kTest):
             log.info("   %s", line)
 
 
 def check_runnable(job):
-    """What this version runs: kBP or kCD, every executor in one process, one server group."""
+    """What this version runs: kBP, kBPTT or kCD, every executor in one process, one server group."""
     alg = job.train_one_batch
-    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kCD):
+    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
         name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
-        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP and kCD are)")
+        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP, kBPTT and "
+                          f"kCD are)")
     if alg.alg == job_pb2.kCD and not any(layer.type == job_pb2.kRBMVis
                                           for layer in job.neuralnet.layer):
         raise ConfigError("train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "
