@@ -1,6 +1,7 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
+          [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper, builds the nets, starts a thread per Server and per Worker that
 talk to this process's Stub (run by the main thread) over ZeroMQ, and reports user mistakes
@@ -32,7 +33,8 @@ from singa.zk import ZK
 
 log = logging.getLogger("singa")
 
-USAGE = "usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]"
+USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
+         "[-resume|-test] [-user_proto FILE.proto]... [-user_layers FILE.py]...")
 
 
 def parse_flags(argv):
@@ -44,6 +46,11 @@ def parse_flags(argv):
             if i + 1 >= len(argv):
                 raise ConfigError(f"flag {name} needs a value; {USAGE}")
             flags[name[1:]] = argv[i + 1]
+    for name in ("-user_proto", "-user_layers"):   # repeatable; paths relative to the cwd
+        at = [i for i, a in enumerate(argv) if a == name]
+        if at and at[-1] + 1 >= len(argv):
+            raise ConfigError(f"flag {name} needs a value; {USAGE}")
+        flags[name[1:]] = [os.path.abspath(argv[i + 1]) for i in at]
     if "conf" not in flags:
         raise ConfigError(f"no job conf given; {USAGE}")
     return flags
@@ -53,7 +60,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         flags = parse_flags(argv)
-        job = config.load_job(os.path.abspath(flags["conf"]))
+        job = config.load_job(os.path.abspath(flags["conf"]), user_proto=flags["user_proto"],
+                              user_layers=flags["user_layers"])
         singa_conf = config.load_singa_conf(
             flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf"))
         Driver(job, singa_conf, flags).run()
