@@ -171,6 +171,7 @@ class LossLayer(Layer):
         gword, gclass = self.word_weight.grad, self.class_weight.grad
         gword.fill(0)
         gclass.fill(0)
+        gh[len(self.steps):] = 0
         for t, (v, k, start, end, pword, pclass) in enumerate(self.steps):
             dword, dclass = pword.copy(), pclass.copy()
             dword[v] -= 1
