@@ -65,7 +65,8 @@ def test_char_rnn_trains_below_unigram_entropy_and_samples_text(tmp_path, run_dr
     assert b" " in printed and len(set(printed)) > 2, printed
 
 
-def test_rnnlm_user_layers_lower_perplexity(tmp_path, run_driver):
+def test_rnnlm_user_layers_lower_perplexity(tmp_path, singa_conf):
+    """Through bin/singa-run.sh, the flags naming the .proto and layers relative to the cwd."""
     make_data("rnnlm", tmp_path)
     conf = edited(os.path.join(singa.HOME, "tests", "fixtures", "confs", "rnnlm", "job.conf"),
                   tmp_path, "rnnlm.conf", {
@@ -74,9 +75,12 @@ def test_rnnlm_user_layers_lower_perplexity(tmp_path, run_driver):
                       "examples/rnnlm/train_data.bin": f"{tmp_path}/train_data.bin",
                       "examples/rnnlm/valid_data.bin": f"{tmp_path}/valid_data.bin",
                       'workspace: "examples/rnnlm/"': f'workspace: "{tmp_path}/ws"'})
-    rnnlm = os.path.join(EXAMPLES, "rnnlm")
-    r = run_driver(conf, "-user_proto", os.path.join(rnnlm, "rnnlm.proto"),
-                   "-user_layers", os.path.join(rnnlm, "rnnlm.py"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
+    env["SINGA_CONF"] = str(singa_conf.parent)
+    r = subprocess.run([os.path.join(singa.HOME, "bin", "singa-run.sh"), "-conf", str(conf),
+                        "-user_proto", "rnnlm.proto", "-user_layers", "rnnlm.py"],
+                       cwd=os.path.join(EXAMPLES, "rnnlm"), env=env, capture_output=True,
+                       text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     train = displayed(r.stderr, "ppl", prefix=r"Train @ step \d+  loss = [\d.]+, ")
     valid = displayed(r.stderr, "ppl", prefix=r"   loss = [\d.]+, ")

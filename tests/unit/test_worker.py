@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 from gradcheck import numeric_gradient
+from singa.errors import ConfigError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.worker import BPTTWorker
@@ -124,7 +125,6 @@ def test_sampling_feeds_each_step_the_previous_sample_and_gru_state(tmp_path):
 
 
 def test_a_dynamic_srclayer_naming_no_layer_is_refused(tmp_path):
-    from singa.errors import ConfigError
     with pytest.raises(ConfigError, match="layer '0#data': rnn_dummy_conf.dynamic_srclayer "
                                           "'argsort' names no layer of the net"):
         make_net(SAMPLE.replace('srclayers: "softmax"', 'srclayers: "softmax" include: kTrain'),
