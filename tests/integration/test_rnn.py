@@ -7,7 +7,10 @@ import os
 import re
 import subprocess
 
+import numpy as np
+
 import singa
+from singa import checkpoint
 
 from conftest import PYTHON
 
@@ -63,6 +66,32 @@ def test_char_rnn_trains_below_unigram_entropy_and_samples_text(tmp_path, run_dr
     assert len(printed) == 60 and set(printed) <= set(counts), printed
     # words: greedy sampling from 150 steps of training says " the the the ..."
     assert b" " in printed and len(set(printed)) > 2, printed
+
+
+def test_char_rnn_resume_is_bit_exact(tmp_path, run_driver):
+    """The text offset of kCharRNN is part of a snapshot: a run resumed at step 20 ends where an
+    uninterrupted one does."""
+    make_data("char-rnn", tmp_path)
+    ends = []
+    for name in ("whole", "resumed"):
+        job = edited(os.path.join(EXAMPLES, "char-rnn", "job.conf"), tmp_path, f"{name}.conf", {
+            "dim_hidden: 512": "dim_hidden: 32", "train_steps: 2000": "train_steps: 40\nseed: 3",
+            "disp_freq: 100": "checkpoint_freq: 20", "batchsize: 50": "batchsize: 10",
+            "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
+            "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt",
+            'workspace: "examples/char-rnn/"': f'workspace: "{tmp_path}/{name}"'})
+        r = run_driver(job)
+        assert r.returncode == 0, r.stderr
+        if name == "resumed":
+            for f in (tmp_path / name / "checkpoint").glob("step40-*"):
+                f.unlink()
+            r = run_driver(job, "-resume")
+            assert r.returncode == 0 and "Resume from step 20" in r.stderr, r.stderr
+        ends.append(checkpoint.CheckpointReader(str(tmp_path / name / "checkpoint" /
+                                                    "step40-worker0.bin")))
+    whole, resumed = ends
+    for name in ("0#z_hx", "0#c_hh", "0#w", "0#b"):
+        np.testing.assert_array_equal(whole.param(name), resumed.param(name), err_msg=name)
 
 
 def test_rnnlm_user_layers_lower_perplexity(tmp_path, singa_conf):
