@@ -335,8 +335,8 @@ def _write(grad, value, add):
 
 @register(job_pb2.kCharRNNOutput)
 class CharRNNOutputLayer(Layer):
-    """Writes the character vocab[x_i] of each source value x_i of the first row-count values
-    to stdout (SINGA prints `vocab_[dptr[i]]`, i < N): with ArgSort, the sampled characters."""
+    """Prints vocab[x_i] to stdout for the first N values x_i of the source, N its rows (SINGA's
+    `vocab_[dptr[i]]`): after an ArgSort of topk 1, the sampled characters."""
 
     def setup(self, srclayers):
         if len(srclayers) != 1:
