@@ -2,6 +2,7 @@
 # Launch a SINGA job (SINGA's bin/singa-run.sh):
 #
 #   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [other args]
+#                [-user_proto <file.proto>]... [-user_layers <file.py>]...
 #
 # Installs what is missing (thirdparty/install.sh), starts the local ZooKeeper when
 # conf/singa.conf names a local one that does not answer, gets a job id, and starts one
@@ -17,6 +18,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     -exec) [ $# -ge 2 ] || usage; exe=$2; shift 2 ;;
     -conf) [ $# -ge 2 ] || usage; conf=$2; shift 2 ;;
+    -user_proto|-user_layers) [ $# -ge 2 ] || usage; args+=("$1" "$(realpath -m -- "$2")"); shift 2 ;;
     -h|--help) usage ;;
     *) args+=("$1"); shift ;;
   esac

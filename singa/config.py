@@ -14,6 +14,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import text_format
 
 import singa
+from singa import extensions
 from singa.errors import ConfigError
 from singa.proto import job_pb2, singa_pb2
 
@@ -28,18 +29,24 @@ def resolve(path):
     return os.path.normpath(os.path.join(singa.HOME, os.path.expanduser(path)))
 
 
-def load_job(path, check_paths=True, check_layers=True):
+def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=()):
     """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
-    return parse_job(_read(path), path, check_paths=check_paths, check_layers=check_layers)
+    return parse_job(_read(path), path, check_paths=check_paths, check_layers=check_layers,
+                     user_proto=user_proto, user_layers=user_layers)
 
 
-def parse_job(text, path="<string>", check_paths=True, check_layers=True):
+def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_proto=(),
+              user_layers=()):
     """Parse and validate job conf `text`; `path` only names the file in error messages.
 
     check_paths: data files must exist and the workspace is created if missing.
     check_layers: every layer type must be registered in `singa.layers`.
+    user_proto, user_layers: files loaded (`singa.extensions`) besides the conf's own
+    `user_proto` / `user_layers`, before the conf is parsed for good.
     """
     conf = _Conf(text, path)
+    named = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
+    _load_extensions(conf, named, user_proto, user_layers)
     job = conf.parse(job_pb2.JobProto())
     _check_job(conf, job, check_layers)
     if check_paths:
@@ -82,9 +89,9 @@ class _Conf:
     def fail(self, line, what):
         raise ConfigError(f"{self.path}:{line}: {what}")
 
-    def parse(self, msg):
+    def parse(self, msg, allow_unknown_extension=False):
         try:
-            text_format.Parse(self.text, msg)
+            text_format.Parse(self.text, msg, allow_unknown_extension=allow_unknown_extension)
         except text_format.ParseError as e:
             self.fail(e.GetLine() or 1, self._parse_error(e))
         self.lines = _field_lines(self.text, msg.DESCRIPTOR)
@@ -117,12 +124,26 @@ class _Conf:
             msg = msg.removeprefix(f"'{lines[e.GetLine() - 1]}': ")
         ext = re.match(r'Extension "([\w.]+)" not registered', msg)
         if ext:
-            return (f"extension [{ext.group(1)}] is not defined (a user extension from an "
-                    f"example's own .proto, e.g. rnnlm.proto, which this build does not know)")
+            return (f"extension [{ext.group(1)}] is not defined: name the .proto file that "
+                    f"defines it with user_proto in the conf or the -user_proto flag "
+                    f"(docs/user-layers.md)")
         msg = " ".join(msg.split())
         if re.search(r"^\s*model\s*[{<:]", self.text, re.M):
             return f"not a SINGA 0.2/0.3 job conf (stale pre-0.1 format?): {msg}"
         return msg
+
+
+def _load_extensions(conf, job, user_proto, user_layers):
+    """Load the .proto and layer files the conf names (relative to the SINGA home) and those given."""
+    for field, paths, load in (("user_proto", user_proto, extensions.load_proto),
+                               ("user_layers", user_layers, extensions.load_layers)):
+        for value in getattr(job, field):
+            if not os.path.isfile(resolve(value)):
+                conf.fail(conf.line(field), f"{field} '{value}' does not exist (resolved to "
+                                            f"{resolve(value)})")
+            load(resolve(value))
+        for value in paths:
+            load(value)
 
 
 def _check_job(conf, job, check_layers):

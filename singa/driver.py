@@ -1,6 +1,7 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
+          [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper, has `runtime.Process` build this process's executors and run them
 (a thread per Server and per Worker, talking to the Stub in the main thread over ZeroMQ), and
@@ -24,7 +25,8 @@ from singa.zk import ZK
 
 log = logging.getLogger("singa")
 
-USAGE = "usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]"
+USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
+         "[-resume|-test] [-user_proto FILE.proto]... [-user_layers FILE.py]...")
 
 
 def parse_flags(argv):
@@ -36,6 +38,11 @@ def parse_flags(argv):
             if i + 1 >= len(argv):
                 raise ConfigError(f"flag {name} needs a value; {USAGE}")
             flags[name[1:]] = argv[i + 1]
+    for name in ("-user_proto", "-user_layers"):   # repeatable; paths relative to the cwd
+        at = [i for i, a in enumerate(argv) if a == name]
+        if at and at[-1] + 1 >= len(argv):
+            raise ConfigError(f"flag {name} needs a value; {USAGE}")
+        flags[name[1:]] = [os.path.abspath(argv[i + 1]) for i in at]
     if "conf" not in flags:
         raise ConfigError(f"no job conf given; {USAGE}")
     return flags
@@ -45,7 +52,8 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         flags = parse_flags(argv)
-        job = config.load_job(os.path.abspath(flags["conf"]))
+        job = config.load_job(os.path.abspath(flags["conf"]), user_proto=flags["user_proto"],
+                              user_layers=flags["user_layers"])
         singa_conf = config.load_singa_conf(
             flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf"))
         Driver(job, singa_conf, flags).run()
@@ -160,18 +168,19 @@ class Driver:
                               f"checkpoint_path files")
         step = checkpoint.CheckpointReader(paths[-1]).step
         log.info("Test @ step %d", job.step if step is None else step)
-        for _ in range(job.test_steps):
-            worker_class(job).test_one_batch(job_pb2.kTest, net)
+        for step in range(job.test_steps):
+            worker_class(job).test_one_batch(job_pb2.kTest, net, step)
         for line in net.display(job_pb2.kTest):
             log.info("   %s", line)
 
 
 def check_runnable(job):
-    """What this version runs: kBP or kCD, every executor in one process, one server group."""
+    """What this version runs: kBP, kBPTT or kCD, every executor in one process, one server group."""
     alg = job.train_one_batch
-    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kCD):
+    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
         name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
-        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP and kCD are)")
+        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP, kBPTT and "
+                          f"kCD are)")
     if alg.alg == job_pb2.kCD and not any(layer.type == job_pb2.kRBMVis
                                           for layer in job.neuralnet.layer):
         raise ConfigError("train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "

@@ -56,6 +56,24 @@ class NeuralNet:
         if share_from is not None:
             self.share_params_from(share_from)
         self.owner_params = [p for p in self.params if p.is_owner]
+        for layer in self.layers:
+            if getattr(layer, "dynamic_srclayer", None):
+                self.dynamic_srclayer(layer)
+
+    def dynamic_srclayer(self, layer):
+        """The layer an RNNDummy `layer` reads in a sampling test step: `<i>#<dynamic_srclayer>`."""
+        src = self.by_name.get(layer.dynamic_srclayer)
+        if src is None:
+            raise ConfigError(f"layer '{layer.name}': rnn_dummy_conf.dynamic_srclayer "
+                              f"'{layer.conf.rnn_dummy_conf.dynamic_srclayer}' names no layer of "
+                              f"the net")
+        return src
+
+    def last_unroll_layer(self, layer):
+        """The unrolled copy of `layer` with the highest unroll_index (SINGA's NeuralNet::last_unroll_layer)."""
+        name = layer.name.partition("#")[2]
+        return max((x for x in self.layers if x.name.partition("#")[2] == name),
+                   key=lambda x: x.unroll_index)
 
     def share_params_from(self, other):
         """Use `other`'s param values (matched by name); `other`'s params stay the owners.

@@ -1,4 +1,4 @@
-"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / CDWorker, src/worker.cc).
+"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / BPTTWorker / CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
 servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
@@ -19,12 +19,13 @@ from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
+from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.proto import job_pb2
 
 log = logging.getLogger("singa")
 
 kTrain, kVal, kTest = job_pb2.kTrain, job_pb2.kVal, job_pb2.kTest
-kForward, kBackward = job_pb2.kForward, job_pb2.kBackward
+kForward, kBackward, kAggGrad = job_pb2.kForward, job_pb2.kBackward, job_pb2.kAggGrad
 kPositive, kNegative = job_pb2.kPositive, job_pb2.kNegative
 STUB = m.addr(-1, -1, m.kStub)
 
@@ -36,7 +37,7 @@ def every(freq, after, step):
 
 def worker_class(job):
     """The Worker class of the job's train_one_batch algorithm (kBP when unset, as for -test)."""
-    return CDWorker if job.train_one_batch.alg == job_pb2.kCD else Worker
+    return {job_pb2.kCD: CDWorker, job_pb2.kBPTT: BPTTWorker}.get(job.train_one_batch.alg, Worker)
 
 
 class Worker:
@@ -134,13 +135,14 @@ class Worker:
                 self.update(step, p)
 
     @staticmethod
-    def test_one_batch(phase, net):
+    def test_one_batch(phase, net, step):
+        """Forward `net` for test batch `step` (0, 1, ... within one test)."""
         net.forward(phase | kForward)
 
     def test(self, nsteps, phase, net):
         """Run `nsteps` test batches of `net`; display and return the metrics."""
-        for _ in range(nsteps):
-            self.test_one_batch(phase, net)
+        for step in range(nsteps):
+            self.test_one_batch(phase, net, step)
         return self.display(phase, " ", net)
 
     def display(self, flag, prefix, net):
@@ -148,12 +150,7 @@ class Worker:
         metrics = {}
         for line in net.display(flag):
             log.info("%s  %s", prefix, line)
-            for item in line.split(","):
-                name, _, value = item.partition("=")
-                try:
-                    metrics[name.strip().lower()] = float(value)
-                except ValueError:
-                    pass
+            metrics.update((k.lower(), v) for k, v in parse_metrics(line).items())
         return metrics
 
     # --- params ---------------------------------------------------------------------------
@@ -359,13 +356,82 @@ class CDWorker(Worker):
                 self.update(step, p)
 
     @staticmethod
-    def test_one_batch(phase, net):
+    def test_one_batch(phase, net, step):
         """Positive pass of every layer, then one reconstruction (kNegative|kTest) by RBMVis."""
         for layer in net.layers:
             layer.compute_feature(kPositive, net.srclayers[layer.name])
         for layer in net.layers:
             if isinstance(layer, RBMVisLayer):
                 layer.compute_feature(kNegative | kTest, net.srclayers[layer.name])
+
+
+class BPTTWorker(Worker):
+    """kBPTT (SINGA's BPTTWorker): back-propagation through a net unrolled over `unroll_len`.
+
+    Copy i > 0 of a layer shares its params' values and gradients with copy 0, so the
+    gradients are zeroed before the forward pass, every copy adds its part (kAggGrad), and only
+    copy 0's params are sent to the servers once the whole backward pass is done. Display
+    averages each metric over a layer's unrolled copies (SINGA sums them).
+    """
+
+    def train_one_batch(self, step):
+        net = self.train_net
+        firsts = [layer for layer in net.layers if layer.unroll_index == 0]
+        for layer in net.layers:
+            if layer.unroll_index == 0:
+                for p in layer.params:
+                    self.collect(p)
+                    p.grad.fill(0)
+            layer.compute_feature(kTrain | kForward, net.srclayers[layer.name])
+        for layer in reversed(net.layers):
+            layer.compute_gradient(kTrain | kBackward | kAggGrad, net.srclayers[layer.name])
+        for layer in firsts:
+            for p in layer.params:
+                self.update(step, p)
+
+    @staticmethod
+    def test_one_batch(phase, net, step):
+        """Forward; in a sampling net (an RNNDummy with a dynamic_srclayer), from test batch 1
+        on, each RNNDummy reads its dynamic_srclayer (the previous sample) and the first copy
+        of each GRU without a state source continues from its last copy's state (SINGA's
+        `full_state`, which SINGA 0.3 leaves off: its samples see one character)."""
+        sampling = step > 0 and phase & kTest and any(
+            isinstance(layer, RNNDummyLayer) and layer.dynamic_srclayer for layer in net.layers)
+        for layer in net.layers:
+            srcs = net.srclayers[layer.name]
+            if sampling and isinstance(layer, RNNDummyLayer) and layer.dynamic_srclayer:
+                srcs = [net.dynamic_srclayer(layer)]
+            elif sampling and isinstance(layer, GRULayer) and layer.unroll_index == 0 \
+                    and len(srcs) == 1:
+                srcs = srcs + [net.last_unroll_layer(layer)]
+            layer.compute_feature(phase | kForward, srcs)
+
+    def display(self, flag, prefix, net):
+        """Log `prefix  <metrics>` per layer with metrics, each averaged over the layer's
+        unrolled copies; return {metric name: value}."""
+        copies = {}
+        for layer in net.layers:
+            line = layer.to_string(flag)
+            if line:
+                copies.setdefault(layer.name.partition("#")[2], []).append(parse_metrics(line))
+        metrics = {}
+        for values in copies.values():
+            mean = {k: sum(v[k] for v in values) / len(values) for k in values[0]}
+            log.info("%s  %s", prefix, ", ".join(f"{k} = {v:f}" for k, v in mean.items()))
+            metrics.update((k.lower(), v) for k, v in mean.items())
+        return metrics
+
+
+def parse_metrics(line):
+    """{name: value} of a display line `Loss = 2.1, accuracy = 0.3`."""
+    metrics = {}
+    for item in line.split(","):
+        name, _, value = item.partition("=")
+        try:
+            metrics[name.strip()] = float(value)
+        except ValueError:
+            pass
+    return metrics
 
 
 class AbortedError(Exception):

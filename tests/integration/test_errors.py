@@ -93,8 +93,9 @@ def test_unreachable_zookeeper_names_host_and_port(fixture_job, run_driver, tmp_
 
 
 def test_an_algorithm_not_implemented_is_refused(fixture_job, run_driver):
-    err = one_line_error(run_driver(fixture_job(edits={"alg: kBP": "alg: kBPTT"})))
-    assert err == "singa: train_one_batch: alg kBPTT is not implemented yet (kBP and kCD are)"
+    err = one_line_error(run_driver(fixture_job(edits={"alg: kBP": 'user_alg: "kMine"'})))
+    assert err == ("singa: train_one_batch: alg kMine is not implemented yet (kBP, kBPTT and "
+                   "kCD are)")
 
 
 def test_cd_without_rbm_layers_is_refused(fixture_job, run_driver):

@@ -117,12 +117,6 @@ def test_singa_example_confs_parse(path):
     assert all(layer.HasField("unroll_len") for layer in kept)
 
 
-@pytest.mark.parametrize("name", ["job.conf", "job-v0.1.0.conf"])
-def test_rnnlm_conf_names_the_missing_extension(name):
-    with pytest.raises(ConfigError, match=r"rnnlm/" + name + r":35: extension \[data_conf\]"):
-        config.load_job(str(CONFS / "rnnlm" / name), check_paths=False, check_layers=False)
-
-
 @pytest.mark.parametrize("name", ["rbm_job.conf", "rbm_job-v0.1.0.conf"])
 def test_stale_rbm_job_conf_is_recognised(name):
     with pytest.raises(ConfigError, match=name + r":9: not a SINGA 0.2/0.3 job conf \(stale pre-0.1"):

@@ -199,6 +199,6 @@ def test_cd_worker_updates_only_rbm_params_and_tests_with_one_reconstruction():
     tvis, thid = test.layers[3:]
     # the test net's Hid uses the train net's W, not a stale copy of its own
     assert thid.weight.data is net.layers[3].weight.data is tvis.weight.data
-    CDWorker.test_one_batch(kTest, test)
+    CDWorker.test_one_batch(kTest, test, 0)
     assert tvis.counter == 2 and tvis.error > 0
     assert worker_class(FakeJob) is CDWorker and Worker.test_one_batch is not CDWorker.test_one_batch
