@@ -175,7 +175,7 @@ class Driver:
 
 
 def check_runnable(job):
-    """What this version runs: kBP, kBPTT or kCD, every executor in one process, one server group."""
+    """What this version runs: kBP, kBPTT or kCD, one server group, a layout SINGA can run."""
     alg = job.train_one_batch
     if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
         name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
@@ -189,19 +189,13 @@ def check_runnable(job):
     problem = cluster.check_layout(cl)
     if problem:
         raise ConfigError(problem)
-    n = cluster.nprocs(cl)
-    if n != 1:
-        raise ConfigError(f"cluster: this job needs {n} processes (nworkers_per_procs "
-                          f"{cl.nworkers_per_procs}, nservers_per_procs {cl.nservers_per_procs}); "
-                          f"multi-process jobs are not supported yet: put every worker and "
-                          f"server in one process")
     if cl.nserver_groups != 1:
         raise ConfigError(f"cluster: nserver_groups {cl.nserver_groups}: exactly one server "
                           f"group is supported yet")
     if min(cl.nworker_groups, cl.nworkers_per_group, cl.nservers_per_group) < 1:
         raise ConfigError("cluster: nworker_groups, nworkers_per_group and nservers_per_group "
                           "must be at least 1")
-    if cl.nworker_groups > 1 and not cl.share_memory:
+    if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
         raise ConfigError("cluster: several worker groups in one process need share_memory: true")
 
 

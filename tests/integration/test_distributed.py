@@ -1,0 +1,72 @@
+"""Jobs across processes: real `singa` processes on this machine, real ZooKeeper, real tcp."""
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON
+from singa.checkpoint import CheckpointReader
+from singa.zk import ZK
+
+# SINGA's frameworks scaled to this machine (docs/distributed.md), each in several processes
+LAYOUTS = {
+    "sandblaster": "nworkers_per_group: 2 nservers_per_group: 1 server_worker_separate: true",
+    "allreduce": "nworkers_per_group: 2 nservers_per_group: 2",
+}
+ONE_PROCESS = "nworkers_per_group: 2 nworkers_per_procs: 2 nservers_per_group: 1"
+
+
+def job_text(fixture_job, tmp_path, name, layout, steps=60):
+    return fixture_job(name + ".conf", workspace=tmp_path / name, edits={
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            f"cluster {{ nworker_groups: 1 nserver_groups: 1 {layout}",
+        "train_steps: 200": f"train_steps: {steps}", "test_freq: 100": "test_freq: 30",
+        "checkpoint_freq: 100": "checkpoint_freq: 30", "disp_freq: 20": "disp_freq: 10"},
+        head="seed: 7\n")
+
+
+def run_job(conf, singa_conf, zk_server, nprocs, timeout=240):
+    """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order."""
+    with ZK(zk_server) as zk:
+        job_id = zk.new_job_id()
+    procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
+                               str(singa_conf), "-singa_job", str(job_id)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(nprocs)]
+    out = []
+    for p in procs:
+        try:
+            log, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append((p.returncode, log))
+    return out
+
+
+def losses(log):
+    return [float(x) for x in re.findall(r"Train @ step \d+  Loss = ([\d.]+)", log)]
+
+
+@pytest.mark.parametrize("framework", sorted(LAYOUTS))
+def test_synchronous_frameworks_in_processes_train_as_in_one(framework, fixture_job, singa_conf,
+                                                              zk_server, tmp_path):
+    one = run_job(job_text(fixture_job, tmp_path, "one", ONE_PROCESS), singa_conf, zk_server, 1)
+    assert one[0][0] == 0, one[0][1]
+    many = run_job(job_text(fixture_job, tmp_path, framework, LAYOUTS[framework]), singa_conf, zk_server,
+                   3 if framework == "sandblaster" else 2)
+    assert all(rc == 0 for rc, _ in many), "\n".join(log for _, log in many)
+    logs = "\n".join(log for _, log in many)
+    assert re.search(r"proc #\d -> 127\.0\.0\.1:\d+", logs)      # tcp on the host's address
+    curve, expected = losses(logs), losses(one[0][1])
+    assert len(curve) == len(expected) == 6 and curve[-1] < curve[0]
+    np.testing.assert_allclose(curve, expected, rtol=1e-5)     # the same sums, in the same order
+    for w in (0, 1):
+        ours = CheckpointReader(str(tmp_path / framework / "checkpoint" / f"step60-worker{w}.bin"))
+        ref = CheckpointReader(str(tmp_path / "one" / "checkpoint" / f"step60-worker{w}.bin"))
+        assert ours.names == ref.names
+        for name in ours.names:
+            np.testing.assert_allclose(ours.param(name), ref.param(name), rtol=1e-5, atol=1e-6)
