@@ -140,7 +140,10 @@ class Driver:
                 f.write(process.train_net.to_json())
         for g in sorted({g for g, _ in cluster.servers_of(cl, pid)}):
             zk.watch_sgroup(job_id, g, process.stub.stop_servers.set)
+        if cluster.nprocs(cl) > 1:
+            zk.watch_procs(job_id, lambda text: setattr(process.stub, "lost", text))
         process.run()
+        zk.proc_done(job_id, pid)
 
     def register(self, zk, endpoint):
         """This process's procs id, by registration in ZooKeeper with `endpoint`."""

@@ -141,10 +141,13 @@ class Process:
 
     def locate(self, address):
         """The process of the executor at `address`."""
+        cl = self.job.cluster
         grp, id_, kind = m.addr_grp(address), m.addr_id(address), m.addr_type(address)
-        if kind == m.kServer:
-            return cluster.server_procs(self.job.cluster, grp, id_)
-        return cluster.worker_procs(self.job.cluster, grp, id_)
+        if kind == m.kServer and 0 <= grp < cl.nserver_groups and id_ < cl.nservers_per_group:
+            return cluster.server_procs(cl, grp, id_)
+        if kind == m.kWorkerParam and 0 <= grp < cl.nworker_groups and id_ < cl.nworkers_per_group:
+            return cluster.worker_procs(cl, grp, id_)
+        raise ClusterError(f"no executor at address {address}")
 
     def peer(self, pid):
         if pid not in self.peers:

@@ -6,6 +6,8 @@ Layout (SINGA's src/utils/cluster_rt.cc):
   /singa/app/job-<%010d>/proc/proc-<id>   ephemeral, "<host>:<port>|<pid>"
   /singa/app/job-<%010d>/proc-lock/lock-<seq>   ephemeral-sequential; procs id = rank
   /singa/app/job-<%010d>/group/sg<s>/g<gid>_w<wid>   ephemeral; a worker in server group s
+  /singa/app/job-<%010d>/proc-done/proc-<id>   ours: process id ended normally (so its proc
+                                               node's end is no loss)
 """
 import logging
 import socket
@@ -22,7 +24,7 @@ SYS = "/singa/sys"
 JOB_LOCK = "/singa/sys/job-lock"
 HOST_IDX = "/singa/sys/host-idx"
 APP = "/singa/app"
-SESSION_TIMEOUT = 30.0     # seconds, as SINGA's 30,000 ms
+SESSION_TIMEOUT = 10.0     # seconds (SINGA's 30,000 ms): how soon a killed process is seen lost
 KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once more newer jobs than this exist
 
 # kazoo warns on every failed connection attempt; our errors say it in one line instead.
@@ -124,6 +126,42 @@ class ZK:
         data, _ = self._wait(self.client.get_async(path), "read " + path)
         return data.decode().rsplit("|", 1)[0]
 
+    def watch_procs(self, job_id, on_lost):
+        """Call `on_lost(text)` once (in kazoo's thread) when a registered process of the job
+        goes away without having ended normally (`proc_done`): killed, or its host lost."""
+        job = job_path(job_id)
+        seen, fired = {}, False
+
+        def changed(children):
+            nonlocal fired
+            if fired:
+                return False
+            for name in children:
+                if name not in seen:
+                    try:
+                        seen[name] = self.client.get(f"{job}/proc/{name}")[0].decode(errors="replace")
+                    except (NoNodeError, KazooException):
+                        seen[name] = "?"
+            for name in set(seen) - set(children):
+                value = seen.pop(name)
+                try:
+                    done = self.client.exists(f"{job}/proc-done/{name}") is not None
+                except KazooException:
+                    done = False
+                if not done:
+                    fired = True
+                    host, _, pid = value.rpartition("|")
+                    on_lost(f"process {name.removeprefix('proc-')} of job {job_id} "
+                            f"({host or '?'}, pid {pid}) was lost")
+                    return False
+            return True
+
+        self.client.ChildrenWatch(f"{job}/proc", changed)
+
+    def proc_done(self, job_id, procs_id):
+        """Mark process `procs_id` as ended normally (before its session closes)."""
+        self._ensure(f"{job_path(job_id)}/proc-done/proc-{procs_id}")
+
     # --- worker / server group membership ---
 
     def join_sgroup(self, job_id, gid, wid, sgroup):
@@ -212,7 +250,7 @@ class ZK:
         return f"{job_path(job_id)}/group/sg{sgroup}"
 
     def _ensure_job(self, job_id):
-        for sub in ("proc", "proc-lock", "group"):
+        for sub in ("proc", "proc-lock", "group", "proc-done"):
             self._ensure(f"{job_path(job_id)}/{sub}")
 
     def _ensure(self, path, value=b""):

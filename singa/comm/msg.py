@@ -63,10 +63,13 @@ class Msg:
 
     @classmethod
     def from_frames(cls, frames):
+        head = bytes(frames[0])[:100] if frames else b""
         try:
-            src, dst, type_, val, version = (int(x) for x in bytes(frames[0]).split())
-        except (ValueError, IndexError):
-            raise ClusterError(f"malformed message header {bytes(frames[0])[:40]!r}") from None
+            src, dst, type_, val, version = (int(x) for x in head.split())
+        except ValueError:
+            raise ClusterError(f"malformed message header {head[:40]!r}") from None
+        if not all(-2**31 <= x < 2**31 for x in (src, dst, type_, val)):
+            raise ClusterError(f"message header out of range {head[:40]!r}")
         return cls(src, dst, type_, val, version, frames[1:])
 
     def reply(self, type_, trgt_version, frames=()):

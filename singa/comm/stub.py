@@ -62,18 +62,23 @@ class Stub:
         self.servers = len(self.executors) - self.workers
         self.poll_ms = poll_ms
         self.stop_servers = threading.Event()   # set by the server group's membership watch
+        self.lost = None            # set (from another thread) to the text of a lost process
         self.error = None
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
         log.info("Stub in process starts")
         while self.workers > 0 or self.servers > 0:
-            msg = self.router.receive(self.poll_ms)
-            if msg is not None:
-                try:
+            try:
+                msg = self.router.receive(self.poll_ms)
+                if msg is not None:
                     self.handle(msg)
-                except ClusterError as e:   # bad traffic: dropped, nothing changed
-                    log.warning("Stub: dropped %r: %s", msg, e)
+            except ClusterError as e:   # bad traffic: dropped, nothing changed
+                log.warning("Stub: dropped a message: %s", e)
+            if self.lost is not None and self.error is None:
+                self.error = ("ClusterError", self.lost)
+                log.error("%s; stopping", self.lost)
+                self.stop_local(None)
             if self.stop_servers.is_set() or (self.stop_servers_with_workers and
                                               self.workers == 0 and self.servers > 0):
                 self.stop_servers.clear()

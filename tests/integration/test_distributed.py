@@ -1,10 +1,12 @@
 """Jobs across processes: real `singa` processes on this machine, real ZooKeeper, real tcp."""
-import os
 import re
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
+import zmq
 
 from conftest import PYTHON
 from singa.checkpoint import CheckpointReader
@@ -70,3 +72,82 @@ def test_synchronous_frameworks_in_processes_train_as_in_one(framework, fixture_
         assert ours.names == ref.names
         for name in ours.names:
             np.testing.assert_allclose(ours.param(name), ref.param(name), rtol=1e-5, atol=1e-6)
+
+
+def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, singa_conf,
+                                                                  zk_server, tmp_path):
+    conf = job_text(fixture_job, tmp_path, "killed", LAYOUTS["allreduce"], steps=100000)
+    with ZK(zk_server) as zk:
+        job_id = zk.new_job_id()
+    logs = [tmp_path / f"proc{i}.log" for i in range(2)]
+    procs = []
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job", str(job_id)],
+                                          stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 20 " not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                "".join(log.read_text() for log in logs)
+            time.sleep(0.2)
+        victim, survivor = procs
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        rc = survivor.wait(timeout=60)
+        noticed = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    text = logs[1].read_text()
+    assert rc != 0 and noticed <= 30, text
+    assert re.search(rf"process \d of job {job_id} \(127\.0\.0\.1:\d+, pid {victim.pid}\) was lost",
+                     text), text
+    assert "Traceback" not in text
+
+
+GARBAGE = [
+    [b"\x00\xff garbage"], [b""], [b"1 2"], [b"not numbers at all x"],
+    [b"0 0 1 65536 0", b"*singa*\0"],                          # a Put of no values
+    [b"0 0 3 0 0", b"*singa*\0i\x01\x00\x00\x00", b"abc"],       # an Update of 3 bytes
+    [b"0 131074 3 0 0", b"*singa*\0i\x01\x00\x00\x00", np.ones(7, np.float32).tobytes()],
+    [b"0 131074 9 0 5"],                                       # an answer nobody asked for
+    [b"0 0 77 0 0", b"x"],                                     # an unknown type
+]
+
+
+def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf, zk_server,
+                                                         tmp_path):
+    clean = run_job(job_text(fixture_job, tmp_path, "clean", LAYOUTS["allreduce"]), singa_conf,
+                    zk_server, 2)
+    assert all(rc == 0 for rc, _ in clean)
+    conf = job_text(fixture_job, tmp_path, "attacked", LAYOUTS["allreduce"])
+    with ZK(zk_server) as zk:
+        job_id = zk.new_job_id()
+        procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
+                                   str(singa_conf), "-singa_job", str(job_id)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for _ in range(2)]
+        try:
+            ctx = zmq.Context()
+            for pid in range(2):
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.connect("tcp://" + zk.proc_endpoint(job_id, pid, timeout=60))
+                for frames in GARBAGE:
+                    sock.send_multipart(frames)
+                sock.close()
+            ctx.term()
+            outs = [p.communicate(timeout=240)[0] for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(outs)
+    assert "dropped" in "".join(outs) and "Traceback" not in "".join(outs)
+    ours = CheckpointReader(str(tmp_path / "attacked" / "checkpoint" / "step60-worker0.bin"))
+    ref = CheckpointReader(str(tmp_path / "clean" / "checkpoint" / "step60-worker0.bin"))
+    for name in ref.names:
+        np.testing.assert_array_equal(ours.param(name), ref.param(name))
