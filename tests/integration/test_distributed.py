@@ -151,3 +151,23 @@ def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf
     ref = CheckpointReader(str(tmp_path / "clean" / "checkpoint" / "step60-worker0.bin"))
     for name in ref.names:
         np.testing.assert_array_equal(ours.param(name), ref.param(name))
+
+
+def accuracy_at(log, step):
+    return float(re.search(rf"Test @ step {step}\n.*accuracy = ([\d.]+)", log)[1])
+
+
+def test_downpour_worker_groups_in_processes_reach_the_accuracy_of_one(fixture_job, singa_conf,
+                                                                        zk_server, tmp_path):
+    """Two asynchronous worker groups (processes) and a server process: after as many samples
+    as one worker's 120 steps (60 each), test accuracy within 2 points of that worker's."""
+    one = run_job(job_text(fixture_job, tmp_path, "single", "", steps=121), singa_conf, zk_server, 1)
+    conf = job_text(fixture_job, tmp_path, "downpour", "", steps=61)
+    conf.write_text(conf.read_text().replace(
+        "cluster { nworker_groups: 1 nserver_groups: 1",
+        "cluster { nworker_groups: 2 nserver_groups: 1 server_worker_separate: true"))
+    many = run_job(conf, singa_conf, zk_server, 3)
+    assert one[0][0] == 0 and all(rc == 0 for rc, _ in many), "\n".join(log for _, log in many)
+    ours = accuracy_at("".join(log for _, log in many), 60)
+    ref = accuracy_at(one[0][1], 120)
+    assert abs(ours - ref) <= 0.02, (ours, ref)

@@ -159,3 +159,20 @@ def test_run_with_missing_conf_exits_2(env, tmp_path):
     assert r.returncode == 2
     assert r.stderr == f"singa-run: {conf} not exists\n"
     assert r.stdout == ""
+
+
+def test_run_starts_a_process_per_host_of_a_multi_process_job(fixture_job, env, tmp_path):
+    """Sandblaster: 2 worker processes and a server process, all on `localhost` (SINGA 0.3
+    cannot: ZeroMQ refuses tcp://localhost:*)."""
+    conf = fixture_job(edits={"cluster { nworker_groups: 1 nserver_groups: 1":
+                              "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
+                              "server_worker_separate: true"})
+    r = script("singa-run.sh", "-conf", str(conf), env=env)
+    assert r.returncode == 0, r.stderr
+    info = re.search(r"^Record job information to (.+)$", r.stdout, re.M)[1]
+    assert open(os.path.join(info, "job.hosts")).read() == "localhost\n" * 3
+    assert r.stdout.count("Executing : ") == 3
+    assert len(re.findall(r"proc #\d -> 127\.0\.0\.1:\d+ \(pid = \d+\)", r.stderr)) == 3
+    assert len(TRAIN.findall(r.stderr)) == 10
+    for w in (0, 1):
+        assert (tmp_path / "ws" / "checkpoint" / f"step200-worker{w}.bin").is_file()
