@@ -25,6 +25,7 @@ from singa.zk import ZK
 
 log = logging.getLogger("singa")
 
+REGISTER_TIMEOUT = 20.0    # seconds a process waits for the other processes of its job
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
          "[-resume|-test] [-user_proto FILE.proto]... [-user_layers FILE.py]...")
 
@@ -130,6 +131,8 @@ class Driver:
             if cluster.nprocs(cl) > 1:
                 endpoint = transport.listen(self.host)
             pid = self.register(zk, endpoint)
+            for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
+                zk.proc_endpoint(job_id, other, timeout=REGISTER_TIMEOUT)
             process = Process(self.job, pid, resume, Membership(zk, job_id),
                               peers=lambda p: zk.proc_endpoint(job_id, p), transport=transport)
         except BaseException:

@@ -1,5 +1,6 @@
 """User mistakes given to the `singa` driver: one line on stderr naming the place, no traceback."""
 import os
+import re
 import time
 
 import pytest
@@ -104,7 +105,9 @@ def test_cd_without_rbm_layers_is_refused(fixture_job, run_driver):
                    "the net has none")
 
 
-def test_a_multi_process_cluster_is_refused(fixture_job, run_driver):
-    conf = fixture_job(edits={"nworker_groups: 1": "nworker_groups: 2"})
-    err = one_line_error(run_driver(conf))
-    assert "needs 2 processes" in err and "not supported yet" in err
+def test_a_process_whose_job_partners_never_start_stops_with_one_line(fixture_job, run_driver):
+    conf = fixture_job(edits={"nworker_groups: 1": "nworker_groups: 2"})    # 2 processes
+    r = run_driver(conf)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert re.search(r"^singa: process 1 of job \d+ did not register in ZooKeeper at \S+ within "
+                     r"20 s$", r.stderr, re.M), r.stderr
