@@ -29,12 +29,12 @@ def job_text(fixture_job, tmp_path, name, layout, steps=60):
         head="seed: 7\n")
 
 
-def run_job(conf, singa_conf, zk_server, nprocs, timeout=240):
+def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
     """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order."""
     with ZK(zk_server) as zk:
         job_id = zk.new_job_id()
     procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
-                               str(singa_conf), "-singa_job", str(job_id)],
+                               str(singa_conf), "-singa_job", str(job_id), *flags],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(nprocs)]
     out = []
@@ -171,3 +171,24 @@ def test_downpour_worker_groups_in_processes_reach_the_accuracy_of_one(fixture_j
     ours = accuracy_at("".join(log for _, log in many), 60)
     ref = accuracy_at(one[0][1], 120)
     assert abs(ours - ref) <= 0.02, (ours, ref)
+
+
+def test_sandblaster_interrupted_and_resumed_ends_bit_identical(fixture_job, singa_conf,
+                                                                zk_server, tmp_path):
+    full = job_text(fixture_job, tmp_path, "full", LAYOUTS["sandblaster"])
+    assert all(rc == 0 for rc, _ in run_job(full, singa_conf, zk_server, 3))
+    folder = tmp_path / "full" / "checkpoint"
+    resumed = tmp_path / "resumed" / "checkpoint"
+    resumed.mkdir(parents=True)
+    for w in (0, 1):     # as if every process was killed right after the snapshot of step 30
+        for ext in (".bin", ".meta"):
+            (resumed / f"step30-worker{w}{ext}").write_bytes(
+                (folder / f"step30-worker{w}{ext}").read_bytes())
+    conf = job_text(fixture_job, tmp_path, "resumed", LAYOUTS["sandblaster"])
+    out = run_job(conf, singa_conf, zk_server, 3, flags=("-resume",))
+    assert all(rc == 0 for rc, _ in out), "\n".join(log for _, log in out)
+    assert "Resume from step 30" in out[0][1]
+    for w in (0, 1):
+        a = (folder / f"step60-worker{w}.bin").read_bytes()
+        b = (resumed / f"step60-worker{w}.bin").read_bytes()
+        assert a == b, f"worker {w}'s final snapshot differs"
