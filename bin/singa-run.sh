@@ -41,33 +41,45 @@ if ! $PYTHON -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 
   esac
 fi
 
-job_id=$($SINGATOOL create -confdir "$SINGA_CONF")
-echo "Unique JOB_ID is $job_id"
-log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
-mkdir -p "$log_dir"
-echo "Record job information to $log_dir"
-$SINGATOOL genhost "$conf" -confdir "$SINGA_CONF" > "$log_dir/job.hosts"
-cp "$conf" "$log_dir/job.conf"
+# max_restarts (ours): a failed job starts again from its newest complete snapshot.
+max_restarts=$($PYTHON -c 'import sys; from singa import config
+print(config.load_job(sys.argv[1], check_paths=False, check_layers=False).max_restarts)' "$conf" 2>/dev/null) \
+  || max_restarts=0
+restarts=0
+while :; do
+  job_id=$($SINGATOOL create -confdir "$SINGA_CONF")
+  echo "Unique JOB_ID is $job_id"
+  log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
+  mkdir -p "$log_dir"
+  echo "Record job information to $log_dir"
+  $SINGATOOL genhost "$conf" -confdir "$SINGA_CONF" > "$log_dir/job.hosts"
+  cp "$conf" "$log_dir/job.conf"
 
-cmd="$exe ${args[*]:-} -singa_conf $SINGA_CONF/singa.conf -singa_job $job_id -conf $conf"
-pids=()
-while read -r host _; do
-  [ -n "$host" ] || continue
-  if [ "$host" = localhost ]; then
-    echo "Executing : $cmd"
-    $cmd &
-  else
-    ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet "$host" \
-      "cd $SINGA_HOME; source $SINGA_HOME/conf/profile; $cmd -host $host" &
-  fi
-  pids+=($!)
-done < "$log_dir/job.hosts"
+  cmd="$exe ${args[*]:-} -singa_conf $SINGA_CONF/singa.conf -singa_job $job_id -conf $conf"
+  pids=()
+  while read -r host _; do
+    [ -n "$host" ] || continue
+    if [ "$host" = localhost ]; then
+      echo "Executing : $cmd"
+      $cmd &
+    else
+      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet "$host" \
+        "cd $SINGA_HOME; source $SINGA_HOME/conf/profile; $cmd -host $host" &
+    fi
+    pids+=($!)
+  done < "$log_dir/job.hosts"
 
-sleep 2
-$SINGATOOL view "$job_id" -confdir "$SINGA_CONF" > "$log_dir/job.pids" 2>/dev/null || true
+  sleep 2
+  $SINGATOOL view "$job_id" -confdir "$SINGA_CONF" > "$log_dir/job.pids" 2>/dev/null || true
 
-status=0
-for pid in "${pids[@]}"; do
-  wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
+  status=0
+  for pid in "${pids[@]}"; do
+    wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
+  done
+  case $status in 0|2|130|143) break ;; esac    # done, bad input, or stopped by the user
+  [ $restarts -lt "$max_restarts" ] || break
+  restarts=$((restarts + 1))
+  echo "singa-run: job $job_id failed (exit $status); restart $restarts of $max_restarts from its newest complete snapshot" >&2
+  args+=(-resume)
 done
 exit $status
