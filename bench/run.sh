@@ -1,5 +1,5 @@
 #!/bin/sh
-# Run both benches with the repo venv, default settings (bench/README.md says what they
+# Run the benches with the repo venv, default settings (bench/README.md says what they
 # measure). They print figures and exit 0 whatever the ratios: they measure, not judge.
 set -e
 cd "$(dirname "$0")/.."
@@ -10,3 +10,6 @@ echo "== bench_mlp_step.py  $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cpus"
 echo
 echo "== bench_checkpoint.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_checkpoint.py
+echo
+echo "== bench_exchange.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_exchange.py

@@ -1,0 +1,140 @@
+"""Bench: the MLP's param exchange between a worker process and a server process over tcp.
+
+    python bench/bench_exchange.py [--rounds 8] [--steps 5]
+
+Ours: SINGA's MNIST MLP job (examples/mnist/job.conf, 12 M floats) with
+`nworkers_per_group: 1, server_worker_separate: true`: process 0 runs the worker and its stub,
+process 1 (a child process) the server and its stub, both built by `runtime.Process` and
+talking over tcp on 127.0.0.1. A step is the exchange without the maths: an Update of every
+param (the gradients to the server, which applies SGD), then `collect_all` (the new values
+back). Reference: raw pyzmq, a DEALER sending the same arrays over tcp 127.0.0.1 to a ROUTER
+in a child process that sends them back, the same bytes each way. Interleaved rounds, medians.
+Target: ours reaches >= 80 % of the raw throughput (raw / ours >= 0.8). Exits 0 whatever.
+"""
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import zmq
+
+from bench_mlp_step import interleaved, mlp_job, print_table
+from singa.runtime import Process, Transport
+
+TARGET = 0.8
+
+
+def server_side(workspace, conn):
+    """Process 1 of the job: its server and stub, until the parent says stop."""
+    job = mlp_job(workspace)
+    job.cluster.server_worker_separate = True
+    transport = Transport()
+    conn.send(transport.listen("127.0.0.1"))
+    endpoints = conn.recv()
+    process = Process(job, 1, peers=endpoints.__getitem__, transport=transport)
+    threading.Thread(target=lambda: (conn.recv(), process.stub.stop_servers.set()),
+                     daemon=True).start()
+    process.run()
+
+
+def echo_side(endpoint_conn):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    endpoint_conn.send(port)
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        if len(frames) == 2 and bytes(frames[1]) == b"stop":
+            break
+        sock.send_multipart(frames, copy=False)
+
+
+class Ours:
+    def __init__(self, workspace):
+        job = mlp_job(workspace)
+        job.cluster.server_worker_separate = True
+        self.conn, child = mp.Pipe()
+        self.child = mp.get_context("fork").Process(target=server_side, args=(workspace, child))
+        self.child.start()
+        transport = Transport()
+        endpoints = {0: transport.listen("127.0.0.1"), 1: self.conn.recv()}
+        self.conn.send(endpoints)
+        self.process = Process(job, 0, peers=endpoints.__getitem__, transport=transport)
+        self.worker = self.process.workers[0]
+        self.stub = threading.Thread(target=self.process.stub.run, daemon=True)
+        self.stub.start()
+        self.worker.init_params()
+        self.step = 0
+        self.params = [p for layer in self.worker.train_net.layers for p in layer.params]
+        self.nbytes = sum(p.data.nbytes for p in self.params)
+
+    def exchange(self):
+        for p in self.params:
+            self.worker.update(self.step, p)
+        self.worker.collect_all()
+        self.step += 1
+
+    def close(self):
+        from singa.comm import msg as m
+        self.worker.dealer.send(m.Msg(self.worker.address, m.addr(-1, -1, m.kStub), m.kStop))
+        self.stub.join(timeout=30)
+        self.process.close()
+        self.conn.send("stop")
+        self.child.join(timeout=30)
+
+
+class Raw:
+    def __init__(self, arrays):
+        parent, child = mp.Pipe()
+        self.child = mp.get_context("fork").Process(target=echo_side, args=(child,))
+        self.child.start()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(f"tcp://127.0.0.1:{parent.recv()}")
+        self.arrays = arrays
+
+    def exchange(self):
+        for a in self.arrays:
+            self.sock.send_multipart([b"h", a], copy=False)
+        for _ in self.arrays:
+            self.sock.recv_multipart(copy=False)
+
+    def close(self):
+        self.sock.send_multipart([b"stop"])
+        self.child.join(timeout=30)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args(argv)
+    workspace = tempfile.mkdtemp(prefix="singa-bench-exchange-")
+    os.makedirs(os.path.join(workspace, "checkpoint"), exist_ok=True)
+    ours = Ours(workspace)
+    raw = Raw([p.grad.copy() for p in ours.params])
+    try:
+        med = interleaved({"ours (worker process <-> server process)": ours.exchange,
+                           "raw pyzmq echo": raw.exchange}, args.rounds, args.steps)
+    finally:
+        ours.close()
+        raw.close()
+    mb = 2 * ours.nbytes / 1e6
+    print(f"MLP param exchange, {len(ours.params)} arrays, {ours.nbytes / 1e6:.1f} MB each way, "
+          f"tcp 127.0.0.1, {args.rounds} rounds x {args.steps}, median:")
+    print_table([[name, f"{t * 1e3:.1f}", f"{mb / t / 1e3:.2f}"] for name, t in med.items()],
+                ["side", "ms/step", "GB/s"])
+    ratio = med["raw pyzmq echo"] / med["ours (worker process <-> server process)"]
+    print(f"throughput ours/raw = {ratio:.3f} (target >= {TARGET}: "
+          f"{'within' if ratio >= TARGET else 'BELOW'} target)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
