@@ -63,7 +63,8 @@ while :; do
       echo "Executing : $cmd"
       $cmd &
     else
-      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet "$host" \
+      # shellcheck disable=SC2086  # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
+      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} "$host" \
         "cd $SINGA_HOME; source $SINGA_HOME/conf/profile; $cmd -host $host" &
     fi
     pids+=($!)

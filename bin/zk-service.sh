@@ -3,7 +3,7 @@
 #
 #   zk-service.sh start|stop|status
 #
-# Listens on 127.0.0.1 at the port of zookeeper_host in $SINGA_CONF/singa.conf (ZK_PORT
+# Listens on $ZK_ADDRESS (default 127.0.0.1) at the port of zookeeper_host in $SINGA_CONF/singa.conf (ZK_PORT
 # overrides). zoo.cfg, data, pid file and log live in $SINGA_HOME/var/zookeeper (ZK_DATA
 # overrides). start and stop are idempotent; status exits 0 when the server answers, else 3.
 # With SINGA_MANAGES_ZK=false (a ZooKeeper run by someone else) start and stop do nothing.
@@ -13,6 +13,7 @@ SINGA_BIN=${SINGA_BIN:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 SINGA_HOME=${SINGA_HOME:-$(dirname "$SINGA_BIN")}
 SINGA_CONF=${SINGA_CONF:-$SINGA_HOME/conf}
 ZK_DATA=${ZK_DATA:-$SINGA_HOME/var/zookeeper}
+ZK_ADDRESS=${ZK_ADDRESS:-127.0.0.1}
 ZK_START_TIMEOUT=${ZK_START_TIMEOUT:-30}
 ZK_JAR=/usr/share/java/zookeeper.jar
 MAIN=org.apache.zookeeper.server.ZooKeeperServerMain
@@ -38,7 +39,7 @@ conf_port() {
 
 # True when the server on $PORT answers the four-letter word `ruok` with `imok`.
 answers() {
-  ( exec 3<>"/dev/tcp/127.0.0.1/$PORT" || exit 1
+  ( exec 3<>"/dev/tcp/$ZK_ADDRESS/$PORT" || exit 1
     printf ruok >&3
     read -r -t 2 -N 4 reply <&3 || true
     [ "$reply" = imok ] ) 2>/dev/null
@@ -58,11 +59,11 @@ start() {
   local pid
   pid=$(running_pid)
   if [ -n "$pid" ]; then
-    echo "ZooKeeper already running (pid $pid, 127.0.0.1:$PORT)"
+    echo "ZooKeeper already running (pid $pid, $ZK_ADDRESS:$PORT)"
     return 0
   fi
   if answers; then
-    echo "a ZooKeeper already answers on 127.0.0.1:$PORT (not started by this script)"
+    echo "a ZooKeeper already answers on $ZK_ADDRESS:$PORT (not started by this script)"
     return 0
   fi
   command -v java >/dev/null || die "java not found; run thirdparty/install.sh (it installs Debian's zookeeper)"
@@ -73,7 +74,7 @@ start() {
 tickTime=2000
 dataDir=$ZK_DATA/data
 clientPort=$PORT
-clientPortAddress=127.0.0.1
+clientPortAddress=$ZK_ADDRESS
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=*
@@ -83,7 +84,7 @@ EOF
   # zookeeper.jar's manifest names its dependencies; slf4j-simple makes it log (to the log file).
   local cp=$ZK_JAR
   [ -f /usr/share/java/slf4j-simple.jar ] && cp=$cp:/usr/share/java/slf4j-simple.jar
-  echo "Starting ZooKeeper on 127.0.0.1:$PORT (data and log in $ZK_DATA)"
+  echo "Starting ZooKeeper on $ZK_ADDRESS:$PORT (data and log in $ZK_DATA)"
   # setsid: the server outlives the shell (and its Ctrl-C) that started it.
   setsid java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
     -Dzookeeper.admin.enableServer=false -cp "$cp" "$MAIN" "$ZK_DATA/zoo.cfg" \
@@ -99,12 +100,12 @@ EOF
     if [ "$waited" -ge $((ZK_START_TIMEOUT * 5)) ]; then
       kill -9 "$pid" 2>/dev/null || true
       rm -f "$PID_FILE"
-      die "ZooKeeper did not answer on 127.0.0.1:$PORT within $ZK_START_TIMEOUT s; see $LOG_FILE"
+      die "ZooKeeper did not answer on $ZK_ADDRESS:$PORT within $ZK_START_TIMEOUT s; see $LOG_FILE"
     fi
     sleep 0.2
     waited=$((waited + 1))
   done
-  echo "ZooKeeper running (pid $pid, 127.0.0.1:$PORT)"
+  echo "ZooKeeper running (pid $pid, $ZK_ADDRESS:$PORT)"
 }
 
 stop() {
@@ -129,9 +130,9 @@ status() {
   local pid
   pid=$(running_pid)
   if answers; then
-    echo "ZooKeeper answers on 127.0.0.1:$PORT${pid:+ (pid $pid)}"
+    echo "ZooKeeper answers on $ZK_ADDRESS:$PORT${pid:+ (pid $pid)}"
   else
-    echo "ZooKeeper not running on 127.0.0.1:$PORT"
+    echo "ZooKeeper not running on $ZK_ADDRESS:$PORT"
     return 3
   fi
 }

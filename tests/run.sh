@@ -3,6 +3,6 @@
 # Extra arguments go to pytest (e.g. tests/run.sh tests/unit -x).
 set -euo pipefail
 SINGA_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$SINGA_HOME/thirdparty/install.sh"
+"$SINGA_HOME/thirdparty/install.sh" --tests
 cd "$SINGA_HOME"
 exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Install what SINGA needs: Debian's zookeeper (with Java) and dataset-fashion-mnist, and the
 # venv $SINGA_HOME/.venv with singa installed in it (editable, with test extras).
-# Idempotent: when everything is in place it only checks files.   Usage: install.sh [--quiet]
+# Idempotent: when everything is in place it only checks files.   Usage: install.sh [--quiet] [--tests]
 set -euo pipefail
 
 QUIET=
-case ${1:-} in
-  --quiet) QUIET=1 ;;
-  "") ;;
-  *) echo "Usage: install.sh [--quiet]" >&2; exit 1 ;;
-esac
+TESTS=
+for arg in "$@"; do
+  case $arg in
+    --quiet) QUIET=1 ;;
+    --tests) TESTS=1 ;;     # also what the tests use: sshd for the hosts made of namespaces
+    *) echo "Usage: install.sh [--quiet] [--tests]" >&2; exit 1 ;;
+  esac
+done
 SINGA_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=$SINGA_HOME/.venv
 STAMP=$VENV/.singa-installed   # newer than pyproject.toml: the install is current
@@ -22,6 +25,7 @@ die() { echo "install: error: $*" >&2; exit 1; }
 pkgs=()
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || pkgs+=(zookeeper)
 compgen -G "/usr/share/datasets/fashion-mnist/*.gz" >/dev/null || pkgs+=(dataset-fashion-mnist)
+[ -z "$TESTS" ] || [ -x /usr/sbin/sshd ] || pkgs+=(openssh-server)
 if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' 2>/dev/null; then
   pkgs+=(python3-venv)   # Debian's python3 makes venvs only with this package
 fi

@@ -1,0 +1,157 @@
+"""A job across 3 hosts: network namespaces on a bridge, sshd in each, ZooKeeper on the bridge
+address, bin/singa-run.sh launching over ssh. Traffic stays between the addresses made here."""
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+import singa
+from singa.zk import ZK
+
+BIN = os.path.join(singa.HOME, "bin")
+SSHD = "/usr/sbin/sshd"
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+class Hosts:
+    """A bridge at <net>.1 and `n` namespaces <net>.11, .12, ... each running sshd."""
+
+    def __init__(self, tmp_path, n=3):
+        tag = f"{os.getpid() % 10000}"
+        self.net = f"10.213.{random.randint(100, 250)}"
+        self.bridge = f"sgbr{tag}"
+        self.namespaces, self.addresses, self.sshd = [], [], []
+        self.key = tmp_path / "id_ed25519"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
+        host_key = tmp_path / "host_key"
+        sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(host_key))
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)    # sshd's privilege separation
+        sh("ip", "link", "add", self.bridge, "type", "bridge")
+        sh("ip", "addr", "add", f"{self.net}.1/24", "dev", self.bridge)
+        sh("ip", "link", "set", self.bridge, "up")
+        for i in range(1, n + 1):
+            ns, veth, address = f"sgh{i}-{tag}", f"sgv{i}-{tag}", f"{self.net}.{10 + i}"
+            sh("ip", "netns", "add", ns)
+            self.namespaces.append(ns)
+            sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            sh("ip", "link", "set", veth, "master", self.bridge, "up")
+            sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{address}/24", "dev", "eth0")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+            sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+            config = tmp_path / f"sshd_config{i}"
+            config.write_text(f"ListenAddress {address}\nHostKey {host_key}\n"
+                              f"AuthorizedKeysFile {self.key}.pub\nPermitRootLogin yes\n"
+                              f"UsePAM no\nStrictModes no\nPidFile {tmp_path}/sshd{i}.pid\n")
+            self.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e",
+                                               "-f", str(config)],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            self.addresses.append(address)
+        for address in self.addresses:      # sshd answers
+            deadline = time.monotonic() + 20
+            while sh("ssh", *self.ssh_opts().split(), "-oConnectTimeout=2", address, "true",
+                     check=False).returncode != 0:
+                assert time.monotonic() < deadline, f"sshd on {address} does not answer"
+                time.sleep(0.3)
+
+    def ssh_opts(self):
+        return (f"-i {self.key} -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null "
+                f"-oLogLevel=quiet -oBatchMode=yes")
+
+    def close(self):
+        for p in self.sshd:
+            p.kill()
+            p.wait()
+        for ns in self.namespaces:
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("making hosts of network namespaces needs root and iproute2")
+    probe = f"sgprobe{os.getpid() % 10000}"
+    if sh("ip", "netns", "add", probe, check=False).returncode != 0:
+        pytest.skip("this machine refuses to create network namespaces")
+    sh("ip", "netns", "del", probe)
+    assert os.access(SSHD, os.X_OK), "sshd missing: tests/run.sh installs openssh-server"
+    made = Hosts(tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, tmp_path,
+                                                                         fixture_job):
+    port = random.randint(20000, 30000)
+    zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
+                  ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
+    started = subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "start"], env=zk_env,
+                             capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    try:
+        conf_dir = tmp_path / "conf"
+        conf_dir.mkdir()
+        (conf_dir / "hostfile").write_text("".join(a + "\n" for a in hosts.addresses))
+        (conf_dir / "singa.conf").write_text(f'zookeeper_host: "{hosts.net}.1:{port}"\n'
+                                             f'log_dir: "{tmp_path / "log"}/"\n')
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_")}
+        env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
+        conf = fixture_job(edits={
+            "cluster { nworker_groups: 1 nserver_groups: 1":
+                "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
+                "nservers_per_group: 3",
+            "train_steps: 200": "train_steps: 100000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+        log = tmp_path / "run.log"
+        with open(log, "w") as out:
+            run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while "step100-worker2.bin" not in log.read_text():
+                assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+                time.sleep(0.5)
+            text = log.read_text()
+            for address in hosts.addresses:       # one process per host, bound to its address
+                assert re.search(rf"proc #\d -> {re.escape(address)}:\d+", text), text
+            listed = subprocess.run([os.path.join(BIN, "singa-console.sh"), "list"], env=env,
+                                    capture_output=True, text=True)
+            assert re.search(r"^\s*\d+\s*\|\s*3\s*$", listed.stdout, re.M), listed.stdout
+            # the job is killed: every process on every host
+            os.killpg(run.pid, signal.SIGKILL)
+            for ns in hosts.namespaces:
+                for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                    if "singa.driver" in open(f"/proc/{pid}/cmdline").read().replace("\0", " "):
+                        os.kill(int(pid), signal.SIGKILL)
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+        with ZK(f"{hosts.net}.1:{port}") as zk:         # the killed job's sessions expire
+            deadline = time.monotonic() + 60
+            while any(procs for _, procs in zk.list_jobs()):
+                assert time.monotonic() < deadline
+                time.sleep(1)
+        conf.write_text(conf.read_text().replace("train_steps: 100000", "train_steps: 250"))
+        resumed = subprocess.run([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf), "-resume"],
+                                 env=env, capture_output=True, text=True, timeout=300)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert re.search(r"Resume from step [1-9]\d*", resumed.stderr), resumed.stderr
+        for w in range(3):
+            assert (tmp_path / "ws" / "checkpoint" / f"step250-worker{w}.bin").is_file()
+    finally:
+        subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
+                       capture_output=True)
