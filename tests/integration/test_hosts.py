@@ -25,10 +25,17 @@ class Hosts:
     """A bridge at <net>.1 and `n` namespaces <net>.11, .12, ... each running sshd."""
 
     def __init__(self, tmp_path, n=3):
+        self.namespaces, self.addresses, self.sshd = [], [], []
+        self.bridge = f"sgbr{os.getpid() % 10000}"
+        try:
+            self.make(tmp_path, n)
+        except BaseException:
+            self.close()
+            raise
+
+    def make(self, tmp_path, n):
         tag = f"{os.getpid() % 10000}"
         self.net = f"10.213.{random.randint(100, 250)}"
-        self.bridge = f"sgbr{tag}"
-        self.namespaces, self.addresses, self.sshd = [], [], []
         self.key = tmp_path / "id_ed25519"
         sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.key))
         host_key = tmp_path / "host_key"
