@@ -67,7 +67,7 @@ def test_registration_gives_procs_ids_in_order_with_singa_values(zk, zk_server, 
         ids += [o.register_proc(job_id, f"host{i}:6723", 222 + i) for i, o in enumerate(others)]
         assert ids == [0, 1, 2]
         job = f"/singa/app/job-{job_id:010d}"
-        assert sorted(raw.get_children(job)) == ["group", "proc", "proc-lock"]
+        assert sorted(raw.get_children(job)) == ["group", "proc", "proc-done", "proc-lock"]
         assert sorted(raw.get_children(job + "/proc")) == ["proc-0", "proc-1", "proc-2"]
         assert raw.get(job + "/proc/proc-0")[0] == b"localhost:0|111"
         assert raw.get(job + "/proc/proc-2")[0] == b"host1:6723|223"
@@ -202,3 +202,22 @@ def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port
         z.new_job_id()
     assert time.monotonic() - t < 4
     z.close()
+
+
+def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
+    job_id = zk.new_job_id()
+    lost = []
+    zk.register_proc(job_id, "127.0.0.1:5000", 100)
+    done, killed = ZK(zk_server), ZK(zk_server)
+    done.register_proc(job_id, "127.0.0.1:5001", 101)
+    killed.register_proc(job_id, "127.0.0.1:5002", 102)
+    zk.watch_procs(job_id, lost.append)
+    done.proc_done(job_id, 1)
+    done.close()
+    time.sleep(1)
+    assert lost == []                       # ended normally: no loss
+    killed.close()
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert lost == [f"process 2 of job {job_id} (127.0.0.1:5002, pid 102) was lost"]
