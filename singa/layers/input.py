@@ -40,6 +40,7 @@ class StoreInputLayer(Layer):
         self.aux_data = np.zeros(n, np.int32)
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
+        self.random_skip = sc.random_skip
         self.store = None
         self.skipped = False
 
@@ -47,7 +48,7 @@ class StoreInputLayer(Layer):
         if self.store is None:
             self.store = open_store(self.backend, self.path, "read")
         if not self.skipped:
-            for _ in range(self.rng.integers(0, self.conf.store_conf.random_skip + 1)):
+            for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next()
             self.skipped = True
         keys, values = zip(*(self._next() for _ in range(len(self.aux_data))))
@@ -195,7 +196,10 @@ class ImagePreprocessLayer(Layer):
         self.data = np.zeros(src.shape[:2] + (self.crop, self.crop), np.float32)
 
     def compute_feature(self, flag, srclayers):
-        x = srclayers[0].data_for(self)
+        self.transform(flag, srclayers[0].data_for(self))
+
+    def transform(self, flag, x):
+        """data = scale·crop(x), the crop random in kTrain."""
         n, span = len(x), x.shape[2] - self.crop
         if flag & job_pb2.kTrain:
             h = self.rng.integers(0, span + 1, n)
