@@ -214,7 +214,7 @@ class ImagePreprocessLayer(Layer):
 
 
 def crop_and_mirror(x, h, w, mirror, out):
-    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+s] (s = out's size), flipped left-right where mirror[i]."""
+    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+s] (s: out's size), mirrored left-right if mirror[i]."""
     s = out.shape[-1]
     windows = sliding_window_view(x, (s, s), axis=(2, 3))
     out[...] = windows[np.arange(len(x)), :, h, w]

@@ -259,7 +259,8 @@ class DummyLayer(Layer):
         dc = self.conf.dummy_conf
         want = 0 if dc.input else 1
         if len(srclayers) != want:
-            role = "as input (dummy_conf.input) takes no srclayers" if dc.input else "needs 1 srclayer"
+            role = ("as input (dummy_conf.input) takes no srclayers" if dc.input
+                    else "needs 1 srclayer")
             raise ConfigError(f"layer '{self.name}' {role}, got {len(srclayers)}")
         if dc.input:
             if not dc.shape or min(dc.shape) <= 0:

@@ -27,7 +27,9 @@ class ShardDataLayer(StoreInputLayer):
 
     def setup(self, srclayers):
         dc = self.conf.sharddata_conf
-        n = dc.batchsize // self.conf.num_partitions if self.conf.partition_dim == 0 else dc.batchsize
+        n = dc.batchsize
+        if self.conf.partition_dim == 0:
+            n //= self.conf.num_partitions
         if n <= 0:
             raise ConfigError(f"layer '{self.name}': batch size {n} must be positive")
         self.backend = "kvfile"
