@@ -113,7 +113,7 @@ class BMLayer(Layer):
         axes = (0, 2, 3)
         mean = x.mean(axis=axes, keepdims=True, dtype=np.float64)
         np.subtract(x, mean.astype(np.float32), out=self.xhat)
-        var = np.mean(np.square(self.xhat, dtype=np.float64), axis=axes, keepdims=True)
+        var = np.square(self.xhat, out=self._tmp).mean(axis=axes, keepdims=True, dtype=np.float64)
         np.sqrt(var + BN_EPSILON, out=self.inv_std, casting="same_kind")
         np.reciprocal(self.inv_std, out=self.inv_std)
         self.xhat *= self.inv_std
