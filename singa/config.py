@@ -170,12 +170,11 @@ def _check_job(conf, job, check_layers):
             _check_phase(conf, _phase_layers(job, phase), pname, all_names)
     if check_layers:
         import singa.layers  # noqa: F401  (registers the layer types)
-        from singa.layers.base import is_registered
+        from singa.layers.base import unavailable
         for i, layer in enumerate(layers):
-            if not is_registered(layer):
-                kind = layer.user_type or job_pb2.LayerType.Name(layer.type)
-                conf.fail(conf.layer_line(i),
-                          f"layer '{layer.name}': layer type {kind} is not implemented")
+            reason = unavailable(layer)
+            if reason:
+                conf.fail(conf.layer_line(i), f"layer '{layer.name}': {reason}")
 
 
 def _check_include_exclude(conf, layers):

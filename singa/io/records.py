@@ -5,7 +5,7 @@ from google.protobuf.message import DecodeError
 from singa.errors import DataError
 from singa.proto import common_pb2
 
-__all__ = ["record_values", "decode_batch"]
+__all__ = ["record_values", "decode_batch", "parse_record"]
 
 
 def record_values(value, shape, key=b""):
@@ -31,18 +31,8 @@ def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
     x = np.empty((n, dim), np.float32) if out is None else out
     labels = np.empty(n, np.int32) if labels_out is None else labels_out
     rec = common_pb2.RecordProto()
-    wrapper = common_pb2.Record()
     for i, value in enumerate(values):
-        try:
-            rec.ParseFromString(value)
-            if not rec.pixel and not rec.data:
-                # A 0.1 shard wraps the record: Record{type, image = SingleLabelImageRecord}.
-                wrapper.ParseFromString(value)
-                if wrapper.HasField("image"):
-                    rec.CopyFrom(wrapper.image)
-        except DecodeError:
-            raise DataError(f"record {_key(keys, i)!r} is not a RecordProto "
-                            f"({len(value)} bytes)") from None
+        parse_record(value, _key(keys, i), rec)
         count = len(rec.data) if rec.data else len(rec.pixel)
         if count != dim:
             want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
@@ -53,6 +43,22 @@ def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
             x[i] = np.frombuffer(rec.pixel, np.uint8)
         labels[i] = rec.label
     return x, labels
+
+
+def parse_record(value, key="", rec=None):
+    """The RecordProto of a store value: a 0.2/0.3 RecordProto or a 0.1 Record{image}; fills
+    and returns `rec` when given (reused by batch readers)."""
+    rec = common_pb2.RecordProto() if rec is None else rec
+    try:
+        rec.ParseFromString(value)
+        if not rec.pixel and not rec.data:
+            # A 0.1 shard wraps the record: Record{type, image = SingleLabelImageRecord}.
+            wrapper = common_pb2.Record.FromString(value)
+            if wrapper.HasField("image"):
+                rec.CopyFrom(wrapper.image)
+    except DecodeError:
+        raise DataError(f"record {key!r} is not a RecordProto ({len(value)} bytes)") from None
+    return rec
 
 
 def _key(keys, i):

@@ -1,2 +1,3 @@
 """Layers; importing this package registers every built-in layer type (see base.create_layer)."""
-from singa.layers import connection, conv, input, loss, neuron, output, rbm, rnn  # noqa: F401
+from singa.layers import (connection, conv, input, loss, neuron, norm, output,  # noqa: F401
+                          parser, rbm, rnn)

@@ -31,19 +31,34 @@ def register(*keys):
     return deco
 
 
+#: SINGA layer types refused on purpose, with the reason given to the user
+REFUSED = {
+    job_pb2.kLMDBData: "kLMDBData reads Caffe LMDB databases, which this build does not read; "
+                       "convert the data to a kvfile of RecordProto (kRecordInput)",
+}
+
+
 def create_layer(conf):
     """Instantiate the layer class for `conf` (user_type wins over type, as in SINGA)."""
-    key = conf.user_type if conf.HasField("user_type") else conf.type
-    cls = _REGISTRY.get(key)
-    if cls is None:
-        name = key if isinstance(key, str) else job_pb2.LayerType.Name(key)
-        raise ConfigError(f"layer '{conf.name}': layer type {name} is not implemented")
-    return cls(conf)
+    reason = unavailable(conf)
+    if reason:
+        raise ConfigError(f"layer '{conf.name}': {reason}")
+    return _REGISTRY[_key(conf)](conf)
 
 
-def is_registered(conf):
-    key = conf.user_type if conf.HasField("user_type") else conf.type
-    return key in _REGISTRY
+def unavailable(conf):
+    """Why no layer can be made for `conf` (unknown or refused type), or None if one can."""
+    key = _key(conf)
+    if key in _REGISTRY:
+        return None
+    if key in REFUSED:
+        return REFUSED[key]
+    name = key if isinstance(key, str) else job_pb2.LayerType.Name(key)
+    return f"layer type {name} is not implemented"
+
+
+def _key(conf):
+    return conf.user_type if conf.HasField("user_type") else conf.type
 
 
 class Layer:

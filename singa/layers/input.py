@@ -1,5 +1,6 @@
-"""Input layers reading a store batch by batch: RecordInput and CSVInput (src/neuralnet/input_layer/)."""
+"""Input layers: RecordInput and CSVInput read a store batch by batch; ImagePreprocess crops, mirrors and scales images (src/neuralnet/input_layer/)."""
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from singa.config import resolve
 from singa.errors import ConfigError, DataError
@@ -8,7 +9,7 @@ from singa.io.store import open_store
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
-__all__ = ["RecordInputLayer", "CSVInputLayer"]
+__all__ = ["RecordInputLayer", "CSVInputLayer", "ImagePreprocessLayer", "crop_and_mirror"]
 
 
 class StoreInputLayer(Layer):
@@ -39,6 +40,7 @@ class StoreInputLayer(Layer):
         self.aux_data = np.zeros(n, np.int32)
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
+        self.random_skip = sc.random_skip
         self.store = None
         self.skipped = False
 
@@ -46,7 +48,7 @@ class StoreInputLayer(Layer):
         if self.store is None:
             self.store = open_store(self.backend, self.path, "read")
         if not self.skipped:
-            for _ in range(self.rng.integers(0, self.conf.store_conf.random_skip + 1)):
+            for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next()
             self.skipped = True
         keys, values = zip(*(self._next() for _ in range(len(self.aux_data))))
@@ -163,6 +165,61 @@ class CSVInputLayer(StoreInputLayer):
             return np.array(tokens, dtype=np.float32)
         except ValueError as e:
             raise DataError(f"{self.path}: {e} in the batch from line {_text(keys[0])}") from None
+
+
+@register(job_pb2.kImagePreprocess)
+class ImagePreprocessLayer(Layer):
+    """y = scale·crop(x), x of shape (N, C, S, S) and rgbimage_conf's cropsize s (0: no crop).
+
+    In kTrain each image is cropped at offsets h, w ~ U{0..S−s} and, with `mirror`, flipped
+    left-right with probability ½ (draws from `rng`); other phases crop the top-left corner
+    and never mirror, as SINGA does. `meanfile` is ignored, as in SINGA 0.3.
+    """
+
+    one_to_many = True
+
+    def setup(self, srclayers):
+        if len(srclayers) != 1:
+            raise ConfigError(f"layer '{self.name}' needs 1 srclayer, got {len(srclayers)}")
+        src = srclayers[0].data_for(self)
+        rc = self.conf.rgbimage_conf
+        if src.ndim != 4 or src.shape[2] != src.shape[3]:
+            raise ConfigError(f"layer '{self.name}' needs square images (N, C, S, S) from "
+                              f"'{srclayers[0].name}', got shape {src.shape}")
+        if not 0 <= rc.cropsize <= src.shape[2]:
+            raise ConfigError(f"layer '{self.name}': rgbimage_conf.cropsize {rc.cropsize} must "
+                              f"be in [0, {src.shape[2]}] (the image size)")
+        if rc.scale == 0:
+            raise ConfigError(f"layer '{self.name}': rgbimage_conf.scale must not be 0")
+        self.crop = rc.cropsize or src.shape[2]
+        self.scale = np.float32(rc.scale)
+        self.data = np.zeros(src.shape[:2] + (self.crop, self.crop), np.float32)
+
+    def compute_feature(self, flag, srclayers):
+        self.transform(flag, srclayers[0].data_for(self))
+
+    def transform(self, flag, x):
+        """data = scale·crop(x), the crop random in kTrain."""
+        n, span = len(x), x.shape[2] - self.crop
+        if flag & job_pb2.kTrain:
+            h = self.rng.integers(0, span + 1, n)
+            w = self.rng.integers(0, span + 1, n)
+            mirror = (self.rng.integers(0, 2, n) == 1 if self.conf.rgbimage_conf.mirror
+                      else np.zeros(n, bool))
+            crop_and_mirror(x, h, w, mirror, self.data)
+        else:
+            np.copyto(self.data, x[:, :, :self.crop, :self.crop])
+        if self.scale != 1:
+            self.data *= self.scale
+
+
+def crop_and_mirror(x, h, w, mirror, out):
+    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+s] (s: out's size), mirrored left-right if mirror[i]."""
+    s = out.shape[-1]
+    windows = sliding_window_view(x, (s, s), axis=(2, 3))
+    out[...] = windows[np.arange(len(x)), :, h, w]
+    if mirror.any():
+        out[mirror] = out[mirror][..., ::-1]
 
 
 def _text(key):

@@ -1,4 +1,4 @@
-"""Neuron layers other than convolution: InnerProduct, activations, Dropout, Softmax (src/neuralnet/neuron_layer/)."""
+"""Neuron layers other than convolution and normalisation: InnerProduct, activations, Dropout, Softmax, Dummy (src/neuralnet/neuron_layer/)."""
 import numpy as np
 
 from singa.errors import ConfigError
@@ -7,7 +7,7 @@ from singa.param import Param
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
-           "DropoutLayer", "SoftmaxLayer", "make_params"]
+           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "make_params"]
 
 # SINGA's scaled tanh constants (mshadow op::stanh).
 STANH_A = np.float32(1.7159047)
@@ -246,3 +246,41 @@ def softmax(x, p, scratch):
     np.exp(p, out=p)
     np.sum(p, axis=1, keepdims=True, out=scratch)
     p /= scratch
+
+
+@register(job_pb2.kDummy)
+class DummyLayer(Layer):
+    """A testing aid. dummy_conf.input: no source, data (shape) ~ U[0,1) from `rng` on every
+    forward; otherwise data = the source's. dummy_conf.output: backward draws grad ~ U[0,1);
+    then, with a source, gx = grad.
+    """
+
+    def setup(self, srclayers):
+        dc = self.conf.dummy_conf
+        want = 0 if dc.input else 1
+        if len(srclayers) != want:
+            role = ("as input (dummy_conf.input) takes no srclayers" if dc.input
+                    else "needs 1 srclayer")
+            raise ConfigError(f"layer '{self.name}' {role}, got {len(srclayers)}")
+        if dc.input:
+            if not dc.shape or min(dc.shape) <= 0:
+                raise ConfigError(f"layer '{self.name}': dummy_conf.shape must list positive "
+                                  f"sizes, got {list(dc.shape)}")
+            shape = tuple(dc.shape)
+        else:
+            shape = srclayers[0].data_for(self).shape
+        self.data = np.zeros(shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+
+    def compute_feature(self, flag, srclayers):
+        if self.conf.dummy_conf.input:
+            self.rng.random(out=self.data, dtype=np.float32)
+        else:
+            np.copyto(self.data, srclayers[0].data_for(self))
+
+    def compute_gradient(self, flag, srclayers):
+        if self.conf.dummy_conf.output:
+            self.rng.random(out=self.grad, dtype=np.float32)
+        gsrc = srclayers[0].grad_for(self) if srclayers else None
+        if gsrc is not None:
+            np.copyto(gsrc, self.grad)

@@ -1,11 +1,13 @@
-"""Output layers: ArgSort and Accuracy (src/neuralnet/output_layer/)."""
+"""Output layers: ArgSort, Accuracy, and CSVOutput / RecordOutput writing a store (src/neuralnet/output_layer/)."""
 import numpy as np
 
+from singa.config import resolve
 from singa.errors import ConfigError
+from singa.io.store import open_store
 from singa.layers.base import Layer, register
-from singa.proto import job_pb2
+from singa.proto import common_pb2, job_pb2
 
-__all__ = ["ArgSortLayer", "AccuracyLayer", "top_indices"]
+__all__ = ["ArgSortLayer", "AccuracyLayer", "CSVOutputLayer", "RecordOutputLayer", "top_indices"]
 
 
 def top_indices(x, k):
@@ -64,3 +66,68 @@ class AccuracyLayer(ArgSortLayer):
         self.accuracy = 0.0
         self.counter = 0
         return text
+
+
+class StoreOutputLayer(Layer):
+    """Writes one store tuple per instance of its source, keyed by a running counter ("0", "1",
+    ...); the store at store_conf.path is created (truncated) by the first forward pass."""
+
+    default_backend = None
+
+    def setup(self, srclayers):
+        if len(srclayers) != 1:
+            raise ConfigError(f"layer '{self.name}' needs 1 srclayer, got {len(srclayers)}")
+        sc = self.conf.store_conf
+        self.backend = sc.backend or self.default_backend
+        for field, value in (("backend", self.backend), ("path", sc.path)):
+            if not value:
+                raise ConfigError(f"layer '{self.name}': store_conf.{field} is not set")
+        self.path = resolve(sc.path)
+        self.store = None
+        self.count = 0
+
+    def compute_feature(self, flag, srclayers):
+        if self.store is None:
+            self.store = open_store(self.backend, self.path, "create")
+        x = srclayers[0].data_for(self)
+        labels = srclayers[0].aux_data
+        rows = x.reshape(len(x), -1)
+        for i, row in enumerate(rows):
+            label = None if labels is None else int(labels[i])
+            self.store.write(b"%d" % self.count, self.encode(row, label))
+            self.count += 1
+        self.store.flush()
+
+    def encode(self, row, label):
+        """The store value of one instance."""
+        raise NotImplementedError
+
+
+@register(job_pb2.kCSVOutput)
+class CSVOutputLayer(StoreOutputLayer):
+    """One text line per instance, `label,v1,...,vD` (the label only when the source has labels),
+    values printed as C's %f. SINGA turns a set store_conf.backend into a bogus one; here it
+    must be unset or "textfile"."""
+
+    default_backend = "textfile"
+
+    def setup(self, srclayers):
+        super().setup(srclayers)
+        if self.backend != "textfile":
+            raise ConfigError(f"layer '{self.name}': kCSVOutput writes text; store_conf.backend "
+                              f"must be \"textfile\" or unset, not {self.backend!r}")
+
+    def encode(self, row, label):
+        values = ",".join("%f" % v for v in row.tolist())
+        return (values if label is None else f"{label},{values}").encode()
+
+
+@register(job_pb2.kRecordOutput)
+class RecordOutputLayer(StoreOutputLayer):
+    """One RecordProto per instance: `data` = its values, `label` when the source has labels."""
+
+    def encode(self, row, label):
+        rec = common_pb2.RecordProto(data=row)
+        if label is not None:
+            rec.label = label
+        return rec.SerializeToString()

@@ -7,7 +7,7 @@ import pytest
 import singa
 from singa import config, extensions
 from singa.errors import ConfigError
-from singa.layers.base import is_registered
+from singa.layers.base import unavailable
 from singa.proto import job_pb2
 
 CONFS = pathlib.Path(singa.HOME) / "tests" / "fixtures" / "confs"
@@ -57,7 +57,7 @@ def test_conf_naming_its_proto_and_layers_parses_the_extension(tmp_path):
     ns = extensions.load_proto(tmp_path / "ext_a.proto")
     assert job.neuralnet.layer[1].Extensions[ns.scale_conf].factor == 3
     assert ns.ScaleProto().factor == 2
-    assert is_registered(job.neuralnet.layer[1])
+    assert unavailable(job.neuralnet.layer[1]) is None
     assert list(job.user_proto) == [f"{tmp_path}/ext_a.proto"]
 
 
@@ -65,7 +65,7 @@ def test_proto_and_layers_given_by_the_caller_serve_a_conf_that_names_none(tmp_p
     text = write(tmp_path, "ext_b", "kScaleB", number=1051)
     job = config.parse_job(text, check_paths=False, user_proto=[str(tmp_path / "ext_b.proto")],
                            user_layers=[str(tmp_path / "ext_b_layers.py")])
-    assert is_registered(job.neuralnet.layer[1])
+    assert unavailable(job.neuralnet.layer[1]) is None
 
 
 def test_singa_rnnlm_conf_parses_with_rnnlm_proto():

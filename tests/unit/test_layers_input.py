@@ -183,3 +183,69 @@ def test_csv_input_names_the_bad_line(tmp_path, lines, message):
     layer = csv_input(write_lines(tmp_path / "a.csv", lines), f"batchsize: {len(lines)} shape: 2")
     with pytest.raises(DataError, match=message):
         layer.compute_feature(TRAIN, [])
+
+
+def image_preprocess(x, conf, seed=0):
+    from gradcheck import Source
+    src = Source(x, grad=False, name="data")
+    return make_layer(f'name: "image" type: kImagePreprocess rgbimage_conf {{ {conf} }}', [src],
+                      seed=seed), src
+
+
+def images(n, c=3, size=6):
+    return np.random.default_rng(3).integers(0, 256, (n, c, size, size)).astype(np.float32)
+
+
+def test_image_preprocess_crops_the_top_left_corner_and_scales_outside_training():
+    x = images(4)
+    layer, src = image_preprocess(x, "cropsize: 4 mirror: true scale: 0.5")
+    layer.compute_feature(job_pb2.kTest, [src])
+    assert layer.data.shape == (4, 3, 4, 4)
+    for i in range(4):
+        for c in range(3):
+            for r in range(4):
+                assert list(layer.data[i, c, r]) == [v / 2 for v in x[i, c, r, :4]]
+
+
+def placements(image, out):
+    """(h, w, mirrored) of every place where `out` is a crop of `image`, found by trying all."""
+    s = out.shape[-1]
+    found = []
+    for h in range(image.shape[1] - s + 1):
+        for w in range(image.shape[2] - s + 1):
+            window = image[:, h:h + s, w:w + s]
+            found += [(h, w, m) for m, v in ((False, window), (True, window[:, :, ::-1]))
+                      if np.array_equal(v, out)]
+    return found
+
+
+@pytest.mark.parametrize("mirror", [False, True])
+def test_image_preprocess_crops_at_random_offsets_and_mirrors_half_in_training(mirror):
+    x = images(64)
+    layer, src = image_preprocess(x, f"cropsize: 4 mirror: {str(mirror).lower()}")
+    layer.compute_feature(TRAIN, [src])
+    found = [placements(x[i], layer.data[i]) for i in range(64)]
+    assert all(len(f) == 1 for f in found)
+    offsets = {f[0][:2] for f in found}
+    assert offsets == {(h, w) for h in range(3) for w in range(3)}
+    mirrored = sum(f[0][2] for f in found)
+    assert (16 < mirrored < 48) if mirror else mirrored == 0
+
+
+def test_image_preprocess_without_crop_scales_the_whole_image():
+    x = images(2)
+    layer, src = image_preprocess(x, "scale: 2")
+    layer.compute_feature(TRAIN, [src])
+    np.testing.assert_array_equal(layer.data, 2 * x)
+    assert layer.grad is None
+
+
+@pytest.mark.parametrize("shape, conf, message", [
+    ((2, 3, 4, 5), "", r"needs square images \(N, C, S, S\) from 'data', got shape \(2, 3, 4, 5\)"),
+    ((2, 12), "", "needs square images"),
+    ((2, 3, 4, 4), "cropsize: 5", r"rgbimage_conf.cropsize 5 must be in \[0, 4\]"),
+    ((2, 3, 4, 4), "scale: 0", "rgbimage_conf.scale must not be 0"),
+])
+def test_image_preprocess_conf_mistakes_name_the_layer(shape, conf, message):
+    with pytest.raises(ConfigError, match=f"layer 'image'.*{message}"):
+        image_preprocess(np.zeros(shape, np.float32), conf)

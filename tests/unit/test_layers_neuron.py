@@ -147,3 +147,40 @@ def test_gradcheck_catches_a_wrong_gradient():
     layer.derivative = lambda y, d: np.multiply(y, 1.01, out=d)
     with pytest.raises(AssertionError, match="gradient of source 'src'"):
         check_gradients(layer, [src])
+
+
+def test_dummy_input_draws_uniform_data_of_its_shape_every_forward():
+    layer = make_layer('name: "d" type: kDummy dummy_conf { input: true shape: 40 shape: 50 }', [])
+    layer.compute_feature(FORWARD, [])
+    first = layer.data.copy()
+    assert first.shape == (40, 50) and 0 <= first.min() and first.max() < 1
+    assert 0.45 < first.mean() < 0.55
+    layer.compute_feature(FORWARD, [])
+    assert not np.array_equal(first, layer.data)
+
+
+def test_dummy_copies_its_source_and_passes_the_gradient_back():
+    src = Source(inputs((3, 4)))
+    layer = make_layer('name: "d" type: kDummy', [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_array_equal(layer.data, src.data)
+    assert check_gradients(layer, [src]) == 12
+
+
+def test_dummy_output_draws_its_gradient():
+    src = Source(inputs((30, 40)))
+    layer = make_layer('name: "d" type: kDummy dummy_conf { output: true }', [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.compute_gradient(BACKWARD, [src])
+    assert 0 <= layer.grad.min() and layer.grad.max() < 1 and 0.45 < layer.grad.mean() < 0.55
+    np.testing.assert_array_equal(src.grad, layer.grad)
+
+
+@pytest.mark.parametrize("conf, srcs, message", [
+    ("dummy_conf { input: true shape: 2 }", 1, "as input .* takes no srclayers, got 1"),
+    ("dummy_conf { input: true }", 0, r"dummy_conf.shape must list positive sizes, got \[\]"),
+    ("", 0, "needs 1 srclayer, got 0"),
+])
+def test_dummy_conf_mistakes_name_the_layer(conf, srcs, message):
+    with pytest.raises(ConfigError, match=f"layer 'd'.*{message}"):
+        make_layer(f'name: "d" type: kDummy {conf}', [Source(inputs((2, 2)))] * srcs)

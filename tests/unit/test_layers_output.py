@@ -30,3 +30,57 @@ def test_accuracy_accumulates_hits_and_resets_on_display():
     layer.compute_feature(FORWARD, [scores, labels])
     assert layer.to_string(FORWARD) == "accuracy = 0.750000"
     assert layer.to_string(FORWARD) == ""
+
+
+def output_layer(kind, path, src, store=""):
+    return make_layer(f'name: "out" type: {kind} store_conf {{ path: "{path}" {store} }}', [src])
+
+
+def test_csv_output_appends_label_and_values_per_instance_across_batches(tmp_path):
+    path = tmp_path / "out.csv"
+    src = Source(np.array([[1.5, -2.25, 0], [1 / 3, 1e6, -1e-7]]), labels=[3, 0])
+    layer = output_layer("kCSVOutput", path, src)
+    layer.compute_feature(job_pb2.kTest, [src])
+    src.aux_data[...] = [7, 8]
+    layer.compute_feature(job_pb2.kTest, [src])
+    assert path.read_text().splitlines() == [
+        "3,1.500000,-2.250000,0.000000", "0,0.333333,1000000.000000,-0.000000",
+        "7,1.500000,-2.250000,0.000000", "8,0.333333,1000000.000000,-0.000000"]
+
+
+def test_csv_output_without_labels_writes_values_only(tmp_path):
+    path = tmp_path / "out.csv"
+    src = Source(np.array([[[2.0], [4.0]]]))
+    output_layer("kCSVOutput", path, src).compute_feature(job_pb2.kTest, [src])
+    assert path.read_text() == "2.000000,4.000000\n"
+
+
+def test_csv_output_refuses_a_binary_backend(tmp_path):
+    with pytest.raises(ConfigError, match="layer 'out': kCSVOutput writes text; store_conf.backend"
+                                          " must be \"textfile\" or unset, not 'kvfile'"):
+        output_layer("kCSVOutput", tmp_path / "o", Source(np.zeros((1, 2))), 'backend: "kvfile"')
+
+
+def test_record_output_writes_a_record_per_instance_keyed_by_a_counter(tmp_path):
+    from singa.io.kvfile import KVFile
+    from singa.proto import common_pb2
+    path = tmp_path / "out.bin"
+    x = np.random.default_rng(0).standard_normal((3, 2, 2)).astype(np.float32)
+    src = Source(x, labels=[4, 5, 6])
+    layer = output_layer("kRecordOutput", path, src, 'backend: "kvfile"')
+    layer.compute_feature(job_pb2.kTest, [src])
+    layer.compute_feature(job_pb2.kTest, [src])
+    with KVFile(str(path), "read") as f:
+        tuples = list(f)
+    assert [k for k, _ in tuples] == [b"0", b"1", b"2", b"3", b"4", b"5"]
+    for i, (_, value) in enumerate(tuples):
+        rec = common_pb2.RecordProto.FromString(value)
+        assert rec.label == 4 + i % 3
+        assert np.array_equal(np.array(rec.data, np.float32), x[i % 3].ravel())
+
+
+@pytest.mark.parametrize("store, field", [('path: "p"', "backend"), ('backend: "kvfile"', "path")])
+def test_record_output_needs_backend_and_path(store, field):
+    with pytest.raises(ConfigError, match=f"layer 'out': store_conf.{field} is not set"):
+        make_layer(f'name: "out" type: kRecordOutput store_conf {{ {store} }}',
+                   [Source(np.zeros((1, 2)))])

@@ -1,0 +1,138 @@
+"""Normalisation layers: LRN across channels and spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc)."""
+import numpy as np
+
+from singa.errors import ConfigError
+from singa.layers.base import Layer, register
+from singa.layers.neuron import make_params
+from singa.proto import job_pb2
+
+__all__ = ["LRNLayer", "BMLayer", "BN_EPSILON"]
+
+#: cuDNN's CUDNN_BN_MIN_EPSILON, the epsilon SINGA's CudnnBMLayer passes
+BN_EPSILON = 1e-5
+
+
+def _four_dims(layer, src):
+    if src.ndim != 4:
+        raise ConfigError(f"layer '{layer.name}' needs a 4-D source (N, C, H, W), got shape "
+                          f"{src.shape}")
+
+
+@register(job_pb2.kLRN, job_pb2.kCudnnLRN)
+class LRNLayer(Layer):
+    """Across channels, window of n = local_size centred on c (zero outside):
+    norm = k + (α/n)·Σ_window x²; y = x·norm^{−β};
+    gx = g·norm^{−β} − (2αβ/n)·x·Σ_window(g·x·norm^{−β}/norm).
+
+    cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        _four_dims(self, src)
+        lc = self.conf.lrn_conf
+        self.size = lc.local_size
+        if self.size <= 0 or self.size % 2 == 0:
+            raise ConfigError(f"layer '{self.name}': lrn_conf.local_size must be odd and "
+                              f"positive, got {self.size}")
+        self.salpha = np.float32(lc.alpha / self.size)
+        self.beta = np.float32(lc.beta)
+        self.knorm = np.float32(lc.knorm)
+        n, c, h, w = src.shape
+        self.data = np.zeros(src.shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+        self.norm = np.empty_like(self.data)
+        self.scale = np.empty_like(self.data)       # norm^{-β}
+        self._acc = np.empty_like(self.data)
+        half = self.size // 2
+        # channels padded with zeros so that every window is a slice
+        self._padded = np.zeros((n, c + 2 * half, h, w), np.float32)
+        self._inner = self._padded[:, half:half + c]
+
+    def _window_sum(self, out):
+        """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c)."""
+        c = out.shape[1]
+        np.copyto(out, self._padded[:, :c])
+        for k in range(1, self.size):
+            out += self._padded[:, k:k + c]
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        np.square(x, out=self._inner)
+        self._window_sum(self.norm)
+        self.norm *= self.salpha
+        self.norm += self.knorm
+        np.power(self.norm, -self.beta, out=self.scale)
+        np.multiply(x, self.scale, out=self.data)
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None:
+            return
+        x = srclayers[0].data_for(self)
+        np.multiply(self.grad, self.scale, out=gsrc)
+        np.multiply(gsrc, x, out=self._inner)
+        self._inner /= self.norm
+        acc = self._acc
+        self._window_sum(acc)
+        acc *= x
+        acc *= -2 * self.beta * self.salpha
+        gsrc += acc
+
+
+@register(job_pb2.kBM, job_pb2.kCudnnBM)
+class BMLayer(Layer):
+    """Spatial batch normalisation (cuDNN's, which SINGA's kCudnnBM calls), per channel c over
+    (N, H, W): x̂ = (x − μ_c)/√(σ²_c + ε), y = γ_c·x̂ + β_c, ε = 1e-5, μ and σ² (biased) of
+    the batch; gγ = Σ g·x̂; gβ = Σ g; gx = γ/(m·√(σ²+ε))·(m·g − Σg − x̂·Σ g·x̂), m = N·H·W.
+
+    Params in conf order, each (1, C, 1, 1): γ (scale), β (bias), and SINGA's running mean
+    and inverse variance. Every phase normalises by its own batch's statistics: SINGA keeps
+    only the last training batch's as "running" ones (averaging factor 1), and here a small
+    param's values come back from its server each step, so the last two params are held
+    for the conf and checkpoints only (their gradient is zero).
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        _four_dims(self, src)
+        c = src.shape[1]
+        shape = (1, c, 1, 1)
+        self.params = make_params(self, {"scale": shape, "bias": shape, "running mean": shape,
+                                         "running inverse variance": shape})
+        self.gamma, self.beta = self.params[:2]
+        self.data = np.zeros(src.shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+        self.xhat = np.empty_like(self.data)
+        self._tmp = np.empty_like(self.data)
+        self.inv_std = np.empty(shape, np.float32)
+        self._m = np.float32(src.size // c)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        axes = (0, 2, 3)
+        mean = x.mean(axis=axes, keepdims=True, dtype=np.float64)
+        np.subtract(x, mean.astype(np.float32), out=self.xhat)
+        var = np.square(self.xhat, out=self._tmp).mean(axis=axes, keepdims=True, dtype=np.float64)
+        np.sqrt(var + BN_EPSILON, out=self.inv_std, casting="same_kind")
+        np.reciprocal(self.inv_std, out=self.inv_std)
+        self.xhat *= self.inv_std
+        np.multiply(self.xhat, self.gamma.data, out=self.data)
+        self.data += self.beta.data
+
+    def compute_gradient(self, flag, srclayers):
+        axes = (0, 2, 3)
+        g = self.grad
+        gbeta = g.sum(axis=axes, keepdims=True)
+        ggamma = np.multiply(g, self.xhat, out=self._tmp).sum(axis=axes, keepdims=True)
+        np.copyto(self.beta.grad, gbeta)
+        np.copyto(self.gamma.grad, ggamma)
+        for p in self.params[2:]:
+            p.grad[...] = 0
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None:
+            return
+        np.multiply(self.xhat, ggamma, out=gsrc)
+        gsrc += gbeta
+        np.subtract(g * self._m, gsrc, out=gsrc)
+        gsrc *= self.gamma.data * self.inv_std / self._m

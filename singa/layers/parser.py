@@ -1,0 +1,157 @@
+"""SINGA 0.1's data path, deprecated in 0.3 but run by its `-v0.1.0` confs: ShardData reads the
+records of a shard, parser layers (Mnist, Label, RGBImage) turn them into blobs
+(src/neuralnet/input_layer/deprecated.cc)."""
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from singa.config import resolve
+from singa.errors import ConfigError, DataError
+from singa.io.records import decode_batch, parse_record
+from singa.io.store import open_store
+from singa.layers.base import Layer, register
+from singa.layers.input import ImagePreprocessLayer, StoreInputLayer
+from singa.proto import common_pb2, job_pb2
+
+__all__ = ["ShardDataLayer", "MnistLayer", "LabelLayer", "RGBImageLayer"]
+
+
+@register(job_pb2.kShardData)
+class ShardDataLayer(StoreInputLayer):
+    """Reads sharddata_conf.batchsize records per call from the kvfile `path` (a 0.1 shard
+    folder holding shard.dat, or a file), wrapping around; values are 0.1 Records or 0.3
+    RecordProtos. data (N, *record shape) = raw pixels or floats; aux_data = labels.
+
+    The batch is divided by num_partitions on partition_dim 0; U{0..random_skip} records are
+    skipped on the first read.
+    """
+
+    def setup(self, srclayers):
+        dc = self.conf.sharddata_conf
+        n = dc.batchsize
+        if self.conf.partition_dim == 0:
+            n //= self.conf.num_partitions
+        if n <= 0:
+            raise ConfigError(f"layer '{self.name}': batch size {n} must be positive")
+        self.backend = "kvfile"
+        self.path = resolve(dc.path)
+        with open_store(self.backend, self.path, "read") as store:
+            first = store.read()
+        if first is None:
+            raise DataError(f"{store.path}: the shard is empty")
+        self.shape = tuple(parse_record(first[1], first[0].decode(errors="replace")).shape)
+        if not self.shape or min(self.shape) <= 0:
+            raise DataError(f"{self.path}: record {first[0]!r} has shape {list(self.shape)}; "
+                            f"the parser layers need the image's shape")
+        self.dim = int(np.prod(self.shape))
+        self.data = np.zeros((n,) + self.shape, np.float32)
+        self.aux_data = np.zeros(n, np.int32)
+        self.mean = self.std = None
+        self.random_skip = dc.random_skip
+        self.store = None
+        self.skipped = False
+
+    def parse(self, keys, values, flag, x):
+        decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
+
+
+def shard_source(layer, srclayers):
+    """The one ShardData layer a parser layer reads."""
+    if len(srclayers) != 1 or not isinstance(srclayers[0], ShardDataLayer):
+        raise ConfigError(f"layer '{layer.name}' parses records: its one srclayer must be a "
+                          f"kShardData layer")
+    return srclayers[0]
+
+
+@register(job_pb2.kMnist)
+class MnistLayer(Layer):
+    """data (N, 1, s, s) = x / norm_a − norm_b, for records of shape (..., s, s)."""
+
+    one_to_many = True
+
+    def setup(self, srclayers):
+        src = shard_source(self, srclayers)
+        if len(src.shape) < 2 or src.shape[-1] != src.shape[-2]:
+            raise DataError(f"{src.path}: kMnist layer '{self.name}' needs square images, the "
+                            f"records have shape {list(src.shape)}")
+        s = src.shape[-1]
+        self.data = np.zeros((len(src.data), 1, s, s), np.float32)
+        mc = self.conf.mnist_conf
+        self.norm_a, self.norm_b = np.float32(mc.norm_a), np.float32(mc.norm_b)
+
+    def compute_feature(self, flag, srclayers):
+        np.divide(srclayers[0].data.reshape(self.data.shape), self.norm_a, out=self.data)
+        self.data -= self.norm_b
+
+
+@register(job_pb2.kLabel)
+class LabelLayer(Layer):
+    """data (N,) = the records' labels as floats; aux_data = the labels (for the loss layer)."""
+
+    one_to_many = True
+
+    def setup(self, srclayers):
+        src = shard_source(self, srclayers)
+        self.data = np.zeros(len(src.data), np.float32)
+        self.aux_data = np.zeros(len(src.data), np.int32)
+
+    def compute_feature(self, flag, srclayers):
+        np.copyto(self.aux_data, srclayers[0].aux_data)
+        np.copyto(self.data, self.aux_data)
+
+
+@register(job_pb2.kRGBImage)
+class RGBImageLayer(ImagePreprocessLayer):
+    """data = scale·crop(x − mean) for records of shape (C, S, S): ImagePreprocess after the
+    mean of rgbimage_conf.meanfile is subtracted.
+
+    meanfile: a serialized record of C·S·S floats (0.1's image_mean.bin), a kvfile holding one
+    under the key "mean" (0.3's create_data), or a Caffe CaffeBlob when the name contains
+    "binaryproto". SINGA 0.1 draws crop offsets from the channel count and writes past its
+    blob when it does not crop outside training; here crops are ImagePreprocess's.
+    """
+
+    def setup(self, srclayers):
+        src = shard_source(self, srclayers)
+        ImagePreprocessLayer.setup(self, srclayers)
+        meanfile = self.conf.rgbimage_conf.meanfile
+        self.mean = None
+        if meanfile:
+            self.mean = read_mean(resolve(meanfile), src.shape)
+            self._centred = np.empty_like(src.data)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data
+        if self.mean is not None:
+            x = np.subtract(x, self.mean, out=self._centred)
+        self.transform(flag, x)
+
+
+def read_mean(path, shape):
+    """The mean image of `shape` from a meanfile (see RGBImageLayer)."""
+    dim = int(np.prod(shape))
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the mean file: {e.strerror}") from None
+    if "binaryproto" in path:
+        try:
+            values = common_pb2.CaffeBlob.FromString(raw).data
+        except DecodeError:
+            raise DataError(f"{path}: not a Caffe binaryproto (CaffeBlob)") from None
+    else:
+        values = _record_data(raw)
+        if len(values) != dim and raw[8:12] == b"mean":    # a kvfile whose first key is "mean"
+            with open_store("kvfile", path, "read") as store:
+                values = _record_data(store.read()[1])
+    if len(values) != dim:
+        raise DataError(f"{path}: the mean file holds {len(values)} values, the images "
+                        f"{dim} (shape {list(shape)})")
+    return np.array(values, np.float32).reshape(shape)
+
+
+def _record_data(value):
+    try:
+        return common_pb2.RecordProto.FromString(value).data
+    except DecodeError:
+        return []

@@ -1,0 +1,103 @@
+"""LRN and BM: values against per-element loops in float64, gradients by gradcheck."""
+import numpy as np
+import pytest
+
+from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa.errors import ConfigError
+from singa.proto import job_pb2
+
+LRN = """name: "norm" type: {kind} lrn_conf {{ local_size: {n} alpha: {alpha} beta: 0.75
+         knorm: {k} }}"""
+BM = """name: "bm" type: {kind} param {{ name: "s" }} param {{ name: "b" }}
+        param {{ name: "m" }} param {{ name: "v" }}"""
+
+
+def inputs(shape, seed=1):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def lrn_by_loops(x, n, alpha, beta, k):
+    """y[:, c] = x[:, c]·(k + α/n·Σ_{|j−c| ≤ n//2} x[:, j]²)^{−β}, one channel at a time."""
+    x = x.astype(np.float64)
+    y = np.empty_like(x)
+    channels = x.shape[1]
+    for c in range(channels):
+        lo, hi = max(0, c - n // 2), min(channels, c + n // 2 + 1)
+        total = sum(x[:, j] ** 2 for j in range(lo, hi))
+        y[:, c] = x[:, c] * (k + alpha / n * total) ** -beta
+    return y
+
+
+@pytest.mark.parametrize("kind", ["kLRN", "kCudnnLRN"])
+@pytest.mark.parametrize("n, alpha, k", [(3, 5e-05, 1), (5, 0.5, 2)])
+def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k):
+    src = Source(3 * inputs((2, 7, 3, 4)))
+    layer = make_layer(LRN.format(kind=kind, n=n, alpha=alpha, k=k), [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data, lrn_by_loops(src.data, n, alpha, 0.75, k),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_lrn_gradients(n):
+    src = Source(inputs((2, 6, 3, 3)))
+    # a large alpha so that the normaliser's gradient term matters
+    layer = make_layer(LRN.format(kind="kLRN", n=n, alpha=2.0, k=1), [src])
+    assert check_gradients(layer, [src]) == src.data.size
+
+
+@pytest.mark.parametrize("n", [0, 4])
+def test_lrn_refuses_an_even_window(n):
+    with pytest.raises(ConfigError, match="layer 'norm': lrn_conf.local_size must be odd"):
+        make_layer(LRN.format(kind="kLRN", n=n, alpha=1, k=1), [Source(inputs((1, 4, 2, 2)))])
+
+
+def test_lrn_needs_four_dimensions():
+    with pytest.raises(ConfigError, match=r"layer 'norm' needs a 4-D source .* \(2, 6\)"):
+        make_layer(LRN.format(kind="kLRN", n=3, alpha=1, k=1), [Source(inputs((2, 6)))])
+
+
+def bm_by_loops(x, gamma, beta, eps=1e-5):
+    """Each channel normalised by its own mean and (biased) variance, in float64."""
+    x = x.astype(np.float64)
+    y = np.empty_like(x)
+    for c in range(x.shape[1]):
+        v = x[:, c]
+        mu = v.sum() / v.size
+        var = ((v - mu) ** 2).sum() / v.size
+        y[:, c] = gamma[c] * (v - mu) / np.sqrt(var + eps) + beta[c]
+    return y
+
+
+@pytest.mark.parametrize("kind", ["kBM", "kCudnnBM"])
+@pytest.mark.parametrize("flag", [FORWARD, job_pb2.kTest])
+def test_bm_normalises_each_channel_over_batch_and_space(kind, flag):
+    src = Source(2 + 3 * inputs((4, 3, 2, 5)))
+    layer = make_layer(BM.format(kind=kind), [src])
+    assert [p.shape for p in layer.params] == [(1, 3, 1, 1)] * 4
+    layer.compute_feature(flag, [src])
+    gamma, beta = (p.data.ravel() for p in layer.params[:2])
+    np.testing.assert_allclose(layer.data, bm_by_loops(src.data, gamma, beta),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_bm_gradients():
+    src = Source(inputs((3, 2, 2, 3)))
+    layer = make_layer(BM.format(kind="kCudnnBM"), [src])
+    checked = check_gradients(layer, [src], eps=1e-3)
+    assert checked == src.data.size + 4 * 2
+    assert not layer.params[2].grad.any() and not layer.params[3].grad.any()
+
+
+def test_bm_needs_its_four_params():
+    with pytest.raises(ConfigError, match="layer 'bm' needs 4 param entries"):
+        make_layer('name: "bm" type: kCudnnBM param { name: "s" }', [Source(inputs((1, 2, 2, 2)))])
+
+
+def test_bm_backward_without_source_gradient_still_writes_param_gradients():
+    src = Source(inputs((2, 2, 2, 2)), grad=False)
+    layer = make_layer(BM.format(kind="kBM"), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = 1
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_allclose(layer.params[1].grad.ravel(), [8, 8])
