@@ -1,10 +1,12 @@
 """User mistakes given to the `singa` driver: one line on stderr naming the place, no traceback."""
 import os
+import subprocess
 import time
 
 import pytest
 
 import singa
+from conftest import PYTHON
 
 CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")
 
@@ -35,6 +37,14 @@ BAD_CONFS = {
               "srclayers form a cycle: ip1 -> sig1 -> ip1"),
     "missing data file": ({"train-1000.bin": "nope.bin"}, 11,
                           "store_conf.path 'tests/fixtures/singa-0.3/nope.bin' does not exist"),
+    "num_output 0": ({"num_output: 64": "num_output: 0"}, 14,
+                     "layer 'ip1': innerproduct_conf.num_output must be at least 1, got 0"),
+    "nworkers_per_procs 0": ({"nserver_groups: 1": "nserver_groups: 1 nworkers_per_procs: 0"}, 23,
+                             "cluster.nworkers_per_procs must be at least 1, got 0"),
+    "job name with a path": ({'name: "fixture-mlp"': 'name: "x/../../../../tmp/pwn"'}, 1,
+                             "a job name may not contain '/'"),
+    "job name too long": ({'name: "fixture-mlp"': f'name: "{"n" * 300}"'}, 1,
+                          "name is 300 bytes long; a job name may have at most 230"),
 }
 
 
@@ -107,3 +117,29 @@ def test_a_multi_process_cluster_is_refused(fixture_job, run_driver):
     conf = fixture_job(edits={"nworker_groups: 1": "nworker_groups: 2"})
     err = one_line_error(run_driver(conf))
     assert "needs 2 processes" in err and "not supported yet" in err
+
+
+def last_line_error(r, code=2):
+    """The last stderr line of a run that failed after it started logging, without a traceback."""
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    return r.stderr.splitlines()[-1]
+
+
+def test_num_output_too_large_for_memory_names_param_shape_and_bytes(fixture_job, run_driver):
+    err = last_line_error(run_driver(fixture_job(edits={"num_output: 64": "num_output: 2000000000"})))
+    assert err.startswith("singa: param '0#weight1' of shape (2000000000, 784): its values and "
+                          "gradient need 12.5 TB"), err
+
+
+def test_workspace_on_a_read_only_file_system_is_one_line(fixture_job, singa_conf, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    conf = fixture_job(workspace=ws)
+    driver = f"{PYTHON} -m singa.driver -conf {conf} -singa_conf {singa_conf}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {ws} {ws} && "
+                        f"mount -o remount,bind,ro {ws} && exec {driver}"],
+                       capture_output=True, text=True, timeout=120)
+    if "mount" in r.stderr or "unshare" in r.stderr:
+        pytest.skip(f"cannot mount a read-only file system here: {r.stderr.strip()}")
+    err = one_line_error(r)
+    assert err == f"singa: {conf}:23: cluster.workspace: cannot write to {ws}: read-only file system"
