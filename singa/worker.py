@@ -20,6 +20,7 @@ from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.proto import job_pb2
+from singa.updater import create_updater
 
 log = logging.getLogger("singa")
 
@@ -166,7 +167,8 @@ class Worker:
         if self.grp == 0 and net.owner_params:
             owners = {p.name: p for p in net.owner_params}
             paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
-                                                        job.cluster.workspace)
+                                                        job.cluster.workspace, log.warning,
+                                                        job.cluster.nworkers_per_group)
             loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
             for p in net.owner_params:
                 if p.name in loaded:
@@ -178,8 +180,13 @@ class Worker:
                         log.info("Param %s: freshly initialised (%s)", p.name,
                                  job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
+            nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in net.owner_params:
                 bufs = state.param_state.get(p.name, []) if state is not None else []
+                if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
+                    log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
+                                "its state starts afresh", p.name, self.resume, len(bufs), nstate)
+                    bufs = []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in net.owner_params:
                 self.collect(p)
