@@ -143,3 +143,15 @@ def test_workspace_on_a_read_only_file_system_is_one_line(fixture_job, singa_con
         pytest.skip(f"cannot mount a read-only file system here: {r.stderr.strip()}")
     err = one_line_error(r)
     assert err == f"singa: {conf}:23: cluster.workspace: cannot write to {ws}: read-only file system"
+
+
+def test_a_truncated_shard_stops_the_job_naming_file_and_offset(fixture_job, run_driver, tmp_path):
+    shard = tmp_path / "cut.bin"
+    data = open(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "train-1000.bin"), "rb").read()
+    tuple_bytes = len(data) // 1000
+    shard.write_bytes(data[:10 * tuple_bytes + 100])       # 10 tuples and part of the 11th
+    r = run_driver(fixture_job(edits={"tests/fixtures/singa-0.3/train-1000.bin": str(shard)}))
+    assert last_line_error(r) == (
+        f"singa: {shard}: the tuple at byte {10 * tuple_bytes} is cut short (its value length "
+        f"{tuple_bytes - 24} points past the end of the {len(shard.read_bytes())}-byte file); "
+        f"10 whole tuples before it: truncated or corrupt")
