@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, config
+from singa import checkpoint, config, numerics
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
@@ -94,6 +94,7 @@ class Worker:
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
+                numerics.check_loss(self.train_net, s)
                 if self.grp == 0 and self.id == 0 and every(job.disp_freq, job.disp_after, s):
                     self.display(kTrain | kForward | kBackward, f"Train @ step {s}",
                                  self.train_net)
@@ -216,6 +217,7 @@ class Worker:
         In the loop a snapshot follows its step's test and validation (`evaluated`); the final
         one, at train_steps, does not."""
         owners = self.train_net.owner_params
+        numerics.check_params(owners, step)
         self.states = {}
         for p in owners:
             self.dealer.send(m.Msg(self.address, STUB, m.kState, m.param_trgt(p.owner, 0), step))

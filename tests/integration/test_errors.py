@@ -3,9 +3,11 @@ import os
 import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import singa
+from singa import checkpoint
 from conftest import PYTHON
 
 CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")
@@ -155,3 +157,46 @@ def test_a_truncated_shard_stops_the_job_naming_file_and_offset(fixture_job, run
         f"singa: {shard}: the tuple at byte {10 * tuple_bytes} is cut short (its value length "
         f"{tuple_bytes - 24} points past the end of the {len(shard.read_bytes())}-byte file); "
         f"10 whole tuples before it: truncated or corrupt")
+
+
+CSV_JOB = """name: "csv-mlp"
+train_steps: 20
+checkpoint_freq: 2
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
+neuralnet {
+  layer { name: "data" type: kCSVInput
+    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
+    param { name: "w" init { type: kGaussian std: 0.1 } }
+    param { name: "b" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+def test_a_nan_in_a_csv_shard_stops_the_job_naming_step_and_layer(run_driver, tmp_path):
+    data = tmp_path / "data.csv"
+    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
+    lines[25] = "1,0.5,nan,2"                              # read by step 6 (4 lines a step)
+    data.write_text("\n".join(lines) + "\n")
+    conf = tmp_path / "csv.conf"
+    conf.write_text(CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
+    assert last_line_error(run_driver(conf)) == (
+        "singa: step 6: the loss of layer '0#loss' is nan; the first non-finite values are in "
+        "the output of layer '0#data'")
+    folder = tmp_path / "ws" / "checkpoint"
+    assert sorted(os.listdir(folder)) == [f"step{s}-worker0.{ext}" for s in (0, 2, 4, 6)
+                                          for ext in ("bin", "meta")]
+    assert all(np.isfinite(a).all() for s in (0, 2, 4, 6) for a, _ in
+               checkpoint.CheckpointReader(str(folder / f"step{s}-worker0.bin")).params().values())
+
+
+def test_a_non_finite_param_stops_the_job_before_it_is_snapshotted(mlp_job, run_driver, tmp_path):
+    bad = np.full((64, 784), 0.01, np.float32)
+    bad[3, 5] = np.inf
+    path = checkpoint.write_file(str(tmp_path / "pretrained.bin"), [("0#weight1", bad, 0)])
+    r = run_driver(mlp_job(checkpoint_path=[path], train_steps=20, checkpoint_freq=10))
+    assert last_line_error(r) == "singa: step 0: param '0#weight1' holds nan or inf; no snapshot written"
+    assert os.listdir(tmp_path / "ws" / "checkpoint") == []
