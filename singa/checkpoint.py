@@ -332,8 +332,8 @@ def read_meta(path):
     """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
     params [(name, shape, dtype, version)]; missing keys are absent."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(1 << 24)
+        with open(path, "rb") as f:   # at most 16 MiB, and never a buffer larger than the file
+            text = f.read(min(os.fstat(f.fileno()).st_size, 1 << 24)).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read checkpoint meta {path}: {e}") from None
     meta = {"metrics": {}, "params": []}
