@@ -41,6 +41,8 @@ _CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
 _STATE_FIELDS = ("step", "param_state", "rng", "reader", "lr_index", "nworkers",
                  "metric_name", "metric_value", "evaluated")
 _NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
+#: Steps are int32 in JobProto and BlobProtos: a file name with a larger step is no snapshot.
+MAX_STEP = 2**31 - 1
 
 
 @dataclasses.dataclass
@@ -330,8 +332,8 @@ def read_meta(path):
     """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
     params [(name, shape, dtype, version)]; missing keys are absent."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(1 << 24)
+        with open(path, "rb") as f:   # at most 16 MiB, and never a buffer larger than the file
+            text = f.read(min(os.fstat(f.fileno()).st_size, 1 << 24)).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read checkpoint meta {path}: {e}") from None
     meta = {"metrics": {}, "params": []}
@@ -481,8 +483,9 @@ def _load(path):
     if len(data) != st.st_size:
         raise CheckpointError(f"checkpoint {path}: changed while being read")
     verified, msg, blobs, param_state = _parse(path, data)
+    _check_text(path, msg)
     index = _check_entries(path, msg, blobs)
-    _check_state(path, msg, param_state)
+    _check_state(path, msg, blobs, param_state, index)
     return _Contents(_stat_key(st), len(data), verified, msg, blobs, param_state, index)
 
 
@@ -614,6 +617,17 @@ def _diagnose_by_meta(path, size):
                               f"{os.path.basename(mp)} records crc32 {meta['crc32']:08x})")
 
 
+def _check_text(path, msg):
+    """Every string field of `msg` (and of its messages) is UTF-8 text: protobuf hands
+    invalid UTF-8 over as bytes."""
+    for field, value in msg.ListFields():
+        for v in value if field.is_repeated else [value]:
+            if field.type == field.TYPE_MESSAGE:
+                _check_text(path, v)
+            elif field.type == field.TYPE_STRING and not isinstance(v, str):
+                raise CheckpointError(f"checkpoint {path}: {field.name} {v!r} is not UTF-8 text")
+
+
 def _check_entries(path, msg, blobs):
     n = len(msg.name)
     if len(msg.version) != n or len(blobs) != n:
@@ -643,13 +657,27 @@ def _array(shape, raw, copy):
     return np.array(raw, dtype=np.float32).reshape(shape)
 
 
-def _check_state(path, msg, param_state):
+def _check_state(path, msg, blobs, param_state, index):
+    """Updater buffers have the shape of a param of the file; RNG states are numpy's PCG64."""
     for name, buffers in param_state:
+        if not isinstance(name, str):
+            raise CheckpointError(f"checkpoint {path}: updater state name {name!r} is not UTF-8 text")
         for i, blob in enumerate(buffers):
             _check_blob(path, f"updater state {i} of {name}", *blob)
+        if buffers and name not in index:
+            raise CheckpointError(f"checkpoint {path}: updater state of {name}, a param the "
+                                  f"file does not hold")
+        for i, (shape, _) in enumerate(buffers):
+            if shape != blobs[index[name]][0]:
+                raise CheckpointError(f"checkpoint {path}: updater state {i} of {name} has "
+                                      f"shape {shape}, the param {blobs[index[name]][0]}")
     for r in msg.rng:
-        if len(r.state) != 16 or len(r.inc) != 16:
-            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is not 128-bit")
+        if r.bit_generator != "PCG64":
+            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is for "
+                                  f"{r.bit_generator!r}, not PCG64")
+        if len(r.state) != 16 or len(r.inc) != 16 or r.has_uint32 not in (0, 1):
+            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is not a PCG64 "
+                                  f"state (128-bit state and increment, has_uint32 0 or 1)")
 
 
 def _state(msg, param_state):
@@ -670,20 +698,22 @@ def _state(msg, param_state):
 # ---------------------------------------------------------------------------------------------
 # Finding snapshots
 
-def list_snapshots(folder, nworkers=None):
+def list_snapshots(folder, nworkers=None, log=None):
     """Every snapshot in `folder`, sorted by step, each with its files verified.
 
-    Expected workers: the count the files record (`nworkers`), else `nworkers` if given, else
-    the highest worker id present + 1 (SINGA's files record nothing). A 0-byte file is SINGA's
-    empty file of a data-parallel worker >= 1; for worker 0 it is a torn write. When both
-    `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used.
+    `nworkers`: the job's workers of group 0; files of workers beyond them are ignored (and
+    reported to `log`). Expected workers: the count the files record (at most `nworkers`),
+    else `nworkers` if given, else the highest worker id present + 1 (SINGA's files record
+    nothing). A 0-byte file is SINGA's empty file of a data-parallel worker >= 1; for worker 0
+    it is a torn write. When both `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used.
+    The work is in proportion to the files present, whatever ids and counts they claim.
     """
     return [_snapshot(folder, step, files, nworkers)[0]
-            for step, files in sorted(_files_by_step(folder).items())]
+            for step, files in sorted(_files_by_step(folder, nworkers, log).items())]
 
 
-def _files_by_step(folder):
-    """{step: {worker: path}} of the snapshot files in `folder`."""
+def _files_by_step(folder, nworkers=None, log=None):
+    """{step: {worker: path}} of the snapshot files in `folder`, without workers >= `nworkers`."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
@@ -693,6 +723,11 @@ def _files_by_step(folder):
         sw = parse_step_worker(name)
         if sw is None:
             continue
+        if nworkers is not None and sw[1] >= nworkers:
+            if log is not None:
+                log(f"Ignoring checkpoint file {os.path.join(folder, name)}: worker {sw[1]} is "
+                    f"beyond the job's {nworkers} workers")
+            continue
         files = by_step.setdefault(sw[0], {})
         if sw[1] not in files or name.endswith(SUFFIX):
             files[sw[1]] = os.path.join(folder, name)
@@ -701,6 +736,9 @@ def _files_by_step(folder):
 
 def _snapshot(folder, step, files, nworkers):
     """(Snapshot, its readers by worker) of one step's `files`."""
+    if step > MAX_STEP:
+        problem = f"step{step}: a step beyond {MAX_STEP}, the last a job can reach"
+        return Snapshot(step, files, len(files), False, [problem]), {}
     problems, readers = [], {}
     for w, path in sorted(files.items()):
         try:
@@ -711,10 +749,14 @@ def _snapshot(folder, step, files, nworkers):
     if len(recorded) > 1:
         problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
     expected = max(recorded) if recorded else nworkers or max(files) + 1
-    for w in range(expected):
-        if w not in files:
-            problems.append(f"{snapshot_file(folder, step, w)}: missing "
-                            f"(the snapshot has {expected} worker files)")
+    if nworkers is not None:
+        expected = min(expected, nworkers)
+    missing = expected - sum(1 for w in files if w < expected)
+    if missing:
+        first = next(w for w in range(len(files) + 1) if w not in files)
+        more = f"; {missing - 1} more are missing" if missing > 1 else ""
+        problems.append(f"{snapshot_file(folder, step, first)}: missing "
+                        f"(the snapshot has {expected} worker files{more})")
     verified = bool(readers) and all(r.verified for r in readers.values())
     for w, r in sorted(readers.items()):
         if r.size == 0 and w == 0:
@@ -728,11 +770,12 @@ def _snapshot(folder, step, files, nworkers):
 
 
 def latest_snapshot(folder, nworkers=None, log=None):
-    """The newest complete snapshot (or None); each newer broken one is reported to `log`.
+    """The newest complete snapshot (or None); each newer broken one, and each file beyond the
+    job's `nworkers`, is reported to `log`.
 
     Steps are verified newest first, up to the first complete one; its files stay parsed
     for the CheckpointReaders that follow (restoring state, loading params)."""
-    for step, files in sorted(_files_by_step(folder).items(), reverse=True):
+    for step, files in sorted(_files_by_step(folder, nworkers, log).items(), reverse=True):
         snap, readers = _snapshot(folder, step, files, nworkers)
         if snap.complete:
             _remember(readers.values())
@@ -748,13 +791,13 @@ def lower_is_better(metric):
     return metric.lower() == "loss"
 
 
-def best_snapshot(folder, metric=None, nworkers=None):
+def best_snapshot(folder, metric=None, nworkers=None, log=None):
     """The complete snapshot with the best recorded test `metric` (ties: the newest), or None.
 
     `metric` None: "accuracy" if any snapshot records it, else "loss". Names match case-blind.
     """
     found = [_snapshot(folder, step, files, nworkers)
-             for step, files in sorted(_files_by_step(folder).items())]
+             for step, files in sorted(_files_by_step(folder, nworkers, log).items())]
     best = _best([snap for snap, _ in found if snap.complete], metric)
     if best is not None:
         _remember(next(readers for snap, readers in found if snap is best).values())
@@ -775,16 +818,17 @@ def _best(snaps, metric):
     return max(scored, key=lambda t: (sign * t[0], t[1]))[2]
 
 
-def resolve_checkpoint_paths(paths, workspace, log=None):
+def resolve_checkpoint_paths(paths, workspace, log=None, nworkers=None):
     """`checkpoint_path` entries as files: "latest" / "best" become that snapshot's files in
-    `<workspace>/checkpoint`; other entries resolve against the SINGA home, `.bin` optional."""
+    `<workspace>/checkpoint` (of workers below the job's `nworkers`); other entries resolve
+    against the SINGA home, `.bin` optional."""
     folder = os.path.join(resolve(workspace), "checkpoint")
     out = []
     for p in paths:
         if p == "latest":
-            snap = latest_snapshot(folder, log=log)
+            snap = latest_snapshot(folder, nworkers, log)
         elif p == "best":
-            snap = best_snapshot(folder)
+            snap = best_snapshot(folder, nworkers=nworkers, log=log)
         else:
             out.append(existing_file(resolve(p)))
             continue

@@ -3,10 +3,13 @@
 `load_job` mirrors what SINGA 0.3 rejects (parse errors, unknown fields and enum values, missing
 required fields, `include` mixed with `exclude`, unknown srclayers, repeated layer/param names,
 unknown `share_from`, an unset `alg`/updater) and adds checks SINGA only fails on later (cycles,
-unregistered layer types, missing data files, missing workspace). NetProto's `unroll_len` /
+unregistered layer types, missing data files, missing workspace), sizes below their minimum
+(`_MINIMUM`), non-finite floats, job names that cannot name a file, and a workspace that cannot
+be written. NetProto's `unroll_len` /
 `partition_dim` defaults reach the layers in `singa.neuralnet.filter_phase`, as in SINGA.
 """
 import collections
+import math
 import os
 import re
 
@@ -22,6 +25,52 @@ from singa.proto import job_pb2, singa_pb2
 _PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
           ("kTest", job_pb2.kTest, "test_steps"))
 _OUTPUT_TYPES = (job_pb2.kCSVOutput, job_pb2.kRecordOutput)
+#: The job name names the log file `<job id>-<name>.log`: with a job id of up to 20 digits the
+#: file name stays within the 255 bytes a file system allows.
+MAX_JOB_NAME_BYTES = 230
+
+#: Smallest value of integer fields that are sizes, counts or frequencies (message -> field ->
+#: minimum); checked where set, for every element of a repeated field. SINGA fails later or
+#: hangs on these (a zero stride divides by zero, `num_output: 0` leaves a param empty).
+_MINIMUM = {
+    "JobProto": dict.fromkeys(
+        ("train_steps", "test_steps", "validate_steps", "disp_freq", "test_freq",
+         "validate_freq", "checkpoint_freq", "warmup_steps", "checkpoint_after", "disp_after",
+         "test_after", "validate_after", "step", "checkpoint_keep_newest"), 0),
+    "ClusterProto": dict.fromkeys(
+        ("nworker_groups", "nserver_groups", "nworkers_per_group", "nservers_per_group",
+         "nworkers_per_procs", "nservers_per_procs", "sync_freq", "poll_time"), 1),
+    "NetProto": {"unroll_len": 1},
+    "LayerProto": {"unroll_len": 1},
+    "CDProto": {"cd_k": 1},
+    "StoreProto": {"batchsize": 1, "shape": 1, "random_skip": 0},
+    "CharRNNProto": {"unroll_len": 1, "batchsize": 1},
+    "DataProto": {"batchsize": 1, "random_skip": 0},
+    "ConvolutionProto": dict(dict.fromkeys(("num_filters", "kernel", "kernel_x", "kernel_y",
+                                            "stride", "stride_x", "stride_y"), 1),
+                             pad=0, pad_x=0, pad_y=0),
+    "PoolingProto": dict(dict.fromkeys(("kernel", "kernel_x", "kernel_y", "stride", "stride_x",
+                                        "stride_y"), 1), pad_x=0, pad_y=0),
+    "InnerProductProto": {"num_output": 1},
+    "RBMProto": {"hdim": 1},
+    "GRUProto": {"dim_hidden": 1},
+    "LRNProto": {"local_size": 1},
+    "EmbeddingProto": {"vocab_size": 1, "feature_dim": 1},
+    "OnehotProto": {"vocab_size": 1},
+    "SoftmaxLossProto": {"topk": 1},
+    "ArgSortProto": {"topk": 1},
+    "SplitProto": {"num_splits": 1},
+    "SliceProto": {"num_slices": 1},
+    "ConcateProto": {"num_concates": 1},
+    "SoftmaxProto": {"num_softmax_per_instance": 1},
+    "DummyProto": {"shape": 1},
+    "RNNDummyProto": {"shape": 1},
+    "StepProto": {"change_freq": 1},
+    "LinearProto": {"change_freq": 1},
+    "ExponentialProto": {"change_freq": 1},
+    "FixedStepProto": {"step": 0},
+}
+_FLOATS = (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE)
 
 
 def resolve(path):
@@ -31,7 +80,7 @@ def resolve(path):
 
 def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=()):
     """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
-    return parse_job(_read(path), path, check_paths=check_paths, check_layers=check_layers,
+    return parse_job(read_text(path), path, check_paths=check_paths, check_layers=check_layers,
                      user_proto=user_proto, user_layers=user_layers)
 
 
@@ -48,6 +97,7 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     named = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
     _load_extensions(conf, named, user_proto, user_layers)
     job = conf.parse(job_pb2.JobProto())
+    _check_name(conf, job)
     _check_job(conf, job, check_layers)
     if check_paths:
         _check_paths(conf, job)
@@ -56,7 +106,13 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
 
 def load_singa_conf(path):
     """Parse the global conf (conf/singa.conf) into a SingaProto."""
-    return _Conf(_read(path), path).parse(singa_pb2.SingaProto())
+    return _Conf(read_text(path), path).parse(singa_pb2.SingaProto())
+
+
+def parse_block(text, msg, path, first_line=1):
+    """Parse `text`, a block of a conf file starting at line `first_line`, into `msg` and check
+    its sizes and floats (as load_job does); errors name `path` and the line in the file."""
+    return _Conf(text, path, first_line - 1).parse(msg)
 
 
 def _phase_layers(job, phase):
@@ -65,7 +121,8 @@ def _phase_layers(job, phase):
             if phase not in layer.exclude and (not layer.include or phase in layer.include)]
 
 
-def _read(path):
+def read_text(path):
+    """The text of conf file `path`; ConfigError if it cannot be read or is not UTF-8."""
     try:
         with open(resolve(path), "rb") as f:
             data = f.read()
@@ -81,15 +138,17 @@ def _read(path):
 class _Conf:
     """The text of one conf file and the line of every field in it, for error messages."""
 
-    def __init__(self, text, path):
+    def __init__(self, text, path, line_offset=0):
         self.text = text
         self.path = path
+        self.line_offset = line_offset   # lines of the file before `text`
         self.lines = {}
 
     def fail(self, line, what):
-        raise ConfigError(f"{self.path}:{line}: {what}")
+        raise ConfigError(f"{self.path}:{line + self.line_offset}: {what}")
 
     def parse(self, msg, allow_unknown_extension=False):
+        """Parse into `msg`, then check required fields, sizes and floats."""
         try:
             text_format.Parse(self.text, msg, allow_unknown_extension=allow_unknown_extension)
         except text_format.ParseError as e:
@@ -101,7 +160,29 @@ class _Conf:
             name = msg.neuralnet.layer[int(m.group(1))].name if m else ""
             who = f"layer '{name}': " if name else ""
             self.fail(self.line(missing[0]), f"{who}required field {missing[0]} is missing")
+        self.check_values(msg)
         return msg
+
+    def check_values(self, msg, prefix="", who=""):
+        """Integer fields at least their `_MINIMUM`, floats finite, in `msg` and below it;
+        `prefix` is msg's field path, `who` names its layer."""
+        minimum = _MINIMUM.get(msg.DESCRIPTOR.name, {})
+        for field, value in msg.ListFields():
+            path = prefix + (f"[{field.full_name}]" if field.is_extension else field.name)
+            values = value if field.is_repeated else [value]
+            if field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE:
+                for i, sub in enumerate(values):
+                    sub_path = f"{path}[{i}]." if field.is_repeated else path + "."
+                    self.check_values(sub, sub_path, f"layer '{sub.name}': "
+                                      if path == "neuralnet.layer" else who)
+                continue
+            low = minimum.get(field.name)
+            shown = path.split("].", 1)[1] if who else path
+            for v in values:
+                if low is not None and v < low:
+                    self.fail(self.line(path), f"{who}{shown} must be at least {low}, got {v}")
+                if field.type in _FLOATS and not math.isfinite(v):
+                    self.fail(self.line(path), f"{who}{shown} must be a finite number, got {v}")
 
     def line(self, *paths):
         """Line of the first of `paths` (FindInitializationErrors syntax) or of its nearest
@@ -128,7 +209,7 @@ class _Conf:
                     f"defines it with user_proto in the conf or the -user_proto flag "
                     f"(docs/user-layers.md)")
         msg = " ".join(msg.split())
-        if re.search(r"^\s*model\s*[{<:]", self.text, re.M):
+        if re.search(r"^[ \t]*model[ \t]*[{<:]", self.text, re.M):
             return f"not a SINGA 0.2/0.3 job conf (stale pre-0.1 format?): {msg}"
         return msg
 
@@ -144,6 +225,17 @@ def _load_extensions(conf, job, user_proto, user_layers):
             load(resolve(value))
         for value in paths:
             load(value)
+
+
+def _check_name(conf, job):
+    """The job name becomes part of a file name: no `/` or NUL, at most MAX_JOB_NAME_BYTES."""
+    name = job.name
+    if "/" in name or "\0" in name:
+        conf.fail(conf.line("name"), f"name {name[:60]!r}: a job name may not contain '/' or "
+                  f"NUL (it names the log file)")
+    if len(name.encode()) > MAX_JOB_NAME_BYTES:
+        conf.fail(conf.line("name"), f"name is {len(name.encode())} bytes long; a job name may "
+                  f"have at most {MAX_JOB_NAME_BYTES} (it names the log file)")
 
 
 def _check_job(conf, job, check_layers):
@@ -287,9 +379,23 @@ def _check_paths(conf, job):
         except OSError as e:
             conf.fail(conf.line("cluster.workspace"),
                       f"cluster.workspace: cannot create {ws}: {e.strerror}")
+    why = _unwritable(ws)
+    if why:
+        conf.fail(conf.line("cluster.workspace"), f"cluster.workspace: cannot write to {ws}: {why}")
 
 
-_TOKEN = re.compile(r'#[^\n]*|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'|[\w.+\-]+|\S')
+def _unwritable(folder):
+    """Why files cannot be created in `folder`, or None."""
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return "read-only file system"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "permission denied"
+    return None
+
+
+# Strings as `"[^"\\]*(?:\\.[^"\\]*)*"`: a run of plain characters is one step of the regex
+# engine, so a long string costs no memory (one alternation per character cost ~120 bytes each).
+_TOKEN = re.compile(r'#[^\n]*|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|\'[^\'\\\n]*(?:\\.[^\'\\\n]*)*\'|[\w.+\-]+|\S')
 
 
 def _field_lines(text, descriptor):

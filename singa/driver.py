@@ -164,7 +164,8 @@ class Driver:
         with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
             f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
-        paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace)
+        paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace,
+                                                    log.warning, job.cluster.nworkers_per_group)
         if not paths:
             raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or 'best')")
         loaded = checkpoint.load_params(paths, owners, log=log.info)

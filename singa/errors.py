@@ -26,3 +26,8 @@ class ClusterError(SingaError):
 class ExecutorError(SingaError):
     """A worker or server thread failed on something other than a user mistake (a bug)."""
     exit_code = 1
+
+
+class NonFiniteError(SingaError):
+    """Training produced nan or inf (a loss or a param): the message names the step and the layer
+    or param; no snapshot holds the bad values."""

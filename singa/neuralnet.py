@@ -42,7 +42,10 @@ class NeuralNet:
         # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
         for layer in self.layers:
             srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
-            layer.setup(srcs)
+            try:
+                layer.setup(srcs)
+            except MemoryError as e:   # numpy's message names the shape and the bytes
+                raise ConfigError(f"layer '{layer.name}': {e}") from None
         self.params = [p for layer in self.layers for p in layer.params]
         for i, p in enumerate(self.params, first_id):
             p.id = p.owner = i

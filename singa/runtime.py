@@ -34,7 +34,7 @@ def resume_from(job, folder):
     """-resume (SINGA's Trainer::Resume): set `job` to continue from the newest complete
     snapshot in `folder` (ours: verified, every worker's file); {worker id: its file}, or {}
     when there is none (a fresh start)."""
-    snap = checkpoint.latest_snapshot(folder, log=log.warning)
+    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
         return {}

@@ -6,12 +6,10 @@ import os
 import re
 import sys
 
-from google.protobuf import text_format
-
 import singa
 from singa.cluster import nprocs
-from singa.config import load_singa_conf
-from singa.errors import ConfigError, SingaError
+from singa.config import load_singa_conf, parse_block, read_text
+from singa.errors import SingaError
 from singa.proto import job_pb2
 from singa.zk import ZK
 
@@ -62,11 +60,11 @@ def run(cmd, rest, confdir):
     if cmd == "getlogdir":
         print(conf.log_dir.rstrip("/") or "/")
         return
+    n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
     with ZK(conf.zookeeper_host) as zk:
         if cmd == "create":
             print(zk.new_job_id())
         elif cmd == "genhost":
-            n = nprocs(read_cluster(rest[0])) if rest else 1
             print("\n".join(zk.gen_hosts(os.path.join(confdir, "hostfile"), n)))
         elif cmd in ("list", "listall"):
             print("JOB ID    |NUM PROCS  ")
@@ -94,30 +92,15 @@ def usage(problem=None):
 def read_cluster(path):
     """The `cluster { ... }` block of a job conf as a ClusterProto.
 
-    Like SINGA, only that block is read, so confs with user extension fields still work.
+    Like SINGA, only that block is read, so confs with user extension fields still work; its
+    sizes are checked as `singa.config.load_job` checks them.
     """
-    text = _read(path)
+    text = read_text(os.path.abspath(path))
     m = re.search(r"^[ \t]*cluster[ \t]*:?[ \t]*\{([^}]*)\}", text, re.M)
     if not m:
         return job_pb2.ClusterProto()
     first_line = text.count("\n", 0, m.start(1)) + 1
-    return _parse(m.group(1), job_pb2.ClusterProto(), path, first_line - 1)
-
-
-def _read(path):
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-
-
-def _parse(text, msg, path, line_offset=0):
-    try:
-        return text_format.Parse(text, msg)
-    except text_format.ParseError as e:
-        what = re.sub(r"^\d+:\d+ : ", "", str(e))
-        raise ConfigError(f"{path}:{(e.GetLine() or 1) + line_offset}: {what}") from None
+    return parse_block(m.group(1), job_pb2.ClusterProto(), path, first_line)
 
 
 if __name__ == "__main__":

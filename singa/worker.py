@@ -14,13 +14,14 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, config
+from singa import checkpoint, config, numerics
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.proto import job_pb2
+from singa.updater import create_updater
 
 log = logging.getLogger("singa")
 
@@ -97,6 +98,7 @@ class Worker:
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
+                numerics.check_loss(self.train_net, s)
                 if self.grp == 0 and self.id == 0 and every(job.disp_freq, job.disp_after, s):
                     self.display(kTrain | kForward | kBackward, f"Train @ step {s}",
                                  self.train_net)
@@ -166,7 +168,8 @@ class Worker:
         if self.grp == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
             paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
-                                                        job.cluster.workspace)
+                                                        job.cluster.workspace, log.warning,
+                                                        job.cluster.nworkers_per_group)
             loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
             for p in self.owned:
                 if p.name in loaded:
@@ -178,8 +181,13 @@ class Worker:
                         log.info("Param %s: freshly initialised (%s)", p.name,
                                  job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
+            nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in self.owned:
                 bufs = state.param_state.get(p.name, []) if state is not None else []
+                if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
+                    log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
+                                "its state starts afresh", p.name, self.resume, len(bufs), nstate)
+                    bufs = []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
@@ -209,6 +217,7 @@ class Worker:
         In the loop a snapshot follows its step's test and validation (`evaluated`); the final
         one, at train_steps, does not."""
         owners = self.owned
+        numerics.check_params(owners, step)
         self.states = {}
         for p in owners:
             self.dealer.send(m.Msg(self.address, STUB, m.kState, m.param_trgt(p.owner, 0), step))

@@ -54,19 +54,26 @@ class KVFile:
         self._file.seek(end)
 
     def read(self):
-        """Next (key, value) as bytes, or None at the end of the file or at a torn tail."""
+        """Next (key, value) as bytes, or None at the end of the file.
+
+        A tuple cut short (a truncated file, or a length prefix pointing past the end) is a
+        DataError naming the file, the tuple's byte offset and the tuples before it; SINGA
+        stops there without a word, so a job trained on the first few tuples of a shard.
+        """
         f = self._file
         start = f.tell()
         head = f.read(8)
+        if not head:
+            return None
         if len(head) < 8:
-            return self._torn(start)
+            raise self._cut_short(start, f"{len(head)} bytes, less than a key length")
         (klen,) = _LEN.unpack(head)
         if not self._fits(start + 8, klen + 8):
-            return self._torn(start)
+            raise self._cut_short(start, f"its key length {klen} points past the end")
         key = f.read(klen)
         (vlen,) = _LEN.unpack(f.read(8))
         if not self._fits(start + 16 + klen, vlen):
-            return self._torn(start)
+            raise self._cut_short(start, f"its value length {vlen} points past the end")
         return key, f.read(vlen)
 
     def seek_to_first(self):
@@ -138,10 +145,13 @@ class KVFile:
         self._size = os.fstat(self._file.fileno()).st_size
         return offset + length <= self._size
 
-    def _torn(self, start):
-        # Stay at the start of the incomplete tuple, so tell() names where valid data ends.
+    def _cut_short(self, start, why):
+        """The DataError for the incomplete tuple at byte `start`; reading stays there."""
+        whole = sum(1 for _, end in _walk(self._file) if end <= start)
         self._file.seek(start)
-        return None
+        return DataError(f"{self.path}: the tuple at byte {start} is cut short ({why} of the "
+                         f"{self._size}-byte file); {whole} whole tuple{'s' * (whole != 1)} "
+                         f"before it: truncated or corrupt")
 
     def _write_buffer(self):
         if self._buf:

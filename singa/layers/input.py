@@ -145,8 +145,13 @@ class CSVInputLayer(StoreInputLayer):
         width = self.dim + has_label
         table = self._floats(keys, values, width).reshape(len(values), width)
         if has_label:
+            labels = table[:, 0]
+            bad = ~(np.abs(labels) < 2**31)     # nan, inf and what std::stoi cannot hold
+            if bad.any():
+                raise DataError(f"{self.path}: label {labels[bad][0]} in the batch from line "
+                                f"{_text(keys[0])} is not an int")
             # std::stoi of the label token: truncation toward zero.
-            self.aux_data[...] = table[:, 0]
+            self.aux_data[...] = labels
         x[...] = table[:, has_label:]
 
     def parse_vector(self, path, kv):

@@ -1,11 +1,15 @@
 """User mistakes given to the `singa` driver: one line on stderr naming the place, no traceback."""
 import os
 import re
+import subprocess
 import time
 
+import numpy as np
 import pytest
 
 import singa
+from singa import checkpoint
+from conftest import PYTHON
 
 CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")
 
@@ -36,6 +40,14 @@ BAD_CONFS = {
               "srclayers form a cycle: ip1 -> sig1 -> ip1"),
     "missing data file": ({"train-1000.bin": "nope.bin"}, 11,
                           "store_conf.path 'tests/fixtures/singa-0.3/nope.bin' does not exist"),
+    "num_output 0": ({"num_output: 64": "num_output: 0"}, 14,
+                     "layer 'ip1': innerproduct_conf.num_output must be at least 1, got 0"),
+    "nworkers_per_procs 0": ({"nserver_groups: 1": "nserver_groups: 1 nworkers_per_procs: 0"}, 23,
+                             "cluster.nworkers_per_procs must be at least 1, got 0"),
+    "job name with a path": ({'name: "fixture-mlp"': 'name: "x/../../../../tmp/pwn"'}, 1,
+                             "a job name may not contain '/'"),
+    "job name too long": ({'name: "fixture-mlp"': f'name: "{"n" * 300}"'}, 1,
+                          "name is 300 bytes long; a job name may have at most 230"),
 }
 
 
@@ -111,3 +123,84 @@ def test_a_process_whose_job_partners_never_start_stops_with_one_line(fixture_jo
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert re.search(r"^singa: process 1 of job \d+ did not register in ZooKeeper at \S+ within "
                      r"20 s$", r.stderr, re.M), r.stderr
+
+
+def last_line_error(r, code=2):
+    """The last stderr line of a run that failed after it started logging, without a traceback."""
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+    return r.stderr.splitlines()[-1]
+
+
+def test_num_output_too_large_for_memory_names_param_shape_and_bytes(fixture_job, run_driver):
+    err = last_line_error(run_driver(fixture_job(edits={"num_output: 64": "num_output: 2000000000"})))
+    assert err.startswith("singa: param '0#weight1' of shape (2000000000, 784): its values and "
+                          "gradient need 12.5 TB"), err
+
+
+def test_workspace_on_a_read_only_file_system_is_one_line(fixture_job, singa_conf, tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    conf = fixture_job(workspace=ws)
+    driver = f"{PYTHON} -m singa.driver -conf {conf} -singa_conf {singa_conf}"
+    r = subprocess.run(["unshare", "-m", "sh", "-c", f"mount --bind {ws} {ws} && "
+                        f"mount -o remount,bind,ro {ws} && exec {driver}"],
+                       capture_output=True, text=True, timeout=120)
+    if "mount" in r.stderr or "unshare" in r.stderr:
+        pytest.skip(f"cannot mount a read-only file system here: {r.stderr.strip()}")
+    err = one_line_error(r)
+    assert err == f"singa: {conf}:23: cluster.workspace: cannot write to {ws}: read-only file system"
+
+
+def test_a_truncated_shard_stops_the_job_naming_file_and_offset(fixture_job, run_driver, tmp_path):
+    shard = tmp_path / "cut.bin"
+    data = open(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "train-1000.bin"), "rb").read()
+    tuple_bytes = len(data) // 1000
+    shard.write_bytes(data[:10 * tuple_bytes + 100])       # 10 tuples and part of the 11th
+    r = run_driver(fixture_job(edits={"tests/fixtures/singa-0.3/train-1000.bin": str(shard)}))
+    assert last_line_error(r) == (
+        f"singa: {shard}: the tuple at byte {10 * tuple_bytes} is cut short (its value length "
+        f"{tuple_bytes - 24} points past the end of the {len(shard.read_bytes())}-byte file); "
+        f"10 whole tuples before it: truncated or corrupt")
+
+
+CSV_JOB = """name: "csv-mlp"
+train_steps: 20
+checkpoint_freq: 2
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
+neuralnet {
+  layer { name: "data" type: kCSVInput
+    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
+    param { name: "w" init { type: kGaussian std: 0.1 } }
+    param { name: "b" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+def test_a_nan_in_a_csv_shard_stops_the_job_naming_step_and_layer(run_driver, tmp_path):
+    data = tmp_path / "data.csv"
+    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
+    lines[25] = "1,0.5,nan,2"                              # read by step 6 (4 lines a step)
+    data.write_text("\n".join(lines) + "\n")
+    conf = tmp_path / "csv.conf"
+    conf.write_text(CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
+    assert last_line_error(run_driver(conf)) == (
+        "singa: step 6: the loss of layer '0#loss' is nan; the first non-finite values are in "
+        "the output of layer '0#data'")
+    folder = tmp_path / "ws" / "checkpoint"
+    assert sorted(os.listdir(folder)) == [f"step{s}-worker0.{ext}" for s in (0, 2, 4, 6)
+                                          for ext in ("bin", "meta")]
+    assert all(np.isfinite(a).all() for s in (0, 2, 4, 6) for a, _ in
+               checkpoint.CheckpointReader(str(folder / f"step{s}-worker0.bin")).params().values())
+
+
+def test_a_non_finite_param_stops_the_job_before_it_is_snapshotted(mlp_job, run_driver, tmp_path):
+    bad = np.full((64, 784), 0.01, np.float32)
+    bad[3, 5] = np.inf
+    path = checkpoint.write_file(str(tmp_path / "pretrained.bin"), [("0#weight1", bad, 0)])
+    r = run_driver(mlp_job(checkpoint_path=[path], train_steps=20, checkpoint_freq=10))
+    assert last_line_error(r) == "singa: step 0: param '0#weight1' holds nan or inf; no snapshot written"
+    assert os.listdir(tmp_path / "ws" / "checkpoint") == []

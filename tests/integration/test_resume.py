@@ -11,7 +11,7 @@ import pytest
 from google.protobuf import text_format
 
 from singa import checkpoint
-from singa.proto import job_pb2
+from singa.proto import common_pb2, job_pb2
 
 from conftest import FIXTURES, PYTHON
 
@@ -196,3 +196,46 @@ def test_resume_with_empty_folder_starts_fresh(mlp_job, run_driver, tmp_path):
     assert "No complete checkpoint in" in r.stderr and "starting from step 0" in r.stderr
     final = checkpoint.CheckpointReader(str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin"))
     assert [v for *_, v in final.meta()] == [20] * 4
+
+
+def rewrite_state(path, change):
+    """Rewrite the snapshot file `path` (checksummed anew) with `change(state)` applied."""
+    r = checkpoint.CheckpointReader(str(path))
+    params = [(name, r.param(name), r.version(name)) for name in r.names]
+    state = r.state
+    change(state)
+    checkpoint.write_file(str(path), params, state)
+
+
+def test_resume_skips_a_snapshot_with_a_malformed_rng_state(mlp_job, run_driver, tmp_path):
+    job = dict(train_steps=20, checkpoint_freq=10, test_freq=0)
+    assert run_driver(mlp_job(**job)).returncode == 0
+    bad = tmp_path / "ws" / "checkpoint" / "step20-worker0.bin"
+    rewrite_state(bad, lambda st: st.rng["train"].update(bit_generator="MT19937"))
+    r = run_driver(mlp_job(**dict(job, train_steps=30)), "-resume")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert f"Skipping checkpoint step20: checkpoint {bad}: RNG state of train is for 'MT19937', " \
+           f"not PCG64" in r.stderr
+    assert "Resume from step 10" in r.stderr
+
+
+def test_resume_with_updater_state_of_another_updater_starts_it_afresh(mlp_job, run_driver, tmp_path):
+    job = dict(train_steps=20, checkpoint_freq=10, test_freq=0)
+    assert run_driver(mlp_job(**job)).returncode == 0
+    snap = tmp_path / "ws" / "checkpoint" / "step20-worker0.bin"
+    rewrite_state(snap, lambda st: st.param_state.update(
+        {name: bufs * 3 for name, bufs in st.param_state.items()}))
+    r = run_driver(mlp_job(**dict(job, train_steps=30)), "-resume", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"Param 0#weight1: {snap} holds 3 updater buffers, the updater keeps 1: its state " \
+           f"starts afresh" in r.stderr
+
+
+@pytest.mark.parametrize("flags", [(), ("-test",)], ids=["train", "test"])
+def test_checkpoint_path_with_a_non_utf8_param_name_is_one_line(mlp_job, run_driver, tmp_path, flags):
+    msg = common_pb2.BlobProtos(version=[1])
+    msg.blob.add(shape=[2], data=[1.0, 2.0])
+    bad = tmp_path / "bad"
+    bad.write_bytes(msg.SerializeToString() + b"\x22\x03\xff\xfeA")
+    line = error_line(run_driver(mlp_job(checkpoint_path=[str(bad)]), *flags))
+    assert line == f"singa: checkpoint {bad}: name b'\\xff\\xfeA' is not UTF-8 text"

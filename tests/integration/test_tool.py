@@ -116,6 +116,17 @@ def test_genhost_bad_cluster_field_names_file_and_line(confdir, tmp_path):
     assert r.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("text, line, what", [
+    (b'name: "x\xff"\ncluster {\n  nworker_groups: 1\n}\n', 1, "not UTF-8 text"),
+    (b'name: "x"\ncluster {\n  nworker_groups: 1\n  nworkers_per_procs: 0\n}\n', 4,
+     "nworkers_per_procs must be at least 1, got 0")])
+def test_genhost_bad_conf_is_one_line_naming_file_and_line(confdir, tmp_path, text, line, what):
+    job = tmp_path / "job.conf"
+    job.write_bytes(text)
+    r = tool("genhost", str(job), confdir=confdir)
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", f"singatool: {job}:{line}: {what}\n")
+
+
 @pytest.mark.parametrize("args", [[], ["bogus"], ["view"], ["view", "abc"], ["list", "extra"]])
 def test_usage_errors_exit_1(confdir, args):
     r = tool(*args, confdir=confdir)

@@ -1,4 +1,5 @@
 """Checkpoint files: SINGA compatibility, checksums, torn/hostile files, snapshots, retention, CLI."""
+import logging
 import os
 import shutil
 import struct
@@ -14,8 +15,9 @@ import pytest
 
 import singa
 from singa import checkpoint as ckpt
+from singa import runtime
 from singa.errors import CheckpointError
-from singa.proto import common_pb2
+from singa.proto import common_pb2, job_pb2
 
 FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 FIX_NAMES = ["0#weight1", "0#bias1", "0#weight2", "0#bias2"]
@@ -46,9 +48,13 @@ def state(step=5, nworkers=1, **kw):
 
 
 def snapshot(folder, step, nworkers=1, metrics=None, workers=None):
+    """Files of workers 0..nworkers-1 (or `workers`); worker 0 holds the params and their
+    updater state, as in a data-parallel run."""
     for w in (range(nworkers) if workers is None else workers):
-        ckpt.write_file(ckpt.snapshot_file(folder, step, w), params(step) if w == 0 else [],
-                        state(step, nworkers, metrics=dict(metrics or {})))
+        st = state(step, nworkers, metrics=dict(metrics or {}))
+        if w:
+            st.param_state = {}
+        ckpt.write_file(ckpt.snapshot_file(folder, step, w), params(step) if w == 0 else [], st)
 
 
 # --- SINGA's own files ------------------------------------------------------------------------
@@ -572,3 +578,98 @@ def test_stale_temporaries_of_dead_writers_are_removed(tmp_path):
     assert sorted(ckpt.remove_stale_temporaries(str(tmp_path))) == sorted(dead)
     assert sorted(os.listdir(tmp_path)) == sorted(kept)
     assert ckpt.remove_stale_temporaries(str(tmp_path / "missing")) == []
+
+
+# --- hostile names, counts and states (issue 10) ----------------------------------------------
+
+def test_a_huge_worker_id_costs_one_problem_line_not_one_per_missing_file(tmp_path):
+    shutil.copy(f"{FIX}/run-1worker/step100-worker0", tmp_path)
+    open(tmp_path / "step100-worker1000000", "wb").close()
+    (snap,) = ckpt.list_snapshots(str(tmp_path))
+    assert not snap.complete and snap.problems == [
+        f"{tmp_path}/step100-worker1.bin: missing (the snapshot has 1000001 worker files; "
+        f"999998 more are missing)"]
+
+
+def test_a_recorded_worker_count_costs_one_problem_line(tmp_path):
+    snapshot(str(tmp_path), 100, nworkers=10**6, workers=[0])
+    (snap,) = ckpt.list_snapshots(str(tmp_path))
+    assert snap.problems == [f"{tmp_path}/step100-worker1.bin: missing (the snapshot has "
+                             f"1000000 worker files; 999998 more are missing)"]
+    assert ckpt.latest_snapshot(str(tmp_path), nworkers=1).step == 100   # bounded by the job's
+
+
+def test_worker_ids_beyond_the_jobs_cluster_are_ignored_with_a_warning(tmp_path):
+    snapshot(str(tmp_path), 100)
+    open(tmp_path / "step100-worker2000000000", "wb").close()
+    open(tmp_path / "step500-worker2000000000", "wb").close()
+    log = []
+    snap = ckpt.latest_snapshot(str(tmp_path), nworkers=1, log=log.append)
+    assert snap.step == 100 and snap.complete and list(snap.files) == [0]
+    assert log == [f"Ignoring checkpoint file {tmp_path}/step{s}-worker2000000000: worker "
+                   f"2000000000 is beyond the job's 1 workers" for s in (100, 500)]
+    ws = tmp_path / "ws"
+    shutil.copytree(tmp_path, ws / "checkpoint", ignore=shutil.ignore_patterns("ws"))
+    assert ckpt.resolve_checkpoint_paths(["latest"], str(ws), nworkers=1) == [
+        ckpt.snapshot_file(str(ws / "checkpoint"), 100, 0)]
+
+
+def test_resume_ignores_files_beyond_the_jobs_workers(tmp_path, caplog):
+    snapshot(str(tmp_path), 100)
+    open(tmp_path / "step500-worker1000000", "wb").close()
+    job = job_pb2.JobProto()
+    job.cluster.nworkers_per_group = 1
+    assert runtime.resume_from(job, str(tmp_path)) == {0: ckpt.snapshot_file(str(tmp_path), 100, 0)}
+    assert job.step == 100
+    assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"Ignoring checkpoint file {tmp_path}/step500-worker1000000: worker 1000000 is beyond "
+        f"the job's 1 workers"]
+
+
+def test_a_step_beyond_the_last_a_job_can_reach_is_one_problem_line(tmp_path):
+    for step in (100, 99999999999, int("9" * 30)):
+        shutil.copy(f"{FIX}/run-1worker/step100-worker0", tmp_path / f"step{step}-worker0")
+    job = job_pb2.JobProto()
+    assert runtime.resume_from(job, str(tmp_path)) == {0: str(tmp_path / "step100-worker0")}
+    assert job.step == 100
+    out = cli("ls", str(tmp_path))
+    assert out.returncode == 0 and "Traceback" not in out.stderr
+    assert "step99999999999  workers 0  INCOMPLETE\n    step99999999999: a step beyond 2147483647, " \
+           "the last a job can reach\n" in out.stdout
+    assert "latest: step100\n" in out.stdout
+
+
+def singa_file_with_name(path, name):
+    """A SINGA-style file (no checksum) holding one param named by the raw bytes `name`."""
+    msg = common_pb2.BlobProtos(version=[1])
+    msg.blob.add(shape=[2], data=[1.0, 2.0])
+    path.write_bytes(msg.SerializeToString() + b"\x22" + bytes([len(name)]) + name)
+    return str(path)
+
+
+def test_a_param_name_that_is_not_utf8_is_a_checkpoint_error(tmp_path):
+    path = singa_file_with_name(tmp_path / "step1-worker0", b"\xff\xfeA")
+    with pytest.raises(CheckpointError, match=r"step1-worker0: name b'\\xff\\xfeA' is not UTF-8 text$"):
+        ckpt.CheckpointReader(path)
+    good = singa_file_with_name(tmp_path / "step2-worker0", b"A")
+    for args in (("show", path), ("diff", good, path)):
+        out = cli(*args)
+        assert (out.returncode, out.stdout) == (2, "") and "Traceback" not in out.stderr
+        assert out.stderr.count("\n") == 1 and "is not UTF-8 text" in out.stderr
+
+
+@pytest.mark.parametrize("damage, what", [
+    (lambda st: st.rng["worker0"].update(bit_generator="MT19937"),
+     "RNG state of worker0 is for 'MT19937', not PCG64"),
+    (lambda st: st.rng["worker0"].update(has_uint32=7), "RNG state of worker0 is not a PCG64 state"),
+    (lambda st: st.param_state.update({"0#w1": [np.zeros((3, 3), np.float32)]}),
+     r"updater state 0 of 0#w1 has shape \(3, 3\), the param \(4, 3\)"),
+    (lambda st: st.param_state.update({"0#nope": [np.zeros(2, np.float32)]}),
+     "updater state of 0#nope, a param the file does not hold")],
+    ids=["RNG type", "RNG has_uint32", "updater state shape", "updater state of no param"])
+def test_a_checksummed_file_with_malformed_state_is_a_checkpoint_error(tmp_path, damage, what):
+    st = state()
+    damage(st)
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"), params(), st)
+    with pytest.raises(CheckpointError, match=f"step5-worker0.bin: {what}"):
+        ckpt.CheckpointReader(path)

@@ -1,6 +1,7 @@
 """singa.config: SINGA's confs parse; every bad input gives one line `file:line: what`."""
 import os
 import pathlib
+import tracemalloc
 
 import pytest
 
@@ -303,3 +304,64 @@ def test_lines_found_past_comments_and_braces_in_strings(tmp_path):
     text = text.replace('name: "t"', 'name: "t { # }"')
     text = text.replace('srclayers: "fc"', 'srclayers: "nope"')
     _expect(tmp_path, text, '"nope"', "srclayer 'nope' names no layer", check_layers=False)
+
+
+IP = "innerproduct_conf {\n      num_output: 2\n    }"
+CONV = IP + "\n    convolution_conf {\n      num_filters: 4\n    }"
+SIZES = {
+    "num_output 0": ("num_output: 2", "num_output: 0", "num_output",
+                     "layer 'fc': innerproduct_conf.num_output must be at least 1, got 0"),
+    "num_filters 0": (IP, CONV.replace("num_filters: 4", "num_filters: 0"), "num_filters",
+                      "layer 'fc': convolution_conf.num_filters must be at least 1, got 0"),
+    "kernel 0": (IP, CONV + "\n    pooling_conf {\n      kernel: 0\n    }", "kernel",
+                 "layer 'fc': pooling_conf.kernel must be at least 1, got 0"),
+    "stride 0": (IP, CONV.replace("num_filters: 4", "num_filters: 4\n      stride: 0"), "stride",
+                 "layer 'fc': convolution_conf.stride must be at least 1, got 0"),
+    "negative batchsize": ("batchsize: 4", "batchsize: -4", "batchsize",
+                           "layer 'data': store_conf.batchsize must be at least 1, got -4"),
+    "hdim 0": ("num_output: 2\n    }", "num_output: 2\n    }\n    rbm_conf {\n      hdim: 0\n    }",
+               "hdim", "layer 'fc': rbm_conf.hdim must be at least 1, got 0"),
+    "nworkers_per_procs 0": ('workspace: "WS"', 'workspace: "WS"\n  nworkers_per_procs: 0',
+                             "nworkers_per_procs", "cluster.nworkers_per_procs must be at least 1, got 0"),
+    "negative train_steps": ("train_steps: 10", "train_steps: -1", "train_steps",
+                             "train_steps must be at least 0, got -1"),
+}
+
+
+@pytest.mark.parametrize("case", SIZES)
+def test_zero_or_negative_size_names_field_and_line(tmp_path, case):
+    old, new, needle, what = SIZES[case]
+    text = GOOD.replace(old, new, 1)
+    assert text != GOOD
+    _expect(tmp_path, text, needle, what)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_learning_rate_names_field_and_line(tmp_path, value):
+    _expect(tmp_path, GOOD.replace("base_lr: 0.1", f"base_lr: {value}"), "base_lr",
+            f"updater.learning_rate.base_lr must be a finite number, got {float(value)}")
+
+
+@pytest.mark.parametrize("name, what", [
+    ("x/../../../../tmp/pwn", "may not contain '/'"),
+    ("n" * 256, "256 bytes long; a job name may have at most 230")])
+def test_job_name_that_cannot_name_the_log_file_is_refused_at_load(tmp_path, name, what):
+    _expect(tmp_path, GOOD.replace('name: "t"', f'name: "{name}"'), name[:20], what)
+
+
+def test_a_long_string_costs_memory_in_proportion(tmp_path):
+    text = GOOD.replace('name: "t"', 'name: "t"\ncheckpoint_path: "' + "a" * 2_000_000 + '"')
+    tracemalloc.start()
+    try:
+        job = config.parse_job(text, check_paths=False, check_layers=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(job.checkpoint_path[0]) == 2_000_000
+    assert peak < 20 * len(text), f"{peak / 1e6:.0f} MB to parse {len(text) / 1e6:.0f} MB"
+
+
+def test_parse_block_names_the_line_in_the_whole_file():
+    with pytest.raises(ConfigError, match=r"^job\.conf:12: nworkers_per_procs must be at least 1, got 0$"):
+        config.parse_block("nworker_groups: 1\nnworkers_per_procs: 0\n", job_pb2.ClusterProto(),
+                           "job.conf", first_line=11)

@@ -86,8 +86,11 @@ def test_read_falls_back_to_shard_folder(tmp_path):
     assert KVFile(tmp_path / "shard.dat").count() == 2
 
 
-@pytest.mark.parametrize("cut", [3, 8, 12, 20, 25])
-def test_torn_tail_ends_reading_and_append_truncates_it(tmp_path, cut):
+@pytest.mark.parametrize("cut, why", [(3, "3 bytes, less than a key length"),
+                                      (8, "its key length 4 points past the end"),
+                                      (20, "its value length 6 points past the end"),
+                                      (25, "its value length 6 points past the end")])
+def test_truncated_last_tuple_names_offset_and_tuples_read_and_append_cuts_it(tmp_path, cut, why):
     path = tmp_path / "kv.bin"
     with KVFile(path, "create") as f:
         f.insert(b"key1", b"value1")
@@ -97,7 +100,10 @@ def test_torn_tail_ends_reading_and_append_truncates_it(tmp_path, cut):
     path.write_bytes(whole[:first + cut])
     with KVFile(path) as f:
         assert f.read() == (b"key1", b"value1")
-        assert f.read() is None
+        with pytest.raises(DataError) as e:
+            f.read()
+        assert str(e.value) == (f"{path}: the tuple at byte {first} is cut short ({why} of the "
+                                f"{first + cut}-byte file); 1 whole tuple before it: truncated or corrupt")
         assert f.tell() == first
         assert f.count() == 1
     with KVFile(path, "append") as f:
@@ -105,8 +111,26 @@ def test_torn_tail_ends_reading_and_append_truncates_it(tmp_path, cut):
     assert list(KVFile(path)) == [(b"key1", b"value1"), (b"key3", b"value3")]
 
 
+def test_value_length_past_the_end_mid_file_names_file_and_offset(tmp_path):
+    path = tmp_path / "kv.bin"
+    with KVFile(path, "create") as f:
+        for i in range(2000):
+            f.insert(b"%04d" % i, b"v" * 10)
+    data = bytearray(path.read_bytes())
+    tuple_bytes = 16 + 4 + 10
+    at = 10 * tuple_bytes + 8 + 4                   # tuple 10's value length
+    data[at:at + 8] = struct.pack("<Q", 2**40)
+    path.write_bytes(bytes(data))
+    with KVFile(path) as f:
+        assert [f.read()[0] for _ in range(10)] == [b"%04d" % i for i in range(10)]
+        with pytest.raises(DataError, match=rf"^{path}: the tuple at byte 300 is cut short \(its "
+                                            rf"value length 1099511627776 points past the end of the "
+                                            rf"60000-byte file\); 10 whole tuples before it"):
+            f.read()
+
+
 @pytest.mark.parametrize("where", ["key", "value"])
-def test_hostile_length_prefix_is_a_torn_tail(tmp_path, where):
+def test_hostile_length_prefix_is_an_error_not_an_allocation(tmp_path, where):
     path = tmp_path / "kv.bin"
     huge = struct.pack("<Q", 2**63 - 1)
     if where == "key":
@@ -114,7 +138,8 @@ def test_hostile_length_prefix_is_a_torn_tail(tmp_path, where):
     else:
         path.write_bytes(struct.pack("<Q", 1) + b"k" + huge + b"abc")
     with KVFile(path) as f:
-        assert f.read() is None
+        with pytest.raises(DataError, match=f"the tuple at byte 0 is cut short .its {where} length"):
+            f.read()
         assert f.count() == 0
 
 

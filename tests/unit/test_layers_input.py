@@ -249,3 +249,13 @@ def test_image_preprocess_without_crop_scales_the_whole_image():
 def test_image_preprocess_conf_mistakes_name_the_layer(shape, conf, message):
     with pytest.raises(ConfigError, match=f"layer 'image'.*{message}"):
         image_preprocess(np.zeros(shape, np.float32), conf)
+
+
+@pytest.mark.parametrize("label", ["nan", "inf", "1e10"])
+def test_csv_label_that_is_not_an_int_is_a_data_error(tmp_path, label):
+    path = tmp_path / "data.csv"
+    path.write_text(f"1,0,0\n{label},1,2\n")
+    layer = make_layer(f'name: "data" type: kCSVInput store_conf {{ path: "{path}" batchsize: 2 '
+                       f'shape: 2 }}', [])
+    with pytest.raises(DataError, match=rf"^{path}: label [^ ]+ in the batch from line 0 is not an int$"):
+        layer.compute_feature(TRAIN, [])

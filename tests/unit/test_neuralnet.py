@@ -191,3 +191,14 @@ def test_net_defaults_copied_to_layers():
     kept = filter_phase(net, job_pb2.kTrain)
     assert [layer.unroll_len for layer in kept] == [3, 3, 3, 1]
     assert [layer.partition_dim for layer in kept] == [1, 1, 1, 1]
+
+
+def test_a_param_larger_than_memory_is_refused_naming_param_shape_and_bytes():
+    with pytest.raises(ConfigError, match=r"^param '0#w1' of shape \(2000000000, 784\): its values "
+                                          r"and gradient need 12\.5 TB, more than this machine's"):
+        make(MLP.replace("num_output: 6", "num_output: 2000000000"))
+
+
+def test_a_layer_array_that_cannot_be_allocated_is_a_config_error_naming_the_layer():
+    with pytest.raises(ConfigError, match=r"^layer '0#data': .*TiB.*shape \(2000000000, 784\)"):
+        make(MLP.replace("batchsize: 8", "batchsize: 2000000000"))
