@@ -702,9 +702,8 @@ def list_snapshots(folder, nworkers=None, log=None):
     """Every snapshot in `folder`, sorted by step, each with its files verified.
 
     `nworkers`: the job's workers of group 0; files of workers beyond them are ignored (and
-    reported to `log`). Expected workers: the count the files record (at most `nworkers`),
-    else `nworkers` if given, else the highest worker id present + 1 (SINGA's files record
-    nothing). A 0-byte file is SINGA's empty file of a data-parallel worker >= 1; for worker 0
+    reported to `log`). Expected workers: the count the files record, else `nworkers` if
+    given, else the highest worker id present + 1 (SINGA's files record nothing). A 0-byte file is SINGA's empty file of a data-parallel worker >= 1; for worker 0
     it is a torn write. When both `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used.
     The work is in proportion to the files present, whatever ids and counts they claim.
     """
@@ -749,8 +748,6 @@ def _snapshot(folder, step, files, nworkers):
     if len(recorded) > 1:
         problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
     expected = max(recorded) if recorded else nworkers or max(files) + 1
-    if nworkers is not None:
-        expected = min(expected, nworkers)
     missing = expected - sum(1 for w in files if w < expected)
     if missing:
         first = next(w for w in range(len(files) + 1) if w not in files)
