@@ -375,7 +375,7 @@ def _check_paths(conf, job):
             conf.fail(conf.line("cluster.workspace"), f"cluster.workspace '{job.cluster.workspace}'"
                       f" does not exist and neither does its parent ({os.path.dirname(ws)})")
         try:
-            os.mkdir(ws)
+            os.makedirs(ws, exist_ok=True)      # the job's other processes may make it too
         except OSError as e:
             conf.fail(conf.line("cluster.workspace"),
                       f"cluster.workspace: cannot create {ws}: {e.strerror}")
