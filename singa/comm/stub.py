@@ -62,7 +62,12 @@ class Stub:
         self.servers = len(self.executors) - self.workers
         self.poll_ms = poll_ms
         self.stop_servers = threading.Event()   # set by the server group's membership watch
+        self.stop_requested = False             # set by stop()
         self.error = None
+
+    def stop(self):
+        """Have `run` stop every local executor (it only sets a flag: safe in a signal handler)."""
+        self.stop_requested = True
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
@@ -74,6 +79,9 @@ class Stub:
                     self.handle(msg)
                 except ClusterError as e:   # bad traffic: dropped, nothing changed
                     log.warning("Stub: dropped %r: %s", msg, e)
+            if self.stop_requested:
+                self.stop_requested = False
+                self.stop_local(None)
             if self.stop_servers.is_set() or (self.stop_servers_with_workers and
                                               self.workers == 0 and self.servers > 0):
                 self.stop_servers.clear()
