@@ -4,4 +4,4 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
 
 "$SINGA_BIN/singa-stop.sh"
-$SINGATOOL cleanup -confdir "$SINGA_CONF"
+singatool cleanup -confdir "$SINGA_CONF"

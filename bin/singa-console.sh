@@ -8,17 +8,28 @@ usage() {
 Usage: singa-console.sh <command>
   list       list running jobs
   view ID    view the processes of job ID (host|pid)
-  kill ID    kill the processes of job ID
+  kill ID    stop the processes of job ID (SIGTERM, SIGKILL after SINGA_KILL_GRACE s)
 USAGE
   exit 1
 }
 
-# Kill process $2 on host $1: here when the host is this machine, else over ssh.
+# Stop process $3 of job $1 on host $2 (singa-kill-proc.sh: only if it is one of the job's),
+# here when the host is this machine, else over ssh. Host and pid come from ZooKeeper, which
+# anyone who reaches it may write: both are checked first.
 kill_proc() {
-  case $1 in
-    localhost|127.*|"$(hostname)") kill -9 "$2" 2>/dev/null || true ;;
-    *) ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet "$1" \
-         "kill -9 $2" || true ;;
+  local job=$1 host=$2 pid=$3
+  if ! valid_host "$host"; then
+    echo "singa-console: job $job: bad host name '$host' in ZooKeeper; not signalled" >&2
+    return 2
+  fi
+  if ! [[ $pid =~ ^[1-9][0-9]*$ ]]; then
+    echo "singa-console: job $job: bad pid '$pid' of host $host in ZooKeeper; not signalled" >&2
+    return 2
+  fi
+  case $host in
+    localhost|127.*|"$(hostname)") "$SINGA_BIN/singa-kill-proc.sh" "$job" "$pid" ;;
+    *) ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet -- \
+         "$host" bash -s -- "$job" "$pid" "${SINGA_KILL_GRACE:-10}" <"$SINGA_BIN/singa-kill-proc.sh" ;;
   esac
 }
 
@@ -26,17 +37,24 @@ kill_proc() {
 case $1 in
   list)
     [ $# -eq 1 ] || usage
-    $SINGATOOL list -confdir "$SINGA_CONF" ;;
+    singatool list -confdir "$SINGA_CONF" ;;
   view)
     [ $# -eq 2 ] || usage
-    $SINGATOOL view "$2" -confdir "$SINGA_CONF" ;;
+    singatool view "$2" -confdir "$SINGA_CONF" ;;
   kill)
     [ $# -eq 2 ] || usage
-    procs=$($SINGATOOL view "$2" -confdir "$SINGA_CONF")
-    for proc in $procs; do
+    [[ $2 =~ ^[0-9]+$ ]] || { echo "singa-console: job id must be a number, not '$2'" >&2; exit 1; }
+    procs=$(singatool view "$2" -confdir "$SINGA_CONF")
+    kills=()
+    while IFS= read -r proc; do      # all at once: each may wait out its grace period
+      [ -n "$proc" ] || continue
       echo "kill ${proc%|*} pid ${proc##*|}"
-      kill_proc "${proc%|*}" "${proc##*|}"
-    done
-    $SINGATOOL remove "$2" -confdir "$SINGA_CONF" ;;
+      kill_proc "$2" "${proc%|*}" "${proc##*|}" &
+      kills+=($!)
+    done <<<"$procs"
+    status=0
+    for k in "${kills[@]}"; do wait "$k" || status=1; done
+    singatool remove "$2" -confdir "$SINGA_CONF"
+    exit $status ;;
   *) usage ;;
 esac

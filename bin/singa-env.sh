@@ -1,6 +1,7 @@
 # Environment of SINGA's scripts (source it). Sets, unless already set: SINGA_BIN, SINGA_HOME,
-# SINGA_CONF, PYTHON (the venv of thirdparty/install.sh), SINGATOOL, SINGA_LOG (log_dir of
-# singa.conf, no trailing /), SINGA_MANAGES_ZK (true: bin/zk-service.sh runs a local server).
+# SINGA_CONF, PYTHON (the venv of thirdparty/install.sh), SINGA_LOG (log_dir of singa.conf, no
+# trailing /), SINGA_MANAGES_ZK (true: bin/zk-service.sh runs a local server); defines
+# `singatool` (python -m singa.tool) and `valid_host` (a host name safe to give ssh).
 if [ -z "${SINGA_ENV_DONE:-}" ]; then
   : "${SINGA_BIN:=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
   : "${SINGA_HOME:=$(dirname "$SINGA_BIN")}"
@@ -13,10 +14,18 @@ if [ -z "${SINGA_ENV_DONE:-}" ]; then
   fi
   # the package imports from SINGA_HOME even where it is not pip-installed
   export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-  SINGATOOL="$PYTHON -m singa.tool"
+fi
+
+singatool() { "$PYTHON" -m singa.tool "$@"; }
+
+# True when $1 is a host name or IPv4 address: letters, digits, '.', '-', '_', not starting
+# with '-' (which ssh would take for an option).
+valid_host() { [[ ${#1} -le 253 && $1 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]]; }
+
+if [ -z "${SINGA_ENV_DONE:-}" ]; then
   if [ -z "${SINGA_LOG:-}" ]; then
-    SINGA_LOG=$($SINGATOOL getlogdir -confdir "$SINGA_CONF") || { return 2 2>/dev/null || exit 2; }
+    SINGA_LOG=$(singatool getlogdir -confdir "$SINGA_CONF") || { return 2 2>/dev/null || exit 2; }
   fi
-  export SINGA_BIN SINGA_HOME SINGA_CONF PYTHON SINGATOOL SINGA_LOG SINGA_MANAGES_ZK
+  export SINGA_BIN SINGA_HOME SINGA_CONF PYTHON SINGA_LOG SINGA_MANAGES_ZK
   export SINGA_ENV_DONE=1
 fi

@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # Launch a SINGA job (SINGA's bin/singa-run.sh):
 #
-#   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [other args]
-#                [-user_proto <file.proto>]... [-user_layers <file.py>]...
+#   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [-oversubscribe]
+#                [-user_proto <file.proto>]... [-user_layers <file.py>]... [other args]
 #
-# Installs what is missing (thirdparty/install.sh), starts the local ZooKeeper when
-# conf/singa.conf names a local one that does not answer, gets a job id, and starts one
-# process per host of the job (ssh for remote hosts). Other arguments go to the program.
+# Installs what is missing (thirdparty/install.sh), checks the conf and how many processes it
+# puts on each host (`<program> -check`; -oversubscribe allows more than 4 per core), starts
+# the local ZooKeeper when conf/singa.conf names a local one that does not answer, gets a job
+# id, and starts one process per host of the job (ssh for remote hosts). Other arguments go to
+# the program. SIGINT or SIGTERM stops every process of the job (SIGKILL for those still
+# running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
 
 usage() { echo "Usage: singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test]" >&2; exit 2; }
 
-exe=""; conf=""; args=()
+exe=(); conf=""; args=()
 while [ $# -gt 0 ]; do
   case $1 in
-    -exec) [ $# -ge 2 ] || usage; exe=$2; shift 2 ;;
+    -exec) [ $# -ge 2 ] || usage; exe=("$2"); shift 2 ;;
     -conf) [ $# -ge 2 ] || usage; conf=$2; shift 2 ;;
     -user_proto|-user_layers) [ $# -ge 2 ] || usage; args+=("$1" "$(realpath -m -- "$2")"); shift 2 ;;
     -h|--help) usage ;;
@@ -30,11 +33,16 @@ conf=$(cd "$(dirname "$conf")" && pwd)/$(basename "$conf")
 "$SINGA_HOME/thirdparty/install.sh" --quiet
 . "$SINGA_BIN/singa-env.sh"
 cd "$SINGA_HOME"
-[ -n "$exe" ] || exe="$PYTHON -m singa.driver"
+[ ${#exe[@]} -gt 0 ] || exe=("$PYTHON" -m singa.driver)
+grace=${SINGA_KILL_GRACE:-10}
+[[ $grace =~ ^[0-9]+$ ]] || { echo "singa-run: SINGA_KILL_GRACE must be whole seconds, not '$grace'" >&2; exit 2; }
+
+# The whole conf, once, before anything starts (a mistake: one line, exit 2).
+"${exe[@]}" -check "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf"
 
 # The embedded default: a local ZooKeeper that does not answer is started here.
-zk_hosts=$($PYTHON -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
-if ! $PYTHON -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
+zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
+if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
   case $zk_hosts in
     localhost:*|127.0.0.1:*) "$SINGA_BIN/zk-service.sh" start ;;
     *) echo "singa-run: ZooKeeper at $zk_hosts does not answer" >&2; exit 1 ;;
@@ -42,39 +50,75 @@ if ! $PYTHON -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 
 fi
 
 # max_restarts (ours): a failed job starts again from its newest complete snapshot.
-max_restarts=$($PYTHON -c 'import sys; from singa import config
+max_restarts=$("$PYTHON" -c 'import sys; from singa import config
 print(config.load_job(sys.argv[1], check_paths=False, check_layers=False).max_restarts)' "$conf" 2>/dev/null) \
   || max_restarts=0
 restarts=0
 while :; do
-  job_id=$($SINGATOOL create -confdir "$SINGA_CONF")
+  job_id=$(singatool create -confdir "$SINGA_CONF")
   echo "Unique JOB_ID is $job_id"
   log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
   mkdir -p "$log_dir"
   echo "Record job information to $log_dir"
-  $SINGATOOL genhost "$conf" -confdir "$SINGA_CONF" > "$log_dir/job.hosts"
+  singatool genhost "$conf" -confdir "$SINGA_CONF" >"$log_dir/job.hosts"
   cp "$conf" "$log_dir/job.conf"
+  while read -r host _; do
+    [ -z "$host" ] || valid_host "$host" || { echo "singa-run: bad host name '$host' in $SINGA_CONF/hostfile" >&2; exit 2; }
+  done <"$log_dir/job.hosts"
 
-  cmd="$exe ${args[*]:-} -singa_conf $SINGA_CONF/singa.conf -singa_job $job_id -conf $conf"
-  pids=()
+  # SIGINT/SIGTERM: SIGTERM to the processes started here; remote ones are stopped through their
+  # pids in ZooKeeper (singa-console.sh kill, again while their ssh runs: a process may register
+  # late); whatever still runs after the grace period gets SIGKILL.
+  stop_job() {
+    trap '' INT TERM
+    echo "singa-run: $1: stopping job $job_id" >&2
+    kill -TERM "${local_pids[@]}" 2>/dev/null || true
+    local deadline=$((SECONDS + grace)) killer="" alive pid
+    while :; do
+      alive=()
+      for pid in "${local_pids[@]}" "${remote_pids[@]}"; do
+        ! kill -0 "$pid" 2>/dev/null || alive+=("$pid")
+      done
+      [ ${#alive[@]} -gt 0 ] || break
+      if [ $SECONDS -ge $deadline ]; then
+        kill -KILL "${alive[@]}" 2>/dev/null || true
+        break
+      fi
+      if [ ${#remote_pids[@]} -gt 0 ] && { [ -z "$killer" ] || ! kill -0 "$killer" 2>/dev/null; }; then
+        "$SINGA_BIN/singa-console.sh" kill "$job_id" >/dev/null 2>&1 &
+        killer=$!
+      fi
+      sleep 0.2
+    done
+    [ -z "$killer" ] || wait "$killer" 2>/dev/null || true
+    singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
+    exit "$2"
+  }
+  local_pids=(); remote_pids=()
+  trap 'stop_job SIGINT 130' INT
+  trap 'stop_job SIGTERM 143' TERM
+
+  cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
   while read -r host _; do
     [ -n "$host" ] || continue
     if [ "$host" = localhost ]; then
-      echo "Executing : $cmd"
-      $cmd &
+      echo "Executing : ${cmd[*]}"
+      (exec "${cmd[@]}") &
+      local_pids+=($!)
     else
-      # shellcheck disable=SC2086  # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
-      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} "$host" \
-        "cd $SINGA_HOME; source $SINGA_HOME/conf/profile; $cmd -host $host" &
+      remote="cd $(printf %q "$SINGA_HOME"); source $(printf %q "$SINGA_HOME/conf/profile"); $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
+      # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
+      # shellcheck disable=SC2086
+      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "$host" "$remote" &
+      remote_pids+=($!)
     fi
-    pids+=($!)
-  done < "$log_dir/job.hosts"
+  done <"$log_dir/job.hosts"
 
   sleep 2
-  $SINGATOOL view "$job_id" -confdir "$SINGA_CONF" > "$log_dir/job.pids" 2>/dev/null || true
+  singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true
 
   status=0
-  for pid in "${pids[@]}"; do
+  for pid in "${local_pids[@]}" "${remote_pids[@]}"; do
     wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
   done
   case $status in 0|2|130|143) break ;; esac    # done, bad input, or stopped by the user

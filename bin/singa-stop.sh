@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Kill the processes of every job registered in ZooKeeper, then remove all jobs from it.
-# (SINGA ran `killall -r singa` on each host of the hostfile; the pids that ZooKeeper holds
-# kill exactly SINGA's processes and nothing else whose name contains "singa".)
+# Stop the processes of every job registered in ZooKeeper, then remove all jobs from it.
+# (SINGA ran `killall -r singa` on each host of the hostfile; `singa-console.sh kill` signals
+# exactly the jobs' own processes, on their hosts, and nothing else whose name has "singa".)
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
 
-ids=$($SINGATOOL listall -confdir "$SINGA_CONF" | tail -n +3 | cut -d '|' -f 1)
+ids=$(singatool listall -confdir "$SINGA_CONF" | tail -n +3 | cut -d '|' -f 1)
+status=0
 for id in $ids; do
-  "$SINGA_BIN/singa-console.sh" kill "$id"
+  "$SINGA_BIN/singa-console.sh" kill "$id" || status=1
 done
-$SINGATOOL removeall -confdir "$SINGA_CONF"
+singatool removeall -confdir "$SINGA_CONF"
+exit $status

@@ -869,13 +869,14 @@ def load_params(paths, params, log=None):
     return loaded
 
 
-def prune(folder, keep_newest, keep_best_metric=None, own_steps=()):
+def prune(folder, keep_newest, keep_best_metric=None):
     """Retention: delete snapshots beyond the newest `keep_newest` complete ones (0 keeps all),
     sparing the best by `keep_best_metric`; returns the deleted paths.
 
-    Only our files (`.bin` and its `.meta`) of steps in `own_steps` (written by this job) are
-    deleted, and nothing at or after the newest complete snapshot (files of a newer one may
-    still be being written by other workers).
+    Every snapshot in `folder` counts, earlier runs' too (the job holds its workspace). Only
+    our files (`.bin` and its `.meta`) are deleted, and nothing at or after the newest complete
+    snapshot (files of a newer one may still be being written by other workers); a file another
+    worker of the job deleted meanwhile is skipped.
     """
     if not keep_newest:
         return []
@@ -890,14 +891,16 @@ def prune(folder, keep_newest, keep_best_metric=None, own_steps=()):
             keep.add(best.step)
     deleted = []
     for snap in snaps:
-        if snap.step in keep or snap.step >= complete[-1].step or snap.step not in own_steps:
+        if snap.step in keep or snap.step >= complete[-1].step:
             continue
         for path in sorted(snap.files.values()):
             if path.endswith(SUFFIX):
                 for p in (path, meta_path(path)):
-                    if os.path.exists(p):
+                    try:
                         os.unlink(p)
-                        deleted.append(p)
+                    except FileNotFoundError:
+                        continue
+                    deleted.append(p)
     return deleted
 
 

@@ -1,22 +1,25 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
-          [-user_proto FILE.proto]... [-user_layers FILE.py]...
+          [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
-Registers with ZooKeeper, has `runtime.Process` build this process's executors and run them
-(a thread per Server and per Worker, talking to the Stub in the main thread over ZeroMQ), and
-reports user mistakes as one line on stderr with exit code 2.
+Registers with ZooKeeper, holds the workspace, has `runtime.Process` build this process's
+executors and run them (a thread per Server and per Worker, talking to the Stub in the main
+thread over ZeroMQ), and reports user mistakes as one line on stderr with exit code 2.
+SIGINT or SIGTERM stops the executors; the exit code is then 128 + the signal's number.
+`-check` only checks the conf and the processes per host (`singa.launch`) and exits.
 """
 import logging
 import os
+import signal
 import sys
 
 from threadpoolctl import threadpool_limits
 
 import singa
-from singa import checkpoint, cluster, config
+from singa import checkpoint, cluster, config, launch, workspace
 from singa import log as singa_log
-from singa.errors import ConfigError, SingaError
+from singa.errors import ClusterError, ConfigError, SingaError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.runtime import Process, Transport, resume_from, seeds
@@ -27,12 +30,13 @@ log = logging.getLogger("singa")
 
 REGISTER_TIMEOUT = 20.0    # seconds a process waits for the other processes of its job
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
-         "[-resume|-test] [-user_proto FILE.proto]... [-user_layers FILE.py]...")
+         "[-resume|-test] [-check [-oversubscribe]] [-user_proto FILE.proto]... "
+         "[-user_layers FILE.py]...")
 
 
 def parse_flags(argv):
     """SINGA's flags: found anywhere in argv by exact match, value = the next argument."""
-    flags = {"resume": "-resume" in argv, "test": "-test" in argv}
+    flags = {name: f"-{name}" in argv for name in ("resume", "test", "check", "oversubscribe")}
     for name in ("-conf", "-singa_conf", "-singa_job", "-host"):
         if name in argv:
             i = argv.index(name)
@@ -51,20 +55,38 @@ def parse_flags(argv):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    driver = None
     try:
         flags = parse_flags(argv)
         job = config.load_job(os.path.abspath(flags["conf"]), user_proto=flags["user_proto"],
                               user_layers=flags["user_layers"])
-        singa_conf = config.load_singa_conf(
-            flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf"))
-        Driver(job, singa_conf, flags).run()
+        singa_conf_path = flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf")
+        singa_conf = config.load_singa_conf(singa_conf_path)
+        if flags["check"]:
+            if not flags["test"]:
+                check_runnable(job)
+            hostfile = os.path.join(os.path.dirname(os.path.abspath(singa_conf_path)), "hostfile")
+            launch.check(job, hostfile, flags["test"], flags["oversubscribe"])
+            return 0
+        driver = Driver(job, singa_conf, flags)
+        driver.run()
     except SingaError as e:
         print(f"singa: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # before the driver handles SIGINT itself
         print("singa: interrupted", file=sys.stderr)
         return 130
+    except Stopped:
+        pass
+    if driver is not None and driver.signal:
+        print(f"singa: stopped by {signal.Signals(driver.signal).name}", file=sys.stderr)
+        return 128 + driver.signal
     return 0
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM before the executors run: the driver leaves at once (a BaseException,
+    like KeyboardInterrupt, so that no `except Exception` takes it for a failure)."""
 
 
 class Membership:
@@ -77,7 +99,12 @@ class Membership:
         self.zk.join_sgroup(self.job_id, worker.grp, worker.id, 0)
 
     def leave(self, worker):
-        self.zk.leave_sgroup(self.job_id, worker.grp, worker.id, 0)
+        """On the way out a lost ZooKeeper is a warning: the node ends with the session."""
+        try:
+            self.zk.leave_sgroup(self.job_id, worker.grp, worker.id, 0)
+        except ClusterError as e:
+            log.warning("Worker (group = %d, id = %d) did not leave its server group: %s",
+                        worker.grp, worker.id, e)
 
 
 class Driver:
@@ -91,19 +118,36 @@ class Driver:
         self.host = flags.get("host", "localhost")
         self.workspace = config.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
+        self.signal = None          # SIGINT or SIGTERM received
+        self.process = None         # the executors, once built
+
+    def on_signal(self, signum, frame):
+        """SIGINT/SIGTERM: the stub stops the executors (at their next message); before they
+        exist, the driver leaves at once. Repeats change nothing."""
+        if self.signal:
+            return
+        self.signal = signum
+        log.warning("%s: stopping", signal.Signals(signum).name)
+        if self.process is None:
+            raise Stopped()
+        self.process.stub.stop()
 
     # --- setup ----------------------------------------------------------------------------
     def run(self):
         job = self.job
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.on_signal)
         if not self.flags["test"]:
             check_runnable(job)
         zk = ZK(self.singa_conf.zookeeper_host)
         # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads
         blas = threadpool_limits(max(1, job.num_openblas_threads), user_api="blas")
+        held = None
         try:
             if self.job_id < 0:
                 self.job_id = zk.new_job_id()
             job.id = self.job_id
+            held = workspace.hold(self.workspace, self.job_id)
             path = singa_log.setup(self.singa_conf.log_dir, f"{self.job_id}-{job.name}")
             if path:
                 log.info("Record job log to %s", path)
@@ -117,6 +161,8 @@ class Driver:
         finally:
             blas.restore_original_limits()
             zk.close()
+            if held is not None:
+                held.close()
 
     # --- training -------------------------------------------------------------------------
     def train(self, zk):
@@ -138,6 +184,7 @@ class Driver:
         except BaseException:
             transport.close()
             raise
+        self.process = process
         if process.train_net is not None:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
                 f.write(process.train_net.to_json())
@@ -146,7 +193,11 @@ class Driver:
         if cluster.nprocs(cl) > 1:
             zk.watch_procs(job_id, lambda text: setattr(process.stub, "lost", text))
         process.run()
-        zk.proc_done(job_id, pid)
+        if cluster.nprocs(cl) > 1:
+            try:
+                zk.proc_done(job_id, pid)
+            except ClusterError as e:      # the others may then report this process lost
+                log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 
     def register(self, zk, endpoint):
         """This process's procs id, by registration in ZooKeeper with `endpoint`."""

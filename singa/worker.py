@@ -69,7 +69,6 @@ class Worker:
         self.owned = train_net.owner_params if id_ == 0 else []
         self.states = {}            # owner param id -> its updater state, while a snapshot is taken
         self.last_test = None       # (step, metrics) of the latest test
-        self.own_steps = set()      # snapshots this worker wrote (the only ones retention deletes)
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
 
@@ -116,10 +115,12 @@ class Worker:
             self.dealer.send(m.Msg(self.address, STUB, m.kError,
                                    frames=[m.format_frame("ss", kind.encode(), text.encode())]))
         finally:
-            if self.membership is not None:
-                self.membership.leave(self)
-            self.dealer.send(m.Msg(self.address, STUB, m.kStop))
-            log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
+            try:
+                if self.membership is not None:
+                    self.membership.leave(self)
+            finally:    # the stub waits for this stop, whatever leaving did
+                self.dealer.send(m.Msg(self.address, STUB, m.kStop))
+                log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
 
     def train_one_batch(self, step):
         """kBP: Forward (collecting fresh params) then Backward, updating each layer's params."""
@@ -239,10 +240,9 @@ class Worker:
         except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
             raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)
-        self.own_steps.add(step)
         if self.job.checkpoint_keep_newest or self.job.checkpoint_keep_best:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
-                             self.job.checkpoint_keep_best, self.own_steps)
+                             self.job.checkpoint_keep_best)
 
     def put(self, p, state=(), lr_index=-1):
         """Send `p`'s values (and updater buffers) to its servers; `collect(p)` awaits the RPut."""

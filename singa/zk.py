@@ -25,8 +25,10 @@ JOB_LOCK = "/singa/sys/job-lock"
 HOST_IDX = "/singa/sys/host-idx"
 APP = "/singa/app"
 SESSION_TIMEOUT = 10.0     # seconds (SINGA's 30,000 ms): how soon a killed process is seen lost
+SHUTDOWN_TIMEOUT = 3.0     # seconds a call on the way out may wait (its ephemeral node expires anyway)
 KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once more newer jobs than this exist
 
+log = logging.getLogger("singa")
 # kazoo warns on every failed connection attempt; our errors say it in one line instead.
 logging.getLogger("kazoo").addHandler(logging.NullHandler())
 
@@ -65,8 +67,13 @@ class ZK:
             raise
 
     def close(self):
-        self.client.stop()
-        self.client.close()
+        """End the session (ZooKeeper deletes its ephemeral nodes); on the way out, so a
+        failure is a warning."""
+        try:
+            self.client.stop()
+            self.client.close()
+        except KazooException as e:
+            log.warning("ZooKeeper at %s: closing the session failed: %s", self.hosts, e)
 
     def __enter__(self):
         return self
@@ -159,8 +166,16 @@ class ZK:
         self.client.ChildrenWatch(f"{job}/proc", changed)
 
     def proc_done(self, job_id, procs_id):
-        """Mark process `procs_id` as ended normally (before its session closes)."""
-        self._ensure(f"{job_path(job_id)}/proc-done/proc-{procs_id}")
+        """Mark process `procs_id` as ended normally (before its session closes): on the way
+        out, so ClusterError at once when not connected and within SHUTDOWN_TIMEOUT otherwise."""
+        if not self.client.connected:
+            raise ClusterError(f"ZooKeeper at {self.hosts} is not connected (mark process done)")
+        try:
+            self._wait(self.client.create_async(f"{job_path(job_id)}/proc-done/proc-{procs_id}",
+                                                makepath=True), "mark process done",
+                       SHUTDOWN_TIMEOUT)
+        except NodeExistsError:
+            pass
 
     # --- worker / server group membership ---
 
@@ -171,9 +186,13 @@ class ZK:
         self._wait(self.client.create_async(f"{group}/g{gid}_w{wid}", ephemeral=True), "join server group")
 
     def leave_sgroup(self, job_id, gid, wid, sgroup):
+        """Worker (gid, wid) leaves server group `sgroup`: on the way out, so ClusterError at
+        once when the session is not connected and within SHUTDOWN_TIMEOUT otherwise."""
+        if not self.client.connected:
+            raise ClusterError(f"ZooKeeper at {self.hosts} is not connected (leave server group)")
         try:
             self._wait(self.client.delete_async(f"{self._sgroup(job_id, sgroup)}/g{gid}_w{wid}"),
-                       "leave server group")
+                       "leave server group", SHUTDOWN_TIMEOUT)
         except NoNodeError:
             pass
 
@@ -277,16 +296,18 @@ class ZK:
         except NoNodeError:     # gone already (an ephemeral node whose process ended)
             pass
 
-    def _wait(self, result, what):
-        """The value of a kazoo async call; ZooKeeper's own errors (NoNode, NodeExists, BadVersion)
-        pass through, lost connections and timeouts become ClusterError."""
+    def _wait(self, result, what, timeout=None):
+        """The value of a kazoo async call within `timeout` (default self.timeout) seconds;
+        ZooKeeper's own errors (NoNode, NodeExists, BadVersion) pass through, lost connections
+        and timeouts become ClusterError."""
+        timeout = self.timeout if timeout is None else timeout
         try:
-            return result.get(timeout=self.timeout)
+            return result.get(timeout=timeout)
         except (NoNodeError, NodeExistsError, BadVersionError):
             raise
         except KazooTimeoutError:
             raise ClusterError(f"ZooKeeper at {self.hosts} did not answer within "
-                               f"{self.timeout:g} s ({what})") from None
+                               f"{timeout:g} s ({what})") from None
         except KazooException as e:
             raise ClusterError(f"ZooKeeper at {self.hosts} failed ({what}): {type(e).__name__}") from None
 

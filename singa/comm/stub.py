@@ -63,7 +63,12 @@ class Stub:
         self.poll_ms = poll_ms
         self.stop_servers = threading.Event()   # set by the server group's membership watch
         self.lost = None            # set (from another thread) to the text of a lost process
+        self.stop_requested = False             # set by stop()
         self.error = None
+
+    def stop(self):
+        """Have `run` stop every local executor (it only sets a flag: safe in a signal handler)."""
+        self.stop_requested = True
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
@@ -78,6 +83,9 @@ class Stub:
             if self.lost is not None and self.error is None:
                 self.error = ("ClusterError", self.lost)
                 log.error("%s; stopping", self.lost)
+                self.stop_local(None)
+            if self.stop_requested:
+                self.stop_requested = False
                 self.stop_local(None)
             if self.stop_servers.is_set() or (self.stop_servers_with_workers and
                                               self.workers == 0 and self.servers > 0):

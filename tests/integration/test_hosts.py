@@ -142,8 +142,11 @@ def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, t
             os.killpg(run.pid, signal.SIGKILL)
             for ns in hosts.namespaces:
                 for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                    if "singa.driver" in open(f"/proc/{pid}/cmdline").read().replace("\0", " "):
-                        os.kill(int(pid), signal.SIGKILL)
+                    try:
+                        if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
+                            os.kill(int(pid), signal.SIGKILL)
+                    except (FileNotFoundError, ProcessLookupError):
+                        pass        # ended by itself meanwhile
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)

@@ -1,8 +1,11 @@
 """bin/singa-run.sh, singa-console.sh and singa-stop.sh running real jobs on a real ZooKeeper."""
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -73,6 +76,18 @@ class LongJob:
             time.sleep(0.2)
         pytest.fail(f"the job was not listed within {timeout} s:\n{self.out.read_text()}")
 
+    def pid(self, job_id):
+        """(host, pid) of the job's one process, from `singa-console.sh view`."""
+        host, pid = script("singa-console.sh", "view", str(job_id), env=self.env).stdout.split("|")
+        return host, int(pid)
+
+    def wait(self, timeout=60):
+        """singa-run.sh's exit status; a script still running `timeout` s later fails the test."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"singa-run.sh still runs {timeout} s later:\n{self.out.read_text()}")
+
     def stop(self):
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
@@ -81,14 +96,28 @@ class LongJob:
 
 @pytest.fixture
 def long_job(fixture_job, env, tmp_path):
+    """start(name="long", env=env): a LongJob with its own workspace <tmp>/<name>; processes
+    still running at the end of the test are killed."""
     jobs = []
 
-    def start():
-        jobs.append(LongJob(fixture_job("long.conf", edits=LONG), env, tmp_path))
+    def start(name="long", env=env):
+        conf = fixture_job(f"{name}.conf", workspace=tmp_path / name, edits=LONG)
+        jobs.append(LongJob(conf, env, tmp_path))
         return jobs[-1]
     yield start
     for job in jobs:
         job.stop()
+    for pid in started_pids(jobs):
+        if cmdline(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def started_pids(jobs):
+    """Pids of `singa` processes the jobs' output shows (an orphaned driver too)."""
+    pids = []
+    for job in jobs:
+        pids += [int(p) for p in re.findall(r"\(pid = (\d+)\)", job.out.read_text())]
+    return pids
 
 
 def test_run_trains_with_job_info_and_test_reads_its_checkpoint(fixture_job, env, tmp_path):
@@ -127,27 +156,24 @@ def test_job_ids_increase_between_runs(fixture_job, env):
 def test_console_lists_views_and_kills_a_running_job(long_job, env):
     job = long_job()
     n = job.wait_listed()
-    r = script("singa-console.sh", "view", str(n), env=env)
-    host, pid = r.stdout.strip().split("|")
+    host, pid = job.pid(n)
     assert host == "localhost"
     assert "singa.driver" in cmdline(pid) and f"-singa_job {n} " in cmdline(pid)
 
     r = script("singa-console.sh", "kill", str(n), env=env)
     assert r.returncode == 0, r.stderr
-    assert job.proc.wait(30) == 128 + signal.SIGKILL   # singa-run.sh passes on its process's status
+    # SIGTERM first: the driver stops; singa-run.sh passes on its status
+    assert job.wait() == 128 + signal.SIGTERM
     assert cmdline(pid) == ""
     assert n not in listed(env)
 
 
 def test_stop_ends_every_job(long_job, env, zk_server):
-    jobs = [long_job(), long_job()]
-    pids = []
-    for job in jobs:
-        n = job.wait_listed()
-        pids.append(script("singa-console.sh", "view", str(n), env=env).stdout.strip().split("|")[1])
+    jobs = [long_job("a"), long_job("b")]
+    pids = [job.pid(job.wait_listed())[1] for job in jobs]
     r = script("singa-stop.sh", env=env)
     assert r.returncode == 0, r.stderr
-    assert [job.proc.wait(30) for job in jobs] == [128 + signal.SIGKILL] * 2
+    assert [job.wait() for job in jobs] == [128 + signal.SIGTERM] * 2
     assert [cmdline(pid) for pid in pids] == ["", ""]
     with ZK(zk_server) as zk:
         assert zk.list_jobs(all=True) == []
@@ -206,3 +232,138 @@ def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, 
                      r"complete snapshot", log)
     assert re.search(r"Resume from step [1-9]\d*", log) and "was lost" in log
     assert (tmp_path / "ws" / "checkpoint" / "step3000-worker1.bin").is_file()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to singa-run.sh", "Ctrl-C"])
+def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
+    job = long_job()
+    n = job.wait_listed()
+    _, pid = job.pid(n)
+    if how == "Ctrl-C":     # the terminal signals the whole foreground process group
+        os.killpg(job.proc.pid, signal.SIGINT)
+        expected = 128 + signal.SIGINT
+    else:
+        job.proc.send_signal(signal.SIGTERM)
+        expected = 128 + signal.SIGTERM
+    assert job.wait() == expected, job.out.read_text()
+    assert cmdline(pid) == ""
+    assert n not in listed(env)
+
+
+FAKE_SSH = """#!/usr/bin/env bash
+# ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
+# remote process outlives a killed ssh client), and exits with its status.
+printf '%s\\n' "$*" >> {log}
+while [ $# -gt 0 ]; do
+  case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
+done
+shift   # the host
+setsid bash -c "$*" <&0 &
+wait $!
+"""
+
+
+@pytest.fixture
+def ssh_env(env, tmp_path):
+    """`env` with an `ssh` on PATH that runs commands here and logs its arguments to
+    <tmp>/ssh.log (read it with ssh_env.log())."""
+    bindir = tmp_path / "fake bin"
+    bindir.mkdir()
+    log = tmp_path / "ssh.log"
+    log.touch()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH.format(log=shlex.quote(str(log))))
+    ssh.chmod(0o755)
+    return dict(env, PATH=f"{bindir}:{env['PATH']}"), log
+
+
+def test_sigterm_to_run_stops_a_process_it_started_over_ssh(long_job, ssh_env, singa_conf):
+    env, ssh_log = ssh_env
+    (singa_conf.parent / "hostfile").write_text("node1\n")
+    job = long_job(env=env)
+    n = job.wait_listed()
+    host, pid = job.pid(n)
+    assert host == "node1"
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait() == 128 + signal.SIGTERM, job.out.read_text()
+    assert cmdline(pid) == ""
+    assert n not in listed(env)
+    assert f"-- node1 bash -s -- {n} {pid} " in ssh_log.read_text()   # stopped over ssh
+
+
+def test_run_checks_the_whole_conf_before_starting_anything(fixture_job, env, tmp_path):
+    bad = fixture_job("bad.conf", edits={'srclayers: "sig1"': 'srclayers: "sig2"'})
+    r = script("singa-run.sh", "-conf", str(bad), env=env)
+    assert r.returncode == 2
+    assert "Unique JOB_ID" not in r.stdout        # no job id taken, no process started
+    assert str(bad) in r.stderr and "sig2" in r.stderr
+
+    many = len(os.sched_getaffinity(0)) * 4 + 1
+    crowd = fixture_job("crowd.conf", edits={
+        "train_steps: 200": "train_steps: 1",
+        "nworker_groups: 1": f"nworker_groups: 1 nworkers_per_group: {many}"})
+    r = script("singa-run.sh", "-conf", str(crowd), env=env, timeout=60)
+    assert r.returncode == 2
+    assert "Unique JOB_ID" not in r.stdout
+    line, = r.stderr.splitlines()
+    assert f"{many} processes" in line and "localhost" in line and "-oversubscribe" in line
+
+
+def start_sleeper(*args):
+    """A process of its own session (pid = its group id) running python: sleep with `args`
+    on its command line; it ignores SIGTERM when 'ignore-term' is among them."""
+    code = ("import signal, sys, time\n"
+            "if 'ignore-term' in sys.argv: signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def test_console_kill_signals_only_this_jobs_processes(ssh_env, zk_server):
+    env, ssh_log = ssh_env
+    with ZK(zk_server) as zk:
+        n = zk.new_job_id()
+        other = start_sleeper("-singa_job", str(n + 1), "-conf", "x")   # another job's process
+        group = start_sleeper()                                         # a process group
+        hostile = start_sleeper("-singa_job", str(n), "-conf", "x")
+        stubborn = start_sleeper("-singa_job", str(n), "-conf", "x", "ignore-term")
+        remote = start_sleeper("-singa_job", str(n), "-conf", "x")
+        procs = [other, group, hostile, stubborn, remote]
+        try:
+            for endpoint, pid in [("localhost:0", other.pid), ("localhost:0", -group.pid),
+                                  ("-oProxyCommand=x:0", hostile.pid),
+                                  ("localhost:0", stubborn.pid), ("node1:0", remote.pid)]:
+                zk.register_proc(n, endpoint, pid)
+            r = script("singa-console.sh", "kill", str(n), env=dict(env, SINGA_KILL_GRACE="1"))
+            assert stubborn.wait(30) == -signal.SIGKILL      # SIGTERM ignored: SIGKILL after 1 s
+            assert remote.wait(30) == -signal.SIGTERM        # over ssh
+            assert [p.poll() for p in (other, group, hostile)] == [None] * 3
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+    assert r.returncode == 1
+    assert f"pid {other.pid}" in r.stderr and "not a process of job" in r.stderr
+    assert f"-{group.pid}" in r.stderr and "-oProxyCommand=x" in r.stderr
+    assert "ProxyCommand" not in ssh_log.read_text()
+    assert f"-- node1 bash -s -- {n} {remote.pid} 1" in ssh_log.read_text()
+
+
+def test_paths_with_spaces(fixture_job, env, tmp_path, singa_conf):
+    home = tmp_path / "my singa"
+    home.symlink_to(singa.HOME)
+    confdir = tmp_path / "conf dir"
+    shutil.copytree(singa_conf.parent, confdir)
+    env = dict(env, SINGA_CONF=str(confdir))
+    conf = fixture_job("job conf.conf", workspace=tmp_path / "work space",
+                       edits={"train_steps: 200": "train_steps: 20"})
+    run = subprocess.run([str(home / "bin" / "singa-run.sh"), "-conf", str(conf)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "work space" / "checkpoint" / "step20-worker0.bin").is_file()
+    r = subprocess.run([str(home / "bin" / "singa-console.sh"), "list"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("JOB ID"), r.stderr

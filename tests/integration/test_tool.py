@@ -38,12 +38,13 @@ def alive(pid):
 
 
 def start_registered_process(zk_server, job_id, tmp_path):
-    """A process that registers in job `job_id` and stays alive; returns it once registered."""
+    """A process of job `job_id` (its arguments say so, as a driver's do) that registers and
+    stays alive; returns it once registered."""
     ready = tmp_path / f"ready-{time.monotonic_ns()}"
     code = ("import os, sys, time; from singa.zk import ZK; "
             f"z = ZK({zk_server!r}); z.register_proc({job_id}, 'localhost:0', os.getpid()); "
             f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code])
+    proc = subprocess.Popen([sys.executable, "-c", code, "-singa_job", str(job_id), "-conf", "x"])
     deadline = time.monotonic() + 15
     while not ready.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "helper process did not register"
@@ -166,7 +167,7 @@ def test_console_list_view_kill(confdir, zk_server, tmp_path):
         assert r.stdout == f"localhost|{proc.pid}\n"
         r = subprocess.run([console, "kill", str(job_id)], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert proc.wait(10) == -9
+        assert proc.wait(10) == -15       # SIGTERM first
         with ZK(zk_server) as zk:
             assert zk.list_jobs(all=True) == [(job_id, 0)]
         r = subprocess.run([console, "bogus"], env=env, capture_output=True, text=True)
@@ -184,7 +185,7 @@ def test_stop_and_cleanup_scripts(confdir, zk_server, tmp_path):
         env = script_env(confdir)
         r = subprocess.run([os.path.join(BIN, "singa-stop.sh")], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        assert [p.wait(10) for p in procs] == [-9, -9]
+        assert [p.wait(10) for p in procs] == [-15, -15]
         with ZK(zk_server) as zk:
             assert zk.list_jobs(all=True) == []
             assert zk.new_job_id() == b + 1

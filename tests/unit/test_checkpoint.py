@@ -454,26 +454,26 @@ def test_best_snapshot_by_accuracy_and_loss(tmp_path):
     assert ckpt.best_snapshot(f"{FIX}/run-1worker") is None
 
 
-def test_prune_keeps_newest_best_and_foreign(tmp_path):
+def test_prune_keeps_newest_best_and_foreign_over_the_whole_folder(tmp_path):
     folder = str(tmp_path)
     for step, acc in [(100, 0.5), (200, 0.9), (300, 0.6), (400, 0.7), (500, 0.8), (600, 0.1)]:
         snapshot(folder, step, metrics={"accuracy": acc})
     snapshot(folder, 700, nworkers=2, workers=[0])             # newest, still being written
     shutil.copy(f"{FIX}/run-1worker/step100-worker0", folder + "/step50-worker0")   # not ours
-    deleted = ckpt.prune(folder, keep_newest=2, keep_best_metric="accuracy",
-                         own_steps={200, 300, 400, 500, 600, 700})
+    deleted = ckpt.prune(folder, keep_newest=2, keep_best_metric="accuracy")
     assert sorted(os.path.basename(p) for p in deleted) == [
-        "step300-worker0.bin", "step300-worker0.meta", "step400-worker0.bin", "step400-worker0.meta"]
-    assert [s.step for s in ckpt.list_snapshots(folder)] == [50, 100, 200, 500, 600, 700]
-    assert ckpt.prune(folder, keep_newest=0, own_steps={100, 200, 500}) == []
+        "step100-worker0.bin", "step100-worker0.meta", "step300-worker0.bin",
+        "step300-worker0.meta", "step400-worker0.bin", "step400-worker0.meta"]
+    assert [s.step for s in ckpt.list_snapshots(folder)] == [50, 200, 500, 600, 700]
+    assert ckpt.prune(folder, keep_newest=0) == []
 
 
 def test_prune_never_deletes_newest_complete(tmp_path):
     snapshot(str(tmp_path), 100)
     snapshot(str(tmp_path), 200)
-    assert ckpt.prune(str(tmp_path), keep_newest=1, own_steps={100, 200}) == [
+    assert ckpt.prune(str(tmp_path), keep_newest=1) == [
         ckpt.snapshot_file(str(tmp_path), 100, 0), str(tmp_path / "step100-worker0.meta")]
-    assert ckpt.prune(str(tmp_path), keep_newest=1, own_steps={100, 200}) == []
+    assert ckpt.prune(str(tmp_path), keep_newest=1) == []
 
 
 # --- checkpoint_path and loading --------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""A job's hold on its workspace: an OS lock (flock) that ends with the process holding it.
+
+Every process of a job holds `<workspace>/.singa-job` shared; its content names the job that
+claimed it (`job <id> pid <pid> host <host>`). A process of another job finds it held and is
+refused. `.singa-lock` is held exclusively for the moment a process checks and claims, so the
+claim (an exclusive lock turned shared) is never seen half done.
+"""
+import fcntl
+import os
+import socket
+import time
+
+from singa.errors import ConfigError
+
+MUTEX = ".singa-lock"
+HOLDER = ".singa-job"
+
+
+def hold(workspace, job_id, wait=10.0):
+    """Hold `workspace` for job `job_id` until the returned file is closed or this process ends.
+
+    ConfigError when a process of another job holds it, naming that job.
+    """
+    mutex = _open(workspace, MUTEX)
+    try:
+        _lock_within(mutex, wait, workspace)
+        f = _open(workspace, HOLDER)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:     # held: by this job's other processes, or by another job
+            holder = f.read().strip()
+            if holder.split()[:2] != ["job", str(job_id)]:
+                f.close()
+                raise ConfigError(f"workspace {workspace} is in use by {_describe(holder)}; "
+                                  f"stop that job or give this one another workspace") from None
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return f
+        f.seek(0)
+        f.truncate()
+        f.write(f"job {job_id} pid {os.getpid()} host {socket.gethostname()}\n")
+        f.flush()
+        fcntl.flock(f, fcntl.LOCK_SH)   # share it with the job's other processes
+        return f
+    finally:
+        mutex.close()
+
+
+def _open(workspace, name):
+    try:
+        return open(os.open(os.path.join(workspace, name), os.O_RDWR | os.O_CREAT, 0o644),
+                    "r+", encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ConfigError(f"workspace {workspace}: cannot lock {name} ({e.strerror})") from None
+
+
+def _lock_within(f, wait, workspace):
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"workspace {workspace}: {MUTEX} stayed locked for {wait:g} s "
+                                  f"(a process stuck while it took the workspace?)") from None
+            time.sleep(0.01)
+
+
+def _describe(holder):
+    """'job 7 (pid 12 on host h)' from the holder line, or the line itself if it is not one."""
+    words = holder.split()
+    if len(words) == 6 and words[0] == "job" and words[2] == "pid" and words[4] == "host":
+        return f"job {words[1]} (pid {words[3]} on host {words[5]})"
+    return f"another job ({holder[:80]!r} in {HOLDER})"

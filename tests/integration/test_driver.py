@@ -1,0 +1,160 @@
+"""The `singa` process's lifecycle: signals, a lost ZooKeeper, its hold on the workspace,
+retention over the whole workspace, and the check-only mode singa-run.sh runs first."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import PYTHON, ZK_SERVICE, free_port
+from singa import checkpoint
+from singa.zk import ZK
+
+LONG = {"train_steps": 1_000_000, "test_freq": 0, "checkpoint_freq": 0, "disp_freq": 100}
+
+
+def wait_for(path, text, proc, timeout=120):
+    """Wait until `text` is in the file at `path` while `proc` runs; the file's content."""
+    deadline = time.monotonic() + timeout
+    while True:
+        content = open(path).read() if os.path.exists(path) else ""
+        if text in content:
+            return content
+        assert proc.poll() is None, f"the driver ended before {text!r}:\n{content[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout} s:\n{content[-3000:]}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def stop_after(singa_popen):
+    """stop_after(conf, text, stop, *flags): run the driver until its log shows `text`, call
+    stop(proc), then return (exit status, log); a driver that hangs fails the test."""
+    procs = []
+
+    def run(conf, text, stop, *flags):
+        proc = singa_popen(conf, *flags)
+        procs.append(proc)
+        wait_for(f"{conf}.log", text, proc)
+        stop(proc)
+        try:
+            status = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the driver still runs 60 s later:\n{open(f'{conf}.log').read()[-3000:]}")
+        return status, open(f"{conf}.log").read()
+    yield run
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_the_driver_with_its_znodes_and_the_newest_snapshot_intact(
+        sig, mlp_job, stop_after, zk_server, tmp_path):
+    folder = tmp_path / "ws" / "checkpoint"
+    conf = mlp_job(**dict(LONG, checkpoint_freq=50))
+    status, log = stop_after(conf, "checkpoint to", lambda p: p.send_signal(sig))
+    assert status == 128 + sig, log
+    assert f"singa: stopped by {signal.Signals(sig).name}" in log
+    assert "Traceback" not in log
+    job_id = int(re.search(r"Record job log to .*/(\d+)-", log)[1])
+    with ZK(zk_server) as zk:
+        assert zk.job_procs(job_id) == []
+    assert not [n for n in os.listdir(folder) if ".tmp-" in n]
+    snap = checkpoint.latest_snapshot(str(folder))
+    assert snap.complete and snap.step % 50 == 0
+    assert checkpoint.CheckpointReader(snap.files[0]).step == snap.step
+
+
+@pytest.fixture
+def own_zookeeper(tmp_path):
+    """A ZooKeeper server this test may stop: (singa.conf naming it, stop())."""
+    env = dict(os.environ, ZK_PORT=str(free_port()), ZK_DATA=str(tmp_path / "zk"),
+               SINGA_MANAGES_ZK="true")
+    subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
+    conf = tmp_path / "own-singa.conf"
+    conf.write_text(f'zookeeper_host: "127.0.0.1:{env["ZK_PORT"]}"\nlog_dir: "{tmp_path}/log/"\n')
+
+    def stop(*_):
+        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
+    yield conf, stop
+    stop()
+
+
+def test_driver_ends_with_a_warning_when_zookeeper_stops_mid_run(mlp_job, own_zookeeper, tmp_path):
+    singa_conf, stop_zookeeper = own_zookeeper
+    conf = mlp_job(train_steps=4000, test_freq=0, checkpoint_freq=0, disp_freq=100)
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                 "-singa_conf", str(singa_conf)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(log, "Train @ step 100", proc)
+        stop_zookeeper()
+        status = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the driver hangs after ZooKeeper stopped:\n{log.read_text()[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    text = log.read_text()
+    assert status == 0, text
+    assert "Train @ step 3900" in text      # ZooKeeper stopped while it trained
+    assert re.search(r"^W.*Worker \(group = 0, id = 0\).*ZooKeeper at 127\.0\.0\.1:\d+", text,
+                     re.M), text
+    assert "Traceback" not in text
+    assert (tmp_path / "ws" / "checkpoint" / "step4000-worker0.bin").is_file()
+
+
+def test_second_job_on_a_busy_workspace_is_refused_naming_the_first(mlp_job, stop_after,
+                                                                    run_driver):
+    first = mlp_job("first", **LONG)
+
+    def second_job(proc):
+        r = run_driver(mlp_job("second", train_steps=10, test_freq=0, checkpoint_freq=0))
+        second_job.result = r
+        proc.terminate()
+    _, log = stop_after(first, "Train @ step 0", second_job)
+    job_id = re.search(r"Record job log to .*/(\d+)-", log)[1]
+    pid = re.search(r"\(pid = (\d+)\)", log)[1]
+    r = second_job.result
+    assert r.returncode == 2, r.stderr
+    line, = [x for x in r.stderr.splitlines() if x.startswith("singa: ")]
+    assert "workspace" in line and f"job {job_id}" in line and f"pid {pid}" in line, line
+    assert "Train @" not in r.stderr
+
+
+def test_retention_covers_snapshots_of_earlier_runs(mlp_job, run_driver, tmp_path):
+    folder = tmp_path / "ws" / "checkpoint"
+    first = mlp_job("first", train_steps=50, test_freq=0, checkpoint_freq=10, disp_freq=0)
+    assert run_driver(first).returncode == 0
+    resumed = mlp_job("resumed", train_steps=80, test_freq=0, checkpoint_freq=10, disp_freq=0,
+                      checkpoint_keep_newest=2)
+    r = run_driver(resumed, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 50" in r.stderr
+    assert [s.step for s in checkpoint.list_snapshots(str(folder))] == [70, 80]
+
+
+def test_check_mode_validates_without_running(mlp_job, run_driver, singa_conf, zk_server):
+    many = len(os.sched_getaffinity(0)) * 4 + 1    # more than this host's cores run sensibly
+
+    def spread(job):
+        job.cluster.nworkers_per_group = many
+        job.cluster.nworkers_per_procs = 1
+    conf = mlp_job(edit=spread)
+    r = run_driver(conf, "-check")
+    line, = r.stderr.splitlines()
+    assert r.returncode == 2
+    assert line.startswith("singa: cluster: ") and f"{many} processes" in line, line
+    assert "-oversubscribe" in line
+    with ZK(zk_server) as zk:
+        ids = zk.list_jobs(all=True)
+    r = run_driver(conf, "-check", "-oversubscribe")
+    assert r.returncode == 0, r.stderr
+    assert "Train @" not in r.stderr and "proc #" not in r.stderr
+    with ZK(zk_server) as zk:
+        assert zk.list_jobs(all=True) == ids        # nothing registered, no job id taken
