@@ -55,8 +55,9 @@ def conv_job(net, workspace):
 
 def _cifar10_job():
     with open(CIFAR10_CONF) as f:
-        job = text_format.Parse(f.read(), job_pb2.JobProto())
+        text = f.read()
     if base._REGISTRY.get(job_pb2.kLRN) is None:
+        job = text_format.Parse(text, job_pb2.JobProto())
         layers = job.neuralnet.layer
         lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
         keep = [l for l in layers if l.type != job_pb2.kLRN]
@@ -64,7 +65,8 @@ def _cifar10_job():
             l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
         del layers[:]
         layers.extend(keep)
-    return job
+        text = text_format.MessageToString(job)
+    return config.parse_job(text, CIFAR10_CONF, check_paths=False)
 
 
 def _random_images(path, n, shape):
