@@ -108,7 +108,7 @@ class ConvolutionLayer(Layer):
         xp = self._padded_input(srclayers)
         for rows in self.chunks:
             col = _im2col(xp[rows], self.kernel, self.stride, self._col)
-            out = _prefix(self._gt, col.shape[3], 1)
+            out = self._gt[:, :col.shape[3]]
             np.matmul(self.weight.data, col.reshape(self._gw.shape[1], -1),
                       out=out.reshape(f, -1))
             np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
@@ -136,7 +136,7 @@ class ConvolutionLayer(Layer):
             col = self._col if xp is None else _im2col(xp[rows], self.kernel, self.stride,
                                                        self._col)
             b = col.shape[3]
-            gt = _prefix(self._gt, b, 1)
+            gt = self._gt[:, :b]
             np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
             np.matmul(gt.reshape(f, -1), col.reshape(k, -1).T, out=self._gw)
             self.weight.grad += self._gw
@@ -163,11 +163,10 @@ class ConvolutionLayer(Layer):
         """gx (b, C, H, W) = Σ_{f,i,j} Wflip[c,f,i,j]·gpad[f, n, y+i, x+j], gt (F, b, oh, ow)."""
         b, (kh, kw), (oh, ow) = gt.shape[1], self.kernel, gt.shape[2:]
         qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
-        gtpad = _prefix(self._gtpad, b, 1)
-        gtpad.fill(0)
+        gtpad = self._gtpad[:, :b]      # its border stays zero
         gtpad[:, :, qh:qh + oh, qw:qw + ow] = gt
         gcol = _im2col(gtpad, self.kernel, (1, 1), self._gcol, channel_axis=0)
-        out = _prefix(self._gx, b, 1)
+        out = self._gx[:, :b]
         np.matmul(self._wflip.reshape(len(out), -1), gcol.reshape(self._wflip[0].size, -1),
                   out=out.reshape(len(out), -1))
         np.copyto(gx, out.transpose(1, 0, 2, 3))
@@ -179,7 +178,7 @@ def _im2col(x, kernel, stride, buf, channel_axis=1):
     (kh, kw), (sh, sw) = kernel, stride
     oh, ow = buf.shape[4:]
     view = sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :oh, :ow]
-    col = _prefix(buf, x.shape[1 - channel_axis], 3)
+    col = buf[:, :, :, :x.shape[1 - channel_axis]]
     order = (1, 4, 5, 0, 2, 3) if channel_axis == 1 else (0, 4, 5, 1, 2, 3)
     np.copyto(col, view.transpose(order))
     return col
@@ -272,9 +271,3 @@ class PoolingLayer(Layer):
         if gpad is not gx:
             gx[...] = gpad[:, :, ph:ph + h, pw:pw + w]
 
-
-def _prefix(buf, size, axis):
-    """A C-contiguous array shaped like buf with `size` along `axis`, over buf's leading memory
-    (a slice of buf along an inner axis would not be contiguous, and a GEMM's out must be)."""
-    shape = buf.shape[:axis] + (size,) + buf.shape[axis + 1:]
-    return buf.reshape(-1)[:int(np.prod(shape))].reshape(shape)

@@ -6,11 +6,13 @@ import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.errors import ConfigError
+from singa.layers import conv
 
 
-def conv_conf(layer_type="kCConvolution", **kw):
+def conv_conf(layer_type="kCConvolution", num_filters=3, **kw):
     fields = " ".join(f"{k}: {v}" for k, v in kw.items())
-    return (f'name: "conv" type: {layer_type} convolution_conf {{ num_filters: 3 {fields} }} '
+    return (f'name: "conv" type: {layer_type} convolution_conf {{ num_filters: {num_filters} '
+            f'{fields} }} '
             'param { name: "w" } param { name: "b" }')
 
 
@@ -52,6 +54,31 @@ def test_convolution_matches_direct_loops(layer_type, window):
 def test_convolution_gradients(window):
     src = Source(np.random.default_rng(0).standard_normal((2, 2, 5, 5)))
     layer = make_layer(conv_conf(**window), [src])
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3),
+                                    dict(kernel_x=3, kernel_y=2, pad_x=2, pad_y=1)])
+def test_convolution_gradients_through_the_transposed_convolution(window):
+    src = Source(np.random.default_rng(0).standard_normal((2, 4, 5, 6)))
+    layer = make_layer(conv_conf(num_filters=2, **window), [src])
+    assert layer.transposed
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3, pad=1, stride=2)])
+def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, window):
+    # Two samples per chunk for a batch of 5: the last chunk is partial.
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
+                        else 2 * 2 * 9 * 3 * 3 * 4)
+    src = Source(np.random.default_rng(0).standard_normal((5, 2, 5, 5)))
+    layer = make_layer(conv_conf(**window), [src])
+    assert [r.stop - r.start for r in layer.chunks] == [2, 2, 1]
+    layer.compute_feature(FORWARD, [src])
+    w, b = layer.params
+    s = window.get("stride", 1)
+    want = direct_conv(src.data, w.data, b.data, 3, 3, 1, 1, s, s)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
     check_gradients(layer, [src])
 
 
