@@ -191,7 +191,9 @@ class PoolingLayer(Layer):
     AVG: y = Σ window / size, where size is k_h·k_w (Caffe clips the window to the padded
     image, which floor output sizes never pass; mshadow) or, for kCudnnPool, the window
     clipped to the image (cuDNN excludes padding).
-    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1).
+    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1). Windows are reduced separably:
+    over their rows into (N, C, oh, W+2p), then over their columns; the first argmax is
+    found in training forwards only.
     """
 
     def setup(self, srclayers):
@@ -213,9 +215,13 @@ class PoolingLayer(Layer):
             self._xpad = np.full((n, c, h + 2 * ph, w + 2 * pw), -np.inf if self.is_max else 0,
                                  np.float32)
             self._gpad = np.zeros_like(self._xpad)
+        self.rows = [slice(i, i + sh * (oh - 1) + 1, sh) for i in range(kh)]
+        self.cols = [slice(j, j + sw * (ow - 1) + 1, sw) for j in range(kw)]
+        self._part = np.empty((n, c, oh, w + 2 * pw), np.float32)
         self._tmp = np.empty_like(self.data)
         if self.is_max:
-            self._argmax = np.zeros(self.data.shape, np.int32)
+            self._argmax = np.zeros(self.data.shape, np.min_scalar_type(kh * kw))
+            self._step = np.empty_like(self._argmax)
             self._hit = np.empty(self.data.shape, bool)
         else:
             self._size = self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow)
@@ -234,21 +240,26 @@ class PoolingLayer(Layer):
         n = self.data.shape[0]
         c, h, w = self.chw
         xp = _padded(srclayers[0].data_for(self).reshape(n, c, h, w), self._xpad, self.pad)
-        y = self.data
-        _, _, rows, cols = self.taps[0]
-        np.copyto(y, xp[:, :, rows, cols])
-        if self.is_max:
-            self._argmax[...] = 0
-            for t, (_, _, rows, cols) in enumerate(self.taps[1:], 1):
-                win = xp[:, :, rows, cols]
-                # Strictly greater keeps the first maximum in scan order, as Caffe does.
-                np.greater(win, y, out=self._hit)
-                np.copyto(y, win, where=self._hit)
-                np.copyto(self._argmax, t, where=self._hit)
-        else:
-            for _, _, rows, cols in self.taps[1:]:
-                y += xp[:, :, rows, cols]
+        y, part = self.data, self._part
+        op = np.maximum if self.is_max else np.add
+        np.copyto(part, xp[:, :, self.rows[0]])
+        for rows in self.rows[1:]:
+            op(part, xp[:, :, rows], out=part)
+        np.copyto(y, part[:, :, :, self.cols[0]])
+        for cols in self.cols[1:]:
+            op(y, part[:, :, :, cols], out=y)
+        if not self.is_max:
             y /= self._size
+        elif flag & job_pb2.kTrain:
+            # Taps in reverse scan order, so the first maximum's index is written last (Caffe);
+            # argmax += hit·(t − argmax) in wrapping unsigned ints has no data-dependent branch.
+            am, step = self._argmax, self._step
+            for t in range(len(self.taps) - 1, -1, -1):
+                _, _, rows, cols = self.taps[t]
+                np.equal(xp[:, :, rows, cols], y, out=self._hit)
+                np.subtract(am.dtype.type(t), am, out=step)
+                np.multiply(step, self._hit, out=step)
+                am += step
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
@@ -261,13 +272,19 @@ class PoolingLayer(Layer):
         gpad = gx if self._gpad is None else self._gpad
         gpad[...] = 0
         tmp = self._tmp
-        if not self.is_max:
-            np.divide(self.grad, self._size, out=tmp)
-        for t, (_, _, rows, cols) in enumerate(self.taps):
-            if self.is_max:
+        if self.is_max:
+            for t, (_, _, rows, cols) in enumerate(self.taps):
                 np.equal(self._argmax, t, out=self._hit)
                 np.multiply(self.grad, self._hit, out=tmp)
-            gpad[:, :, rows, cols] += tmp
+                gpad[:, :, rows, cols] += tmp
+        else:   # the forward's separable sums, transposed: spread over columns, then rows
+            np.divide(self.grad, self._size, out=tmp)
+            part = self._part
+            part[...] = 0
+            for cols in self.cols:
+                part[:, :, :, cols] += tmp
+            for rows in self.rows:
+                gpad[:, :, rows] += part
         if gpad is not gx:
             gx[...] = gpad[:, :, ph:ph + h, pw:pw + w]
 
