@@ -156,3 +156,36 @@ def test_pooling_gradients(layer_type, pool, window):
     src = Source(distinct((2, 2, 5, 5)))
     layer = make_layer(pool_conf(layer_type, pool, **window), [src])
     check_gradients(layer, [src])
+
+
+def direct_pool(x, reduce, kh, kw, sh, sw):
+    """Pooling by loops over output positions, no padding."""
+    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+    return np.array([[[[reduce(x[n, c, i * sh:i * sh + kh, j * sw:j * sw + kw])
+                        for j in range(ow)] for i in range(oh)]
+                      for c in range(x.shape[1])] for n in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
+@pytest.mark.parametrize("window", [dict(kernel=3, stride=2),
+                                    dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2)])
+def test_pooling_matches_direct_loops(pool, reduce, window):
+    x = distinct((2, 3, 7, 6))
+    src = Source(x)
+    layer = make_layer(pool_conf("kCPooling", pool, **window), [src])
+    layer.compute_feature(FORWARD, [src])
+    kh = window.get("kernel", window.get("kernel_y"))
+    kw = window.get("kernel", window.get("kernel_x"))
+    sh = window.get("stride", window.get("stride_y"))
+    sw = window.get("stride", window.get("stride_x"))
+    np.testing.assert_allclose(layer.data, direct_pool(x, reduce, kh, kw, sh, sw), rtol=1e-6)
+
+
+def test_max_pooling_breaks_ties_in_row_major_order_like_caffe():
+    # The maximum 1 is at (0, 1) and (1, 0): Caffe's scan reaches (0, 1) first.
+    src = Source(np.array([[[[0, 1], [1, 0]]]]))
+    layer = make_layer(pool_conf(kernel=2, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = 5
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(src.grad[0, 0], [[0, 5], [0, 0]])
