@@ -53,10 +53,14 @@ def conv_job(net, workspace):
     return job
 
 
+def has_lrn():
+    return base.is_registered(job_pb2.LayerProto(type=job_pb2.kLRN))
+
+
 def _cifar10_job():
     with open(CIFAR10_CONF) as f:
         text = f.read()
-    if base._REGISTRY.get(job_pb2.kLRN) is None:
+    if not has_lrn():
         job = text_format.Parse(text, job_pb2.JobProto())
         layers = job.neuralnet.layer
         lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
@@ -91,7 +95,7 @@ def bench(net, args):
             sides["torch cpu"] = torch_step
         med = interleaved(sides, args.rounds, args.steps)
         ours = med["ours (full runtime)"]
-        lrn = "" if net == "lenet" or base._REGISTRY.get(job_pb2.kLRN) else ", without LRN"
+        lrn = "" if net == "lenet" or has_lrn() else ", without LRN"
         print(f"{net} step, batch {batch}{lrn}, {args.rounds} rounds x {args.steps} steps per "
               f"side, median ms/step:")
         print_table([[name, f"{t * 1e3:.2f}", f"{ours / t:.3f}"] for name, t in med.items()],
