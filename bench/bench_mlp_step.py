@@ -64,7 +64,7 @@ class Runtime:
 
     def __init__(self, job, resume=False):
         folder = os.path.join(job.cluster.workspace, "checkpoint")
-        self.process = p = Process(job, resume_from(job, folder) if resume else None)
+        self.process = p = Process(job, resume=resume_from(job, folder) if resume else None)
         self.worker = p.workers[0]
         self.failure = None
         self.threads = [threading.Thread(target=x.run, name=f"server-{x.grp}-{x.id}", daemon=True)

@@ -8,6 +8,9 @@ PY=.venv/bin/python
 echo "== bench_mlp_step.py  $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cpus"
 "$PY" bench/bench_mlp_step.py
 echo
+echo "== bench_conv.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_conv.py
+echo
 echo "== bench_checkpoint.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_checkpoint.py
 echo

@@ -6,11 +6,13 @@ import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.errors import ConfigError
+from singa.layers import conv
 
 
-def conv_conf(layer_type="kCConvolution", **kw):
+def conv_conf(layer_type="kCConvolution", num_filters=3, **kw):
     fields = " ".join(f"{k}: {v}" for k, v in kw.items())
-    return (f'name: "conv" type: {layer_type} convolution_conf {{ num_filters: 3 {fields} }} '
+    return (f'name: "conv" type: {layer_type} convolution_conf {{ num_filters: {num_filters} '
+            f'{fields} }} '
             'param { name: "w" } param { name: "b" }')
 
 
@@ -52,6 +54,31 @@ def test_convolution_matches_direct_loops(layer_type, window):
 def test_convolution_gradients(window):
     src = Source(np.random.default_rng(0).standard_normal((2, 2, 5, 5)))
     layer = make_layer(conv_conf(**window), [src])
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3),
+                                    dict(kernel_x=3, kernel_y=2, pad_x=2, pad_y=1)])
+def test_convolution_gradients_through_the_transposed_convolution(window):
+    src = Source(np.random.default_rng(0).standard_normal((2, 4, 5, 6)))
+    layer = make_layer(conv_conf(num_filters=2, **window), [src])
+    assert layer.transposed
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3, pad=1, stride=2)])
+def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, window):
+    # Two samples per chunk for a batch of 5: the last chunk is partial.
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
+                        else 2 * 2 * 9 * 3 * 3 * 4)
+    src = Source(np.random.default_rng(0).standard_normal((5, 2, 5, 5)))
+    layer = make_layer(conv_conf(**window), [src])
+    assert [r.stop - r.start for r in layer.chunks] == [2, 2, 1]
+    layer.compute_feature(FORWARD, [src])
+    w, b = layer.params
+    s = window.get("stride", 1)
+    want = direct_conv(src.data, w.data, b.data, 3, 3, 1, 1, s, s)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
     check_gradients(layer, [src])
 
 
@@ -129,3 +156,36 @@ def test_pooling_gradients(layer_type, pool, window):
     src = Source(distinct((2, 2, 5, 5)))
     layer = make_layer(pool_conf(layer_type, pool, **window), [src])
     check_gradients(layer, [src])
+
+
+def direct_pool(x, reduce, kh, kw, sh, sw):
+    """Pooling by loops over output positions, no padding."""
+    oh, ow = (x.shape[2] - kh) // sh + 1, (x.shape[3] - kw) // sw + 1
+    return np.array([[[[reduce(x[n, c, i * sh:i * sh + kh, j * sw:j * sw + kw])
+                        for j in range(ow)] for i in range(oh)]
+                      for c in range(x.shape[1])] for n in range(x.shape[0])])
+
+
+@pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
+@pytest.mark.parametrize("window", [dict(kernel=3, stride=2),
+                                    dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2)])
+def test_pooling_matches_direct_loops(pool, reduce, window):
+    x = distinct((2, 3, 7, 6))
+    src = Source(x)
+    layer = make_layer(pool_conf("kCPooling", pool, **window), [src])
+    layer.compute_feature(FORWARD, [src])
+    kh = window.get("kernel", window.get("kernel_y"))
+    kw = window.get("kernel", window.get("kernel_x"))
+    sh = window.get("stride", window.get("stride_y"))
+    sw = window.get("stride", window.get("stride_x"))
+    np.testing.assert_allclose(layer.data, direct_pool(x, reduce, kh, kw, sh, sw), rtol=1e-6)
+
+
+def test_max_pooling_breaks_ties_in_row_major_order_like_caffe():
+    # The maximum 1 is at (0, 1) and (1, 0): Caffe's scan reaches (0, 1) first.
+    src = Source(np.array([[[[0, 1], [1, 0]]]]))
+    layer = make_layer(pool_conf(kernel=2, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = 5
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(src.grad[0, 0], [[0, 5], [0, 0]])

@@ -1,0 +1,136 @@
+"""Bench: one training step of LeNet and of the cifar10 convnet through our runtime vs numpy/torch.
+
+    python bench/bench_conv.py [--nets lenet,cifar10] [--rounds 8] [--steps 5] [--profile]
+
+Ours: examples/mnist/conv.conf (batch 64, on SINGA's train-1000.bin shard) and SINGA's
+cifar10/job.conf net (bench/cifar10_job.conf, batch 100, on random 3x32x32 records written to
+a temporary shard), built by `runtime.Process` with server and stub threads, a step being
+`train_one_batch` then `collect_all` (bench_mlp_step.Runtime). The cifar10 net's kLRN layers
+are dropped (their sources rewired) while no layer implements kLRN. References:
+`conv_reference.numpy_step` and, when torch is installed, `torch_step` with torch's threads set
+to os.cpu_count(); interleaved rounds, medians per side. Target: ours / torch <= 1.3.
+The bench measures; it exits 0 whatever the ratio.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+from google.protobuf import text_format
+
+import conv_reference
+from bench_mlp_step import FIXTURES, Runtime, interleaved, print_blas, print_table, profile
+import singa
+from singa import config
+from singa.io.kvfile import KVFile
+from singa.layers import base
+from singa.proto import common_pb2, job_pb2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LENET_CONF = os.path.join(singa.HOME, "examples", "mnist", "conv.conf")
+CIFAR10_CONF = os.path.join(HERE, "cifar10_job.conf")
+TARGET = 1.3
+
+
+def conv_job(net, workspace):
+    """The job of `net` ("lenet" or "cifar10") reading shards prepared in `workspace`."""
+    if net == "lenet":
+        job, shard, batch = config.load_job(LENET_CONF, check_paths=False), \
+            os.path.join(FIXTURES, "train-1000.bin"), 64
+    else:
+        job, shard, batch = _cifar10_job(), os.path.join(workspace, "cifar10.bin"), 100
+        _random_images(shard, 1000, (3, 32, 32))
+    for layer in job.neuralnet.layer:
+        if layer.type == job_pb2.kRecordInput:
+            sc = layer.store_conf
+            sc.path, sc.random_skip, sc.batchsize[:] = shard, 0, [batch]
+            sc.ClearField("mean_file")
+    job.cluster.workspace = workspace
+    for sub in ("checkpoint", "visualization"):
+        os.makedirs(os.path.join(workspace, sub), exist_ok=True)
+    return job
+
+
+def has_lrn():
+    return base.is_registered(job_pb2.LayerProto(type=job_pb2.kLRN))
+
+
+def _cifar10_job():
+    with open(CIFAR10_CONF) as f:
+        text = f.read()
+    if not has_lrn():
+        job = text_format.Parse(text, job_pb2.JobProto())
+        layers = job.neuralnet.layer
+        lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
+        keep = [l for l in layers if l.type != job_pb2.kLRN]
+        for l in keep:
+            l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
+        del layers[:]
+        layers.extend(keep)
+        text = text_format.MessageToString(job)
+    return config.parse_job(text, CIFAR10_CONF, check_paths=False)
+
+
+def _random_images(path, n, shape):
+    rng = np.random.default_rng(0)
+    rec = common_pb2.RecordProto(shape=list(shape))
+    with KVFile(path, "create") as f:
+        for i in range(n):
+            rec.label = int(rng.integers(10))
+            rec.pixel = rng.integers(0, 256, int(np.prod(shape)), np.uint8).tobytes()
+            f.insert(b"%08d" % i, rec.SerializeToString())
+
+
+def bench(net, args):
+    workspace = tempfile.mkdtemp(prefix=f"singa-bench-{net}-")
+    rt = Runtime(conv_job(net, workspace))
+    batch = 64 if net == "lenet" else 100
+    try:
+        sides = {"ours (full runtime)": rt.train_step,
+                 "numpy reference": conv_reference.numpy_step(net, batch)}
+        torch_step = conv_reference.torch_step(net, batch)
+        if torch_step is not None:
+            sides["torch cpu"] = torch_step
+        med = interleaved(sides, args.rounds, args.steps)
+        ours = med["ours (full runtime)"]
+        lrn = "" if net == "lenet" or has_lrn() else ", without LRN"
+        print(f"{net} step, batch {batch}{lrn}, {args.rounds} rounds x {args.steps} steps per "
+              f"side, median ms/step:")
+        print_table([[name, f"{t * 1e3:.2f}", f"{ours / t:.3f}"] for name, t in med.items()],
+                    ["side", "ms/step", "ours / side"])
+        if "torch cpu" in med:
+            ratio = ours / med["torch cpu"]
+            verdict = "within" if ratio <= TARGET else "ABOVE"
+            print(f"ratio ours/torch = {ratio:.3f} (target <= {TARGET}: {verdict} target)")
+        else:
+            print("torch: not installed, not compared")
+        if args.profile:
+            profile(rt, 3 * args.steps)
+    finally:
+        rt.close()
+        shutil.rmtree(workspace, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="lenet,cifar10", help="comma-separated: lenet, cifar10")
+    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
+    ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
+    ap.add_argument("--profile", action="store_true", help="profile ours after timing")
+    args = ap.parse_args(argv)
+    print_blas()
+    try:
+        import torch
+        torch.set_num_threads(os.cpu_count())
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    except ImportError:
+        pass
+    for net in args.nets.split(","):
+        bench(net, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
