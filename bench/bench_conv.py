@@ -6,7 +6,7 @@ Ours: examples/mnist/conv.conf (batch 64, on SINGA's train-1000.bin shard) and S
 cifar10/job.conf net (bench/cifar10_job.conf, batch 100, on random 3x32x32 records written to
 a temporary shard), built by `runtime.Process` with server and stub threads, a step being
 `train_one_batch` then `collect_all` (bench_mlp_step.Runtime). The cifar10 net's kLRN layers
-are dropped (their sources rewired) while no layer implements kLRN. References:
+are dropped (their sources rewired), as the references have none. References:
 `conv_reference.numpy_step` and, when torch is installed, `torch_step` with torch's threads set
 to os.cpu_count(); interleaved rounds, medians per side. Target: ours / torch <= 1.3.
 The bench measures; it exits 0 whatever the ratio.
@@ -25,7 +25,6 @@ from bench_mlp_step import FIXTURES, Runtime, interleaved, print_blas, print_tab
 import singa
 from singa import config
 from singa.io.kvfile import KVFile
-from singa.layers import base
 from singa.proto import common_pb2, job_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -53,23 +52,18 @@ def conv_job(net, workspace):
     return job
 
 
-def has_lrn():
-    return base.is_registered(job_pb2.LayerProto(type=job_pb2.kLRN))
-
-
 def _cifar10_job():
     with open(CIFAR10_CONF) as f:
         text = f.read()
-    if not has_lrn():
-        job = text_format.Parse(text, job_pb2.JobProto())
-        layers = job.neuralnet.layer
-        lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
-        keep = [l for l in layers if l.type != job_pb2.kLRN]
-        for l in keep:
-            l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
-        del layers[:]
-        layers.extend(keep)
-        text = text_format.MessageToString(job)
+    job = text_format.Parse(text, job_pb2.JobProto())     # without LRN, as the references
+    layers = job.neuralnet.layer
+    lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
+    keep = [l for l in layers if l.type != job_pb2.kLRN]
+    for l in keep:
+        l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
+    del layers[:]
+    layers.extend(keep)
+    text = text_format.MessageToString(job)
     return config.parse_job(text, CIFAR10_CONF, check_paths=False)
 
 
@@ -95,7 +89,7 @@ def bench(net, args):
             sides["torch cpu"] = torch_step
         med = interleaved(sides, args.rounds, args.steps)
         ours = med["ours (full runtime)"]
-        lrn = "" if net == "lenet" or has_lrn() else ", without LRN"
+        lrn = "" if net == "lenet" else ", without LRN"
         print(f"{net} step, batch {batch}{lrn}, {args.rounds} rounds x {args.steps} steps per "
               f"side, median ms/step:")
         print_table([[name, f"{t * 1e3:.2f}", f"{ours / t:.3f}"] for name, t in med.items()],

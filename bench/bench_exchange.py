@@ -17,16 +17,13 @@ import os
 import sys
 import tempfile
 import threading
-import time
 
-import numpy as np
 import zmq
 
 from bench_mlp_step import interleaved, mlp_job, print_table
 from singa.runtime import Process, Transport
 
 TARGET = 0.8
-
 
 def server_side(workspace, conn):
     """Process 1 of the job: its server and stub, until the parent says stop."""
@@ -40,7 +37,6 @@ def server_side(workspace, conn):
                      daemon=True).start()
     process.run()
 
-
 def echo_side(endpoint_conn):
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -51,7 +47,6 @@ def echo_side(endpoint_conn):
         if len(frames) == 2 and bytes(frames[1]) == b"stop":
             break
         sock.send_multipart(frames, copy=False)
-
 
 class Ours:
     def __init__(self, workspace):
@@ -86,7 +81,6 @@ class Ours:
         self.conn.send("stop")
         self.child.join(timeout=30)
 
-
 class Raw:
     def __init__(self, arrays):
         parent, child = mp.Pipe()
@@ -108,7 +102,6 @@ class Raw:
         self.child.join(timeout=30)
         self.sock.close(0)
         self.ctx.term()
-
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -134,7 +127,6 @@ def main(argv=None):
     print(f"throughput ours/raw = {ratio:.3f} (target >= {TARGET}: "
           f"{'within' if ratio >= TARGET else 'BELOW'} target)")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
