@@ -122,7 +122,11 @@ class Process:
         self.transport = transport or Transport()
         self.ctx, self.router = self.transport.ctx, self.transport.router
         endpoint = self.router.endpoint
-        self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time)
+        single = cluster.nprocs(cl) == 1
+        served = {sg: K * sum(cluster.server_group(cl, g) == sg for g in range(G))
+                  for sg in range(cl.nserver_groups)}
+        self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
+                               None if single else served[g])
                         for g, s in cluster.servers_of(cl, pid)]
         resume = resume or {}
         cls = worker_class(job)
@@ -133,10 +137,13 @@ class Process:
                 init_rng=rngs[0], resume=resume.get(j) if g == 0 else None,
                 membership=membership)
             for (g, j), net in nets.items()]
-        single = cluster.nprocs(cl) == 1
+        farewells = {} if single else {
+            w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)
+                        for s in range(cl.nservers_per_group)] for w in self.workers}
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
-                         None if single else self.peer, stop_servers_with_workers=single)
+                         None if single else self.peer, stop_servers_with_workers=single,
+                         farewells=farewells)
         self.peers, self.connect = {}, peers
 
     def locate(self, address):

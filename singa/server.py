@@ -9,7 +9,8 @@ Messages in (from stubs), out (to the requesting worker's address):
            grad_scale = 1/num_total, and every buffered request gets kRUpdate [values]. A
            gradient frame is handed over: the updater may use it as scratch
   kState   -> kRState [i: lr_index; a copy of each updater buffer] (for a snapshot)
-  kStop    ends the loop
+  kStop    from the stub ends the loop; from a worker (its farewell, in a job of several
+           processes) counts it out, and the loop ends once every worker of the group has left
 A malformed message is dropped with a log line; a failure goes to the stub as kError.
 """
 import logging
@@ -40,8 +41,10 @@ class Slice:
 class Server:
     """One server thread of server group `grp`, id `id`, with its own Updater."""
 
-    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100):
+    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None):
+        """`nworkers`: the workers whose farewells end the server (None: only the stub's kStop)."""
         self.grp, self.id = grp, id_
+        self.nworkers, self.left = nworkers, set()
         self.address = m.addr(grp, id_, m.kServer)
         self.dealer = Dealer(ctx, self.address, endpoint)
         self.updater = create_updater(updater_proto)
@@ -57,7 +60,14 @@ class Server:
                 if msg is None:
                     continue
                 if msg.type == m.kStop:
-                    break
+                    if m.addr_type(msg.src) != m.kWorkerParam:
+                        break
+                    self.left.add(msg.src)
+                    if self.nworkers is not None and len(self.left) >= self.nworkers:
+                        log.info("Server (group = %d, id = %d): every worker has left",
+                                 self.grp, self.id)
+                        break
+                    continue
                 try:
                     self.handle(msg)
                 except ClusterError as e:   # bad traffic: no state was changed

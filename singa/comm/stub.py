@@ -50,9 +50,11 @@ class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
     def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
-                 stop_servers_with_workers=True):
+                 stop_servers_with_workers=True, farewells=None):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
-        the Peer connection to another process's stub."""
+        the Peer connection to another process's stub; `farewells` maps a local worker to the
+        servers told (kStop from it) when it stops."""
+        self.farewells = farewells or {}
         self.router = router
         self.pid, self.locate, self.peers = pid, locate, peers
         self.stop_servers_with_workers = stop_servers_with_workers
@@ -108,8 +110,8 @@ class Stub:
                 self.locate(msg.dst) != self.pid:
             self.send(msg)     # a local server's answer to a remote worker, and the like
             return
-        if t in (m.kPut, m.kGet, m.kUpdate, m.kState) and m.addr_type(msg.dst) != m.kStub:
-            self.router.send(msg)   # a remote stub's request for a local server
+        if m.addr_type(msg.dst) != m.kStub and t not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
+            self.router.send(msg)   # for a local executor: a remote stub's request, a farewell
             return
         if t == m.kStop:
             if msg.src not in self.executors:
@@ -119,6 +121,8 @@ class Stub:
                 self.servers -= 1
             else:
                 self.workers -= 1
+                for server in self.farewells.get(msg.src, ()):
+                    self.send(m.Msg(msg.src, server, m.kStop))
         elif t == m.kError:
             self.handle_error(msg)
         elif t == m.kPut:

@@ -158,3 +158,40 @@ def test_check_mode_validates_without_running(mlp_job, run_driver, singa_conf, z
     assert "Train @" not in r.stderr and "proc #" not in r.stderr
     with ZK(zk_server) as zk:
         assert zk.list_jobs(all=True) == ids        # nothing registered, no job id taken
+
+
+def test_a_job_of_several_processes_ends_when_zookeeper_stops_mid_run(mlp_job, own_zookeeper,
+                                                                      tmp_path):
+    """Sandblaster in 3 processes: the server process learns by messages (the workers'
+    farewells) that its workers are done, so the job ends without ZooKeeper."""
+    singa_conf, stop_zookeeper = own_zookeeper
+    conf = mlp_job(train_steps=3000, test_freq=0, checkpoint_freq=0, disp_freq=100,
+                   edit=lambda job: (setattr(job.cluster, "nworkers_per_group", 2),
+                                     setattr(job.cluster, "server_worker_separate", True)))
+    logs = [tmp_path / f"run{i}.log" for i in range(3)]
+    procs = []
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job", "7"],
+                                          stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 100" not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        stop_zookeeper()
+        status = [p.wait(timeout=120) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process hangs after ZooKeeper stopped:\n" +
+                    "\n".join(log.read_text()[-2000:] for log in logs))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    text = "\n".join(log.read_text() for log in logs)
+    assert status == [0, 0, 0], text
+    assert "Train @ step 2900" in text and "every worker has left" in text
+    assert "Traceback" not in text
+    for w in (0, 1):
+        assert (tmp_path / "ws" / "checkpoint" / f"step3000-worker{w}.bin").is_file()
