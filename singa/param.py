@@ -24,7 +24,9 @@ class Param:
     """Values `data`, gradient `grad`, `version` (updates seen, -1 before init) and the conf.
 
     Shared params (`share_from`, replicas) point `data` at the owner's array and set
-    `owner` to the owner's id; only owners are checkpointed and updated.
+    `owner` to the owner's id; only owners are checkpointed and updated. A param of a layer
+    partitioned on dim 1 holds one piece of the whole: `partition` = (axis, k, parts) says it is
+    piece `k` of `parts` along `axis`, rows `cut(whole, parts, k)` (None: the whole param).
     """
 
     def __init__(self, proto):
@@ -38,6 +40,7 @@ class Param:
         self.last_version = -1
         self.id = -1
         self.owner = -1
+        self.partition = None
 
     def setup(self, shape):
         """Allocate zeroed values and gradient of `shape`; ConfigError if the two would not fit
@@ -79,6 +82,14 @@ class Param:
 
     def __repr__(self):
         return f"Param({self.name!r}, shape={None if self.data is None else self.data.shape}, v={self.version})"
+
+
+def cut(n, parts, k):
+    """Rows [start, stop) of piece `k` when `n` rows are cut into `parts` pieces: the first
+    `n % parts` pieces get one row more (numpy's array_split)."""
+    q, r = divmod(n, parts)
+    start = k * q + min(k, r)
+    return start, start + q + (k < r)
 
 
 def fill(gen, shape, rng, name=""):

@@ -3,7 +3,7 @@ import numpy as np
 
 from singa.errors import ConfigError
 from singa.layers.base import Layer, register
-from singa.param import Param
+from singa.param import Param, cut
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
@@ -30,9 +30,10 @@ def make_params(layer, shapes):
 
 
 def partitioned(layer, n):
-    """`n` split across partitions when the layer is partitioned on dim 1 (model partition)."""
+    """This partition's share of `n` when the layer is partitioned on dim 1 (model partition)."""
     if layer.conf.partition_dim > 0:
-        return n // layer.conf.num_partitions
+        start, stop = cut(n, layer.conf.num_partitions, layer.conf.partition_id)
+        return stop - start
     return n
 
 

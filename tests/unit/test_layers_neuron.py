@@ -184,3 +184,14 @@ def test_dummy_output_draws_its_gradient():
 def test_dummy_conf_mistakes_name_the_layer(conf, srcs, message):
     with pytest.raises(ConfigError, match=f"layer 'd'.*{message}"):
         make_layer(f'name: "d" type: kDummy {conf}', [Source(inputs((2, 2)))] * srcs)
+
+
+def test_cut_covers_every_row_once_with_pieces_differing_by_at_most_one():
+    from singa.param import cut
+    for n in range(1, 30):
+        for parts in range(1, 7):
+            pieces = [cut(n, parts, k) for k in range(parts)]
+            assert pieces[0][0] == 0 and pieces[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:]))
+            sizes = [stop - start for start, stop in pieces]
+            assert max(sizes) - min(sizes) <= 1 and sorted(sizes, reverse=True) == sizes
