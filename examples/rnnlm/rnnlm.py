@@ -19,7 +19,7 @@ import numpy as np
 from singa.config import resolve
 from singa.errors import ConfigError, DataError
 from singa.extensions import load_proto
-from singa.io.store import open_store
+from singa.io.store import open_store, read_cyclic
 from singa.layers.base import Layer, register
 from singa.layers.neuron import make_params
 
@@ -62,13 +62,7 @@ class DataLayer(Layer):
         self.data[row] = (word.word_index, word.class_index, word.class_start, word.class_end)
 
     def _next(self):
-        kv = self.store.read()
-        if kv is None:
-            self.store.seek_to_first()
-            kv = self.store.read()
-            if kv is None:
-                raise DataError(f"{self.path}: the {self.backend} store is empty")
-        return rnnlm.WordRecord.FromString(kv[1])
+        return rnnlm.WordRecord.FromString(read_cyclic(self.store, self.path, self.backend)[1])
 
 
 @register("kEmbedding")

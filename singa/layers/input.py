@@ -5,7 +5,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from singa.config import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch
-from singa.io.store import open_store
+from singa.io.store import open_store, read_cyclic
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
@@ -75,13 +75,7 @@ class StoreInputLayer(Layer):
         raise NotImplementedError
 
     def _next(self):
-        kv = self.store.read()
-        if kv is None:
-            self.store.seek_to_first()
-            kv = self.store.read()
-            if kv is None:
-                raise DataError(f"{self.path}: the {self.backend} store is empty")
-        return kv
+        return read_cyclic(self.store, self.path, self.backend)
 
     def _constant_or_file(self, what, identity):
         """The (dim,) mean or std from store_conf's {what}_file / {what}_value, None if unset."""
