@@ -1,7 +1,8 @@
 """User layers of SINGA's rnnlm example (examples/rnnlm/rnnlm.cc): Mikolov's RNN language model
 with a class-factored softmax, trained with kBP; BPTT runs inside the Hidden layer over a window.
 
-Registered for `user_type` kData, kEmbedding, kHidden and kLoss; their conf fields come from
+Registered for `user_type` kData, kEmbedding, kHidden and kLoss (and kLabel, which SINGA 0.1's
+job-v0.1.0.conf puts between the data and the loss); their conf fields come from
 rnnlm.proto (`[data_conf]`, `[embedding_conf]`, `[loss_conf]`). Load both with
 
     bin/singa-run.sh -conf examples/rnnlm/job.conf \\
@@ -181,6 +182,17 @@ class LossLayer(Layer):
         self.loss = self.log10p = 0.0
         self.num = 0
         return text
+
+
+@register("kLabel")
+class LabelLayer(Layer):
+    """SINGA 0.1's rnnlm label layer: its source's word rows, unchanged (it aliases them)."""
+
+    def setup(self, srclayers):
+        self.data = srclayers[0].data_for(self)
+
+    def compute_feature(self, flag, srclayers):
+        pass
 
 
 def _softmax(x):
