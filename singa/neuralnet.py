@@ -1,13 +1,13 @@
 """NeuralNet: a NetProto turned into set-up layers for one phase (SINGA's NeuralNet::Create, src/neuralnet/neuralnet.cc).
 
 Steps: phase filter (include/exclude) → unrolling (`<i>#` names, also for unroll_len 1, so
-param names are SINGA's `0#w1`) → share_from → split layers → topological sort → create and
-set up layers, number params. Test and validation nets share the train net's param values.
+param names are SINGA's `0#w1`) → share_from → split layers → topological sort (`singa.graph`)
+→ create and set up layers, number params. Test and validation nets share the train net's param values.
 """
 import collections
 import json
 
-from singa import layers  # noqa: F401  (registers every layer type)
+from singa import graph, layers  # noqa: F401  (layers: registers every layer type)
 from singa.errors import ConfigError
 from singa.layers.base import create_layer
 from singa.proto import job_pb2
@@ -27,10 +27,12 @@ class NeuralNet:
         self.phase = phase
         self.rng = rng
         self.partition_id = partition_id
-        confs = unroll(filter_phase(net_conf, phase, partition_id, num_partitions))
+        confs = filter_phase(net_conf, phase, partition_id, num_partitions)
+        graph.sort(confs)   # names and sources checked before unrolling looks sources up
+        confs = unroll(confs)
         resolve_share_from(confs)
         confs = add_split_layers(confs)
-        confs = topological_sort(confs)
+        confs = graph.sort(confs)
         self.layers = []
         self.by_name = {}
         self.srclayers = {}
@@ -161,8 +163,6 @@ def unroll(confs):
                     p.share_from = f"0#{p.name}"
                 p.name = f"{i}#{p.name}"
             for k, src in enumerate(conf.srclayers):
-                if src not in by_name:
-                    raise ConfigError(f"layer '{conf.name}': srclayer '{src}' names no layer")
                 m = by_name[src].unroll_len
                 ctype = (conf.unroll_conn_type[k] if k < len(conf.unroll_conn_type)
                          else job_pb2.kUnrollOneToOne)
@@ -231,45 +231,3 @@ def add_split_layers(confs):
                     if s == c.name:
                         srcs[k] = split.name
     return out
-
-
-def topological_sort(confs):
-    """Kahn's order from source-less layers, in conf order (SINGA's Graph::Sort).
-
-    A layer with several sources, one of which is also its destination (RBMVis <-> RBMHid), is
-    released once its other sources are visited. (SINGA releases it after its first source,
-    the data in every conf it ships.)"""
-    by_name = {}
-    for c in confs:
-        if c.name in by_name:
-            raise ConfigError(f"duplicate layer name '{c.name}'")
-        by_name[c.name] = c
-    for c in confs:
-        for s in c.srclayers:
-            if s not in by_name:
-                raise ConfigError(f"layer '{c.name}': srclayer '{s}' names no layer")
-    dsts = collections.defaultdict(list)
-    for c in confs:
-        for s in dict.fromkeys(c.srclayers):
-            dsts[s].append(c)
-    waits = {}
-    for c in confs:
-        srcs = set(c.srclayers)
-        if len(srcs) > 1:
-            srcs -= {s for s in srcs if c.name in by_name[s].srclayers}
-        waits[c.name] = srcs
-    pending = {name: len(srcs) for name, srcs in waits.items()}
-    queue = collections.deque(c for c in confs if pending[c.name] == 0)
-    order = []
-    while queue:
-        c = queue.popleft()
-        order.append(c)
-        for d in dsts[c.name]:
-            if c.name in waits[d.name]:
-                pending[d.name] -= 1
-                if pending[d.name] == 0:
-                    queue.append(d)
-    if len(order) < len(confs):
-        stuck = [c.name for c in confs if pending[c.name] > 0]
-        raise ConfigError(f"the layers {', '.join(stuck)} form a cycle")
-    return order

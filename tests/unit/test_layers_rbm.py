@@ -6,7 +6,8 @@ from google.protobuf import text_format
 from singa.errors import ConfigError
 from singa.layers.base import create_layer
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
-from singa.neuralnet import NeuralNet, topological_sort
+from singa.graph import sort
+from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.worker import CDWorker, Worker, worker_class
 from gradcheck import Source
@@ -171,7 +172,7 @@ def test_bidirectional_edge_sorts_vis_after_its_data_then_hid():
     layers = list(text_format.Parse(RBM2.replace('srclayers: "Sigmoid1" srclayers: "RBMHid"',
                                                  'srclayers: "RBMHid" srclayers: "Sigmoid1"'),
                                     job_pb2.NetProto()).layer)
-    assert [c.name for c in topological_sort(layers)][-2:] == ["RBMVis", "RBMHid"]
+    assert [c.name for c in sort(layers)][-2:] == ["RBMVis", "RBMHid"]
 
 
 class FakeJob:

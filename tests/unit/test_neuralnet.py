@@ -1,10 +1,10 @@
-"""NeuralNet::Create: phase filter, unrolling names, share_from, split layers, sort, sharing."""
+"""NeuralNet::Create: phase filter, unrolling names, share_from, split layers, sharing."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, topological_sort, unroll
+from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, unroll
 from singa.proto import job_pb2
 
 FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"
@@ -155,21 +155,6 @@ def test_split_layer_goes_between_a_layer_and_its_several_destinations():
     assert [c.name for c in out] == ["a", "split(a)", "b", "c"]
     assert out[1].split_conf.num_splits == 2
     assert list(out[2].srclayers) == ["split(a)"] == list(out[3].srclayers)
-
-
-def test_sort_is_breadth_first_in_conf_order_and_finds_cycles():
-    layers = conf_layers("""
-      layer { name: "c" srclayers: "a" srclayers: "b" type: kSTanh }
-      layer { name: "b" srclayers: "a" type: kSTanh }
-      layer { name: "a" type: kSTanh }
-    """)
-    assert [c.name for c in topological_sort(layers)] == ["a", "b", "c"]
-    cyc = conf_layers("""
-      layer { name: "a" srclayers: "b" type: kSTanh }
-      layer { name: "b" srclayers: "a" type: kSTanh }
-    """)
-    with pytest.raises(ConfigError, match="cycle"):
-        topological_sort(cyc)
 
 
 def test_graph_json_has_nodes_with_shapes_and_links():
