@@ -228,8 +228,8 @@ class Driver:
         log.info("Test @ step %d", job.step if step is None else step)
         for step in range(job.test_steps):
             worker_class(job).test_one_batch(job_pb2.kTest, net, step)
-        for line in net.display(job_pb2.kTest):
-            log.info("   %s", line)
+        for values in net.metrics(job_pb2.kTest).values():
+            log.info("   %s", singa_log.format_metrics(values))
 
 
 def check_runnable(job):

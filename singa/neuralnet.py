@@ -95,13 +95,14 @@ class NeuralNet:
         for layer in self.layers:
             layer.compute_feature(flag, self.srclayers[layer.name])
 
-    def display(self, flag):
-        """Lines `<metrics>` of every layer with something to say (resets their accumulators)."""
-        out = []
+    def metrics(self, flag):
+        """{layer name: {metric: value}} of the layers with metrics (`Layer.metrics`, which
+        resets them), in layer order."""
+        out = {}
         for layer in self.layers:
-            s = layer.to_string(flag)
-            if s:
-                out.append(s)
+            values = layer.metrics(flag)
+            if values:
+                out[layer.name] = values
         return out
 
     def to_json(self):

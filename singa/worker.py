@@ -18,6 +18,7 @@ from singa import checkpoint, config, numerics
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
+from singa.log import format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.proto import job_pb2
@@ -151,9 +152,9 @@ class Worker:
     def display(self, flag, prefix, net):
         """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}."""
         metrics = {}
-        for line in net.display(flag):
-            log.info("%s  %s", prefix, line)
-            metrics.update((k.lower(), v) for k, v in parse_metrics(line).items())
+        for values in net.metrics(flag).values():
+            log.info("%s  %s", prefix, format_metrics(values))
+            metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
 
     # --- params ---------------------------------------------------------------------------
@@ -419,28 +420,14 @@ class BPTTWorker(Worker):
         """Log `prefix  <metrics>` per layer with metrics, each averaged over the layer's
         unrolled copies; return {metric name: value}."""
         copies = {}
-        for layer in net.layers:
-            line = layer.to_string(flag)
-            if line:
-                copies.setdefault(layer.name.partition("#")[2], []).append(parse_metrics(line))
+        for name, values in net.metrics(flag).items():
+            copies.setdefault(name.partition("#")[2], []).append(values)
         metrics = {}
         for values in copies.values():
             mean = {k: sum(v[k] for v in values) / len(values) for k in values[0]}
-            log.info("%s  %s", prefix, ", ".join(f"{k} = {v:f}" for k, v in mean.items()))
+            log.info("%s  %s", prefix, format_metrics(mean))
             metrics.update((k.lower(), v) for k, v in mean.items())
         return metrics
-
-
-def parse_metrics(line):
-    """{name: value} of a display line `Loss = 2.1, accuracy = 0.3`."""
-    metrics = {}
-    for item in line.split(","):
-        name, _, value = item.partition("=")
-        try:
-            metrics[name.strip()] = float(value)
-        except ValueError:
-            pass
-    return metrics
 
 
 class AbortedError(Exception):

@@ -130,7 +130,7 @@ class LossLayer(Layer):
     (row t + 1: word v in class k, class words [start, end)),
     p = softmax(h[t]·W_word[start:end]ᵀ)[v − start] · softmax(h[t]·W_classᵀ)[k];
     loss += −ln max(p, FLT_MIN). Params W_word (vocab_size, dim), W_class (nclass, dim).
-    `to_string`: `loss = <mean per word>, ppl = <10^(−mean log10 p)>` since the last call."""
+    Metrics: `loss` = mean per word, `ppl` = 10^(−mean log10 p), since the last display."""
 
     def setup(self, srclayers):
         if len(srclayers) != 2:
@@ -141,12 +141,11 @@ class LossLayer(Layer):
         dim = self.source.data_for(self).shape[1]
         self.word_weight, self.class_weight = self.params = make_params(
             self, {"word_weight": (conf.vocab_size, dim), "class_weight": (conf.nclass, dim)})
-        self.loss = self.log10p = 0.0
-        self.num = 0
 
     def compute_feature(self, flag, srclayers):
         h, rows = self.source.data_for(self), self.labels.data_for(self)
         self.steps = []
+        loss = log10p = 0.0
         for t in range(self.source.window):
             wid, cid, start, end = (int(v) for v in rows[t + 1])
             if not start <= wid < end <= len(self.word_weight.data) or \
@@ -156,10 +155,10 @@ class LossLayer(Layer):
             pword = _softmax(self.word_weight.data[start:end] @ h[t])
             pclass = _softmax(self.class_weight.data @ h[t])
             p = max(float(pword[wid - start] * pclass[cid]), FLT_MIN)
-            self.loss -= np.log(p)
-            self.log10p += np.log10(p)
+            loss -= np.log(p)
+            log10p += np.log10(p)
             self.steps.append((wid - start, cid, start, end, pword, pclass))
-        self.num += len(self.steps)
+        self.add_metrics({"loss": loss, "ppl": log10p}, len(self.steps))
 
     def compute_gradient(self, flag, srclayers):
         h, gh = self.source.data_for(self), self.source.grad_for(self)
@@ -175,13 +174,12 @@ class LossLayer(Layer):
             gclass += np.outer(dclass, h[t])
             gh[t] = dword @ self.word_weight.data[start:end] + dclass @ self.class_weight.data
 
-    def to_string(self, flag):
-        if not self.num:
-            return ""
-        text = f"loss = {self.loss / self.num:f}, ppl = {10 ** (-self.log10p / self.num):f}"
-        self.loss = self.log10p = 0.0
-        self.num = 0
-        return text
+    def metrics(self, flag):
+        """`ppl` is added as Σ log10 p and shown as 10^(−mean)."""
+        means = super().metrics(flag)
+        if means:
+            means["ppl"] = 10 ** -means["ppl"]
+        return means
 
 
 @register("kLabel")

@@ -11,8 +11,9 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     has kAggGrad.
   * `data_for(dst)` / `grad_for(dst)`: what a destination reads / where it writes its gradient
     (connection layers give each destination its own blob).
-  * `to_string(flag)`: the metrics accumulated since the last call (`Loss = …, accuracy = …`),
-    then reset; "" for layers without metrics.
+  * `metrics(flag)`: {name: value} of the metrics since the last call (`{"Loss": 2.1,
+    "accuracy": 0.3}`), then reset; {} for layers without. Layers add per-batch values with
+    `add_metrics`; only logging formats them (`singa.log.format_metrics`).
 `flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 """
@@ -77,6 +78,8 @@ class Layer:
         self.aux_data = None
         self.params = []
         self.rng = None
+        self.metric_sums = {}
+        self.metric_count = 0
 
     def setup(self, srclayers):
         raise NotImplementedError
@@ -93,8 +96,19 @@ class Layer:
     def grad_for(self, dst):
         return self.grad
 
-    def to_string(self, flag):
-        return ""
+    def add_metrics(self, values, count=1):
+        """Add {name: value}, the sums over `count` more batches, to what `metrics` averages."""
+        for name, value in values.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+        self.metric_count += count
+
+    def metrics(self, flag):
+        """{name: sum / count} of what was added since the last call, then reset; {} if nothing."""
+        if not self.metric_count:
+            return {}
+        means = {name: value / self.metric_count for name, value in self.metric_sums.items()}
+        self.metric_sums, self.metric_count = {}, 0
+        return means
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"

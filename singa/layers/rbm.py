@@ -27,9 +27,9 @@ kPositive, kNegative, kTest = job_pb2.kPositive, job_pb2.kNegative, job_pb2.kTes
 class RBMVisLayer(Layer):
     """Visible units: v+ is a copy of the data, v− the reconstruction; params W, b_vis.
 
-    `to_string`: `Squared Error = %f`, the sum of Σ(v+ − v−)²/N over kNegative|kTest passes
-    divided by the number of compute_feature calls (SINGA's counter counts every call, so with
-    cd_k 1 the figure is half the per-batch squared error).
+    Metric `Squared Error`: the sum of Σ(v+ − v−)²/N over kNegative|kTest passes divided by the
+    number of compute_feature calls (SINGA's counter counts every call, so with cd_k 1 the
+    figure is half the per-batch squared error).
     """
 
     def setup(self, srclayers):
@@ -50,10 +50,9 @@ class RBMVisLayer(Layer):
         self._diff = np.empty_like(self.pos_data)
         self._gw = np.empty((self.hdim, self.vdim), np.float32)
         self.data = self.pos_data
-        self.error = 0.0
-        self.counter = 0
 
     def compute_feature(self, flag, srclayers):
+        error = 0.0
         if flag & kPositive:
             np.copyto(self.pos_data, self.input.data_for(self).reshape(self.pos_data.shape))
         elif flag & kNegative:
@@ -63,8 +62,8 @@ class RBMVisLayer(Layer):
             _sigmoid(v, v)
             if flag & kTest:
                 d = np.subtract(self.pos_data, v, out=self._diff).ravel()
-                self.error += float(np.dot(d, d)) / self.batchsize
-        self.counter += 1
+                error = float(np.dot(d, d)) / self.batchsize
+        self.add_metrics({"Squared Error": error})
 
     def compute_gradient(self, flag, srclayers):
         n = np.float32(self.batchsize)
@@ -77,12 +76,6 @@ class RBMVisLayer(Layer):
         np.dot(hn.T, vn, out=gw)
         gw -= np.dot(hp.T, vp, out=self._gw)
         gw /= n
-
-    def to_string(self, flag):
-        text = f"Squared Error = {self.error / max(self.counter, 1):f}"
-        self.error = 0.0
-        self.counter = 0
-        return text
 
 
 @register(job_pb2.kRBMHid)
