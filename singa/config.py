@@ -16,8 +16,7 @@ import re
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import text_format
 
-import singa
-from singa import extensions, graph
+from singa import extensions, graph, resolve
 from singa.errors import ConfigError
 from singa.proto import job_pb2, singa_pb2
 
@@ -71,11 +70,6 @@ _MINIMUM = {
     "FixedStepProto": {"step": 0},
 }
 _FLOATS = (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE)
-
-
-def resolve(path):
-    """`path` made absolute; relative paths are relative to the SINGA home (SINGA runs from there)."""
-    return os.path.normpath(os.path.join(singa.HOME, os.path.expanduser(path)))
 
 
 def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=()):

@@ -116,7 +116,7 @@ class Driver:
         self.flags = flags
         self.job_id = int(flags.get("singa_job", -1))
         self.host = flags.get("host", "localhost")
-        self.workspace = config.resolve(job.cluster.workspace)
+        self.workspace = singa.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
         self.signal = None          # SIGINT or SIGTERM received
         self.process = None         # the executors, once built

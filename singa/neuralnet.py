@@ -9,7 +9,7 @@ import json
 
 from singa import graph, layers  # noqa: F401  (layers: registers every layer type)
 from singa.errors import ConfigError
-from singa.layers.base import create_layer
+from singa.layers.base import create_layer, layer_class
 from singa.proto import job_pb2
 
 class NeuralNet:
@@ -208,7 +208,6 @@ def resolve_share_from(confs):
 
 def add_split_layers(confs):
     """Insert `split(<L>)` after each non-input layer that feeds several layers."""
-    from singa.layers.base import _REGISTRY
     dsts = collections.defaultdict(list)
     for c in confs:
         for s in c.srclayers:
@@ -217,9 +216,7 @@ def add_split_layers(confs):
     out = []
     for c in confs:
         out.append(c)
-        key = c.user_type if c.HasField("user_type") else c.type
-        cls = _REGISTRY.get(key)
-        if len(dsts[c.name]) > 1 and not getattr(cls, "one_to_many", False):
+        if len(dsts[c.name]) > 1 and not getattr(layer_class(c), "one_to_many", False):
             split = job_pb2.LayerProto(name=f"split({c.name})", type=job_pb2.kSplit)
             split.srclayers.append(c.name)
             split.split_conf.num_splits = len(dsts[c.name])

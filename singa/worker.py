@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, config, numerics
+from singa import checkpoint, numerics, resolve
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
@@ -60,7 +60,7 @@ class Worker:
         self.init_rng = init_rng
         self.resume = resume
         self.membership = membership
-        self.folder = os.path.join(config.resolve(job.cluster.workspace), "checkpoint")
+        self.folder = os.path.join(resolve(job.cluster.workspace), "checkpoint")
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False

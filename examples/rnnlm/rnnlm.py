@@ -17,12 +17,11 @@ import os
 
 import numpy as np
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.extensions import load_proto
 from singa.io.store import open_store, read_cyclic
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params
+from singa.layers.base import Layer, make_params, register
 
 rnnlm = load_proto(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rnnlm.proto"))
 

@@ -1,4 +1,4 @@
-"""Layer: the unit of a NeuralNet (SINGA's Layer), and the registry keyed by LayerType/user_type.
+"""Layer: the unit of a NeuralNet (SINGA's Layer), the registry keyed by LayerType/user_type, and make_params.
 
 Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
   * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
@@ -18,6 +18,7 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 """
 from singa.errors import ConfigError
+from singa.param import Param
 from singa.proto import job_pb2
 
 _REGISTRY = {}
@@ -56,6 +57,26 @@ def unavailable(conf):
         return REFUSED[key]
     name = key if isinstance(key, str) else job_pb2.LayerType.Name(key)
     return f"layer type {name} is not implemented"
+
+
+def layer_class(conf):
+    """The registered class for `conf`, or None."""
+    return _REGISTRY.get(_key(conf))
+
+
+def make_params(layer, shapes):
+    """Params from the conf's `param` entries in order, one per {role: shape} of `shapes`."""
+    names = ", ".join(shapes)
+    confs = layer.conf.param
+    if len(confs) < len(shapes):
+        raise ConfigError(f"layer '{layer.name}' needs {len(shapes)} param entries ({names}), "
+                          f"got {len(confs)}")
+    params = []
+    for conf, shape in zip(confs, shapes.values()):
+        p = Param(conf)
+        p.setup(shape)
+        params.append(p)
+    return params
 
 
 def _key(conf):

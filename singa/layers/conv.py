@@ -3,8 +3,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params, partitioned
+from singa.layers.base import Layer, make_params, register
+from singa.layers.neuron import partitioned
 from singa.proto import job_pb2
 
 __all__ = ["ConvolutionLayer", "PoolingLayer"]

@@ -2,7 +2,7 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch
 from singa.io.store import open_store, read_cyclic

@@ -3,7 +3,7 @@ import numpy as np
 
 from singa.errors import ConfigError, DataError
 from singa.layers.base import Layer, register
-from singa.layers.neuron import softmax
+from singa.layers.ops import softmax
 from singa.proto import job_pb2
 
 __all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer"]

@@ -2,31 +2,17 @@
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.param import Param, cut
+from singa.layers.base import Layer, make_params, register
+from singa.layers.ops import sigmoid, softmax
+from singa.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
-           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "make_params"]
+           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "partitioned"]
 
 # SINGA's scaled tanh constants (mshadow op::stanh).
 STANH_A = np.float32(1.7159047)
 STANH_B = np.float32(0.66666667)
-
-
-def make_params(layer, shapes):
-    """Params from the conf's `param` entries in order, one per {role: shape} of `shapes`."""
-    names = ", ".join(shapes)
-    confs = layer.conf.param
-    if len(confs) < len(shapes):
-        raise ConfigError(f"layer '{layer.name}' needs {len(shapes)} param entries ({names}), "
-                          f"got {len(confs)}")
-    params = []
-    for conf, shape in zip(confs, shapes.values()):
-        p = Param(conf)
-        p.setup(shape)
-        params.append(p)
-    return params
 
 
 def partitioned(layer, n):
@@ -112,14 +98,6 @@ def _relu_d(y, d):
     np.greater(y, 0, out=d)
 
 
-def _sigmoid(x, y):
-    # 1 / (1 + e^-x), in place on y.
-    np.negative(x, out=y)
-    np.exp(y, out=y)
-    y += 1
-    np.reciprocal(y, out=y)
-
-
 def _sigmoid_d(y, d):
     np.subtract(1, y, out=d)
     d *= y
@@ -155,7 +133,7 @@ class ReLULayer(_Elementwise):
 @register(job_pb2.kSigmoid)
 class SigmoidLayer(_Elementwise):
     """y = 1/(1+e^{-x}); gx = g·y(1−y)."""
-    forward, derivative = staticmethod(_sigmoid), staticmethod(_sigmoid_d)
+    forward, derivative = staticmethod(sigmoid), staticmethod(_sigmoid_d)
 
 
 @register(job_pb2.kSTanh)
@@ -166,7 +144,7 @@ class STanhLayer(_Elementwise):
 
 _ACTIVATIONS = {
     job_pb2.RELU: (_relu, _relu_d),
-    job_pb2.SIGMOID: (_sigmoid, _sigmoid_d),
+    job_pb2.SIGMOID: (sigmoid, _sigmoid_d),
     job_pb2.TANH: (_tanh, _tanh_d),
     # SINGA 0.3 logs "Unknow activation type" for STANH; we compute it.
     job_pb2.STANH: (_stanh, _stanh_d),
@@ -238,15 +216,6 @@ class SoftmaxLayer(Layer):
     def compute_gradient(self, flag, srclayers):
         raise ConfigError(f"layer '{self.name}': SINGA's Softmax layer has no backward; "
                           f"use kSoftmaxLoss in training nets and kSoftmax only in test nets")
-
-
-def softmax(x, p, scratch):
-    """p = exp(x − max_row) / Σ_row exp(x − max_row) for 2-D x; `scratch` is (N, 1) float32."""
-    np.max(x, axis=1, keepdims=True, out=scratch)
-    np.subtract(x, scratch, out=p)
-    np.exp(p, out=p)
-    np.sum(p, axis=1, keepdims=True, out=scratch)
-    p /= scratch
 
 
 @register(job_pb2.kDummy)

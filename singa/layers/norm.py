@@ -2,8 +2,7 @@
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params
+from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
 __all__ = ["LRNLayer", "BMLayer", "BN_EPSILON"]

@@ -1,7 +1,7 @@
 """Output layers: ArgSort, Accuracy, and CSVOutput / RecordOutput writing a store (src/neuralnet/output_layer/)."""
 import numpy as np
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError
 from singa.io.store import open_store
 from singa.layers.base import Layer, register

@@ -4,7 +4,7 @@ records of a shard, parser layers (Mnist, Label, RGBImage) turn them into blobs
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch, parse_record
 from singa.io.store import open_store

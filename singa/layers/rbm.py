@@ -14,8 +14,8 @@ These are descent directions: the updater subtracts them.
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import _sigmoid, make_params
+from singa.layers.base import Layer, make_params, register
+from singa.layers.ops import sigmoid
 from singa.proto import job_pb2
 
 __all__ = ["RBMVisLayer", "RBMHidLayer"]
@@ -59,7 +59,7 @@ class RBMVisLayer(Layer):
             v = self.neg_data
             np.dot(self.hid.sample(flag), self.weight.data, out=v)
             v += self.bias.data
-            _sigmoid(v, v)
+            sigmoid(v, v)
             if flag & kTest:
                 d = np.subtract(self.pos_data, v, out=self._diff).ravel()
                 error = float(np.dot(d, d)) / self.batchsize
@@ -115,7 +115,7 @@ class RBMHidLayer(Layer):
         np.dot(v, self.weight.data.T, out=h)
         h += self.bias.data
         if not self.gaussian:
-            _sigmoid(h, h)
+            sigmoid(h, h)
 
     def sample(self, flag):
         """A sample of h+ (kPositive or first Gibbs step) or else of h−, drawn from `rng`."""
