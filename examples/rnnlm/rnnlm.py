@@ -157,7 +157,7 @@ class LossLayer(Layer):
             loss -= np.log(p)
             log10p += np.log10(p)
             self.steps.append((wid - start, cid, start, end, pword, pclass))
-        self.add_metrics({"loss": loss, "ppl": log10p}, len(self.steps))
+        self.add_metrics({"loss": loss, "log10p": log10p}, len(self.steps))
 
     def compute_gradient(self, flag, srclayers):
         h, gh = self.source.data_for(self), self.source.grad_for(self)
@@ -174,10 +174,10 @@ class LossLayer(Layer):
             gh[t] = dword @ self.word_weight.data[start:end] + dclass @ self.class_weight.data
 
     def metrics(self, flag):
-        """`ppl` is added as Σ log10 p and shown as 10^(−mean)."""
+        """{"loss": mean −ln p, "ppl": 10^(−mean log10 p)} per word since the last call."""
         means = super().metrics(flag)
         if means:
-            means["ppl"] = 10 ** -means["ppl"]
+            means["ppl"] = 10 ** -means.pop("log10p")
         return means
 
 
