@@ -9,6 +9,7 @@ import numpy as np
 
 from singa.errors import NonFiniteError
 
+
 def check_loss(net, step):
     """NonFiniteError if a metric a layer sums between displays (a loss, RBMVis's squared
     error) is nan or inf, naming the first layer (in forward order) whose params or output hold
