@@ -17,7 +17,10 @@ class StoreInputLayer(Layer):
 
     data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels. On the first
     read it skips U{0..random_skip} tuples drawn from `rng`. `get_state` / `set_state` save
-    and restore the read position for bit-exact resume.
+    and restore the read position for bit-exact resume. Partition k of K on partition_dim 0
+    with one batchsize B reads every batch of B and keeps its rows [k·B/K, (k+1)·B/K), so the K
+    partitions together see the batches one worker sees (SINGA's partitions each read from
+    the start of the store and rely on random_skip to differ).
     """
 
     one_to_many = True
@@ -33,6 +36,10 @@ class StoreInputLayer(Layer):
             raise ConfigError(f"layer '{self.name}': store_conf.shape must list positive sizes, "
                               f"got {list(sc.shape)}")
         n = batchsize(self.conf)
+        k, parts = self.conf.partition_id, self.conf.num_partitions
+        shared = self.conf.partition_dim == 0 and parts > 1 and len(sc.batchsize) == 1
+        #: tuples skipped before this partition's rows, its last row, tuples skipped after
+        self.rows = (k * n, (k + 1) * n, (parts - 1 - k) * n) if shared else (0, n, 0)
         self.path = resolve(sc.path)
         self.shape = tuple(sc.shape)
         self.dim = int(np.prod(self.shape))
@@ -51,7 +58,12 @@ class StoreInputLayer(Layer):
             for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next()
             self.skipped = True
-        keys, values = zip(*(self._next() for _ in range(len(self.aux_data))))
+        before, stop, after = self.rows
+        for _ in range(before):
+            self._next()
+        keys, values = zip(*(self._next() for _ in range(stop - before)))
+        for _ in range(after):
+            self._next()
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
         if self.mean is not None:
