@@ -100,7 +100,7 @@ class NeuralNet:
         sources in other partitions are reached through bridge layers."""
         view = object.__new__(NeuralNet)
         view.__dict__.update(self.__dict__)
-        view.partition_id, view.rng = k, self.rngs[k]
+        view.partition_id, view.rng, view.graph = k, self.rngs[k], self
         view.layers = [layer for layer in self.layers if layer.partition_id == k]
         view.params = [p for layer in view.layers for p in layer.params]
         view.owner_params = [p for p in view.params if p.is_owner]
