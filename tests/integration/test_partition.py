@@ -1,5 +1,8 @@
 """Model partitioning: the MNIST MLP trained by 1 worker, by 2 at partition_dim 0 and by 2 at
-partition_dim 1 (synchronous, same seed, same data) follows one loss curve."""
+partition_dim 1 (synchronous, same seed, same data) follows one loss curve; SINGA's hybrid
+cifar10 conf trains."""
+import io
+import json
 import logging
 import os
 import re
@@ -8,6 +11,7 @@ import numpy as np
 import pytest
 
 import singa
+from singa.checkpoint import CheckpointReader
 from singa.config import parse_job
 from singa.runtime import Process
 
@@ -55,3 +59,56 @@ def test_two_workers_follow_the_loss_curve_of_one(dims, tmp_path, caplog):
     assert diff < 1e-5       # the same sums cut differently: float32 rounding, 6 printed decimals
     np.testing.assert_allclose([a for _, _, a in two], [a for _, _, a in one], atol=1e-5)
     assert sum(line.startswith("Test @ step") for line in lines) == 2
+
+
+def test_cifar10_hybrid_conf_trains_and_its_graph_shows_the_partition_layers(tmp_path,
+                                                                             run_driver):
+    """SINGA's cifar10/hybrid.conf (conv layers on dim 0, ip1 on dim 1, 2 workers), its batch
+    cut to 10, on CIFAR-format shards made by create_data.py."""
+    from test_cifar10 import create_data, write_cifar_batches
+    write_cifar_batches(tmp_path)
+    create_data.create_data(str(tmp_path), str(tmp_path), log=io.StringIO())
+    with open(os.path.join(singa.HOME, "tests", "fixtures", "confs", "cifar10", "hybrid.conf")) as f:
+        text = f.read()
+    for old, new in (("examples/cifar10/", f"{tmp_path}/"), ("batchsize: 100", "batchsize: 10"),
+                     ("train_steps: 1000", "train_steps: 40"), ("disp_freq: 30", "disp_freq: 10"),
+                     ('workspace: "examples/cifar10"', f'workspace: "{tmp_path / "ws"}"')):
+        assert old in text, old
+        text = text.replace(old, new)
+    (tmp_path / "hybrid.conf").write_text(text)
+    r = run_driver(tmp_path / "hybrid.conf")
+    assert r.returncode == 0, r.stderr
+    losses = [float(x) for x in re.findall(r"Train @ step \d+  Loss = ([\d.]+)", r.stderr)]
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    graph = json.loads((tmp_path / "ws" / "visualization" / "train_net.json").read_text())
+    names = {node["id"] for node in graph["nodes"]}
+    assert {"0#ip1@0", "0#ip1@1", "split(0#pool3)@0", "concate(split(0#pool3))@1",
+            "slice(0#ip1)@1", "concate(slice(0#ip1))@0",
+            "bridge_src(slice(0#ip1)@1->concate(slice(0#ip1))@0)",
+            "bridge_dst(slice(0#ip1)@1->concate(slice(0#ip1))@0)"} <= names
+    for w in (0, 1):    # each worker's file holds its piece of ip1's weight under SINGA's name
+        ckpt = CheckpointReader(str(tmp_path / "ws" / "checkpoint" / f"step40-worker{w}.bin"))
+        assert ("0#w4" in ckpt.names) and (("0#w1" in ckpt.names) == (w == 0))
+        assert ckpt.param("0#w4").shape[0] == 5
+
+
+def test_model_parallel_workers_in_two_processes_follow_the_curve_of_one(
+        fixture_job, singa_conf, zk_server, tmp_path):
+    """Real ZooKeeper and tcp: each process runs one worker of the dim-1 MLP; bridge blobs
+    and metrics cross between the processes' stubs."""
+    from test_distributed import losses, run_job
+
+    def conf(name, cluster, edits=None):
+        return fixture_job(name + ".conf", workspace=tmp_path / name, head="seed: 7\n", edits={
+            "nserver_groups: 1": f"nserver_groups: 1 {cluster}", "train_steps: 200":
+            "train_steps: 20", "disp_freq: 20": "disp_freq: 2", **(edits or {})})
+    (rc, one), = run_job(conf("one", ""), singa_conf, zk_server, 1)
+    assert rc == 0, one
+    two = run_job(conf("two", "nworkers_per_group: 2 nworkers_per_procs: 1", DIM1),
+                  singa_conf, zk_server, 2)
+    assert all(rc == 0 for rc, _ in two), "\n".join(log for _, log in two)
+    curve, expected = losses(two[0][1] + two[1][1]), losses(one)
+    assert len(curve) == len(expected) == 10 and curve[-1] < curve[0]
+    diff = max(abs(a - b) for a, b in zip(curve, expected))
+    print(f"dim1 in 2 processes: max loss difference over 20 steps = {diff:.2e}")
+    assert diff < 1e-5
