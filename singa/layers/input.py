@@ -36,10 +36,7 @@ class StoreInputLayer(Layer):
             raise ConfigError(f"layer '{self.name}': store_conf.shape must list positive sizes, "
                               f"got {list(sc.shape)}")
         n = batchsize(self.conf)
-        k, parts = self.conf.partition_id, self.conf.num_partitions
-        shared = self.conf.partition_dim == 0 and parts > 1 and len(sc.batchsize) == 1
-        #: tuples skipped before this partition's rows, its last row, tuples skipped after
-        self.rows = (k * n, (k + 1) * n, (parts - 1 - k) * n) if shared else (0, n, 0)
+        self.rows = partition_rows(self.conf, n, len(sc.batchsize) == 1)
         self.path = resolve(sc.path)
         self.shape = tuple(sc.shape)
         self.dim = int(np.prod(self.shape))
@@ -106,6 +103,15 @@ class StoreInputLayer(Layer):
     def parse_vector(self, path, kv):
         """The (dim,) float32 vector held by a mean/std file's first tuple `kv`."""
         raise NotImplementedError
+
+
+def partition_rows(conf, n, shared):
+    """(tuples skipped before this partition's `n` rows, its last row, tuples skipped after):
+    on partition_dim 0 a `shared` batch size is read whole by every partition."""
+    k, parts = conf.partition_id, conf.num_partitions
+    if conf.partition_dim == 0 and parts > 1 and shared:
+        return k * n, (k + 1) * n, (parts - 1 - k) * n
+    return 0, n, 0
 
 
 def batchsize(conf):
