@@ -220,8 +220,8 @@ class Worker:
                     if job.reset_param_version:
                         p.version = job.step
                 elif paths:
-                        log.info("Param %s: freshly initialised (%s)", p.name,
-                                 job_pb2.InitMethod.Name(p.proto.init.type))
+                    log.info("Param %s: freshly initialised (%s)", p.name,
+                             job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
             nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in self.owned:

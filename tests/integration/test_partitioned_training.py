@@ -38,6 +38,10 @@ def job_conf(tmp_path, name, cluster="", edits=None):
     return parse_job("seed: 7\n" + text, name)
 
 
+def numbers(lines):
+    return [float(x) for line in lines for x in re.findall(r"\d+\.\d+", line)]
+
+
 def train_in_process(job, caplog):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="singa"):
@@ -49,7 +53,9 @@ def train_in_process(job, caplog):
 
 @pytest.mark.parametrize("dims", ["dim0", "dim1"])
 def test_two_workers_follow_the_loss_curve_of_one(dims, tmp_path, caplog):
-    one, _ = train_in_process(job_conf(tmp_path, "one"), caplog)
+    one, one_lines = train_in_process(job_conf(tmp_path, "one"), caplog)
+    test_lines = [line for line in one_lines if line.startswith("   Loss")]
+    assert len(test_lines) == 2
     two, lines = train_in_process(job_conf(tmp_path, dims, TWO, DIM1 if dims == "dim1" else None),
                                   caplog)
     assert [s for s, _, _ in one] == [s for s, _, _ in two] == list(range(STEPS))
@@ -59,6 +65,9 @@ def test_two_workers_follow_the_loss_curve_of_one(dims, tmp_path, caplog):
     assert diff < 1e-5       # the same sums cut differently: float32 rounding, 6 printed decimals
     np.testing.assert_allclose([a for _, _, a in two], [a for _, _, a in one], atol=1e-5)
     assert sum(line.startswith("Test @ step") for line in lines) == 2
+    # the test net, partitioned alike, gives the 1-worker test metrics
+    ours = [line for line in lines if line.startswith("   Loss")]
+    np.testing.assert_allclose(numbers(ours), numbers(test_lines), atol=2e-6)
 
 
 def test_cifar10_hybrid_conf_trains_and_its_graph_shows_the_partition_layers(tmp_path,
