@@ -101,10 +101,11 @@ def test_cifar10_hybrid_conf_trains_and_its_graph_shows_the_partition_layers(tmp
         assert ckpt.param("0#w4").shape[0] == 5
 
 
-def test_model_parallel_workers_in_two_processes_follow_the_curve_of_one(
-        fixture_job, singa_conf, zk_server, tmp_path):
-    """Real ZooKeeper and tcp: each process runs one worker of the dim-1 MLP; bridge blobs
-    and metrics cross between the processes' stubs."""
+@pytest.mark.parametrize("dims", ["dim0", "dim1"])
+def test_two_workers_in_two_processes_follow_the_curve_of_one(dims, fixture_job, singa_conf,
+                                                             zk_server, tmp_path):
+    """Real ZooKeeper and tcp: each process runs one worker of the MLP; bridge blobs and
+    metrics cross between the processes' stubs."""
     from test_distributed import losses, run_job
 
     def conf(name, cluster, edits=None):
@@ -113,11 +114,11 @@ def test_model_parallel_workers_in_two_processes_follow_the_curve_of_one(
             "train_steps: 20", "disp_freq: 20": "disp_freq: 2", **(edits or {})})
     (rc, one), = run_job(conf("one", ""), singa_conf, zk_server, 1)
     assert rc == 0, one
-    two = run_job(conf("two", "nworkers_per_group: 2 nworkers_per_procs: 1", DIM1),
-                  singa_conf, zk_server, 2)
+    two = run_job(conf("two", "nworkers_per_group: 2 nworkers_per_procs: 1",
+                       DIM1 if dims == "dim1" else None), singa_conf, zk_server, 2)
     assert all(rc == 0 for rc, _ in two), "\n".join(log for _, log in two)
     curve, expected = losses(two[0][1] + two[1][1]), losses(one)
     assert len(curve) == len(expected) == 10 and curve[-1] < curve[0]
     diff = max(abs(a - b) for a, b in zip(curve, expected))
-    print(f"dim1 in 2 processes: max loss difference over 20 steps = {diff:.2e}")
+    print(f"{dims} in 2 processes: max loss difference over 20 steps = {diff:.2e}")
     assert diff < 1e-5
