@@ -86,13 +86,12 @@ class NeuralNet:
         for layer in self.layers:
             for src in self.srclayers[layer.name]:
                 dsts[src.name].append(layer)
-                if layer.conf.type in (job_pb2.kBridgeSrc, job_pb2.kBridgeDst):
-                    layer.peer = src
-                    src.peer = layer
+                if layer.conf.type == job_pb2.kBridgeDst:
+                    layer.peer, src.peer = src, layer
         for layer in self.layers:
             if layer.conf.type == job_pb2.kSlice:
                 layer.order_destinations(
-                    {d: getattr(d, "peer", d).partition_id if d.conf.type == job_pb2.kBridgeSrc
+                    {d: d.peer.partition_id if d.conf.type == job_pb2.kBridgeSrc
                      else d.partition_id for d in dsts[layer.name]})
 
     def partition(self, k):
@@ -122,7 +121,8 @@ class NeuralNet:
                    key=lambda x: x.unroll_index)
 
     def share_params_from(self, other):
-        """Use `other`'s param values (matched by name); `other`'s params stay the owners.
+        """Use `other`'s param values (matched by name and piece); `other`'s params stay the
+        owners.
 
         Sharers are matched too: a `share_from` param must follow `other`'s values, not the
         stale array of this net's own owner."""
