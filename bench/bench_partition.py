@@ -9,7 +9,9 @@ worker computes half of each layer and the halves meet through bridge layers. A 
 taken between its first and last `Train @ step` lines (disp_freq 1), so setup, the Put of the
 params and the final checkpoint are left out. Rounds alternate 1, 2, 1, 2, ...; medians per
 side. On 2 cores shared with other work expect little gain: the point is the overhead of the
-bridges and of the partition connection layers. The bench measures; it exits 0.
+bridges and of the partition connection layers. Two workers each calling a multi-threaded
+BLAS oversubscribe the cores; compare with OPENBLAS_NUM_THREADS=1 too. The bench measures;
+it exits 0.
 """
 import argparse
 import logging
@@ -19,7 +21,7 @@ import tempfile
 
 import numpy as np
 
-from bench_mlp_step import mlp_job
+from bench_mlp_step import mlp_job, print_blas
 from singa.proto import job_pb2
 from singa.runtime import Process
 
@@ -73,6 +75,7 @@ def main(argv=None):
                 rates[workers].append(steps_per_second(os.path.join(tmp, f"w{workers}"),
                                                        args.batch, args.steps, workers))
     one, two = (float(np.median(rates[w])) for w in (1, 2))
+    print_blas()
     print(f"MNIST MLP, batch {args.batch}, {os.cpu_count()} cpus, {args.rounds} rounds of "
           f"{args.steps} steps")
     print(f"  1 worker                     {one:7.2f} steps/s")
