@@ -185,9 +185,9 @@ class Driver:
             transport.close()
             raise
         self.process = process
-        if process.train_net is not None:
+        if process.train_graph is not None:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
-                f.write(process.train_net.to_json())
+                f.write(process.train_graph.to_json())
         for g in sorted({g for g, _ in cluster.servers_of(cl, pid)}):
             zk.watch_sgroup(job_id, g, process.stub.stop_servers.set)
         if cluster.nprocs(cl) > 1:

@@ -88,6 +88,9 @@ class Layer:
 
     #: True for input layers: they may feed several destinations without a Split layer.
     one_to_many = False
+    #: True when every output reads every input neuron (SINGA's kOneToAll): on partition_dim 1
+    #: such a layer reads the whole of its source.
+    reads_all = False
 
     def __init__(self, conf):
         self.conf = conf

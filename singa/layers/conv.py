@@ -4,7 +4,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
-from singa.layers.neuron import partitioned
+from singa.layers.neuron import mark_pieces, partitioned
 from singa.proto import job_pb2
 
 __all__ = ["ConvolutionLayer", "PoolingLayer"]
@@ -68,7 +68,10 @@ class ConvolutionLayer(Layer):
     b samples is one GEMM on col (C·kh·kw, b·oh·ow). With stride 1 and pad < kernel, gx is
     computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
     convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C.
+    On partition_dim 1 this partition computes its filters: W and b are pieces of the whole.
     """
+
+    reads_all = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -83,6 +86,7 @@ class ConvolutionLayer(Layer):
         self.taps = _taps(kh, kw, sh, sw, oh, ow)
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (f, c * kh * kw), "bias": (f,)})
+        mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if ph or pw else None

@@ -8,7 +8,7 @@ from singa.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
-           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "partitioned"]
+           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "partitioned", "mark_pieces"]
 
 # SINGA's scaled tanh constants (mshadow op::stanh).
 STANH_A = np.float32(1.7159047)
@@ -23,12 +23,24 @@ def partitioned(layer, n):
     return n
 
 
+def mark_pieces(layer, axes):
+    """On partition_dim 1 over several partitions, each param {param: axis} is piece
+    `partition_id` of the whole cut on `axis` (`Param.partition`)."""
+    conf = layer.conf
+    if conf.partition_dim > 0 and conf.num_partitions > 1:
+        for p, axis in axes.items():
+            p.partition = (axis, conf.partition_id, conf.num_partitions)
+
+
 @register(job_pb2.kInnerProduct)
 class InnerProductLayer(Layer):
     """y = x·Wᵀ + b (y = x·W with transpose); gW = gᵀ·x (xᵀ·g); gb = Σ_n g; gx = g·W (g·Wᵀ).
 
-    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose.
+    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose. On
+    partition_dim 1 this partition computes its rows of M: W and b are pieces of the whole.
     """
+
+    reads_all = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -39,6 +51,7 @@ class InnerProductLayer(Layer):
         wshape = (self.vdim, self.hdim) if self.transpose else (self.hdim, self.vdim)
         self.weight, self.bias = self.params = make_params(
             self, {"weight": wshape, "bias": (self.hdim,)})
+        mark_pieces(self, {self.weight: int(self.transpose), self.bias: 0})
         self.data = np.zeros((n, self.hdim), np.float32)
         self.grad = np.zeros_like(self.data)
 

@@ -74,18 +74,14 @@ def test_forward_backward_changes_nothing_but_grads():
     assert list(net.metrics(job_pb2.kTrain)) == ["0#loss"]
 
 
-def test_data_parallel_replica_splits_batch_and_shares_partition_0():
-    p0 = make(MLP, num_partitions=2)
-    p1 = make(MLP, share_from=p0, partition_id=1, num_partitions=2, first_id=p0.next_id)
+def test_data_parallel_copies_split_batch_and_share_partition_0():
+    net = make(MLP, num_partitions=2)
+    p0, p1 = net.partition(0), net.partition(1)
+    assert p0.layers[0].name == "0#data@0" and p1.layers[0].name == "0#data@1"
     assert p0.layers[0].data.shape == (4, 784) == p1.layers[0].data.shape
     assert p1.owner_params == []
     assert [p.owner for p in p1.params] == [p.id for p in p0.params]
     assert all(a.data is b.data and a.grad is not b.grad for a, b in zip(p0.params, p1.params))
-
-
-def test_model_partitioning_is_refused_clearly():
-    with pytest.raises(ConfigError, match="partition_dim 1"):
-        make(MLP.replace('name: "ip2" type', 'name: "ip2" partition_dim: 1 type'), num_partitions=2)
 
 
 def test_user_share_from_resolves_to_unrolled_name():

@@ -123,8 +123,10 @@ def test_test_metrics_for_the_snapshot_are_the_unrounded_numbers(caplog):
     net = NeuralNet(text_format.Parse(MLP, job_pb2.NetProto()), kTest, np.random.default_rng(0))
     for p in net.owner_params:
         p.init_values(np.random.default_rng(p.id))
+    worker = Worker.__new__(Worker)
+    worker.channel = None       # a worker alone in its group
     with caplog.at_level(logging.INFO, logger="singa"):
-        metrics = Worker.__new__(Worker).test(1, kTest, net)
+        metrics = worker.test(1, kTest, net)
     p, labels = net.by_name["0#loss"].data.astype(np.float64), net.by_name["0#data"].aux_data
     loss = -np.log(p[np.arange(10), labels]).mean()
     accuracy = np.mean(p.argmax(axis=1) == labels)
@@ -155,3 +157,14 @@ def test_a_dynamic_srclayer_naming_no_layer_is_refused(tmp_path):
                                           "'argsort' names no layer of the net"):
         make_net(SAMPLE.replace('srclayers: "softmax"', 'srclayers: "softmax" include: kTrain'),
                  kTest, tmp_path)
+
+
+def test_display_metrics_cross_between_workers_as_numbers_and_bad_frames_are_refused():
+    from singa.errors import ClusterError
+    from singa.worker import frame_metrics, metric_frames
+    rows = [{"Loss": 2.1574078273526225, "accuracy": 0.25}, {}, {"Squared Error": 1e-300}]
+    assert frame_metrics(metric_frames(rows)) == rows
+    frames = metric_frames(rows)
+    for bad in (frames[:-1], [b"Loss\taccuracy", b"\0" * 12]):
+        with pytest.raises(ClusterError, match="display metrics"):
+            frame_metrics(bad)
