@@ -44,8 +44,8 @@ def worker_class(job):
 class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
-    `init_rng` draws the initial values of the params this worker owns; `resume` is the path of
-    its file in the snapshot a -resume continues from (None: a fresh start); `membership`
+    `init_rng` draws the initial values of the params this worker owns; `resume` is the
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); `membership`
     (ZooKeeper's server-group membership, or None) has `join(worker)` and `leave(worker)`.
     """
 
@@ -162,23 +162,24 @@ class Worker:
         `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
         updater state on a resume); every worker then Gets what it lacks."""
         job, net = self.job, self.train_net
-        state = checkpoint.CheckpointReader(self.resume).state if self.resume else None
+        own = self.resume.readers.get(self.id) if self.resume is not None else None
+        state = own.state if own is not None else None
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
         if self.grp == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
-            paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
-                                                        job.cluster.workspace, log.warning,
-                                                        job.cluster.nworkers_per_group)
-            loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
+            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
+                                                    job.cluster.workspace, log.warning,
+                                                    job.cluster.nworkers_per_group, self.resume)
+            loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
             for p in self.owned:
                 if p.name in loaded:
                     if job.reset_param_version:
                         p.version = job.step
                 else:
                     p.init_values(self.init_rng, job.step)
-                    if paths:
+                    if files:
                         log.info("Param %s: freshly initialised (%s)", p.name,
                                  job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
@@ -187,11 +188,12 @@ class Worker:
                 bufs = state.param_state.get(p.name, []) if state is not None else []
                 if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
                     log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
-                                "its state starts afresh", p.name, self.resume, len(bufs), nstate)
+                                "its state starts afresh", p.name, own.path, len(bufs), nstate)
                     bufs = []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
+        self.resume = None     # frees the snapshot's file bytes (once every worker is done)
         for p in net.params:
             self.get(job.warmup_steps, p)
 

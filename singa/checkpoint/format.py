@@ -1,4 +1,4 @@
-"""Checkpoint files: SINGA's `BlobProtos` snapshots, written crash-safe, verified, read, pruned.
+"""One snapshot file: SINGA's `BlobProtos` wire format, our checksum and `.meta`, crash-safe writes.
 
 A snapshot of step N is one file per group-0 worker W,
 `<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
@@ -15,22 +15,20 @@ A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB
 every length checked against the file; anything not encoded as SINGA and we write it goes to
 protobuf whole. Every array size is checked against its shape before anything is allocated.
 """
-import argparse
 import dataclasses
 import errno
 import math
 import os
 import re
 import struct
-import sys
 import threading
 import zlib
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa.config import resolve
-from singa.errors import CheckpointError, SingaError
+from singa.checkpoint import state as _state
+from singa.errors import CheckpointError
 from singa.proto import common_pb2
 
 SUFFIX = ".bin"
@@ -38,36 +36,9 @@ META_SUFFIX = ".meta"
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
 MAX_FILE_BYTES = 2 << 30
 _CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
-_STATE_FIELDS = ("step", "param_state", "rng", "reader", "lr_index", "nworkers",
-                 "metric_name", "metric_value", "evaluated")
 _NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
 #: Steps are int32 in JobProto and BlobProtos: a file name with a larger step is no snapshot.
 MAX_STEP = 2**31 - 1
-
-
-@dataclasses.dataclass
-class SnapshotState:
-    """What a bit-exact resume needs besides param values: all of it lives in our fields."""
-    step: int = 0
-    nworkers: int = 1
-    lr_index: int = 0
-    param_state: dict = dataclasses.field(default_factory=dict)  # name -> [updater buffers]
-    rng: dict = dataclasses.field(default_factory=dict)          # name -> PCG64 bit_generator.state
-    reader: dict = dataclasses.field(default_factory=dict)       # name -> (offset, skipped)
-    metrics: dict = dataclasses.field(default_factory=dict)      # test metric -> value
-    evaluated: bool = False     # the step's test/validation ran before the snapshot was taken
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """The files of one step; `complete` iff every expected worker file is present and reads."""
-    step: int
-    files: dict                 # worker id -> path
-    nworkers_expected: int
-    complete: bool
-    problems: list              # "<file>: <why>" lines
-    verified: bool = False      # every file carries a matching checksum (False: SINGA's files)
-    metrics: dict = dataclasses.field(default_factory=dict)
 
 
 def snapshot_file(folder, step, worker):
@@ -89,6 +60,15 @@ def parse_step_worker(filename):
     """
     m = _NAME_RE.fullmatch(os.path.basename(filename))
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def existing_file(path):
+    """`path` if it is a file, else `path.bin` (SINGA confs name our files without suffix)."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isfile(path + SUFFIX):
+        return path + SUFFIX
+    raise CheckpointError(f"checkpoint file not found: {path} (nor {path}{SUFFIX})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,33 +102,16 @@ class CheckpointWriter:
 
     def set_state(self, state):
         """Store a `SnapshotState` in our fields (SINGA ignores them)."""
-        m = self._msg
-        m.step = state.step
-        m.nworkers = state.nworkers
-        m.lr_index = state.lr_index
-        if state.evaluated:
-            m.evaluated = True
         self._param_state = [(name, [_float32(b) for b in buffers])
-                             for name, buffers in state.param_state.items()]
-        for name, st in state.rng.items():
-            m.rng.add(name=name, bit_generator=st["bit_generator"],
-                      state=st["state"]["state"].to_bytes(16, "little"),
-                      inc=st["state"]["inc"].to_bytes(16, "little"),
-                      has_uint32=st["has_uint32"], uinteger=st["uinteger"])
-        for name, (offset, skipped) in state.reader.items():
-            m.reader.add(name=name, offset=offset, skipped=skipped)
-        for name, value in state.metrics.items():
-            m.metric_name.append(name)
-            m.metric_value.append(value)
+                             for name, buffers in _state.encode(state, self._msg)]
 
     def close(self):
         """Write the binary file, then its `.meta`; returns the binary file's path."""
         if self._closed:
             return self.path
         self._closed = True
-        _cache.clear()      # a process that writes snapshots is done resuming: free the files
         meta = self.prefix + META_SUFFIX
-        tmps = [_tmp_name(self.path), _tmp_name(meta)]
+        tmps = [tmp_name(self.path), tmp_name(meta)]
         try:
             with open(tmps[0], "w+b") as f:
                 crc, size = _write_checksummed(f, self._pieces())
@@ -161,7 +124,7 @@ class CheckpointWriter:
                 os.fsync(f.fileno())
             os.replace(tmps[0], self.path)
             os.replace(tmps[1], meta)
-            _fsync_dir(os.path.dirname(self.path) or ".")
+            fsync_dir(os.path.dirname(self.path) or ".")
         except OSError as e:
             raise CheckpointError(f"cannot write checkpoint {self.path}: {e.strerror}") from None
         finally:
@@ -294,7 +257,8 @@ def _write_checksummed(f, pieces):
     return crc, size
 
 
-def _tmp_name(path):
+def tmp_name(path):
+    """The temporary name `path` is written under: `.<base>.tmp-<pid>` in its folder."""
     folder, base = os.path.split(path)
     return os.path.join(folder, f".{base}.tmp-{os.getpid()}")
 
@@ -302,22 +266,13 @@ def _tmp_name(path):
 _TMP_RE = re.compile(r"\.step\d+-worker\d+(\.bin|\.meta)?(\.meta)?\.tmp-(\d+)")
 
 
-def remove_stale_temporaries(folder):
-    """Delete the temporary files of writes whose process is gone (killed mid-write); returns them."""
-    removed = []
-    for name in os.listdir(folder) if os.path.isdir(folder) else ():
-        m = _TMP_RE.fullmatch(name)
-        if m is None or os.path.exists(f"/proc/{m.group(3)}"):
-            continue
-        try:
-            os.unlink(os.path.join(folder, name))
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
+def tmp_writer(name):
+    """The pid of the process writing temporary file `name` (see `tmp_name`), else None."""
+    m = _TMP_RE.fullmatch(name)
+    return int(m.group(3)) if m else None
 
 
-def _fsync_dir(folder):
+def fsync_dir(folder):
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -364,14 +319,13 @@ class CheckpointReader:
 
     `verified` is True for our files (checksum matched) and False for SINGA's (no checksum;
     accepted when they parse and are consistent). Anything else is a CheckpointError.
-    The file is read once; values are read-only views of its bytes until requested. The
-    files of the snapshot `latest_snapshot`/`best_snapshot` chose are kept parsed, so that
-    opening them again (restoring state, loading params) reads nothing while they are unchanged.
+    The file is read once; values are read-only views of its bytes until requested, so pass
+    the reader along rather than opening the file again.
     """
 
     def __init__(self, path):
         self.path = existing_file(path)
-        c = _cached(self.path) or _load(self.path)
+        c = _load(self.path)
         self._contents = c
         self.size, self.verified = c.size, c.verified
         msg = c.msg
@@ -387,7 +341,10 @@ class CheckpointReader:
     def state(self):
         """The file's SnapshotState, or None when it carries none (SINGA's files)."""
         c = self._contents
-        return _state(c.msg, c.param_state) if c.msg.HasField("step") else None
+        if not c.msg.HasField("step"):
+            return None
+        return _state.decode(c.msg, {name: [_array(*b, copy=True) for b in buffers]
+                                     for name, buffers in c.param_state})
 
     @property
     def names(self):
@@ -430,44 +387,12 @@ class CheckpointReader:
 class _Contents:
     """A parsed, checked file: `msg` has every field but the values, which are (shape, raw)
     pairs, raw = bytes of packed float32 LE or protobuf's repeated float."""
-    key: tuple                  # _stat_key of the file read
     size: int
     verified: bool
     msg: object
     blobs: list                 # entry i of msg.name
     param_state: list           # [(name, [(shape, raw)])], field 301
     index: dict                 # name -> i
-
-
-#: path -> _Contents of the files of the snapshot last chosen by latest/best_snapshot.
-_cache = {}
-
-
-def _stat_key(st):
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _cached(path):
-    c = _cache.get(path)
-    try:
-        return c if c is not None and c.key == _stat_key(os.stat(path)) else None
-    except OSError:
-        return None
-
-
-def _remember(readers):
-    """Keep these readers' parsed files (only these) for the next CheckpointReader of them."""
-    _cache.clear()
-    _cache.update((r.path, r._contents) for r in readers)
-
-
-def existing_file(path):
-    """`path` if it is a file, else `path.bin` (SINGA confs name our files without suffix)."""
-    if os.path.isfile(path):
-        return path
-    if os.path.isfile(path + SUFFIX):
-        return path + SUFFIX
-    raise CheckpointError(f"checkpoint file not found: {path} (nor {path}{SUFFIX})")
 
 
 def _load(path):
@@ -485,8 +410,12 @@ def _load(path):
     verified, msg, blobs, param_state = _parse(path, data)
     _check_text(path, msg)
     index = _check_entries(path, msg, blobs)
-    _check_state(path, msg, blobs, param_state, index)
-    return _Contents(_stat_key(st), len(data), verified, msg, blobs, param_state, index)
+    for name, buffers in param_state:
+        for i, blob in enumerate(buffers):
+            _check_blob(path, f"updater state {i} of {name}", *blob)
+    _state.check(path, msg, {name: blobs[i][0] for name, i in index.items()},
+                 [(name, [shape for shape, _ in buffers]) for name, buffers in param_state])
+    return _Contents(len(data), verified, msg, blobs, param_state, index)
 
 
 def _parse(path, data):
@@ -514,7 +443,7 @@ def _parse(path, data):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
     if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
                           else len(getattr(msg, f))
-                          for f in _STATE_FIELDS if f != "param_state"):
+                          for f in _state.FIELDS if f != "param_state"):
         raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
     return False, msg, blobs, param_state
 
@@ -655,353 +584,3 @@ def _array(shape, raw, copy):
         a = np.frombuffer(raw, dtype="<f4").reshape(shape)
         return a.astype(np.float32) if copy else a
     return np.array(raw, dtype=np.float32).reshape(shape)
-
-
-def _check_state(path, msg, blobs, param_state, index):
-    """Updater buffers have the shape of a param of the file; RNG states are numpy's PCG64."""
-    for name, buffers in param_state:
-        if not isinstance(name, str):
-            raise CheckpointError(f"checkpoint {path}: updater state name {name!r} is not UTF-8 text")
-        for i, blob in enumerate(buffers):
-            _check_blob(path, f"updater state {i} of {name}", *blob)
-        if buffers and name not in index:
-            raise CheckpointError(f"checkpoint {path}: updater state of {name}, a param the "
-                                  f"file does not hold")
-        for i, (shape, _) in enumerate(buffers):
-            if shape != blobs[index[name]][0]:
-                raise CheckpointError(f"checkpoint {path}: updater state {i} of {name} has "
-                                      f"shape {shape}, the param {blobs[index[name]][0]}")
-    for r in msg.rng:
-        if r.bit_generator != "PCG64":
-            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is for "
-                                  f"{r.bit_generator!r}, not PCG64")
-        if len(r.state) != 16 or len(r.inc) != 16 or r.has_uint32 not in (0, 1):
-            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is not a PCG64 "
-                                  f"state (128-bit state and increment, has_uint32 0 or 1)")
-
-
-def _state(msg, param_state):
-    state = SnapshotState(step=msg.step, nworkers=msg.nworkers if msg.HasField("nworkers") else 1,
-                          lr_index=msg.lr_index, evaluated=msg.evaluated,
-                          metrics=dict(zip(msg.metric_name, msg.metric_value)))
-    for name, buffers in param_state:
-        state.param_state[name] = [_array(*b, copy=True) for b in buffers]
-    for r in msg.rng:
-        state.rng[r.name] = {"bit_generator": r.bit_generator,
-                             "state": {"state": int.from_bytes(r.state, "little"),
-                                       "inc": int.from_bytes(r.inc, "little")},
-                             "has_uint32": r.has_uint32, "uinteger": r.uinteger}
-    state.reader = {r.name: (r.offset, r.skipped) for r in msg.reader}
-    return state
-
-
-# ---------------------------------------------------------------------------------------------
-# Finding snapshots
-
-def list_snapshots(folder, nworkers=None, log=None):
-    """Every snapshot in `folder`, sorted by step, each with its files verified.
-
-    `nworkers`: the job's workers of group 0; files of workers beyond them are ignored (and
-    reported to `log`). Expected workers: the count the files record, else `nworkers` if
-    given, else the highest worker id present + 1 (SINGA's files record nothing). A 0-byte file is SINGA's empty file of a data-parallel worker >= 1; for worker 0
-    it is a torn write. When both `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used.
-    The work is in proportion to the files present, whatever ids and counts they claim.
-    """
-    return [_snapshot(folder, step, files, nworkers)[0]
-            for step, files in sorted(_files_by_step(folder, nworkers, log).items())]
-
-
-def _files_by_step(folder, nworkers=None, log=None):
-    """{step: {worker: path}} of the snapshot files in `folder`, without workers >= `nworkers`."""
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError as e:
-        raise CheckpointError(f"cannot list checkpoint folder {folder}: {e.strerror}") from None
-    by_step = {}
-    for name in names:
-        sw = parse_step_worker(name)
-        if sw is None:
-            continue
-        if nworkers is not None and sw[1] >= nworkers:
-            if log is not None:
-                log(f"Ignoring checkpoint file {os.path.join(folder, name)}: worker {sw[1]} is "
-                    f"beyond the job's {nworkers} workers")
-            continue
-        files = by_step.setdefault(sw[0], {})
-        if sw[1] not in files or name.endswith(SUFFIX):
-            files[sw[1]] = os.path.join(folder, name)
-    return by_step
-
-
-def _snapshot(folder, step, files, nworkers):
-    """(Snapshot, its readers by worker) of one step's `files`."""
-    if step > MAX_STEP:
-        problem = f"step{step}: a step beyond {MAX_STEP}, the last a job can reach"
-        return Snapshot(step, files, len(files), False, [problem]), {}
-    problems, readers = [], {}
-    for w, path in sorted(files.items()):
-        try:
-            readers[w] = CheckpointReader(path)
-        except CheckpointError as e:
-            problems.append(str(e))
-    recorded = {r.nworkers for r in readers.values() if r.nworkers}
-    if len(recorded) > 1:
-        problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
-    expected = max(recorded) if recorded else nworkers or max(files) + 1
-    missing = expected - sum(1 for w in files if w < expected)
-    if missing:
-        first = next(w for w in range(len(files) + 1) if w not in files)
-        more = f"; {missing - 1} more are missing" if missing > 1 else ""
-        problems.append(f"{snapshot_file(folder, step, first)}: missing "
-                        f"(the snapshot has {expected} worker files{more})")
-    verified = bool(readers) and all(r.verified for r in readers.values())
-    for w, r in sorted(readers.items()):
-        if r.size == 0 and w == 0:
-            problems.append(f"{r.path}: empty (0 bytes), but worker 0's file has the params")
-        elif not r.verified and any(o.verified for o in readers.values()):
-            problems.append(f"{r.path}: no checksum while the other files of step{step} have one")
-        elif r.verified and r.step != step:
-            problems.append(f"{r.path}: records step {r.step}, not {step}")
-    metrics = readers[0].metrics if 0 in readers else {}
-    return Snapshot(step, files, expected, not problems, problems, verified, metrics), readers
-
-
-def latest_snapshot(folder, nworkers=None, log=None):
-    """The newest complete snapshot (or None); each newer broken one, and each file beyond the
-    job's `nworkers`, is reported to `log`.
-
-    Steps are verified newest first, up to the first complete one; its files stay parsed
-    for the CheckpointReaders that follow (restoring state, loading params)."""
-    for step, files in sorted(_files_by_step(folder, nworkers, log).items(), reverse=True):
-        snap, readers = _snapshot(folder, step, files, nworkers)
-        if snap.complete:
-            _remember(readers.values())
-            return snap
-        if log is not None:
-            for problem in snap.problems:
-                log(f"Skipping checkpoint step{snap.step}: {problem}")
-    return None
-
-
-def lower_is_better(metric):
-    """Loss goes down, anything else (accuracy) goes up."""
-    return metric.lower() == "loss"
-
-
-def best_snapshot(folder, metric=None, nworkers=None, log=None):
-    """The complete snapshot with the best recorded test `metric` (ties: the newest), or None.
-
-    `metric` None: "accuracy" if any snapshot records it, else "loss". Names match case-blind.
-    """
-    found = [_snapshot(folder, step, files, nworkers)
-             for step, files in sorted(_files_by_step(folder, nworkers, log).items())]
-    best = _best([snap for snap, _ in found if snap.complete], metric)
-    if best is not None:
-        _remember(next(readers for snap, readers in found if snap is best).values())
-    return best
-
-
-def _best(snaps, metric):
-    def value(s):
-        return next((v for k, v in s.metrics.items() if k.lower() == metric.lower()), None)
-    if metric is None:
-        metric = "accuracy"
-        if not any(value(s) is not None for s in snaps):
-            metric = "loss"
-    scored = [(value(s), s.step, s) for s in snaps if value(s) is not None]
-    if not scored:
-        return None
-    sign = -1 if lower_is_better(metric) else 1
-    return max(scored, key=lambda t: (sign * t[0], t[1]))[2]
-
-
-def resolve_checkpoint_paths(paths, workspace, log=None, nworkers=None):
-    """`checkpoint_path` entries as files: "latest" / "best" become that snapshot's files in
-    `<workspace>/checkpoint` (of workers below the job's `nworkers`); other entries resolve
-    against the SINGA home, `.bin` optional."""
-    folder = os.path.join(resolve(workspace), "checkpoint")
-    out = []
-    for p in paths:
-        if p == "latest":
-            snap = latest_snapshot(folder, nworkers, log)
-        elif p == "best":
-            snap = best_snapshot(folder, nworkers=nworkers, log=log)
-        else:
-            out.append(existing_file(resolve(p)))
-            continue
-        if snap is None:
-            what = "complete snapshot" if p == "latest" else "complete snapshot with a test metric"
-            raise CheckpointError(f"checkpoint_path \"{p}\": no {what} in {folder}")
-        out += [snap.files[w] for w in sorted(snap.files)]
-    return out
-
-
-def load_params(paths, params, log=None):
-    """SINGA's NeuralNet::Load: copy values and versions by name from each file in order (later
-    files win); returns {param name: file it was loaded from}.
-
-    A 0.1 name (`w1`, no `0#`) fills param `0#w1` unless the same file also has `0#w1`.
-    A stored shape other than the param's is a CheckpointError.
-    """
-    loaded = {}
-    for path in paths:
-        r = CheckpointReader(path)
-        if log is not None:
-            log(f"Load from checkpoint file {path}")
-        stored = set(r.names)
-        for name in r.names:
-            target = name
-            if name not in params and "#" not in name and "0#" + name not in stored:
-                target = "0#" + name
-            p = params.get(target)
-            if p is None:
-                continue
-            if r.shape(name) != p.data.shape:
-                raise CheckpointError(f"checkpoint {path}: param {target} has shape {r.shape(name)}"
-                                      f", the net expects {p.data.shape}")
-            r.copy_param(name, p.data)
-            p.version = r.version(name)
-            loaded[target] = path
-    if log is not None:
-        for name in params:
-            log(f"Param {name}: loaded from {loaded[name]}" if name in loaded
-                else f"Param {name}: not in the checkpoint files")
-    return loaded
-
-
-def prune(folder, keep_newest, keep_best_metric=None):
-    """Retention: delete snapshots beyond the newest `keep_newest` complete ones (0 keeps all),
-    sparing the best by `keep_best_metric`; returns the deleted paths.
-
-    Every snapshot in `folder` counts, earlier runs' too (the job holds its workspace). Only
-    our files (`.bin` and its `.meta`) are deleted, and nothing at or after the newest complete
-    snapshot (files of a newer one may still be being written by other workers); a file another
-    worker of the job deleted meanwhile is skipped.
-    """
-    if not keep_newest:
-        return []
-    snaps = list_snapshots(folder)
-    complete = [s for s in snaps if s.complete]
-    if not complete:
-        return []
-    keep = {s.step for s in complete[-keep_newest:]}
-    if keep_best_metric:
-        best = _best(complete, keep_best_metric)
-        if best is not None:
-            keep.add(best.step)
-    deleted = []
-    for snap in snaps:
-        if snap.step in keep or snap.step >= complete[-1].step:
-            continue
-        for path in sorted(snap.files.values()):
-            if path.endswith(SUFFIX):
-                for p in (path, meta_path(path)):
-                    try:
-                        os.unlink(p)
-                    except FileNotFoundError:
-                        continue
-                    deleted.append(p)
-    return deleted
-
-
-# ---------------------------------------------------------------------------------------------
-# Command line: python -m singa.checkpoint ls|show|diff
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="singa-checkpoint",
-                                 description="Inspect SINGA checkpoints without building a net.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("ls", help="list the snapshots of a workspace").add_argument(
-        "folder", help="workspace or its checkpoint folder")
-    sub.add_parser("show", help="show a snapshot file's params").add_argument("file")
-    d = sub.add_parser("diff", help="compare two snapshot files param by param")
-    d.add_argument("a")
-    d.add_argument("b")
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "ls":
-            return _cmd_ls(args.folder)
-        if args.cmd == "show":
-            return _cmd_show(args.file)
-        return _cmd_diff(args.a, args.b)
-    except SingaError as e:
-        print(f"singa-checkpoint: {e}", file=sys.stderr)
-        return e.exit_code
-
-
-def _cmd_ls(folder):
-    if os.path.isdir(os.path.join(folder, "checkpoint")):
-        folder = os.path.join(folder, "checkpoint")
-    snaps = list_snapshots(folder)
-    print(f"checkpoint folder {folder}")
-    for s in snaps:
-        status = ("complete" + ("" if s.verified else "  unverified (SINGA)")
-                  if s.complete else "INCOMPLETE")
-        metrics = "  ".join(f"{k}={v:.6g}" for k, v in s.metrics.items())
-        workers = ",".join(map(str, sorted(s.files))) or "-"
-        print(f"step{s.step}  workers {workers}  {status}  {metrics}".rstrip())
-        for p in s.problems:
-            print(f"    {p}")
-    complete = [s for s in snaps if s.complete]
-    print(f"latest: step{complete[-1].step}" if complete else "latest: none (no complete snapshot)")
-    bests = [(m, _best(complete, m)) for m in ("accuracy", "loss")]
-    for metric, best in bests:
-        if best is not None:
-            print(f"best ({metric}): step{best.step}")
-    if all(best is None for _, best in bests):
-        print("best: none (no complete snapshot records a test metric)")
-    return 0
-
-
-def _cmd_show(path):
-    r = CheckpointReader(path)
-    print(f"file {r.path}")
-    print(f"step {r.step if r.step is not None else 'unknown'}")
-    print("checksum ok" if r.verified else "unverified (SINGA)")
-    if r.nworkers is not None:
-        print(f"nworkers {r.nworkers}")
-    if r.metrics:
-        print("metrics " + "  ".join(f"{k}={v:.6g}" for k, v in r.metrics.items()))
-    if r.state is not None:
-        s = r.state
-        print(f"state: {len(s.param_state)} updater states, {len(s.rng)} RNGs, "
-              f"{len(s.reader)} readers, lr_index {s.lr_index}")
-    rows = [(n, str(shape), dtype, str(v),
-             f"{np.abs(r.param(n)).mean():.6g}" if math.prod(shape) else "-")
-            for n, shape, dtype, v in r.meta()]
-    _table([("name", "shape", "dtype", "version", "mean|x|")] + rows)
-    return 0
-
-
-def _cmd_diff(path_a, path_b):
-    a, b = CheckpointReader(path_a), CheckpointReader(path_b)
-    names_a, names_b = set(a.names), set(b.names)
-    rows = []
-    for name in a.names + [n for n in b.names if n not in names_a]:
-        if name not in names_b:
-            text = "only in a"
-        elif name not in names_a:
-            text = "only in b"
-        elif a.shape(name) != b.shape(name):
-            text = f"shape differs: {a.shape(name)} vs {b.shape(name)}"
-        else:
-            va, vb = a.param(name), b.param(name)
-            text = ("same" if np.array_equal(va, vb, equal_nan=True)
-                    else f"max abs diff {np.abs(va - vb).max():.6g}")
-            if a.version(name) != b.version(name):
-                text += f"  (version {a.version(name)} vs {b.version(name)})"
-        rows.append((name, text))
-    same = all(text == "same" for _, text in rows)
-    _table(rows)
-    print("identical" if same else "different")
-    return 0 if same else 1
-
-
-def _table(rows):
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
