@@ -163,7 +163,7 @@ class Worker:
         updater state on a resume); every worker then Gets what it lacks."""
         job, net = self.job, self.train_net
         own = self.resume.readers.get(self.id) if self.resume is not None else None
-        state = own.state if own is not None else None
+        state = own.snapshot_state(buffers=False) if own is not None else None
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
@@ -185,7 +185,7 @@ class Worker:
             lr_index = state.lr_index if state is not None else -1
             nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in self.owned:
-                bufs = state.param_state.get(p.name, []) if state is not None else []
+                bufs = checkpoint.updater_state(self.resume, p) if state is not None else []
                 if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
                     log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
                                 "its state starts afresh", p.name, own.path, len(bufs), nstate)
@@ -238,7 +238,8 @@ class Worker:
             evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
         try:
-            checkpoint.write_file(path, [(p.name, p.data, p.version) for p in owners], state)
+            checkpoint.write_file(path, [(p.name, p.data, p.version, p.partition)
+                                         for p in owners], state)
         except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
             raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)

@@ -1,4 +1,4 @@
-"""What `bin/singa-checkpoint.sh` runs: `python -m singa.checkpoint ls|show|diff`."""
+"""What `bin/singa-checkpoint.sh` runs: `python -m singa.checkpoint ls|show|diff|merge`."""
 import argparse
 import math
 import os
@@ -6,9 +6,11 @@ import sys
 
 import numpy as np
 
-from singa.checkpoint.format import CheckpointReader
-from singa.checkpoint.snapshots import best_of, list_snapshots
-from singa.errors import SingaError
+from singa.checkpoint.format import (CheckpointReader, parse_step_worker, snapshot_file,
+                                     write_file)
+from singa.checkpoint.load import Joined
+from singa.checkpoint.snapshots import best_of, list_snapshots, snapshot_at
+from singa.errors import CheckpointError, SingaError
 
 
 def main(argv=None):
@@ -21,12 +23,21 @@ def main(argv=None):
     d = sub.add_parser("diff", help="compare two snapshot files param by param")
     d.add_argument("a")
     d.add_argument("b")
+    mg = sub.add_parser("merge", help="write a one-worker snapshot file (SINGA's format) from a "
+                                      "snapshot of several workers, partitioned params joined")
+    mg.add_argument("file", help="any file of the snapshot (its step's files in its folder)")
+    mg.add_argument("out", help="the file to write, or a folder for step<N>-worker0.bin")
+    mg.add_argument("--axis", type=int, default=0,
+                    help="the axis to join SINGA's pieces along where their shapes allow several "
+                         "(default 0: SINGA cuts a layer's params by rows)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "ls":
             return _cmd_ls(args.folder)
         if args.cmd == "show":
             return _cmd_show(args.file)
+        if args.cmd == "merge":
+            return _cmd_merge(args.file, args.out, args.axis)
         return _cmd_diff(args.a, args.b)
     except SingaError as e:
         print(f"singa-checkpoint: {e}", file=sys.stderr)
@@ -70,10 +81,66 @@ def _cmd_show(path):
         s = r.state
         print(f"state: {len(s.param_state)} updater states, {len(s.rng)} RNGs, "
               f"{len(s.reader)} readers, lr_index {s.lr_index}")
-    rows = [(n, str(shape), dtype, str(v),
+    pieces = _pieces(r)
+    rows = [(n, str(shape), dtype, str(v), pieces.get(n, "-"),
              f"{np.abs(r.param(n)).mean():.6g}" if math.prod(shape) else "-")
             for n, shape, dtype, v in r.meta()]
-    _table([("name", "shape", "dtype", "version", "mean|x|")] + rows)
+    _table([("name", "shape", "dtype", "version", "piece", "mean|x|")] + rows)
+    return 0
+
+
+def _pieces(r):
+    """{name: "k/parts axis a"} of the params of `r` that are pieces of a partitioned param: as
+    our files record it; in SINGA's files, those whose name other worker files of the same step
+    in the same folder hold too ("k/parts", by worker order, the axis unrecorded)."""
+    out = {}
+    for n in r.names:
+        if r.piece(n) is not None:
+            axis, k, parts = r.piece(n)
+            out[n] = f"{k}/{parts} axis {axis}"
+    sw = parse_step_worker(r.path)
+    if out or r.verified or sw is None:
+        return out
+    folder = os.path.dirname(r.path)
+    holders = {}
+    for name in sorted(os.listdir(folder or ".")):
+        other = parse_step_worker(name)
+        if other is not None and other[0] == sw[0] and other[1] != sw[1]:
+            for n in CheckpointReader(os.path.join(folder, name)).names:
+                holders.setdefault(n, set()).add(other[1])
+    for n in r.names:
+        if n in holders:
+            workers = sorted(holders[n] | {sw[1]})
+            out[n] = f"{workers.index(sw[1])}/{len(workers)}"
+    return out
+
+
+def _cmd_merge(path, out, axis):
+    """Join every param of the snapshot `path` belongs to and write them to one file."""
+    sw = parse_step_worker(path)
+    if sw is None:
+        raise CheckpointError(f"{path}: not a snapshot file (step<N>-worker<W>[.bin])")
+    snap = snapshot_at(os.path.dirname(path) or ".", sw[0])
+    if os.path.isdir(out):
+        out = snapshot_file(out, snap.step, 0)
+    target = out if out.endswith(".bin") else out + ".bin"
+    same = parse_step_worker(target)
+    if same and same[0] == snap.step and os.path.samefile(os.path.dirname(target) or ".",
+                                                          os.path.dirname(path) or "."):
+        raise CheckpointError(f"merge: {target} would be a file of the snapshot it merges; "
+                              f"write it to another folder")
+    entries = {}
+    for _, r in sorted(snap.readers.items()):
+        for n in r.names:
+            entries.setdefault(n, []).append((r, n))
+    params = []
+    for name, es in entries.items():
+        joined = Joined(name, es, prefer=axis)
+        params.append((name, joined.whole(), min(r.version(n) for r, n in es)))
+        how = (f"joined from {len(es)} pieces along axis {joined.axis}" if len(es) > 1
+               else "whole")
+        print(f"{name}  {joined.shape}  {how}")
+    print(f"wrote {write_file(out, params)}")
     return 0
 
 

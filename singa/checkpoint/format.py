@@ -91,14 +91,23 @@ class CheckpointWriter:
         self._names = set()
         self._closed = False
 
-    def write(self, name, array, version):
-        """Append param `name` (values as float32, row-major) with its `version`."""
+    def write(self, name, array, version, piece=None):
+        """Append param `name` (values as float32, row-major) with its `version`; `piece` =
+        (axis, k, parts) when it is piece k of a model-partitioned param (SINGA's layout: the
+        pieces share the name across the worker files; we record which piece in field 309)."""
         if name in self._names:
             raise ValueError(f"param {name} written twice to {self.path}")
+        a = _float32(array)
+        if piece is not None:
+            axis, k, parts = piece
+            if not (0 <= axis < a.ndim and 0 <= k < parts):
+                raise ValueError(f"param {name} of shape {a.shape}: no piece {k} of {parts} "
+                                 f"along axis {axis}")
+            self._msg.piece.add(name=name, axis=axis, k=k, parts=parts)
         self._names.add(name)
         self._msg.version.append(version)
         self._msg.name.append(name)
-        self._arrays.append(_float32(array))
+        self._arrays.append(a)
 
     def set_state(self, state):
         """Store a `SnapshotState` in our fields (SINGA ignores them)."""
@@ -163,7 +172,8 @@ class CheckpointWriter:
 
     def _meta_text(self, size, crc):
         m = self._msg
-        lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version",
+        lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version; "
+                 "piece lines name, axis, k, parts",
                  f"file {os.path.basename(self.path)}", f"bytes {size}", f"crc32 {crc:08x}"]
         for field in ("step", "nworkers", "lr_index"):
             if m.HasField(field):
@@ -171,6 +181,7 @@ class CheckpointWriter:
         lines += [f"metric {n} {v!r}" for n, v in zip(m.metric_name, m.metric_value)]
         lines += [f"param\t{n}\t{','.join(map(str, a.shape))}\tfloat32\t{v}"
                   for n, v, a in zip(m.name, m.version, self._arrays)]
+        lines += [f"piece\t{p.name}\t{p.axis}\t{p.k}\t{p.parts}" for p in m.piece]
         return ("\n".join(lines) + "\n").encode()
 
     def __enter__(self):
@@ -182,10 +193,11 @@ class CheckpointWriter:
 
 
 def write_file(path, params, state=None):
-    """Write a snapshot file: `params` = iterable of (name, ndarray, version); `state` optional."""
+    """Write a snapshot file: `params` = iterable of (name, ndarray, version) or (name,
+    ndarray, version, piece) with piece as in `CheckpointWriter.write`; `state` optional."""
     with CheckpointWriter(path) as w:
-        for name, array, version in params:
-            w.write(name, array, version)
+        for name, array, version, *piece in params:
+            w.write(name, array, version, *piece)
         if state is not None:
             w.set_state(state)
     return w.path
@@ -285,13 +297,14 @@ def fsync_dir(folder):
 
 def read_meta(path):
     """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
-    params [(name, shape, dtype, version)]; missing keys are absent."""
+    params [(name, shape, dtype, version)], pieces {name: (axis, k, parts)}; missing keys are
+    absent."""
     try:
         with open(path, "rb") as f:   # at most 16 MiB, and never a buffer larger than the file
             text = f.read(min(os.fstat(f.fileno()).st_size, 1 << 24)).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read checkpoint meta {path}: {e}") from None
-    meta = {"metrics": {}, "params": []}
+    meta = {"metrics": {}, "params": [], "pieces": {}}
     for i, line in enumerate(text.splitlines(), 1):
         try:
             if not line or line.startswith("#"):
@@ -300,6 +313,10 @@ def read_meta(path):
                 _, name, shape, dtype, version = line.split("\t")
                 meta["params"].append(
                     (name, tuple(int(d) for d in shape.split(",") if d), dtype, int(version)))
+            elif line.startswith("piece\t"):
+                _, name, *piece = line.split("\t")
+                axis, k, parts = map(int, piece)
+                meta["pieces"][name] = (axis, k, parts)
             elif line.startswith("metric "):
                 _, name, value = line.split(" ")
                 meta["metrics"][name] = float(value)
@@ -340,11 +357,21 @@ class CheckpointReader:
     @property
     def state(self):
         """The file's SnapshotState, or None when it carries none (SINGA's files)."""
+        return self.snapshot_state()
+
+    def snapshot_state(self, buffers=True):
+        """The file's SnapshotState (None for SINGA's files); without its updater buffers
+        (`param_state` empty) unless `buffers`."""
         c = self._contents
         if not c.msg.HasField("step"):
             return None
-        return _state.decode(c.msg, {name: [_array(*b, copy=True) for b in buffers]
-                                     for name, buffers in c.param_state})
+        return _state.decode(c.msg, {name: [_array(*b, copy=True) for b in bufs]
+                                     for name, bufs in c.param_state} if buffers else {})
+
+    def buffers(self, name):
+        """Views of the updater buffers stored for param `name` ([] when none)."""
+        return [_array(*b, copy=False) for n, bufs in self._contents.param_state if n == name
+                for b in bufs]
 
     @property
     def names(self):
@@ -374,7 +401,16 @@ class CheckpointReader:
 
     def copy_param(self, name, out):
         """Copy the values of param `name` into array `out` (of the stored shape)."""
-        np.copyto(out, _array(*self._contents.blobs[self._i(name)], copy=False))
+        np.copyto(out, self.view(name))
+
+    def view(self, name):
+        """The values of param `name` without a copy (read-only for our files)."""
+        return _array(*self._contents.blobs[self._i(name)], copy=False)
+
+    def piece(self, name):
+        """(axis, k, parts) when param `name` is piece k of a model-partitioned param the file
+        records as such, else None (the whole param, or SINGA's files, which record nothing)."""
+        return self._contents.pieces.get(name)
 
     def _i(self, name):
         try:
@@ -393,6 +429,7 @@ class _Contents:
     blobs: list                 # entry i of msg.name
     param_state: list           # [(name, [(shape, raw)])], field 301
     index: dict                 # name -> i
+    pieces: dict                # name -> (axis, k, parts), field 309
 
 
 def _load(path):
@@ -415,7 +452,8 @@ def _load(path):
             _check_blob(path, f"updater state {i} of {name}", *blob)
     _state.check(path, msg, {name: blobs[i][0] for name, i in index.items()},
                  [(name, [shape for shape, _ in buffers]) for name, buffers in param_state])
-    return _Contents(len(data), verified, msg, blobs, param_state, index)
+    return _Contents(len(data), verified, msg, blobs, param_state, index,
+                     _check_pieces(path, msg, blobs, index))
 
 
 def _parse(path, data):
@@ -443,7 +481,7 @@ def _parse(path, data):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
     if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
                           else len(getattr(msg, f))
-                          for f in _state.FIELDS if f != "param_state"):
+                          for f in _state.FIELDS + ("piece",) if f != "param_state"):
         raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
     return False, msg, blobs, param_state
 
@@ -584,3 +622,18 @@ def _array(shape, raw, copy):
         a = np.frombuffer(raw, dtype="<f4").reshape(shape)
         return a.astype(np.float32) if copy else a
     return np.array(raw, dtype=np.float32).reshape(shape)
+
+
+def _check_pieces(path, msg, blobs, index):
+    """{name: (axis, k, parts)} of field 309: each names a param of the file once, with an
+    axis it has and 0 <= k < parts."""
+    pieces = {}
+    for p in msg.piece:
+        shape = blobs[index[p.name]][0] if p.name in index else None
+        if shape is None or p.name in pieces or not (0 <= p.axis < len(shape) and
+                                                     0 <= p.k < p.parts):
+            raise CheckpointError(f"checkpoint {path}: bad partition piece record of param "
+                                  f"{p.name} (piece {p.k} of {p.parts} along axis {p.axis}"
+                                  f"{'' if shape is None else f', shape {shape}'})")
+        pieces[p.name] = (p.axis, p.k, p.parts)
+    return pieces

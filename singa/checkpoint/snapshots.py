@@ -38,7 +38,9 @@ def list_snapshots(folder, nworkers=None, log=None):
 
 
 def _files_by_step(folder, nworkers=None, log=None):
-    """{step: {worker: path}} of the snapshot files in `folder`, without workers >= `nworkers`."""
+    """{step: {worker: path}} of the snapshot files in `folder`, without the files of workers
+    >= `nworkers` unless workers 0..W all have one (a snapshot of more workers than the job's,
+    whose pieces a job of fewer workers joins)."""
     try:
         names = sorted(os.listdir(folder))
     except OSError as e:
@@ -48,14 +50,20 @@ def _files_by_step(folder, nworkers=None, log=None):
         sw = parse_step_worker(name)
         if sw is None:
             continue
-        if nworkers is not None and sw[1] >= nworkers:
-            if log is not None:
-                log(f"Ignoring checkpoint file {os.path.join(folder, name)}: worker {sw[1]} is "
-                    f"beyond the job's {nworkers} workers")
-            continue
         files = by_step.setdefault(sw[0], {})
         if sw[1] not in files or name.endswith(SUFFIX):
             files[sw[1]] = os.path.join(folder, name)
+    if nworkers is None:
+        return by_step
+    for step, files in sorted(by_step.items()):
+        run = next(w for w in range(len(files) + 1) if w not in files)
+        for w in sorted(w for w in files if w >= max(nworkers, run)):
+            if log is not None:
+                log(f"Ignoring checkpoint file {files[w]}: worker {w} is beyond the job's "
+                    f"{nworkers} workers")
+            del files[w]
+        if not files:
+            del by_step[step]
     return by_step
 
 
@@ -74,7 +82,7 @@ def _snapshot(folder, step, files, nworkers, keep_readers=True):
     recorded = {r.nworkers for r in readers.values() if r.nworkers}
     if len(recorded) > 1:
         problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
-    expected = max(recorded) if recorded else nworkers or max(files) + 1
+    expected = max(recorded) if recorded else max(nworkers or 0, max(files) + 1)
     missing = expected - sum(1 for w in files if w < expected)
     if missing:
         first = next(w for w in range(len(files) + 1) if w not in files)
@@ -92,6 +100,18 @@ def _snapshot(folder, step, files, nworkers, keep_readers=True):
     metrics = readers[0].metrics if 0 in readers else {}
     return Snapshot(step, files, expected, not problems, problems, verified, metrics,
                     readers if keep_readers and not problems else {})
+
+
+def snapshot_at(folder, step):
+    """The complete snapshot of `step` in `folder`, its files parsed; else a CheckpointError
+    naming the first problem."""
+    files = _files_by_step(folder).get(step)
+    if files is None:
+        raise CheckpointError(f"no snapshot of step {step} in {folder}")
+    snap = _snapshot(folder, step, files, None)
+    if not snap.complete:
+        raise CheckpointError(f"snapshot step{step} in {folder} is incomplete: {snap.problems[0]}")
+    return snap
 
 
 def latest_snapshot(folder, nworkers=None, log=None):

@@ -507,7 +507,8 @@ def paths(entries, workspace, **kw):
 
 
 def net_params(shapes):
-    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1) for n, s in shapes}
+    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1, partition=None)
+            for n, s in shapes}
 
 
 def test_load_params_from_singa_files_later_wins():
@@ -516,7 +517,7 @@ def test_load_params_from_singa_files_later_wins():
     log = []
     files = [f"{FIX}/run-1worker/step100-worker0", f"{FIX}/run-1worker/step200-worker0"]
     loaded = ckpt.load_params(files, ps, log.append)
-    assert loaded == dict.fromkeys(FIX_NAMES, files[1])
+    assert loaded == dict.fromkeys(FIX_NAMES, (files[1],))
     assert ps["0#weight1"].data is keep and ps["0#weight1"].version == 199
     np.testing.assert_array_equal(keep, ckpt.CheckpointReader(files[1]).param("0#weight1"))
     assert log[:2] == [f"Load from checkpoint file {f}" for f in files]
@@ -528,7 +529,7 @@ def test_load_params_matches_01_plain_names(tmp_path):
     path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"),
                            [("w1", np.ones((4, 3)), 9), ("b1", np.ones(4), 9), ("0#b1", np.full(4, 2), 8)])
     ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
-    assert ckpt.load_params([path], ps) == {"0#w1": path, "0#b1": path}
+    assert ckpt.load_params([path], ps) == {"0#w1": (path,), "0#b1": (path,)}
     assert ps["0#w1"].version == 9 and ps["0#b1"].data.tolist() == [2, 2, 2, 2]
 
 
