@@ -3,12 +3,15 @@
 A snapshot of step N is one file per group-0 worker W,
 `<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
 Each file is one `BlobProtos`: SINGA's fields (entry i of `version`, `name`, `blob` belong
-together, as Worker::Checkpoint writes them), then our additions (step, updater, RNG and reader state, LR index, worker
-count, test metrics, whether the step's evaluation ran: fields 300-308) and last a CRC-32 trailer (field 310):
-`payload + b"\\xb5\\x13" + crc32(payload)` as little-endian uint32, payload = all bytes before it.
-Beside it `step<N>-worker<W>.meta` (the `.bin` suffix replaced; `<path>.meta` for SINGA's
-suffix-less files) lists, as text, the file's size and CRC, the step and one line per param:
-`param<TAB>name<TAB>shape<TAB>dtype<TAB>version`, shape as `64,784`.
+together, as Worker::Checkpoint writes them), then our additions (fields 300-308: step,
+updater, RNG and reader state, LR index, worker count, test metrics, whether the step's
+evaluation ran, see `state`; 309: which entries are pieces of a model-partitioned param) and
+last a CRC-32 trailer (field 310): `payload + b"\\xb5\\x13" + crc32(payload)` as
+little-endian uint32, payload = all bytes before it. Beside it `step<N>-worker<W>.meta` (the
+`.bin` suffix replaced; `<path>.meta` for SINGA's suffix-less files) lists, as text, the
+file's size and CRC, the step, one line per param
+`param<TAB>name<TAB>shape<TAB>dtype<TAB>version` (shape as `64,784`) and one per piece
+`piece<TAB>name<TAB>axis<TAB>k<TAB>parts`.
 
 A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB): the values
 (packed floats of blobs and updater buffers) are located by hand and viewed in place, with

@@ -59,7 +59,8 @@ def singa_partitioned(tmp_path):
     return folder, {n: a for n, (a, _) in whole.items()}
 
 
-def test_singa_partitioned_snapshot_resumes_into_one_worker_joined_in_worker_order(singa_partitioned):
+def test_singa_partitioned_snapshot_resumes_into_one_worker_joined_in_worker_order(
+        singa_partitioned):
     folder, whole = singa_partitioned
     snap = ckpt.latest_snapshot(str(folder), nworkers=1)
     assert snap.complete and sorted(snap.readers) == [0, 1]
@@ -152,7 +153,8 @@ def test_a_piece_record_that_names_no_param_is_refused(tmp_path):
     (["step30-worker0.bin", "step30-worker1.bin"], param("0#w", (12, 6)),
      r"param 0#w joins into shape \(10, 6\), the net expects \(12, 6\)"),
     (["step30-worker0.bin", "step30-worker1.bin"], param("0#w", (4, 6), (0, 0, 2)),
-     r"param 0#w joins into shape \(10, 6\), the net expects \(4, 6\) as piece 0 of 2 along axis 0"),
+     r"param 0#w joins into shape \(10, 6\), the net expects \(4, 6\) as piece 0 of 2 "
+     r"along axis 0"),
 ])
 def test_pieces_that_do_not_make_the_param_are_one_line_errors(tmp_path, files, target, message):
     write_pieces(tmp_path, 2)
@@ -174,7 +176,8 @@ def test_one_singa_piece_is_never_taken_for_the_whole(singa_partitioned):
     folder, _ = singa_partitioned
     with pytest.raises(CheckpointError, match=r"param 0#weight1 has shape \(32, 784\), the net "
                                               r"expects \(64, 784\)"):
-        ckpt.load_params([str(folder / "step200-worker1")], {"0#weight1": param("0#weight1", (64, 784))})
+        ckpt.load_params([str(folder / "step200-worker1")],
+                         {"0#weight1": param("0#weight1", (64, 784))})
 
 
 def test_equal_singa_pieces_without_a_target_are_ambiguous_unless_an_axis_is_preferred(tmp_path):
@@ -231,7 +234,8 @@ def test_cli_merge_writes_a_one_worker_snapshot_singa_reads(tmp_path, singa_part
 
 def test_cli_merge_mistakes_exit_2_with_one_line(tmp_path, singa_partitioned):
     folder, _ = singa_partitioned
-    for args, what in [((str(folder / "step200-worker0"), str(folder)), "would be a file of the snapshot"),
+    for args, what in [((str(folder / "step200-worker0"), str(folder)),
+                        "would be a file of the snapshot"),
                        ((str(tmp_path / "nope.bin"), str(tmp_path)), "not a snapshot file")]:
         out = cli("merge", *args)
         assert out.returncode == 2 and what in out.stderr
