@@ -77,14 +77,16 @@ def test_singa_partitioned_snapshot_resumes_into_one_worker_joined_in_worker_ord
     assert f"Param 0#weight2: loaded from {folder}/step200-worker0" in log
 
 
-def test_singa_pieces_recut_for_three_workers(singa_partitioned):
+@pytest.mark.parametrize("parts", [2, 3])
+def test_singa_pieces_recut_for_two_and_three_workers(singa_partitioned, parts):
     folder, whole = singa_partitioned
     log = []
-    for p in pieces_of("0#weight1", (64, 784), 3):
+    for p in pieces_of("0#weight1", (64, 784), parts):
         ckpt.load_params([str(folder / "step200-worker0"), str(folder / "step200-worker1")],
                          {p.name: p}, log.append)
-        np.testing.assert_array_equal(p.data, np.array_split(whole["0#weight1"], 3)[p.partition[1]])
-    assert log[-1].endswith("[32:64], rows 43:64")
+        np.testing.assert_array_equal(p.data,
+                                      np.array_split(whole["0#weight1"], parts)[p.partition[1]])
+    assert log[-1].endswith(f"[32:64], rows {64 - 64 // parts}:64")
 
 
 def test_singa_pieces_of_a_transposed_weight_join_along_columns(tmp_path):
@@ -125,6 +127,18 @@ def test_two_piece_snapshot_loads_into_any_number_of_pieces(tmp_path, parts):
         (buf,) = ckpt.updater_state(snap, ps["0#w"])
         np.testing.assert_array_equal(buf, np.array_split(hist, parts)[k])
         assert ckpt.updater_state(snap, ps["0#b"]) == []
+
+
+def test_row_pieces_cut_anew_by_columns(tmp_path):
+    w, _, hist = write_pieces(tmp_path, 2)
+    snap = ckpt.latest_snapshot(str(tmp_path))
+    for k in range(4):
+        cols = np.array_split(w, 4, axis=1)[k]
+        p = param("0#w", cols.shape, (1, k, 4))
+        ckpt.load_params(snap.readers.values(), {"0#w": p})
+        np.testing.assert_array_equal(p.data, cols)
+        np.testing.assert_array_equal(ckpt.updater_state(snap, p)[0],
+                                      np.array_split(hist, 4, axis=1)[k])
 
 
 def test_pieces_are_recorded_in_the_file_and_its_meta(tmp_path):
