@@ -106,7 +106,11 @@ def _pieces(r):
     for name in sorted(os.listdir(folder or ".")):
         other = parse_step_worker(name)
         if other is not None and other[0] == sw[0] and other[1] != sw[1]:
-            for n in CheckpointReader(os.path.join(folder, name)).names:
+            try:
+                names = CheckpointReader(os.path.join(folder, name)).names
+            except CheckpointError:     # `ls` reports it; `show` is about this file
+                continue
+            for n in names:
                 holders.setdefault(n, set()).add(other[1])
     for n in r.names:
         if n in holders:
@@ -125,22 +129,23 @@ def _cmd_merge(path, out, axis):
         out = snapshot_file(out, snap.step, 0)
     target = out if out.endswith(".bin") else out + ".bin"
     same = parse_step_worker(target)
-    if same and same[0] == snap.step and os.path.samefile(os.path.dirname(target) or ".",
-                                                          os.path.dirname(path) or "."):
+    if same and same[0] == snap.step and (os.path.realpath(os.path.dirname(target) or ".") ==
+                                          os.path.realpath(os.path.dirname(path) or ".")):
         raise CheckpointError(f"merge: {target} would be a file of the snapshot it merges; "
                               f"write it to another folder")
     entries = {}
     for _, r in sorted(snap.readers.items()):
         for n in r.names:
             entries.setdefault(n, []).append((r, n))
-    params = []
+    params, lines = [], []
     for name, es in entries.items():
         joined = Joined(name, es, prefer=axis)
         params.append((name, joined.whole(), min(r.version(n) for r, n in es)))
         how = (f"joined from {len(es)} pieces along axis {joined.axis}" if len(es) > 1
                else "whole")
-        print(f"{name}  {joined.shape}  {how}")
-    print(f"wrote {write_file(out, params)}")
+        lines.append(f"{name}  {joined.shape}  {how}")
+    path = write_file(out, params)
+    print("\n".join(lines + [f"wrote {path}"]))
     return 0
 
 
