@@ -138,7 +138,7 @@ class Joined:
             raise self._error(f": the files record different cuts {recorded}")
         parts = recorded[0][2]
         ks = sorted(p[1] for p in recorded)
-        if ks != list(range(parts)):
+        if len(ks) != parts or ks != list(range(parts)):   # a file's `parts` may be huge
             raise self._error(f": the files hold pieces {ks} of {parts}, not all")
         return [e for _, e in sorted(zip((p[1] for p in recorded), self.entries))]
 

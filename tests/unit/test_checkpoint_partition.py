@@ -254,3 +254,10 @@ def test_cli_merge_mistakes_exit_2_with_one_line(tmp_path, singa_partitioned):
         out = cli("merge", *args)
         assert out.returncode == 2 and what in out.stderr
         assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_a_huge_recorded_piece_count_is_one_line_error(tmp_path):
+    ckpt.write_file(str(tmp_path / "step1-worker0.bin"),
+                    [("0#w", np.ones((2, 2)), 1, (0, 0, 2**31 - 1))])
+    with pytest.raises(CheckpointError, match=r"pieces \[0\] of 2147483647, not all"):
+        ckpt.load_params([str(tmp_path / "step1-worker0.bin")], {"0#w": param("0#w", (2, 2))})
