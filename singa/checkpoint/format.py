@@ -402,10 +402,6 @@ class CheckpointReader:
         return {n: (_array(*blob, copy=True), v)
                 for n, v, blob in zip(c.msg.name, c.msg.version, c.blobs)}
 
-    def copy_param(self, name, out):
-        """Copy the values of param `name` into array `out` (of the stored shape)."""
-        np.copyto(out, self.view(name))
-
     def view(self, name):
         """The values of param `name` without a copy (read-only for our files)."""
         return _array(*self._contents.blobs[self._i(name)], copy=False)
