@@ -185,6 +185,7 @@ class Driver:
             transport.close()
             raise
         self.process = process
+        del resume      # the workers hold the snapshot's parsed files only until they load them
         if process.train_net is not None:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
                 f.write(process.train_net.to_json())
