@@ -34,19 +34,19 @@ def seeds(job, n):
 
 def resume_from(job, folder):
     """-resume (SINGA's Trainer::Resume): set `job` to continue from the newest complete
-    snapshot in `folder` (ours: verified, every worker's file); {worker id: its file}, or {}
-    when there is none (a fresh start)."""
+    snapshot in `folder` (ours: verified, every worker's file); that Snapshot, its files
+    parsed, or None when there is none (a fresh start)."""
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
-        return {}
+        return None
     job.step = snap.step
     if not job.HasField("reset_param_version"):
         job.reset_param_version = False
     del job.checkpoint_path[:]
     job.checkpoint_path.extend(snap.files[w] for w in sorted(snap.files))
     log.info("Resume from step %d", snap.step)
-    return dict(snap.files)
+    return snap
 
 
 def slice_table(job, owners):
@@ -76,7 +76,7 @@ class Process:
     Gets from the servers. Every net numbers its params from 0 over all its partitions, so a
     param's id names it in every process. Test and validation nets are partitioned the same
     way: every worker of group 0 runs its partition of them.
-    `resume` maps worker id -> its file of the snapshot being resumed; `membership` is handed
+    `resume` is the Snapshot being resumed (from `resume_from`); `membership` is handed
     to the workers (ZooKeeper's server-group membership, or None). A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
@@ -138,13 +138,12 @@ class Process:
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
                                None if single else served[g])
                         for g, s in cluster.servers_of(cl, pid)]
-        resume = resume or {}
         cls = worker_class(job)
         self.workers = [
             cls(self.ctx, endpoint, g, j, job, net,
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
-                init_rng=copy.deepcopy(rngs[0]), resume=resume.get(j) if g == 0 else None,
+                init_rng=copy.deepcopy(rngs[0]), resume=resume if g == 0 else None,
                 membership=membership)
             for (g, j), net in nets.items()]
         farewells = {} if single else {

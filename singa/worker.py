@@ -48,8 +48,8 @@ def worker_class(job):
 class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
-    `init_rng` draws the initial values of the params this worker owns; `resume` is the path of
-    its file in the snapshot a -resume continues from (None: a fresh start); `membership`
+    `init_rng` draws the initial values of the params this worker owns; `resume` is the
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); `membership`
     (ZooKeeper's server-group membership, or None) has `join(worker)` and `leave(worker)`.
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
@@ -207,35 +207,37 @@ class Worker:
         `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
         updater state on a resume); every worker then Gets what it lacks."""
         job, net = self.job, self.train_net
-        state = checkpoint.CheckpointReader(self.resume).state if self.resume else None
+        own = self.resume.readers.get(self.id) if self.resume is not None else None
+        state = own.snapshot_state(buffers=False) if own is not None else None
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
         if self.grp == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
-            paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
-                                                        job.cluster.workspace, log.warning,
-                                                        job.cluster.nworkers_per_group)
-            loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
+            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
+                                                    job.cluster.workspace, log.warning,
+                                                    job.cluster.nworkers_per_group, self.resume)
+            loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
             self.init_fresh([p for p in self.owned if p.name not in loaded], set(loaded), job.step)
             for p in self.owned:
                 if p.name in loaded:
                     if job.reset_param_version:
                         p.version = job.step
-                elif paths:
+                elif files:
                     log.info("Param %s: freshly initialised (%s)", p.name,
                              job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
             nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in self.owned:
-                bufs = state.param_state.get(p.name, []) if state is not None else []
+                bufs = checkpoint.updater_state(self.resume, p) if state is not None else []
                 if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
                     log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
-                                "its state starts afresh", p.name, self.resume, len(bufs), nstate)
+                                "its state starts afresh", p.name, own.path, len(bufs), nstate)
                     bufs = []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
+        self.resume = None     # frees the snapshot's file bytes (once every worker is done)
         for p in net.params:
             self.get(job.warmup_steps, p)
 
@@ -309,7 +311,8 @@ class Worker:
             evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
         try:
-            checkpoint.write_file(path, [(p.name, p.data, p.version) for p in owners], state)
+            checkpoint.write_file(path, [(p.name, p.data, p.version, p.partition)
+                                         for p in owners], state)
         except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
             raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)
