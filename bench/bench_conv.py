@@ -5,8 +5,8 @@
 Ours: examples/mnist/conv.conf (batch 64, on SINGA's train-1000.bin shard) and SINGA's
 cifar10/job.conf net (bench/cifar10_job.conf, batch 100, on random 3x32x32 records written to
 a temporary shard), built by `runtime.Process` with server and stub threads, a step being
-`train_one_batch` then `collect_all` (bench_mlp_step.Runtime). The cifar10 net's kLRN layers
-are dropped (their sources rewired), as the references have none. References:
+`train_one_batch` then `collect_all` (bench_mlp_step.Runtime); the references have the same
+layers, LRN included. References:
 `conv_reference.numpy_step` and, when torch is installed, `torch_step` with torch's threads set
 to os.cpu_count(); interleaved rounds, medians per side. Target: ours / torch <= 1.3.
 The bench measures; it exits 0 whatever the ratio.
@@ -18,7 +18,6 @@ import sys
 import tempfile
 
 import numpy as np
-from google.protobuf import text_format
 
 import conv_reference
 from bench_mlp_step import FIXTURES, Runtime, interleaved, print_blas, print_table, profile
@@ -39,7 +38,8 @@ def conv_job(net, workspace):
         job, shard, batch = config.load_job(LENET_CONF, check_paths=False), \
             os.path.join(FIXTURES, "train-1000.bin"), 64
     else:
-        job, shard, batch = _cifar10_job(), os.path.join(workspace, "cifar10.bin"), 100
+        job, shard, batch = config.load_job(CIFAR10_CONF, check_paths=False), \
+            os.path.join(workspace, "cifar10.bin"), 100
         _random_images(shard, 1000, (3, 32, 32))
     for layer in job.neuralnet.layer:
         if layer.type == job_pb2.kRecordInput:
@@ -50,21 +50,6 @@ def conv_job(net, workspace):
     for sub in ("checkpoint", "visualization"):
         os.makedirs(os.path.join(workspace, sub), exist_ok=True)
     return job
-
-
-def _cifar10_job():
-    with open(CIFAR10_CONF) as f:
-        text = f.read()
-    job = text_format.Parse(text, job_pb2.JobProto())     # without LRN, as the references
-    layers = job.neuralnet.layer
-    lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
-    keep = [l for l in layers if l.type != job_pb2.kLRN]
-    for l in keep:
-        l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
-    del layers[:]
-    layers.extend(keep)
-    text = text_format.MessageToString(job)
-    return config.parse_job(text, CIFAR10_CONF, check_paths=False)
 
 
 def _random_images(path, n, shape):
@@ -89,8 +74,7 @@ def bench(net, args):
             sides["torch cpu"] = torch_step
         med = interleaved(sides, args.rounds, args.steps)
         ours = med["ours (full runtime)"]
-        lrn = "" if net == "lenet" else ", without LRN"
-        print(f"{net} step, batch {batch}{lrn}, {args.rounds} rounds x {args.steps} steps per "
+        print(f"{net} step, batch {batch}, {args.rounds} rounds x {args.steps} steps per "
               f"side, median ms/step:")
         print_table([[name, f"{t * 1e3:.2f}", f"{ours / t:.3f}"] for name, t in med.items()],
                     ["side", "ms/step", "ours / side"])
