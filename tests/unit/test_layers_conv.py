@@ -189,3 +189,17 @@ def test_max_pooling_breaks_ties_in_row_major_order_like_caffe():
     layer.grad[...] = 5
     layer.compute_gradient(BACKWARD, [src])
     np.testing.assert_array_equal(src.grad[0, 0], [[0, 5], [0, 0]])
+
+
+def test_max_pooling_adds_the_gradients_of_windows_sharing_their_maximum():
+    # Windows of 3 at stride 2 share column 2, where the maximum of both is.
+    x = np.zeros((1, 1, 3, 5), np.float32)
+    x[0, 0, 1, 2] = 1
+    src = Source(x)
+    layer = make_layer(pool_conf(kernel=3, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = [[[[2, 3]]]]
+    layer.compute_gradient(BACKWARD, [src])
+    want = np.zeros((3, 5))
+    want[1, 2] = 5
+    np.testing.assert_array_equal(src.grad[0, 0], want)
