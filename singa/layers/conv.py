@@ -209,7 +209,6 @@ class PoolingLayer(Layer):
                               f"than the kernel ({kh}, {kw})")
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
-        self.taps = _taps(kh, kw, sh, sw, oh, ow)
         self.data = np.zeros((n, c, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None
@@ -218,6 +217,7 @@ class PoolingLayer(Layer):
             self._xpad = np.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
             self._gpad = np.zeros_like(self._xpad)
         if self.is_max:
+            self.taps = _taps(kh, kw, sh, sw, oh, ow)
             self._windows = np.empty((len(self.taps),) + self.data.shape, np.float32)
             self._argmax = np.zeros(self.data.shape, np.min_scalar_type(kh * kw))
             self._step = np.empty_like(self._argmax)

@@ -7,6 +7,7 @@ import pytest
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.errors import ConfigError
 from singa.layers import conv
+from singa.proto import job_pb2
 
 
 def conv_conf(layer_type="kCConvolution", num_filters=3, **kw):
@@ -169,11 +170,12 @@ def direct_pool(x, reduce, kh, kw, sh, sw):
 @pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
 @pytest.mark.parametrize("window", [dict(kernel=3, stride=2),
                                     dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2)])
-def test_pooling_matches_direct_loops(pool, reduce, window):
+@pytest.mark.parametrize("flag", [FORWARD, job_pb2.kTest])
+def test_pooling_matches_direct_loops(pool, reduce, window, flag):
     x = distinct((2, 3, 7, 6))
     src = Source(x)
     layer = make_layer(pool_conf("kCPooling", pool, **window), [src])
-    layer.compute_feature(FORWARD, [src])
+    layer.compute_feature(flag, [src])
     kh = window.get("kernel", window.get("kernel_y"))
     kw = window.get("kernel", window.get("kernel_x"))
     sh = window.get("stride", window.get("stride_y"))
