@@ -51,7 +51,8 @@ def test_lrn_gradients(n, beta):
 @pytest.mark.parametrize("n", [0, 4])
 def test_lrn_refuses_an_even_window(n):
     with pytest.raises(ConfigError, match="layer 'norm': lrn_conf.local_size must be odd"):
-        make_layer(LRN.format(kind="kLRN", n=n, alpha=1, beta=0.75, k=1), [Source(inputs((1, 4, 2, 2)))])
+        make_layer(LRN.format(kind="kLRN", n=n, alpha=1, beta=0.75, k=1),
+                   [Source(inputs((1, 4, 2, 2)))])
 
 
 def test_lrn_needs_four_dimensions():
