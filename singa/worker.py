@@ -207,7 +207,10 @@ class Worker:
         `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
         updater state on a resume); every worker then Gets what it lacks."""
         job, net = self.job, self.train_net
-        own = self.resume.readers.get(self.id) if self.resume is not None else None
+        # a worker beyond the snapshot's takes worker 0's streams: dim-0 readers of every
+        # partition stand at the same place
+        own = None if self.resume is None else \
+            self.resume.readers.get(self.id, self.resume.readers.get(0))
         state = own.snapshot_state(buffers=False) if own is not None else None
         if state is not None:
             self.restore_streams(state)
@@ -275,9 +278,14 @@ class Worker:
             if name in state.rng:
                 net.rng.bit_generator.state = state.rng[name]
             for layer in net.input_layers():
-                saved = state.reader.get(f"{name}/{layer.name}")
-                if saved is not None:
-                    layer.set_state(*saved)
+                # a snapshot of another partitioning: dim-0 input partitions read every whole
+                # batch (keeping their rows), so each one's position is the unpartitioned one's
+                base = layer.name.partition("@")[0]
+                for key in (layer.name, base, f"{base}@0"):
+                    saved = state.reader.get(f"{name}/{key}")
+                    if saved is not None:
+                        layer.set_state(*saved)
+                        break
 
     def named_nets(self):
         """The nets whose streams (RNG, readers) this worker saves: its own, test, validation."""

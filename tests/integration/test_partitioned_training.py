@@ -122,3 +122,62 @@ def test_two_workers_in_two_processes_follow_the_curve_of_one(dims, fixture_job,
     diff = max(abs(a - b) for a, b in zip(curve, expected))
     print(f"{dims} in 2 processes: max loss difference over 20 steps = {diff:.2e}")
     assert diff < 1e-5
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_two_piece_snapshot_resumes_with_another_number_of_workers(workers, tmp_path, caplog):
+    """A 2-worker partition_dim 1 job's step-15 snapshot (ip1's and ip2's params in 2 pieces)
+    resumes with 1 and with 3 workers: the pieces are joined and re-cut, and training goes on
+    along the uninterrupted run's curve. (A batch of 48: SINGA gives each of K partitions
+    batchsize // K rows, so every K here reads the same rows.)"""
+    steps = {"checkpoint_freq: 100": "checkpoint_freq: 15", "batchsize: 50": "batchsize: 48"}
+    whole, _ = train_in_process(job_conf(tmp_path, "two", TWO, {**DIM1, **steps}), caplog)
+    snapshot = tmp_path / "two" / "checkpoint"
+    assert CheckpointReader(str(snapshot / "step15-worker1.bin")).param("0#weight1").shape == (32, 784)
+    cluster = "" if workers == 1 else f"nworkers_per_group: {workers} nworkers_per_procs: {workers}"
+    job = job_conf(tmp_path, "more", cluster, {**(DIM1 if workers > 1 else {}), **steps})
+    for f in os.listdir(snapshot):
+        if f.startswith("step15-"):
+            os.link(snapshot / f, tmp_path / "more" / "checkpoint" / f)
+    from singa.runtime import resume_from
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="singa"):
+        snap = resume_from(job, str(tmp_path / "more" / "checkpoint"))
+        Process(job, resume=snap).run()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("Param 0#weight1: joined from") for line in lines), lines
+    resumed = [(int(m[1]), float(m[2])) for m in map(TRAIN.fullmatch, lines) if m]
+    assert [s for s, _ in resumed] == list(range(15, STEPS))
+    diff = max(abs(loss - whole[s][1]) for s, loss in resumed)
+    print(f"2 pieces resumed in {workers} worker(s): max loss difference = {diff:.2e}")
+    assert diff < 1e-5
+
+
+def test_two_piece_snapshot_fine_tunes_one_worker_net_with_an_extra_layer(tmp_path, caplog):
+    """checkpoint_path naming both files of a 2-worker partition_dim 1 snapshot feeds a
+    1-worker net with one more layer: ip1 and ip2 joined from their pieces, the new layer
+    freshly initialised; its step-0 snapshot holds the joined values, and the loss falls."""
+    train_in_process(job_conf(tmp_path, "two", TWO, DIM1), caplog)
+    files = [tmp_path / "two" / "checkpoint" / f"step{STEPS}-worker{w}.bin" for w in (0, 1)]
+    extra = {'srclayers: "sig1"': 'srclayers: "sig3"',
+             'layer { name: "sig1" type: kSigmoid srclayers: "ip1" }':
+             'layer { name: "sig1" type: kSigmoid srclayers: "ip1" }\n'
+             '  layer { name: "ip3" type: kInnerProduct srclayers: "sig1" '
+             'innerproduct_conf { num_output: 64 }\n'
+             '    param { name: "weight3" init { type: kGaussian mean: 0 std: 0.05 } }\n'
+             '    param { name: "bias3" init { type: kConstant value: 0 } } }\n'
+             '  layer { name: "sig3" type: kSigmoid srclayers: "ip3" }'}
+    job = job_conf(tmp_path, "tuned", "", extra)
+    job.checkpoint_path.extend(str(f) for f in files)
+    job.checkpoint_freq = STEPS
+    tuned, lines = train_in_process(job, caplog)
+    for name in ("weight1", "bias1", "weight2", "bias2"):
+        assert any(line.startswith(f"Param 0#{name}: joined from {files[0]}") for line in lines)
+    assert any(line.startswith("Param 0#weight3: freshly initialised") for line in lines), lines
+    start = CheckpointReader(str(tmp_path / "tuned" / "checkpoint" / "step0-worker0.bin"))
+    pieces = [CheckpointReader(str(f)) for f in files]
+    for name in ("0#weight1", "0#bias2"):
+        np.testing.assert_array_equal(start.param(name),
+                                      np.concatenate([r.param(name) for r in pieces]))
+    losses = [loss for _, loss, _ in tuned]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]), losses
