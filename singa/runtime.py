@@ -47,6 +47,18 @@ def resume_from(job, folder):
     return dict(snap.files)
 
 
+def slice_masters(job, owners):
+    """{slice id: address of its master server}: the server of each slice in the group that
+    masters it (SINGA's slice2group and slice2server, PartitionSlices in src/driver.cc)."""
+    cl = job.cluster
+    pieces = cluster.slice_sizes(cluster.lcm(cl.nserver_groups, cl.nservers_per_group),
+                                 [p.size for p in owners])
+    sizes = [n for ps in pieces for n in ps]
+    return {sid: m.addr(g, s, m.kServer) for sid, (g, s) in enumerate(zip(
+        cluster.partition_slices(cl.nserver_groups, sizes),
+        cluster.partition_slices(cl.nservers_per_group, sizes)))}
+
+
 def slice_table(job, owners):
     """{owner param id: [(slice id, offset, size)]} and the server of each slice id."""
     cl = job.cluster
@@ -68,8 +80,10 @@ class Process:
     """The executors process `pid` of a job runs, wired to its Stub over `inproc://` sockets.
 
     Worker (g, j) runs partition j of group g's net. Nets in one process share param values
-    in memory (replicas j > 0 with partition 0, groups > 0 with group 0 under share_memory);
-    a net whose partner runs elsewhere has its own copies, which it Gets from the servers.
+    in memory (replicas j > 0 with partition 0, a later group with the first local group of
+    its server group under share_memory); a net whose partner runs elsewhere has its own
+    copies, which it Gets from the servers. Each server group's first worker group
+    initialises its params (all from the same `seed`).
     Every net numbers its params from 0, so a param's id names it in every process.
     `resume` maps worker id -> its file of the snapshot being resumed; `membership` is handed
     to the workers (ZooKeeper's server-group membership, or None). A job of several processes
@@ -84,8 +98,11 @@ class Process:
         rngs = seeds(job, 3 + G * K)   # init, test, validation, one per worker
         nets = {}
         for g, j in cluster.workers_of(cl, pid):
-            share = nets.get((g, 0)) if j > 0 else (nets.get((0, 0)) if g > 0 and cl.share_memory
-                                                    else None)
+            # the first local group of g's server group; several server groups never share
+            first = min(h for h, _ in cluster.workers_of(cl, pid)
+                        if cluster.server_group(cl, h) == cluster.server_group(cl, g))
+            share = nets.get((g, 0)) if j > 0 else (nets.get((first, 0)) if g > first and
+                                                    cl.share_memory else None)
             nets[(g, j)] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K + j], share, j,
                                      K)
         self.train_net = train = nets.get((0, 0))
@@ -125,8 +142,13 @@ class Process:
         single = cluster.nprocs(cl) == 1
         served = {sg: K * sum(cluster.server_group(cl, g) == sg for g in range(G))
                   for sg in range(cl.nserver_groups)}
+        masters = None
+        if cl.nserver_groups > 1 and cluster.servers_of(cl, pid):
+            net = next(iter(nets.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
+                                                               rngs[3])
+            masters = slice_masters(job, net.owner_params)
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
-                               None if single else served[g])
+                               None if single else served[g], masters, cl.sync_freq)
                         for g, s in cluster.servers_of(cl, pid)]
         resume = resume or {}
         cls = worker_class(job)
@@ -134,7 +156,7 @@ class Process:
             cls(self.ctx, endpoint, g, j, job, net,
                 eval_nets.get("test") if (g, j) == (0, 0) else None,
                 eval_nets.get("validation") if (g, j) == (0, 0) else None,
-                init_rng=rngs[0], resume=resume.get(j) if g == 0 else None,
+                init_rng=rngs[0] if g == 0 else seeds(job, 1)[0], resume=resume.get(j) if g == 0 else None,
                 membership=membership)
             for (g, j), net in nets.items()]
         farewells = {} if single else {

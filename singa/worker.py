@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, config, numerics
+from singa import checkpoint, cluster, config, numerics
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
@@ -158,15 +158,15 @@ class Worker:
 
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
-        """Worker::InitNetParams: on a resume restore this worker's streams; group 0 loads
-        `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
+        """Worker::InitNetParams: on a resume restore this worker's streams; the first worker
+        group of each server group loads `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
         updater state on a resume); every worker then Gets what it lacks."""
         job, net = self.job, self.train_net
         state = checkpoint.CheckpointReader(self.resume).state if self.resume else None
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
-        if self.grp == 0 and self.owned:
+        if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
             paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
                                                         job.cluster.workspace, log.warning,

@@ -16,6 +16,7 @@ from singa.proto import common_pb2
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
 kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
 kRPut, kState, kRState, kError = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState, common_pb2.kError
+kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
 kWorkerParam = common_pb2.kWorkerParam
 kServer, kStub = common_pb2.kServer, common_pb2.kStub
 
