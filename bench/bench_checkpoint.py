@@ -149,9 +149,9 @@ def start_to_first_step(workspace, resume):
     rt.worker.train_one_batch(rt.step)
     elapsed = time.perf_counter() - t0
     rt.worker.collect_all()
-    restored = rt.worker.resume
+    restored = rt.step > 0          # resume_from set the job's step to the snapshot's
     rt.close()
-    if resume and restored is None:
+    if resume and not restored:
         raise RuntimeError(f"bench: no snapshot to resume from in {workspace}")
     return elapsed
 

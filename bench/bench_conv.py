@@ -1,14 +1,19 @@
 """Bench: one training step of LeNet and of the cifar10 convnet through our runtime vs numpy/torch.
 
-    python bench/bench_conv.py [--nets lenet,cifar10] [--rounds 8] [--steps 5] [--profile]
+    python bench/bench_conv.py [--nets lenet,cifar10] [--rounds 8] [--steps 5] [--threads N]
+                               [--clock wall|cpu] [--profile]
 
 Ours: examples/mnist/conv.conf (batch 64, on SINGA's train-1000.bin shard) and SINGA's
 cifar10/job.conf net (bench/cifar10_job.conf, batch 100, on random 3x32x32 records written to
 a temporary shard), built by `runtime.Process` with server and stub threads, a step being
-`train_one_batch` then `collect_all` (bench_mlp_step.Runtime). The cifar10 net's kLRN layers
-are dropped (their sources rewired), as the references have none. References:
-`conv_reference.numpy_step` and, when torch is installed, `torch_step` with torch's threads set
-to os.cpu_count(); interleaved rounds, medians per side. Target: ours / torch <= 1.3.
+`train_one_batch` then `collect_all` (bench_mlp_step.Runtime); the references have the same
+layers, LRN included. References: `conv_reference.numpy_step` and, when torch is installed,
+`torch_step`; interleaved rounds, medians per side. BLAS and torch get the same number of
+threads, --threads (default os.cpu_count()). Steps are timed by the wall clock, or with
+--clock cpu by the CPU time of the whole process (every thread's, so ours counts its server
+and stub threads): with --threads 1 the figure that holds on a machine shared with other work,
+where time slicing inflates wall times and idle-spinning thread pools slow each other down.
+Target: ours / torch <= 1.3.
 The bench measures; it exits 0 whatever the ratio.
 """
 import argparse
@@ -16,9 +21,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 import numpy as np
-from google.protobuf import text_format
+from threadpoolctl import threadpool_limits
 
 import conv_reference
 from bench_mlp_step import FIXTURES, Runtime, interleaved, print_blas, print_table, profile
@@ -39,7 +45,8 @@ def conv_job(net, workspace):
         job, shard, batch = config.load_job(LENET_CONF, check_paths=False), \
             os.path.join(FIXTURES, "train-1000.bin"), 64
     else:
-        job, shard, batch = _cifar10_job(), os.path.join(workspace, "cifar10.bin"), 100
+        job, shard, batch = config.load_job(CIFAR10_CONF, check_paths=False), \
+            os.path.join(workspace, "cifar10.bin"), 100
         _random_images(shard, 1000, (3, 32, 32))
     for layer in job.neuralnet.layer:
         if layer.type == job_pb2.kRecordInput:
@@ -50,21 +57,6 @@ def conv_job(net, workspace):
     for sub in ("checkpoint", "visualization"):
         os.makedirs(os.path.join(workspace, sub), exist_ok=True)
     return job
-
-
-def _cifar10_job():
-    with open(CIFAR10_CONF) as f:
-        text = f.read()
-    job = text_format.Parse(text, job_pb2.JobProto())     # without LRN, as the references
-    layers = job.neuralnet.layer
-    lrn = {l.name: l.srclayers[0] for l in layers if l.type == job_pb2.kLRN}
-    keep = [l for l in layers if l.type != job_pb2.kLRN]
-    for l in keep:
-        l.srclayers[:] = [lrn.get(s, s) for s in l.srclayers]
-    del layers[:]
-    layers.extend(keep)
-    text = text_format.MessageToString(job)
-    return config.parse_job(text, CIFAR10_CONF, check_paths=False)
 
 
 def _random_images(path, n, shape):
@@ -87,11 +79,11 @@ def bench(net, args):
         torch_step = conv_reference.torch_step(net, batch)
         if torch_step is not None:
             sides["torch cpu"] = torch_step
-        med = interleaved(sides, args.rounds, args.steps)
+        clock = time.process_time if args.clock == "cpu" else time.perf_counter
+        med = interleaved(sides, args.rounds, args.steps, clock=clock)
         ours = med["ours (full runtime)"]
-        lrn = "" if net == "lenet" else ", without LRN"
-        print(f"{net} step, batch {batch}{lrn}, {args.rounds} rounds x {args.steps} steps per "
-              f"side, median ms/step:")
+        print(f"{net} step, batch {batch}, {args.rounds} rounds x {args.steps} steps per "
+              f"side, median {args.clock} ms/step:")
         print_table([[name, f"{t * 1e3:.2f}", f"{ours / t:.3f}"] for name, t in med.items()],
                     ["side", "ms/step", "ours / side"])
         if "torch cpu" in med:
@@ -112,17 +104,23 @@ def main(argv=None):
     ap.add_argument("--nets", default="lenet,cifar10", help="comma-separated: lenet, cifar10")
     ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
     ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="threads of the BLAS and of torch")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="time steps by the wall clock or by the process's CPU time")
     ap.add_argument("--profile", action="store_true", help="profile ours after timing")
     args = ap.parse_args(argv)
     print_blas()
     try:
         import torch
-        torch.set_num_threads(os.cpu_count())
+        torch.set_num_threads(args.threads)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     except ImportError:
         pass
-    for net in args.nets.split(","):
-        bench(net, args)
+    with threadpool_limits(args.threads, user_api="blas"):
+        print(f"BLAS threads {args.threads}")
+        for net in args.nets.split(","):
+            bench(net, args)
     return 0
 
 

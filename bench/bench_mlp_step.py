@@ -99,24 +99,24 @@ class Runtime:
             raise RuntimeError(f"bench: an executor failed: {self.failure}")
 
 
-def per_call_seconds(fn, n):
-    """Seconds of each of `n` calls of `fn`."""
+def per_call_seconds(fn, n, clock=time.perf_counter):
+    """Seconds of each of `n` calls of `fn`, by `clock`."""
     out = []
     for _ in range(n):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        out.append(time.perf_counter() - t0)
+        out.append(clock() - t0)
     return out
 
 
-def interleaved(sides, rounds, n, warmup=2):
+def interleaved(sides, rounds, n, warmup=2, clock=time.perf_counter):
     """{name: median seconds per call}: rounds of `n` calls of each side in turn, after warm-up."""
     for fn in sides.values():
         per_call_seconds(fn, warmup)
     times = {name: [] for name in sides}
     for _ in range(rounds):
         for name, fn in sides.items():
-            times[name] += per_call_seconds(fn, n)
+            times[name] += per_call_seconds(fn, n, clock)
     return {name: float(np.median(t)) for name, t in times.items()}
 
 

@@ -2,8 +2,8 @@
 
   LENET    examples/mnist/conv.conf: conv 20@5x5, max-pool 2/2, conv 50@5x5, max-pool 2/2,
            ip 500, relu, ip 10 on (N, 1, 28, 28)
-  CIFAR10  SINGA's examples/cifar10/job.conf without its LRN layers: conv 32@5x5 pad 2,
-           max-pool 3/2, relu, conv 32@5x5 pad 2, relu, avg-pool 3/2, conv 64@5x5 pad 2, relu,
+  CIFAR10  SINGA's examples/cifar10/job.conf: conv 32@5x5 pad 2, max-pool 3/2, relu,
+           lrn 3, conv 32@5x5 pad 2, relu, avg-pool 3/2, lrn 3, conv 64@5x5 pad 2, relu,
            avg-pool 3/2, ip 10 on (N, 3, 32, 32)
 
   numpy_step(net, batch)  a zero-argument callable: forward + backward + SGD in plain numpy
@@ -11,7 +11,9 @@
   torch_step(net, batch)  the same step in PyTorch on the CPU, or None without torch
 
 A net is a list of ("conv", filters, kernel, pad), ("pool", "max"|"avg", kernel, stride),
-("relu",), ("ip", outputs). Pooling output sizes are floor((H - k)/s) + 1, as Caffe's with
+("relu",), ("lrn", n, alpha, beta), ("ip", outputs). LRN is SINGA's (src/neuralnet/
+neuron_layer/lrn.cc), y = x·(1 + α/n·Σ x² over the n channels centred on c)^−β, which is
+torch's LocalResponseNorm. Pooling output sizes are floor((H - k)/s) + 1, as Caffe's with
 SINGA's confs (no padding).
 """
 import numpy as np
@@ -20,14 +22,22 @@ from numpy.lib.stride_tricks import sliding_window_view
 LENET = (1, 28, 28), [("conv", 20, 5, 0), ("pool", "max", 2, 2), ("conv", 50, 5, 0),
                       ("pool", "max", 2, 2), ("ip", 500), ("relu",), ("ip", 10)]
 CIFAR10 = (3, 32, 32), [("conv", 32, 5, 2), ("pool", "max", 3, 2), ("relu",),
-                        ("conv", 32, 5, 2), ("relu",), ("pool", "avg", 3, 2),
-                        ("conv", 64, 5, 2), ("relu",), ("pool", "avg", 3, 2), ("ip", 10)]
+                        ("lrn", 3, 5e-05, 0.75), ("conv", 32, 5, 2), ("relu",),
+                        ("pool", "avg", 3, 2), ("lrn", 3, 5e-05, 0.75), ("conv", 64, 5, 2),
+                        ("relu",), ("pool", "avg", 3, 2), ("ip", 10)]
 NETS = {"lenet": LENET, "cifar10": CIFAR10}
 
 
 def _pool_windows(x, k, s):
     """(N, C, OH, OW, k, k) strided view of the windows of x."""
     return sliding_window_view(x, (k, k), axis=(2, 3))[:, :, ::s, ::s]
+
+
+def _channel_window_sum(a, size):
+    """Σ of a over the `size` channels centred on each channel (zero outside), (N, C, H, W)."""
+    half = size // 2
+    padded = np.pad(a, ((0, 0), (half, half), (0, 0), (0, 0)))
+    return sum(padded[:, i:i + a.shape[1]] for i in range(size))
 
 
 def numpy_step(net, batch, lr=0.001, seed=0):
@@ -75,6 +85,11 @@ def numpy_step(net, batch, lr=0.001, seed=0):
             elif spec[0] == "ip":
                 y = x.reshape(len(x), -1) @ pw[0].T + pw[1]
                 caches.append(None)
+            elif spec[0] == "lrn":
+                _, size, alpha, beta = spec
+                norm = 1 + alpha / size * _channel_window_sum(x * x, size)
+                y = x * norm ** -beta
+                caches.append(norm)
             else:
                 y = np.maximum(x, 0)
                 caches.append(None)
@@ -113,6 +128,12 @@ def numpy_step(net, batch, lr=0.001, seed=0):
                         else:
                             gx[:, :, rows, cols] += g / (k * k)
                 g = gx
+            elif spec[0] == "lrn":
+                _, size, alpha, beta = spec
+                norm = caches[i]
+                scale = norm ** -beta
+                g = g * scale - 2 * alpha * beta / size * x * \
+                    _channel_window_sum(g * x * scale / norm, size)
             elif spec[0] == "ip":
                 g2 = g.reshape(len(g), -1)
                 gw, gb = g2.T @ x.reshape(len(x), -1), g2.sum(axis=0)
@@ -147,6 +168,8 @@ def torch_step(net, batch, lr=0.001, seed=0):
                 modules.append(torch.nn.Flatten())
             modules.append(torch.nn.Linear(int(np.prod(chw)), spec[1]))
             chw = (spec[1],)
+        elif spec[0] == "lrn":
+            modules.append(torch.nn.LocalResponseNorm(spec[1], spec[2], spec[3], k=1.0))
         else:
             modules.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*modules)

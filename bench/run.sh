@@ -16,3 +16,6 @@ echo "== bench_checkpoint.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_exchange.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_exchange.py
+echo
+echo "== bench_partition.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_partition.py

@@ -4,6 +4,8 @@
 #   singa-checkpoint.sh ls <workspace|checkpoint folder>
 #   singa-checkpoint.sh show <file>
 #   singa-checkpoint.sh diff <file a> <file b>      (exit 0 if identical, 1 if not)
+#   singa-checkpoint.sh merge <file of a snapshot> <out file|folder> [--axis A]
+#       (one file of the snapshot's params, the pieces of partitioned params joined)
 SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
 exec "$SINGA_HOME/.venv/bin/python" -m singa.checkpoint "$@"

@@ -3,3 +3,8 @@ import os
 
 #: The SINGA home: the repository root; relative paths in confs resolve against it.
 HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def resolve(path):
+    """`path` made absolute; relative paths are relative to the SINGA home (SINGA runs from there)."""
+    return os.path.normpath(os.path.join(HOME, os.path.expanduser(path)))

@@ -16,8 +16,7 @@ import re
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import text_format
 
-import singa
-from singa import extensions
+from singa import extensions, graph, resolve
 from singa.errors import ConfigError
 from singa.proto import job_pb2, singa_pb2
 
@@ -71,11 +70,6 @@ _MINIMUM = {
     "FixedStepProto": {"step": 0},
 }
 _FLOATS = (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE)
-
-
-def resolve(path):
-    """`path` made absolute; relative paths are relative to the SINGA home (SINGA runs from there)."""
-    return os.path.normpath(os.path.join(singa.HOME, os.path.expanduser(path)))
 
 
 def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=()):
@@ -282,19 +276,9 @@ def _check_include_exclude(conf, layers):
 
 
 def _check_phase(conf, members, pname, all_names):
-    index = {}
-    for i, layer in members:
-        if layer.name in index:
-            conf.fail(conf.layer_line(i), f"duplicate layer name '{layer.name}' in the {pname} "
-                      f"net (also at line {conf.layer_line(index[layer.name])})")
-        index[layer.name] = i
-    for i, layer in members:
-        for src in layer.srclayers:
-            if src not in index:
-                where = "names no layer" if src not in all_names else f"is not in the {pname} net"
-                conf.fail(conf.line(f"neuralnet.layer[{i}].srclayers", f"neuralnet.layer[{i}]"),
-                          f"layer '{layer.name}': srclayer '{src}' {where}")
-    _check_cycles(conf, members, index)
+    layers = [layer for _, layer in members]
+    graph.sort(layers, pname, all_names, conf.path, lambda k, field: conf.line(
+        f"neuralnet.layer[{members[k][0]}].{field}", f"neuralnet.layer[{members[k][0]}]"))
     params = {}
     for i, layer in members:
         for j, p in enumerate(layer.param):
@@ -310,42 +294,6 @@ def _check_phase(conf, members, pname, all_names):
                 conf.fail(conf.line(f"neuralnet.layer[{i}].param[{j}].share_from"),
                           f"layer '{layer.name}': share_from '{p.share_from}' names no param "
                           f"of the {pname} net")
-
-
-def _check_cycles(conf, members, index):
-    """Kahn's sort as SINGA's Graph::Sort: a layer is ready when all its sources are, or, if it
-    has several sources and a two-way edge with one (RBMVis <-> RBMHid), when its first is."""
-    srcs = {layer.name: list(layer.srclayers) for _, layer in members}
-    dsts = collections.defaultdict(list)
-    for name, ss in srcs.items():
-        for s in ss:
-            dsts[s].append(name)
-    queue = collections.deque(n for n, ss in srcs.items() if not ss)
-    done = set(queue)
-    while queue:
-        for d in dsts[queue.popleft()]:
-            ss = srcs[d]
-            two_way = len(ss) > 1 and any(d in srcs[s] for s in ss)
-            if d not in done and (all(s in done for s in ss) or (two_way and ss[0] in done)):
-                done.add(d)
-                queue.append(d)
-    left = [name for name in srcs if name not in done]
-    if left:
-        cycle = _find_cycle(left, srcs, done)
-        conf.fail(conf.layer_line(index[cycle[0]]),
-                  "srclayers form a cycle: " + " -> ".join(cycle + [cycle[0]]))
-
-
-def _find_cycle(left, srcs, done):
-    """A cycle among the unsorted layers, as a list of names (each one's source follows it)."""
-    name, seen = left[0], []
-    while name not in seen:
-        seen.append(name)
-        name = next(s for s in srcs[name] if s not in done)
-    cycle = seen[seen.index(name):][::-1]
-    first = min(cycle, key=left.index)  # report from the layer written first
-    i = cycle.index(first)
-    return cycle[i:] + cycle[:i]
 
 
 def _check_paths(conf, job):

@@ -120,7 +120,7 @@ class Driver:
         self.flags = flags
         self.job_id = int(flags.get("singa_job", -1))
         self.host = flags.get("host", "localhost")
-        self.workspace = config.resolve(job.cluster.workspace)
+        self.workspace = singa.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
         self.signal = None          # SIGINT or SIGTERM received
         self.process = None         # the executors, once built
@@ -173,7 +173,7 @@ class Driver:
         stale = checkpoint.remove_stale_temporaries(self.folder)
         if stale:
             log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
-        resume = resume_from(self.job, self.folder) if self.flags["resume"] else {}
+        resume = resume_from(self.job, self.folder) if self.flags["resume"] else None
         cl, job_id = self.job.cluster, self.job_id
         transport = Transport()
         try:
@@ -189,9 +189,10 @@ class Driver:
             transport.close()
             raise
         self.process = process
-        if process.train_net is not None:
+        del resume      # the workers hold the snapshot's parsed files only until they load them
+        if process.train_graph is not None:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
-                f.write(process.train_net.to_json())
+                f.write(process.train_graph.to_json())
         # the local servers stop once every local server group has lost its workers (each
         # server group alone stops on its workers' farewells, or with them in one process)
         groups = {g for g, _ in cluster.servers_of(cl, pid)}
@@ -228,21 +229,21 @@ class Driver:
         with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
             f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
-        paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path), self.workspace,
-                                                    log.warning, job.cluster.nworkers_per_group)
-        if not paths:
+        files = checkpoint.open_checkpoint_path(list(job.checkpoint_path), self.workspace,
+                                                log.warning, job.cluster.nworkers_per_group)
+        if not files:
             raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or 'best')")
-        loaded = checkpoint.load_params(paths, owners, log=log.info)
+        loaded = checkpoint.load_params(files, owners, log=log.info)
         missing = [n for n in owners if n not in loaded]
         if missing:
             raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "
                               f"checkpoint_path files")
-        step = checkpoint.CheckpointReader(paths[-1]).step
+        step = files[-1].step
         log.info("Test @ step %d", job.step if step is None else step)
         for step in range(job.test_steps):
             worker_class(job).test_one_batch(job_pb2.kTest, net, step)
-        for line in net.display(job_pb2.kTest):
-            log.info("   %s", line)
+        for values in net.metrics(job_pb2.kTest).values():
+            log.info("   %s", singa_log.format_metrics(values))
 
 
 def check_runnable(job):

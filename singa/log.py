@@ -22,6 +22,11 @@ class GlogFormatter(logging.Formatter):
         return text
 
 
+def format_metrics(metrics):
+    """SINGA's display of {name: value}: `Loss = 2.222740, accuracy = 0.201800`."""
+    return ", ".join(f"{name} = {value:f}" for name, value in metrics.items())
+
+
 def setup(log_dir=None, name=None, verbose=False):
     """Log to stderr and, when `log_dir` is given, to `<log_dir>/<name>.log`; returns its path."""
     LOGGER.handlers.clear()

@@ -1,15 +1,16 @@
 """NeuralNet: a NetProto turned into set-up layers for one phase (SINGA's NeuralNet::Create, src/neuralnet/neuralnet.cc).
 
 Steps: phase filter (include/exclude) → unrolling (`<i>#` names, also for unroll_len 1, so
-param names are SINGA's `0#w1`) → share_from → split layers → topological sort → create and
-set up layers, number params. Test and validation nets share the train net's param values.
+param names are SINGA's `0#w1`) → share_from → split layers → partition connection layers and
+`L@k` copies (several partitions, `singa.partition`) → topological sort (`singa.graph`) → create
+and set up layers, number params. Test and validation nets share the train net's param values.
 """
 import collections
 import json
 
-from singa import layers  # noqa: F401  (registers every layer type)
+from singa import graph, layers, partition  # noqa: F401  (layers: registers every layer type)
 from singa.errors import ConfigError
-from singa.layers.base import create_layer
+from singa.layers.base import create_layer, layer_class
 from singa.proto import job_pb2
 
 class NeuralNet:
@@ -22,21 +23,29 @@ class NeuralNet:
     def __init__(self, net_conf, phase, rng, share_from=None, partition_id=0, num_partitions=1,
                  first_id=0):
         """`share_from`: a net whose owner params this one uses (by name): the train net for
-        test/validation nets, partition 0 for the data-parallel replicas of a worker group.
-        Param ids start at `first_id` so that they are unique within a process."""
+        test/validation nets, group 0's net for another group's. Param ids start at
+        `first_id` so that they are unique within a process. With `num_partitions` K > 1 the
+        net holds every partition's layers `L@k` (each worker runs `partition(k)`); `rng` may
+        then be a list of K generators, one per partition."""
         self.phase = phase
-        self.rng = rng
+        self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
+        self.rng = self.rngs[0]
         self.partition_id = partition_id
-        confs = unroll(filter_phase(net_conf, phase, partition_id, num_partitions))
+        confs = filter_phase(net_conf, phase, partition_id, num_partitions)
+        graph.sort(confs)   # names and sources checked before unrolling looks sources up
+        confs = unroll(confs)
         resolve_share_from(confs)
         confs = add_split_layers(confs)
-        confs = topological_sort(confs)
+        if num_partitions > 1:
+            confs = partition.replicate(
+                partition.add_connection_layers(confs, num_partitions, reads_all), num_partitions)
+        confs = graph.sort(confs)
         self.layers = []
         self.by_name = {}
         self.srclayers = {}
         for conf in confs:
             layer = create_layer(conf)
-            layer.rng = rng
+            layer.rng = self.rngs[conf.partition_id]
             self.layers.append(layer)
             self.by_name[conf.name] = layer
         # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
@@ -46,22 +55,56 @@ class NeuralNet:
                 layer.setup(srcs)
             except MemoryError as e:   # numpy's message names the shape and the bytes
                 raise ConfigError(f"layer '{layer.name}': {e}") from None
+        if num_partitions > 1:
+            self.connect_partitions()
         self.params = [p for layer in self.layers for p in layer.params]
         for i, p in enumerate(self.params, first_id):
             p.id = p.owner = i
-        by_name = {p.name: p for p in self.params}
         self.next_id = first_id + len(self.params)
+        by_name = {(p.name, layer.partition_id): p for layer in self.layers for p in layer.params}
         for layer in self.layers:
             for p, pconf in zip(layer.params, layer.conf.param):
                 if pconf.share_from:
                     # unrolled copies share data and gradient; user share_from shares data only
-                    p.share_data_from(by_name[pconf.share_from], grad=layer.unroll_index > 0)
+                    p.share_data_from(by_name[(pconf.share_from, layer.partition_id)],
+                                      grad=layer.unroll_index > 0)
+        for layer in self.layers:   # dim-0 copies use partition 0's values; pieces are their own
+            if layer.partition_id > 0:
+                for p in layer.params:
+                    if p.partition is None:
+                        p.share_data_from(by_name[(p.name, 0)])
         if share_from is not None:
             self.share_params_from(share_from)
         self.owner_params = [p for p in self.params if p.is_owner]
         for layer in self.layers:
             if getattr(layer, "dynamic_srclayer", None):
                 self.dynamic_srclayer(layer)
+
+    def connect_partitions(self):
+        """Tell each bridge layer its peer, and each Slice which destination reads which part
+        (the partition its data ends up in)."""
+        dsts = collections.defaultdict(list)
+        for layer in self.layers:
+            for src in self.srclayers[layer.name]:
+                dsts[src.name].append(layer)
+                if layer.conf.type == job_pb2.kBridgeDst:
+                    layer.peer, src.peer = src, layer
+        for layer in self.layers:
+            if layer.conf.type == job_pb2.kSlice:
+                layer.order_destinations(
+                    {d: d.peer.partition_id if d.conf.type == job_pb2.kBridgeSrc
+                     else d.partition_id for d in dsts[layer.name]})
+
+    def partition(self, k):
+        """The net worker k of the group runs: the layers of partition k (and their params);
+        sources in other partitions are reached through bridge layers."""
+        view = object.__new__(NeuralNet)
+        view.__dict__.update(self.__dict__)
+        view.partition_id, view.rng, view.graph = k, self.rngs[k], self
+        view.layers = [layer for layer in self.layers if layer.partition_id == k]
+        view.params = [p for layer in view.layers for p in layer.params]
+        view.owner_params = [p for p in view.params if p.is_owner]
+        return view
 
     def dynamic_srclayer(self, layer):
         """The layer an RNNDummy `layer` reads in a sampling test step: `<i>#<dynamic_srclayer>`."""
@@ -79,13 +122,14 @@ class NeuralNet:
                    key=lambda x: x.unroll_index)
 
     def share_params_from(self, other):
-        """Use `other`'s param values (matched by name); `other`'s params stay the owners.
+        """Use `other`'s param values (matched by name and piece); `other`'s params stay the
+        owners.
 
         Sharers are matched too: a `share_from` param must follow `other`'s values, not the
         stale array of this net's own owner."""
-        theirs = {p.name: p for p in other.params}
+        theirs = {(p.name, p.partition): p for p in other.params}
         for p in self.params:
-            src = theirs.get(p.name)
+            src = theirs.get((p.name, p.partition))
             if src is not None:
                 p.share_data_from(src)
 
@@ -93,13 +137,14 @@ class NeuralNet:
         for layer in self.layers:
             layer.compute_feature(flag, self.srclayers[layer.name])
 
-    def display(self, flag):
-        """Lines `<metrics>` of every layer with something to say (resets their accumulators)."""
-        out = []
+    def metrics(self, flag):
+        """{layer name: {metric: value}} of the layers with metrics (`Layer.metrics`, which
+        resets them), in layer order."""
+        out = {}
         for layer in self.layers:
-            s = layer.to_string(flag)
-            if s:
-                out.append(s)
+            values = layer.metrics(flag)
+            if values:
+                out[layer.name] = values
         return out
 
     def to_json(self):
@@ -132,9 +177,6 @@ def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
             c.unroll_len = net_conf.unroll_len
         if not c.HasField("partition_dim"):
             c.partition_dim = net_conf.partition_dim
-        if num_partitions > 1 and c.partition_dim != 0:
-            raise ConfigError(f"layer '{c.name}': partition_dim {c.partition_dim} (model "
-                              f"partitioning) is not supported yet; use partition_dim 0")
         c.partition_id = partition_id
         c.num_partitions = num_partitions
         kept.append(c)
@@ -161,8 +203,6 @@ def unroll(confs):
                     p.share_from = f"0#{p.name}"
                 p.name = f"{i}#{p.name}"
             for k, src in enumerate(conf.srclayers):
-                if src not in by_name:
-                    raise ConfigError(f"layer '{conf.name}': srclayer '{src}' names no layer")
                 m = by_name[src].unroll_len
                 ctype = (conf.unroll_conn_type[k] if k < len(conf.unroll_conn_type)
                          else job_pb2.kUnrollOneToOne)
@@ -205,9 +245,13 @@ def resolve_share_from(confs):
                                   f"'{p.share_from}', which names no param")
 
 
+def reads_all(conf):
+    """The layer needs all of its source's neurons (SINGA's kOneToAll source connection)."""
+    return getattr(layer_class(conf), "reads_all", False)
+
+
 def add_split_layers(confs):
     """Insert `split(<L>)` after each non-input layer that feeds several layers."""
-    from singa.layers.base import _REGISTRY
     dsts = collections.defaultdict(list)
     for c in confs:
         for s in c.srclayers:
@@ -216,9 +260,7 @@ def add_split_layers(confs):
     out = []
     for c in confs:
         out.append(c)
-        key = c.user_type if c.HasField("user_type") else c.type
-        cls = _REGISTRY.get(key)
-        if len(dsts[c.name]) > 1 and not getattr(cls, "one_to_many", False):
+        if len(dsts[c.name]) > 1 and not getattr(layer_class(c), "one_to_many", False):
             split = job_pb2.LayerProto(name=f"split({c.name})", type=job_pb2.kSplit)
             split.srclayers.append(c.name)
             split.split_conf.num_splits = len(dsts[c.name])
@@ -231,45 +273,3 @@ def add_split_layers(confs):
                     if s == c.name:
                         srcs[k] = split.name
     return out
-
-
-def topological_sort(confs):
-    """Kahn's order from source-less layers, in conf order (SINGA's Graph::Sort).
-
-    A layer with several sources, one of which is also its destination (RBMVis <-> RBMHid), is
-    released once its other sources are visited. (SINGA releases it after its first source,
-    the data in every conf it ships.)"""
-    by_name = {}
-    for c in confs:
-        if c.name in by_name:
-            raise ConfigError(f"duplicate layer name '{c.name}'")
-        by_name[c.name] = c
-    for c in confs:
-        for s in c.srclayers:
-            if s not in by_name:
-                raise ConfigError(f"layer '{c.name}': srclayer '{s}' names no layer")
-    dsts = collections.defaultdict(list)
-    for c in confs:
-        for s in dict.fromkeys(c.srclayers):
-            dsts[s].append(c)
-    waits = {}
-    for c in confs:
-        srcs = set(c.srclayers)
-        if len(srcs) > 1:
-            srcs -= {s for s in srcs if c.name in by_name[s].srclayers}
-        waits[c.name] = srcs
-    pending = {name: len(srcs) for name, srcs in waits.items()}
-    queue = collections.deque(c for c in confs if pending[c.name] == 0)
-    order = []
-    while queue:
-        c = queue.popleft()
-        order.append(c)
-        for d in dsts[c.name]:
-            if c.name in waits[d.name]:
-                pending[d.name] -= 1
-                if pending[d.name] == 0:
-                    queue.append(d)
-    if len(order) < len(confs):
-        stuck = [c.name for c in confs if pending[c.name] > 0]
-        raise ConfigError(f"the layers {', '.join(stuck)} form a cycle")
-    return order

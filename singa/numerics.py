@@ -9,20 +9,16 @@ import numpy as np
 
 from singa.errors import NonFiniteError
 
-#: Where layers accumulate their loss between displays: SoftmaxLoss and EuclideanLoss `loss`,
-#: RBMVis `error` (the reconstruction error).
-LOSS_ATTRS = ("loss", "error")
-
 
 def check_loss(net, step):
-    """NonFiniteError if a layer's accumulated loss is nan or inf, naming the first layer (in
-    forward order) whose params or output hold such values."""
+    """NonFiniteError if a metric a layer sums between displays (a loss, RBMVis's squared
+    error) is nan or inf, naming the first layer (in forward order) whose params or output hold
+    such values."""
     for layer in net.layers:
-        for attr in LOSS_ATTRS:
-            value = getattr(layer, attr, None)
-            if isinstance(value, (float, np.floating)) and not math.isfinite(value):
-                raise NonFiniteError(f"step {step}: the {attr} of layer '{layer.name}' is "
-                                     f"{value}; {first_non_finite(net)}")
+        for name, value in layer.metric_sums.items():
+            if not math.isfinite(value):
+                raise NonFiniteError(f"step {step}: the {name.lower()} of layer '{layer.name}' "
+                                     f"is {value}; {first_non_finite(net)}")
 
 
 def check_params(params, step):

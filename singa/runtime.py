@@ -3,6 +3,8 @@
 Params are cut into slices over the servers of a group (SINGA's Slice / PartitionSlices,
 src/utils/common.cc); which executors run in which process is `cluster`'s layout.
 """
+import collections
+import copy
 import logging
 import os
 import socket
@@ -32,19 +34,19 @@ def seeds(job, n):
 
 def resume_from(job, folder):
     """-resume (SINGA's Trainer::Resume): set `job` to continue from the newest complete
-    snapshot in `folder` (ours: verified, every worker's file); {worker id: its file}, or {}
-    when there is none (a fresh start)."""
+    snapshot in `folder` (ours: verified, every worker's file); that Snapshot, its files
+    parsed, or None when there is none (a fresh start)."""
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
-        return {}
+        return None
     job.step = snap.step
     if not job.HasField("reset_param_version"):
         job.reset_param_version = False
     del job.checkpoint_path[:]
     job.checkpoint_path.extend(snap.files[w] for w in sorted(snap.files))
     log.info("Resume from step %d", snap.step)
-    return dict(snap.files)
+    return snap
 
 
 def slice_masters(job, owners):
@@ -79,13 +81,16 @@ def slice_table(job, owners):
 class Process:
     """The executors process `pid` of a job runs, wired to its Stub over `inproc://` sockets.
 
-    Worker (g, j) runs partition j of group g's net. Nets in one process share param values
-    in memory (replicas j > 0 with partition 0, a later group with the first local group of
-    its server group under share_memory); a net whose partner runs elsewhere has its own
-    copies, which it Gets from the servers. Each server group's first worker group
-    initialises its params (all from the same `seed`).
-    Every net numbers its params from 0, so a param's id names it in every process.
-    `resume` maps worker id -> its file of the snapshot being resumed; `membership` is handed
+    Worker (g, j) runs partition j of group g's net, which holds every partition's layers (a
+    partition's neighbours may run in other processes, reached through bridge layers). Nets in
+    one process share param values in memory (dim-0 copies with partition 0, a later group
+    with the first local group of its server group under share_memory); a copy whose owner
+    runs elsewhere has its own values, which it Gets from the servers. The first worker group
+    of each server group initialises the params (all from the same `seed`). Every net numbers
+    its params from 0 over all its partitions, so a
+    param's id names it in every process. Test and validation nets are partitioned the same
+    way: every worker of group 0 runs its partition of them.
+    `resume` is the Snapshot being resumed (from `resume_from`); `membership` is handed
     to the workers (ZooKeeper's server-group membership, or None). A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
@@ -96,31 +101,38 @@ class Process:
         G, K = cl.nworker_groups, cl.nworkers_per_group
         self.job, self.pid = job, pid
         rngs = seeds(job, 3 + G * K)   # init, test, validation, one per worker
-        nets = {}
-        for g, j in cluster.workers_of(cl, pid):
+        graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
+        for g in sorted({g for g, _ in cluster.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share
             first = min(h for h, _ in cluster.workers_of(cl, pid)
                         if cluster.server_group(cl, h) == cluster.server_group(cl, g))
-            share = nets.get((g, 0)) if j > 0 else (nets.get((first, 0)) if g > first and
-                                                    cl.share_memory else None)
-            nets[(g, j)] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K + j], share, j,
-                                     K)
-        self.train_net = train = nets.get((0, 0))
+            share = graphs.get(first) if g > first and cl.share_memory else None
+            graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K:3 + (g + 1) * K]
+                                  if K > 1 else rngs[3 + g], share, 0, K)
+        nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
+                for g, j in cluster.workers_of(cl, pid)}
+        self.train_graph = graphs.get(0)
+        self.train_net = nets.get((0, 0))
         eval_nets = {}
-        if train is not None:
-            next_id = train.next_id
+        if self.train_graph is not None:
+            next_id = self.train_graph.next_id
             for name, phase, steps, rng in (("test", job_pb2.kTest, job.test_steps, rngs[1]),
                                             ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
                 if steps > 0:
-                    eval_nets[name] = NeuralNet(job.neuralnet, phase, rng, train, first_id=next_id)
-                    next_id = eval_nets[name].next_id
+                    net = NeuralNet(job.neuralnet, phase, rng.spawn(K) if K > 1 else rng,
+                                    self.train_graph, 0, K, first_id=next_id)
+                    next_id = net.next_id
+                    eval_nets[name] = {j: net.partition(j) if K > 1 else net
+                                       for g, j in nets if g == 0}
         self.eval_nets = eval_nets
 
         entries = {}
         if nets:
-            table, slice2server = slice_table(job, next(iter(nets.values())).owner_params)
+            graph = next(iter(graphs.values()))
+            table, slice2server = slice_table(job, graph.owner_params)
+            shares = collections.Counter(p.owner for layer in graph.layers
+                                         if layer.unroll_index == 0 for p in layer.params)
         for (g, j), net in nets.items():
-            shares = {}
             for layer in net.layers:
                 if layer.unroll_index > 0:
                     continue
@@ -131,10 +143,8 @@ class Process:
                         e = entries[(g, p.owner)] = ParamEntry(g, p.owner, [
                             (s, m.addr(sg, slice2server[s], m.kServer), o, n)
                             for s, o, n in table[p.owner]])
+                        e.num_total = shares[p.owner]     # every copy in the group's graph
                     e.add_share(m.addr(g, j, m.kWorkerParam), p.id)
-                    shares[p.owner] = shares.get(p.owner, 0) + 1
-            for owner, n in shares.items():
-                entries[(g, owner)].num_total = n * K     # every partition holds the same shares
 
         self.transport = transport or Transport()
         self.ctx, self.router = self.transport.ctx, self.transport.router
@@ -144,19 +154,18 @@ class Process:
                   for sg in range(cl.nserver_groups)}
         masters = None
         if cl.nserver_groups > 1 and cluster.servers_of(cl, pid):
-            net = next(iter(nets.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
-                                                               rngs[3])
-            masters = slice_masters(job, net.owner_params)
+            graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
+                                                                   rngs[3])
+            masters = slice_masters(job, graph.owner_params)
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
                                None if single else served[g], masters, cl.sync_freq)
                         for g, s in cluster.servers_of(cl, pid)]
-        resume = resume or {}
         cls = worker_class(job)
         self.workers = [
             cls(self.ctx, endpoint, g, j, job, net,
-                eval_nets.get("test") if (g, j) == (0, 0) else None,
-                eval_nets.get("validation") if (g, j) == (0, 0) else None,
-                init_rng=rngs[0] if g == 0 else seeds(job, 1)[0], resume=resume.get(j) if g == 0 else None,
+                eval_nets.get("test", {}).get(j) if g == 0 else None,
+                eval_nets.get("validation", {}).get(j) if g == 0 else None,
+                init_rng=copy.deepcopy(rngs[0]), resume=resume if g == 0 else None,
                 membership=membership)
             for (g, j), net in nets.items()]
         farewells = {} if single else {
@@ -174,7 +183,8 @@ class Process:
         grp, id_, kind = m.addr_grp(address), m.addr_id(address), m.addr_type(address)
         if kind == m.kServer and 0 <= grp < cl.nserver_groups and id_ < cl.nservers_per_group:
             return cluster.server_procs(cl, grp, id_)
-        if kind == m.kWorkerParam and 0 <= grp < cl.nworker_groups and id_ < cl.nworkers_per_group:
+        if kind in (m.kWorkerParam, m.kWorkerLayer) and 0 <= grp < cl.nworker_groups \
+                and id_ < cl.nworkers_per_group:
             return cluster.worker_procs(cl, grp, id_)
         raise ClusterError(f"no executor at address {address}")
 
@@ -203,6 +213,9 @@ class Process:
             peer.close()
         for x in self.servers + self.workers:
             x.dealer.close()
+        for w in self.workers:
+            if w.channel is not None:
+                w.channel.close()
         self.transport.close()
 
 

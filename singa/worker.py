@@ -14,12 +14,16 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, cluster, config, numerics
+from singa import checkpoint, cluster, numerics, resolve
 from singa.comm import msg as m
+from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
+from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
+from singa.log import format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
+from singa.param import cut, fill
 from singa.proto import job_pb2
 from singa.updater import create_updater
 
@@ -44,9 +48,11 @@ def worker_class(job):
 class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
-    `init_rng` draws the initial values of the params this worker owns; `resume` is the path of
-    its file in the snapshot a -resume continues from (None: a fresh start); `membership`
+    `init_rng` draws the initial values of the params this worker owns; `resume` is the
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); `membership`
     (ZooKeeper's server-group membership, or None) has `join(worker)` and `leave(worker)`.
+    In a group of several workers each runs its partition of the nets and talks to the others
+    through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
     def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
@@ -59,14 +65,23 @@ class Worker:
         self.init_rng = init_rng
         self.resume = resume
         self.membership = membership
-        self.folder = os.path.join(config.resolve(job.cluster.workspace), "checkpoint")
+        self.folder = os.path.join(resolve(job.cluster.workspace), "checkpoint")
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False
         self.params_by_id = {p.id: p for p in train_net.params}
-        #: the params this worker initialises, Puts and checkpoints: partition 0's owners
-        #: (a replica in another process has its own copies, which it only Gets)
-        self.owned = train_net.owner_params if id_ == 0 else []
+        #: the params this worker initialises, Puts and checkpoints: its partition's owners
+        #: (a dim-0 copy only Gets the values of partition 0's)
+        self.owned = train_net.owner_params
+        self.channel = None
+        if job.cluster.nworkers_per_group > 1:
+            self.channel = LayerChannel(ctx, endpoint, grp, id_, self.dealer, self.handle,
+                                        job.cluster.poll_time, response_timeout)
+            for net in (train_net, test_net, val_net):
+                for layer in net.layers if net is not None else ():
+                    if isinstance(layer, (BridgeSrcLayer, BridgeDstLayer)):
+                        layer.channel = self.channel
+        self.displays = 0           # display calls so far: the key of their metric messages
         self.states = {}            # owner param id -> its updater state, while a snapshot is taken
         self.last_test = None       # (step, metrics) of the latest test
         self.poll_ms = job.cluster.poll_time
@@ -86,19 +101,22 @@ class Worker:
                 if evaluate and self.val_net and job.validate_steps > 0 \
                         and every(job.validate_freq, job.validate_after, s):
                     self.collect_all()
-                    log.info("Validation @ step %d", s)
+                    if self.id == 0:
+                        log.info("Validation @ step %d", s)
                     self.test(job.validate_steps, kVal, self.val_net)
                 if evaluate and self.test_net and job.test_steps > 0 \
                         and every(job.test_freq, job.test_after, s):
                     self.collect_all()
-                    log.info("Test @ step %d", s)
+                    if self.id == 0:
+                        log.info("Test @ step %d", s)
                     self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
                 if evaluate and self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
                 numerics.check_loss(self.train_net, s)
-                if self.grp == 0 and self.id == 0 and every(job.disp_freq, job.disp_after, s):
+                if self.grp == 0 and (self.id == 0 or self.channel) \
+                        and every(job.disp_freq, job.disp_after, s):
                     self.display(kTrain | kForward | kBackward, f"Train @ step {s}",
                                  self.train_net)
                 self.step += 1
@@ -149,51 +167,109 @@ class Worker:
         return self.display(phase, " ", net)
 
     def display(self, flag, prefix, net):
-        """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}."""
+        """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}.
+
+        In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
+        each metric averaged over the partitions (each a mean over its equal part of the
+        batch, so together the whole batch's) and returns them; the others return {}."""
+        rows = list(net.metrics(flag).values())
+        if self.channel is not None:
+            self.displays += 1
+            if self.id > 0:
+                self.channel.post(0, m.kMetric, f"metrics@{self.id}", self.displays,
+                                  metric_frames(rows))
+                return {}
+            rows = self.average_metrics(rows)
         metrics = {}
-        for line in net.display(flag):
-            log.info("%s  %s", prefix, line)
-            metrics.update((k.lower(), v) for k, v in parse_metrics(line).items())
+        for values in rows:
+            log.info("%s  %s", prefix, format_metrics(values))
+            metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
+
+    def average_metrics(self, rows):
+        """Worker 0's metric `rows` ({name: value} per layer) averaged over every partition's."""
+        total = [dict(values) for values in rows]
+        n = self.job.cluster.nworkers_per_group
+        for j in range(1, n):
+            frames = self.channel.wait(f"metrics@{j}", self.displays, "display metrics", j)
+            theirs = frame_metrics(frames)
+            if [list(v) for v in theirs] != [list(v) for v in rows]:
+                raise ClusterError(f"worker ({self.grp}, {j}) displays other metrics than "
+                                   f"worker ({self.grp}, 0)")
+            for mine, values in zip(total, theirs):
+                for k, v in values.items():
+                    mine[k] += v
+        return [{k: v / n for k, v in values.items()} for values in total]
 
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
         """Worker::InitNetParams: on a resume restore this worker's streams; the first worker
-        group of each server group loads `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
-        updater state on a resume); every worker then Gets what it lacks."""
+        group of each server group loads `checkpoint_path` by name, initialises the rest and
+        Puts its owner params (with their updater state on a resume); every worker then Gets
+        what it lacks."""
         job, net = self.job, self.train_net
-        state = checkpoint.CheckpointReader(self.resume).state if self.resume else None
+        own = self.resume.readers.get(self.id) if self.resume is not None else None
+        state = own.snapshot_state(buffers=False) if own is not None else None
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
         if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
-            paths = checkpoint.resolve_checkpoint_paths(list(job.checkpoint_path),
-                                                        job.cluster.workspace, log.warning,
-                                                        job.cluster.nworkers_per_group)
-            loaded = checkpoint.load_params(paths, owners, log=log.info) if paths else {}
+            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
+                                                    job.cluster.workspace, log.warning,
+                                                    job.cluster.nworkers_per_group, self.resume)
+            loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
+            self.init_fresh([p for p in self.owned if p.name not in loaded], set(loaded), job.step)
             for p in self.owned:
                 if p.name in loaded:
                     if job.reset_param_version:
                         p.version = job.step
-                else:
-                    p.init_values(self.init_rng, job.step)
-                    if paths:
-                        log.info("Param %s: freshly initialised (%s)", p.name,
-                                 job_pb2.InitMethod.Name(p.proto.init.type))
+                elif files:
+                    log.info("Param %s: freshly initialised (%s)", p.name,
+                             job_pb2.InitMethod.Name(p.proto.init.type))
             lr_index = state.lr_index if state is not None else -1
             nstate = create_updater(job.updater).nstate if state is not None else 0
             for p in self.owned:
-                bufs = state.param_state.get(p.name, []) if state is not None else []
+                bufs = checkpoint.updater_state(self.resume, p) if state is not None else []
                 if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
                     log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
-                                "its state starts afresh", p.name, self.resume, len(bufs), nstate)
+                                "its state starts afresh", p.name, own.path, len(bufs), nstate)
                     bufs = []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
+        self.resume = None     # frees the snapshot's file bytes (once every worker is done)
         for p in net.params:
             self.get(job.warmup_steps, p)
+
+    def init_fresh(self, params, loaded, version):
+        """Draw the initial values of `params` (not `loaded`). With several partitions every
+        worker draws each param whole, in the graph's order, and keeps its piece, so the
+        group starts from the values one worker draws (SINGA draws each piece on its own)."""
+        if self.channel is None:
+            for p in params:
+                p.init_values(self.init_rng, version)
+            return
+        mine = {p.name: p for p in params}
+        graph = self.train_net.graph
+        drawn = set()
+        for q in graph.params:
+            if not q.is_owner or q.name in drawn or q.name in loaded:
+                continue
+            drawn.add(q.name)
+            shape = list(q.shape)
+            if q.partition is not None:
+                axis = q.partition[0]
+                shape[axis] = sum(r.shape[axis] for r in graph.params
+                                  if r.name == q.name and r.is_owner)
+            values = fill(q.proto.init, shape, self.init_rng, q.name)
+            p = mine.get(q.name)
+            if p is not None:
+                if p.partition is not None:
+                    axis, k, n = p.partition
+                    values = values.take(range(*cut(shape[axis], n, k)), axis=axis)
+                p.data[...] = values
+                p.version = version
 
     def restore_streams(self, state):
         for name, net in self.named_nets():
@@ -236,7 +312,8 @@ class Worker:
             evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
         try:
-            checkpoint.write_file(path, [(p.name, p.data, p.version) for p in owners], state)
+            checkpoint.write_file(path, [(p.name, p.data, p.version, p.partition)
+                                         for p in owners], state)
         except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
             raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)
@@ -258,6 +335,11 @@ class Worker:
             self.dealer.send(m.Msg(self.address, STUB, m.kGet, m.param_trgt(p.owner, 0), step))
 
     def update(self, step, p):
+        if p.partition is not None:
+            # Each of the K partitions' losses is a mean over its K-th of the batch, so a piece
+            # gets K times the whole batch's gradient (a dim-0 param is averaged over its K
+            # copies by the server). SINGA leaves it K times larger.
+            p.grad *= 1 / p.partition[2]
         p.last_version = p.version
         self.dealer.send(m.Msg(self.address, STUB, m.kUpdate, m.param_trgt(p.owner, 0), step,
                                [m.array_frame(p.grad)]))
@@ -419,29 +501,37 @@ class BPTTWorker(Worker):
         """Log `prefix  <metrics>` per layer with metrics, each averaged over the layer's
         unrolled copies; return {metric name: value}."""
         copies = {}
-        for layer in net.layers:
-            line = layer.to_string(flag)
-            if line:
-                copies.setdefault(layer.name.partition("#")[2], []).append(parse_metrics(line))
+        for name, values in net.metrics(flag).items():
+            copies.setdefault(name.partition("#")[2], []).append(values)
         metrics = {}
         for values in copies.values():
             mean = {k: sum(v[k] for v in values) / len(values) for k in values[0]}
-            log.info("%s  %s", prefix, ", ".join(f"{k} = {v:f}" for k, v in mean.items()))
+            log.info("%s  %s", prefix, format_metrics(mean))
             metrics.update((k.lower(), v) for k, v in mean.items())
         return metrics
 
 
-def parse_metrics(line):
-    """{name: value} of a display line `Loss = 2.1, accuracy = 0.3`."""
-    metrics = {}
-    for item in line.split(","):
-        name, _, value = item.partition("=")
-        try:
-            metrics[name.strip()] = float(value)
-        except ValueError:
-            pass
-    return metrics
-
-
 class AbortedError(Exception):
     """The driver stopped this worker because another executor failed."""
+
+
+def metric_frames(rows):
+    """Frames of metric `rows` ({name: value} per layer): per row, the names joined by tabs and
+    the values as float64."""
+    frames = []
+    for values in rows:
+        frames += ["\t".join(values).encode(), np.array(list(values.values()), np.float64).tobytes()]
+    return frames
+
+
+def frame_metrics(frames):
+    """The metric rows `metric_frames` made; ClusterError for frames it did not make."""
+    if len(frames) % 2:
+        raise ClusterError("display metrics: an odd number of frames")
+    rows = []
+    for names, values in zip(frames[::2], frames[1::2]):
+        keys = bytes(names).decode(errors="replace").split("\t") if len(names) else []
+        if len(values) != 8 * len(keys):
+            raise ClusterError(f"display metrics: {len(keys)} names but {len(values)} bytes")
+        rows.append(dict(zip(keys, np.frombuffer(bytes(values), np.float64).tolist())))
+    return rows

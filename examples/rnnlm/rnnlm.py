@@ -1,7 +1,8 @@
 """User layers of SINGA's rnnlm example (examples/rnnlm/rnnlm.cc): Mikolov's RNN language model
 with a class-factored softmax, trained with kBP; BPTT runs inside the Hidden layer over a window.
 
-Registered for `user_type` kData, kEmbedding, kHidden and kLoss; their conf fields come from
+Registered for `user_type` kData, kEmbedding, kHidden and kLoss (and kLabel, which SINGA 0.1's
+job-v0.1.0.conf puts between the data and the loss); their conf fields come from
 rnnlm.proto (`[data_conf]`, `[embedding_conf]`, `[loss_conf]`). Load both with
 
     bin/singa-run.sh -conf examples/rnnlm/job.conf \\
@@ -16,12 +17,11 @@ import os
 
 import numpy as np
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.extensions import load_proto
-from singa.io.store import open_store
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params
+from singa.io.store import open_store, read_cyclic
+from singa.layers.base import Layer, make_params, register
 
 rnnlm = load_proto(os.path.join(os.path.dirname(os.path.abspath(__file__)), "rnnlm.proto"))
 
@@ -62,13 +62,7 @@ class DataLayer(Layer):
         self.data[row] = (word.word_index, word.class_index, word.class_start, word.class_end)
 
     def _next(self):
-        kv = self.store.read()
-        if kv is None:
-            self.store.seek_to_first()
-            kv = self.store.read()
-            if kv is None:
-                raise DataError(f"{self.path}: the {self.backend} store is empty")
-        return rnnlm.WordRecord.FromString(kv[1])
+        return rnnlm.WordRecord.FromString(read_cyclic(self.store, self.path, self.backend)[1])
 
 
 @register("kEmbedding")
@@ -135,7 +129,7 @@ class LossLayer(Layer):
     (row t + 1: word v in class k, class words [start, end)),
     p = softmax(h[t]·W_word[start:end]ᵀ)[v − start] · softmax(h[t]·W_classᵀ)[k];
     loss += −ln max(p, FLT_MIN). Params W_word (vocab_size, dim), W_class (nclass, dim).
-    `to_string`: `loss = <mean per word>, ppl = <10^(−mean log10 p)>` since the last call."""
+    Metrics: `loss` = mean per word, `ppl` = 10^(−mean log10 p), since the last display."""
 
     def setup(self, srclayers):
         if len(srclayers) != 2:
@@ -146,12 +140,11 @@ class LossLayer(Layer):
         dim = self.source.data_for(self).shape[1]
         self.word_weight, self.class_weight = self.params = make_params(
             self, {"word_weight": (conf.vocab_size, dim), "class_weight": (conf.nclass, dim)})
-        self.loss = self.log10p = 0.0
-        self.num = 0
 
     def compute_feature(self, flag, srclayers):
         h, rows = self.source.data_for(self), self.labels.data_for(self)
         self.steps = []
+        loss = log10p = 0.0
         for t in range(self.source.window):
             wid, cid, start, end = (int(v) for v in rows[t + 1])
             if not start <= wid < end <= len(self.word_weight.data) or \
@@ -161,10 +154,10 @@ class LossLayer(Layer):
             pword = _softmax(self.word_weight.data[start:end] @ h[t])
             pclass = _softmax(self.class_weight.data @ h[t])
             p = max(float(pword[wid - start] * pclass[cid]), FLT_MIN)
-            self.loss -= np.log(p)
-            self.log10p += np.log10(p)
+            loss -= np.log(p)
+            log10p += np.log10(p)
             self.steps.append((wid - start, cid, start, end, pword, pclass))
-        self.num += len(self.steps)
+        self.add_metrics({"loss": loss, "log10p": log10p}, len(self.steps))
 
     def compute_gradient(self, flag, srclayers):
         h, gh = self.source.data_for(self), self.source.grad_for(self)
@@ -180,13 +173,23 @@ class LossLayer(Layer):
             gclass += np.outer(dclass, h[t])
             gh[t] = dword @ self.word_weight.data[start:end] + dclass @ self.class_weight.data
 
-    def to_string(self, flag):
-        if not self.num:
-            return ""
-        text = f"loss = {self.loss / self.num:f}, ppl = {10 ** (-self.log10p / self.num):f}"
-        self.loss = self.log10p = 0.0
-        self.num = 0
-        return text
+    def metrics(self, flag):
+        """{"loss": mean −ln p, "ppl": 10^(−mean log10 p)} per word since the last call."""
+        means = super().metrics(flag)
+        if means:
+            means["ppl"] = 10 ** -means.pop("log10p")
+        return means
+
+
+@register("kLabel")
+class LabelLayer(Layer):
+    """SINGA 0.1's rnnlm label layer: its source's word rows, unchanged (it aliases them)."""
+
+    def setup(self, srclayers):
+        self.data = srclayers[0].data_for(self)
+
+    def compute_feature(self, flag, srclayers):
+        pass
 
 
 def _softmax(x):

@@ -17,7 +17,8 @@ kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdat
 kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
 kRPut, kState, kRState, kError = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState, common_pb2.kError
 kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
-kWorkerParam = common_pb2.kWorkerParam
+kData, kMetric = common_pb2.kData, common_pb2.kMetric
+kWorkerParam, kWorkerLayer = common_pb2.kWorkerParam, common_pb2.kWorkerLayer
 kServer, kStub = common_pb2.kServer, common_pb2.kStub
 
 

@@ -3,7 +3,7 @@ from singa.errors import DataError
 from singa.io.kvfile import KVFile
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "KVFileStore", "TextFileStore", "BACKENDS"]
+__all__ = ["open_store", "read_cyclic", "KVFileStore", "TextFileStore", "BACKENDS"]
 
 
 class KVFileStore(KVFile):
@@ -26,3 +26,15 @@ def open_store(backend, path, mode="read"):
         raise DataError(f"{path}: store backend {backend!r} not recognized "
                         f"(known: {', '.join(sorted(BACKENDS))})")
     return BACKENDS[backend](path, mode)
+
+
+def read_cyclic(store, path, backend):
+    """The next (key, value) of `store`, starting again at its first tuple after its last (SINGA's
+    input layers wrap around); DataError naming `path` when the store is empty."""
+    kv = store.read()
+    if kv is None:
+        store.seek_to_first()
+        kv = store.read()
+        if kv is None:
+            raise DataError(f"{path}: the {backend} store is empty")
+    return kv

@@ -1,4 +1,4 @@
-"""Layer: the unit of a NeuralNet (SINGA's Layer), and the registry keyed by LayerType/user_type.
+"""Layer: the unit of a NeuralNet (SINGA's Layer), the registry keyed by LayerType/user_type, and make_params.
 
 Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
   * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
@@ -11,12 +11,14 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     has kAggGrad.
   * `data_for(dst)` / `grad_for(dst)`: what a destination reads / where it writes its gradient
     (connection layers give each destination its own blob).
-  * `to_string(flag)`: the metrics accumulated since the last call (`Loss = …, accuracy = …`),
-    then reset; "" for layers without metrics.
+  * `metrics(flag)`: {name: value} of the metrics since the last call (`{"Loss": 2.1,
+    "accuracy": 0.3}`), then reset; {} for layers without. Layers add per-batch values with
+    `add_metrics`; only logging formats them (`singa.log.format_metrics`).
 `flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 """
 from singa.errors import ConfigError
+from singa.param import Param
 from singa.proto import job_pb2
 
 _REGISTRY = {}
@@ -57,6 +59,26 @@ def unavailable(conf):
     return f"layer type {name} is not implemented"
 
 
+def layer_class(conf):
+    """The registered class for `conf`, or None."""
+    return _REGISTRY.get(_key(conf))
+
+
+def make_params(layer, shapes):
+    """Params from the conf's `param` entries in order, one per {role: shape} of `shapes`."""
+    names = ", ".join(shapes)
+    confs = layer.conf.param
+    if len(confs) < len(shapes):
+        raise ConfigError(f"layer '{layer.name}' needs {len(shapes)} param entries ({names}), "
+                          f"got {len(confs)}")
+    params = []
+    for conf, shape in zip(confs, shapes.values()):
+        p = Param(conf)
+        p.setup(shape)
+        params.append(p)
+    return params
+
+
 def _key(conf):
     return conf.user_type if conf.HasField("user_type") else conf.type
 
@@ -66,6 +88,9 @@ class Layer:
 
     #: True for input layers: they may feed several destinations without a Split layer.
     one_to_many = False
+    #: True when every output reads every input neuron (SINGA's kOneToAll): on partition_dim 1
+    #: such a layer reads the whole of its source.
+    reads_all = False
 
     def __init__(self, conf):
         self.conf = conf
@@ -77,6 +102,8 @@ class Layer:
         self.aux_data = None
         self.params = []
         self.rng = None
+        self.metric_sums = {}
+        self.metric_count = 0
 
     def setup(self, srclayers):
         raise NotImplementedError
@@ -93,8 +120,19 @@ class Layer:
     def grad_for(self, dst):
         return self.grad
 
-    def to_string(self, flag):
-        return ""
+    def add_metrics(self, values, count=1):
+        """Add {name: value}, the sums over `count` more batches, to what `metrics` averages."""
+        for name, value in values.items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+        self.metric_count += count
+
+    def metrics(self, flag):
+        """{name: sum / count} of what was added since the last call, then reset; {} if nothing."""
+        if not self.metric_count:
+            return {}
+        means = {name: value / self.metric_count for name, value in self.metric_sums.items()}
+        self.metric_sums, self.metric_count = {}, 0
+        return means
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"

@@ -1,11 +1,11 @@
-"""Connection layers: Split, Slice, Concate (src/neuralnet/connection_layer/); they route blobs between other layers."""
+"""Connection layers: Split, Slice, Concate, BridgeSrc, BridgeDst (src/neuralnet/connection_layer/); they route blobs between other layers."""
 import numpy as np
 
 from singa.errors import ConfigError
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
-__all__ = ["SplitLayer", "SliceLayer", "ConcateLayer"]
+__all__ = ["SplitLayer", "SliceLayer", "ConcateLayer", "BridgeSrcLayer", "BridgeDstLayer"]
 
 
 class _PerDestination(Layer):
@@ -72,6 +72,10 @@ class SliceLayer(_PerDestination):
         self.grads = [np.zeros(shape, np.float32) for _ in range(k)]
         self._dst = {}
 
+    def order_destinations(self, parts):
+        """Destination d reads part `parts[d]` (in a partitioned net: the partition it feeds)."""
+        self._dst = dict(parts)
+
     def data_for(self, dst):
         return self.datas[self._index(dst, len(self.datas), "num_slices")]
 
@@ -121,3 +125,47 @@ class ConcateLayer(Layer):
             gsrc = src.grad_for(self)
             if gsrc is not None:
                 np.copyto(gsrc, part)
+
+
+class _Bridge(Layer):
+    """One end of an edge between two partitions; `peer` is the other end (set by the net)
+    and `channel` the worker's messaging to other workers (`send(layer, peer, kind, array)`,
+    `receive(layer, kind, out)`), set by the worker that runs the layer."""
+
+    peer = None
+    channel = None
+
+
+@register(job_pb2.kBridgeSrc)
+class BridgeSrcLayer(_Bridge):
+    """Forward sends the source's data to `peer` (a BridgeDst in another partition); backward
+    waits for the peer's gradient and writes it as the source's: y = x, gx = g."""
+
+    def setup(self, srclayers):
+        self.data = srclayers[0].data_for(self)
+        self.grad = None
+
+    def compute_feature(self, flag, srclayers):
+        self.data = srclayers[0].data_for(self)
+        self.channel.send(self, self.peer, job_pb2.kForward, self.data)
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is not None:
+            self.channel.receive(self, job_pb2.kBackward, gsrc)
+
+
+@register(job_pb2.kBridgeDst)
+class BridgeDstLayer(_Bridge):
+    """Forward waits for the data `peer` (a BridgeSrc in another partition) sends; backward
+    sends its gradient back: y = x, gx = g."""
+
+    def setup(self, srclayers):
+        self.data = np.zeros(srclayers[0].data_for(self).shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+
+    def compute_feature(self, flag, srclayers):
+        self.channel.receive(self, job_pb2.kForward, self.data)
+
+    def compute_gradient(self, flag, srclayers):
+        self.channel.send(self, self.peer, job_pb2.kBackward, self.grad)

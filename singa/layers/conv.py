@@ -3,8 +3,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params, partitioned
+from singa.layers.base import Layer, make_params, register
+from singa.layers.neuron import mark_pieces, partitioned
 from singa.proto import job_pb2
 
 __all__ = ["ConvolutionLayer", "PoolingLayer"]
@@ -68,7 +68,10 @@ class ConvolutionLayer(Layer):
     b samples is one GEMM on col (C·kh·kw, b·oh·ow). With stride 1 and pad < kernel, gx is
     computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
     convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C.
+    On partition_dim 1 this partition computes its filters: W and b are pieces of the whole.
     """
+
+    reads_all = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -83,6 +86,7 @@ class ConvolutionLayer(Layer):
         self.taps = _taps(kh, kw, sh, sw, oh, ow)
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (f, c * kh * kw), "bias": (f,)})
+        mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if ph or pw else None
@@ -191,9 +195,11 @@ class PoolingLayer(Layer):
     AVG: y = Σ window / size, where size is k_h·k_w (Caffe clips the window to the padded
     image, which floor output sizes never pass; mshadow) or, for kCudnnPool, the window
     clipped to the image (cuDNN excludes padding).
-    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1). Windows are reduced separably:
-    over their rows into (N, C, oh, W+2p), then over their columns; the first argmax is
-    found in training forwards only.
+    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1). MAX copies the k_h·k_w strided
+    taps into one contiguous (k_h·k_w, N, C, oh, ow) array, reduces it over its first axis and,
+    in training, keeps the first argmax's tap; its backward adds g at the flat indices of the
+    argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
+    over their rows into (N, C, oh, W+2p), then over their columns.
     """
 
     def setup(self, srclayers):
@@ -207,23 +213,29 @@ class PoolingLayer(Layer):
                               f"than the kernel ({kh}, {kw})")
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
-        self.taps = _taps(kh, kw, sh, sw, oh, ow)
         self.data = np.zeros((n, c, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None
+        hp, wp = h + 2 * ph, w + 2 * pw
         if ph or pw:
-            self._xpad = np.full((n, c, h + 2 * ph, w + 2 * pw), -np.inf if self.is_max else 0,
-                                 np.float32)
+            self._xpad = np.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
             self._gpad = np.zeros_like(self._xpad)
-        self.rows = [slice(i, i + sh * (oh - 1) + 1, sh) for i in range(kh)]
-        self.cols = [slice(j, j + sw * (ow - 1) + 1, sw) for j in range(kw)]
-        self._part = np.empty((n, c, oh, w + 2 * pw), np.float32)
-        self._tmp = np.empty_like(self.data)
         if self.is_max:
+            self.taps = _taps(kh, kw, sh, sw, oh, ow)
+            self._windows = np.empty((len(self.taps),) + self.data.shape, np.float32)
             self._argmax = np.zeros(self.data.shape, np.min_scalar_type(kh * kw))
             self._step = np.empty_like(self._argmax)
             self._hit = np.empty(self.data.shape, bool)
+            # flat index in the padded input of each window's first element, and of each tap
+            planes = np.arange(n * c).reshape(n, c, 1, 1) * (hp * wp)
+            self._base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
+            self._offsets = np.array([i * wp + j for i, j, _, _ in self.taps], np.intp)
+            self._index = np.empty(self.data.shape, np.intp)
         else:
+            self.rows = [slice(i, i + sh * (oh - 1) + 1, sh) for i in range(kh)]
+            self.cols = [slice(j, j + sw * (ow - 1) + 1, sw) for j in range(kw)]
+            self._part = np.empty((n, c, oh, wp), np.float32)
+            self._tmp = np.empty_like(self.data)
             self._size = self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow)
 
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
@@ -240,26 +252,35 @@ class PoolingLayer(Layer):
         n = self.data.shape[0]
         c, h, w = self.chw
         xp = _padded(srclayers[0].data_for(self).reshape(n, c, h, w), self._xpad, self.pad)
+        if self.is_max:
+            self._max(xp, flag & job_pb2.kTrain)
+            return
         y, part = self.data, self._part
-        op = np.maximum if self.is_max else np.add
         np.copyto(part, xp[:, :, self.rows[0]])
         for rows in self.rows[1:]:
-            op(part, xp[:, :, rows], out=part)
+            part += xp[:, :, rows]
         np.copyto(y, part[:, :, :, self.cols[0]])
         for cols in self.cols[1:]:
-            op(y, part[:, :, :, cols], out=y)
-        if not self.is_max:
-            y /= self._size
-        elif flag & job_pb2.kTrain:
-            # Taps in reverse scan order, so the first maximum's index is written last (Caffe);
-            # argmax += hit·(t − argmax) in wrapping unsigned ints has no data-dependent branch.
-            am, step = self._argmax, self._step
-            for t in range(len(self.taps) - 1, -1, -1):
-                _, _, rows, cols = self.taps[t]
-                np.equal(xp[:, :, rows, cols], y, out=self._hit)
-                np.subtract(am.dtype.type(t), am, out=step)
-                np.multiply(step, self._hit, out=step)
-                am += step
+            y += part[:, :, :, cols]
+        y /= self._size
+
+    def _max(self, xp, train):
+        y, win = self.data, self._windows
+        for t, (_, _, rows, cols) in enumerate(self.taps):
+            np.copyto(win[t], xp[:, :, rows, cols])
+        np.max(win, axis=0, out=y)
+        if not train:
+            return
+        # Taps in reverse scan order, so the first maximum's index is written last (Caffe);
+        # argmax += hit·(t − argmax) in wrapping unsigned ints has no data-dependent branch.
+        am, step, last = self._argmax, self._step, len(self.taps) - 1
+        np.equal(win[last], y, out=self._hit)
+        np.multiply(self._hit, am.dtype.type(last), out=am)
+        for t in range(last - 1, -1, -1):
+            np.equal(win[t], y, out=self._hit)
+            np.subtract(am.dtype.type(t), am, out=step)
+            np.multiply(step, self._hit, out=step)
+            am += step
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
@@ -271,15 +292,15 @@ class PoolingLayer(Layer):
         gx = gsrc.reshape(n, c, h, w)
         gpad = gx if self._gpad is None else self._gpad
         gpad[...] = 0
-        tmp = self._tmp
         if self.is_max:
-            for t, (_, _, rows, cols) in enumerate(self.taps):
-                np.equal(self._argmax, t, out=self._hit)
-                np.multiply(self.grad, self._hit, out=tmp)
-                gpad[:, :, rows, cols] += tmp
+            index = self._index
+            np.copyto(index, self._argmax)
+            np.take(self._offsets, index, out=index)    # out is buffered (mode "raise")
+            index += self._base
+            np.add.at(gpad.reshape(-1), index.reshape(-1), self.grad.reshape(-1))
         else:   # the forward's separable sums, transposed: spread over columns, then rows
+            tmp, part = self._tmp, self._part
             np.divide(self.grad, self._size, out=tmp)
-            part = self._part
             part[...] = 0
             for cols in self.cols:
                 part[:, :, :, cols] += tmp
@@ -287,4 +308,3 @@ class PoolingLayer(Layer):
                 gpad[:, :, rows] += part
         if gpad is not gx:
             gx[...] = gpad[:, :, ph:ph + h, pw:pw + w]
-

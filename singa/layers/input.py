@@ -2,10 +2,10 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch
-from singa.io.store import open_store
+from singa.io.store import open_store, read_cyclic
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
@@ -17,7 +17,10 @@ class StoreInputLayer(Layer):
 
     data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels. On the first
     read it skips U{0..random_skip} tuples drawn from `rng`. `get_state` / `set_state` save
-    and restore the read position for bit-exact resume.
+    and restore the read position for bit-exact resume. Partition k of K on partition_dim 0
+    with one batchsize B reads every batch of B and keeps its rows [k·B/K, (k+1)·B/K), so the K
+    partitions together see the batches one worker sees (SINGA's partitions each read from
+    the start of the store and rely on random_skip to differ).
     """
 
     one_to_many = True
@@ -33,6 +36,7 @@ class StoreInputLayer(Layer):
             raise ConfigError(f"layer '{self.name}': store_conf.shape must list positive sizes, "
                               f"got {list(sc.shape)}")
         n = batchsize(self.conf)
+        self.rows = partition_rows(self.conf, n, len(sc.batchsize) == 1)
         self.path = resolve(sc.path)
         self.shape = tuple(sc.shape)
         self.dim = int(np.prod(self.shape))
@@ -51,7 +55,12 @@ class StoreInputLayer(Layer):
             for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next()
             self.skipped = True
-        keys, values = zip(*(self._next() for _ in range(len(self.aux_data))))
+        before, stop, after = self.rows
+        for _ in range(before):
+            self._next()
+        keys, values = zip(*(self._next() for _ in range(stop - before)))
+        for _ in range(after):
+            self._next()
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
         if self.mean is not None:
@@ -75,13 +84,7 @@ class StoreInputLayer(Layer):
         raise NotImplementedError
 
     def _next(self):
-        kv = self.store.read()
-        if kv is None:
-            self.store.seek_to_first()
-            kv = self.store.read()
-            if kv is None:
-                raise DataError(f"{self.path}: the {self.backend} store is empty")
-        return kv
+        return read_cyclic(self.store, self.path, self.backend)
 
     def _constant_or_file(self, what, identity):
         """The (dim,) mean or std from store_conf's {what}_file / {what}_value, None if unset."""
@@ -100,6 +103,15 @@ class StoreInputLayer(Layer):
     def parse_vector(self, path, kv):
         """The (dim,) float32 vector held by a mean/std file's first tuple `kv`."""
         raise NotImplementedError
+
+
+def partition_rows(conf, n, shared):
+    """(tuples skipped before this partition's `n` rows, its last row, tuples skipped after):
+    on partition_dim 0 a `shared` batch size is read whole by every partition."""
+    k, parts = conf.partition_id, conf.num_partitions
+    if conf.partition_dim == 0 and parts > 1 and shared:
+        return k * n, (k + 1) * n, (parts - 1 - k) * n
+    return 0, n, 0
 
 
 def batchsize(conf):

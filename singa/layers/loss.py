@@ -1,9 +1,9 @@
-"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); they accumulate metrics for display."""
+"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); their loss (and accuracy) are metrics."""
 import numpy as np
 
 from singa.errors import ConfigError, DataError
 from singa.layers.base import Layer, register
-from singa.layers.neuron import softmax
+from singa.layers.ops import softmax
 from singa.proto import job_pb2
 
 __all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer"]
@@ -22,8 +22,8 @@ class SoftmaxLossLayer(Layer):
     """p = softmax(x) per row; loss = scale·mean_n −log(max(p[label_n], FLT_MIN));
     accuracy = scale·mean_n [label_n ∈ top-k of p]; gx = (p − onehot(label))·scale/N.
 
-    Sources: [scores, label provider (its aux_data)]. `data` holds p; `loss`, `accuracy` and
-    `counter` accumulate until `to_string`.
+    Sources: [scores, label provider (its aux_data)]. `data` holds p; metrics `Loss` and
+    `accuracy` (only `Loss` for the cuDNN layer).
     """
 
     def setup(self, srclayers):
@@ -36,8 +36,6 @@ class SoftmaxLossLayer(Layer):
         self._rowmax = np.empty((n, 1), np.float32)
         self._rows = np.arange(n)
         self._cols = np.arange(self.data.shape[1])
-        self.loss = self.accuracy = 0.0
-        self.counter = 0
 
     def _labels(self, srclayers):
         labels = srclayers[1].aux_data
@@ -62,9 +60,8 @@ class SoftmaxLossLayer(Layer):
         above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
         hits = np.count_nonzero(above.sum(axis=1) < self.topk)
         n = p.shape[0]
-        self.loss += self.scale * loss / n
-        self.accuracy += self.scale * hits / n
-        self.counter += 1
+        metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
+        self.add_metrics({k: metrics[k] for k in self.shown})
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
@@ -75,18 +72,8 @@ class SoftmaxLossLayer(Layer):
         g[self._rows, srclayers[1].aux_data] -= 1
         g *= np.float32(self.scale) / np.float32(g.shape[0])
 
-    #: the metrics `to_string` shows, in order
+    #: the metrics shown, in order
     shown = ("Loss", "accuracy")
-
-    def to_string(self, flag):
-        """`Loss = %f, accuracy = %f` averaged since the last call; resets the averages."""
-        if not self.counter:
-            return ""
-        value = {"Loss": self.loss, "accuracy": self.accuracy}
-        text = ", ".join(f"{k} = {value[k] / self.counter:f}" for k in self.shown)
-        self.loss = self.accuracy = 0.0
-        self.counter = 0
-        return text
 
 
 @register(job_pb2.kCudnnSoftmaxLoss)
@@ -114,27 +101,15 @@ class EuclideanLossLayer(Layer):
             raise ConfigError(f"layer '{self.name}': reconstruction '{srclayers[0].name}' has "
                               f"shape {r.shape} but target '{srclayers[1].name}' has {t.shape}")
         self._diff = np.empty(r.shape, np.float32)
-        self.loss = 0.0
-        self.counter = 0
 
     def compute_feature(self, flag, srclayers):
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
         d = self._diff
         np.subtract(r, t.reshape(r.shape), out=d)
-        self.loss += float(np.dot(d.ravel(), d.ravel())) / d.shape[0]
-        self.counter += 1
+        self.add_metrics({"Loss": float(np.dot(d.ravel(), d.ravel())) / d.shape[0]})
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is not None:
             d = self._diff
             np.divide(d, np.float32(d.shape[0]), out=gsrc.reshape(d.shape))
-
-    def to_string(self, flag):
-        """`Loss = %f` averaged since the last call; resets the average."""
-        if not self.counter:
-            return ""
-        text = f"Loss = {self.loss / self.counter:f}"
-        self.loss = 0.0
-        self.counter = 0
-        return text

@@ -2,31 +2,17 @@
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.param import Param, cut
+from singa.layers.base import Layer, make_params, register
+from singa.layers.ops import sigmoid, softmax
+from singa.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",
-           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "make_params"]
+           "DropoutLayer", "SoftmaxLayer", "DummyLayer", "partitioned", "mark_pieces"]
 
 # SINGA's scaled tanh constants (mshadow op::stanh).
 STANH_A = np.float32(1.7159047)
 STANH_B = np.float32(0.66666667)
-
-
-def make_params(layer, shapes):
-    """Params from the conf's `param` entries in order, one per {role: shape} of `shapes`."""
-    names = ", ".join(shapes)
-    confs = layer.conf.param
-    if len(confs) < len(shapes):
-        raise ConfigError(f"layer '{layer.name}' needs {len(shapes)} param entries ({names}), "
-                          f"got {len(confs)}")
-    params = []
-    for conf, shape in zip(confs, shapes.values()):
-        p = Param(conf)
-        p.setup(shape)
-        params.append(p)
-    return params
 
 
 def partitioned(layer, n):
@@ -37,12 +23,24 @@ def partitioned(layer, n):
     return n
 
 
+def mark_pieces(layer, axes):
+    """On partition_dim 1 over several partitions, each param {param: axis} is piece
+    `partition_id` of the whole cut on `axis` (`Param.partition`)."""
+    conf = layer.conf
+    if conf.partition_dim > 0 and conf.num_partitions > 1:
+        for p, axis in axes.items():
+            p.partition = (axis, conf.partition_id, conf.num_partitions)
+
+
 @register(job_pb2.kInnerProduct)
 class InnerProductLayer(Layer):
     """y = x·Wᵀ + b (y = x·W with transpose); gW = gᵀ·x (xᵀ·g); gb = Σ_n g; gx = g·W (g·Wᵀ).
 
-    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose.
+    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose. On
+    partition_dim 1 this partition computes its rows of M: W and b are pieces of the whole.
     """
+
+    reads_all = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -53,6 +51,7 @@ class InnerProductLayer(Layer):
         wshape = (self.vdim, self.hdim) if self.transpose else (self.hdim, self.vdim)
         self.weight, self.bias = self.params = make_params(
             self, {"weight": wshape, "bias": (self.hdim,)})
+        mark_pieces(self, {self.weight: int(self.transpose), self.bias: 0})
         self.data = np.zeros((n, self.hdim), np.float32)
         self.grad = np.zeros_like(self.data)
 
@@ -112,14 +111,6 @@ def _relu_d(y, d):
     np.greater(y, 0, out=d)
 
 
-def _sigmoid(x, y):
-    # 1 / (1 + e^-x), in place on y.
-    np.negative(x, out=y)
-    np.exp(y, out=y)
-    y += 1
-    np.reciprocal(y, out=y)
-
-
 def _sigmoid_d(y, d):
     np.subtract(1, y, out=d)
     d *= y
@@ -155,7 +146,7 @@ class ReLULayer(_Elementwise):
 @register(job_pb2.kSigmoid)
 class SigmoidLayer(_Elementwise):
     """y = 1/(1+e^{-x}); gx = g·y(1−y)."""
-    forward, derivative = staticmethod(_sigmoid), staticmethod(_sigmoid_d)
+    forward, derivative = staticmethod(sigmoid), staticmethod(_sigmoid_d)
 
 
 @register(job_pb2.kSTanh)
@@ -166,7 +157,7 @@ class STanhLayer(_Elementwise):
 
 _ACTIVATIONS = {
     job_pb2.RELU: (_relu, _relu_d),
-    job_pb2.SIGMOID: (_sigmoid, _sigmoid_d),
+    job_pb2.SIGMOID: (sigmoid, _sigmoid_d),
     job_pb2.TANH: (_tanh, _tanh_d),
     # SINGA 0.3 logs "Unknow activation type" for STANH; we compute it.
     job_pb2.STANH: (_stanh, _stanh_d),
@@ -238,15 +229,6 @@ class SoftmaxLayer(Layer):
     def compute_gradient(self, flag, srclayers):
         raise ConfigError(f"layer '{self.name}': SINGA's Softmax layer has no backward; "
                           f"use kSoftmaxLoss in training nets and kSoftmax only in test nets")
-
-
-def softmax(x, p, scratch):
-    """p = exp(x − max_row) / Σ_row exp(x − max_row) for 2-D x; `scratch` is (N, 1) float32."""
-    np.max(x, axis=1, keepdims=True, out=scratch)
-    np.subtract(x, scratch, out=p)
-    np.exp(p, out=p)
-    np.sum(p, axis=1, keepdims=True, out=scratch)
-    p /= scratch
 
 
 @register(job_pb2.kDummy)

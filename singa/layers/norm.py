@@ -2,8 +2,7 @@
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import make_params
+from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
 __all__ = ["LRNLayer", "BMLayer", "BN_EPSILON"]
@@ -22,9 +21,11 @@ def _four_dims(layer, src):
 class LRNLayer(Layer):
     """Across channels, window of n = local_size centred on c (zero outside):
     norm = k + (α/n)·Σ_window x²; y = x·norm^{−β};
-    gx = g·norm^{−β} − (2αβ/n)·x·Σ_window(g·x·norm^{−β}/norm).
+    gx = g·norm^{−β} − (2αβ/n)·x·Σ_window(g·y/norm).
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
+    norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
+    cost of either power).
     """
 
     def setup(self, srclayers):
@@ -51,10 +52,25 @@ class LRNLayer(Layer):
 
     def _window_sum(self, out):
         """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c)."""
-        c = out.shape[1]
-        np.copyto(out, self._padded[:, :c])
-        for k in range(1, self.size):
-            out += self._padded[:, k:k + c]
+        c, p = out.shape[1], self._padded
+        if self.size == 1:
+            np.copyto(out, p)
+            return
+        np.add(p[:, :c], p[:, 1:c + 1], out=out)
+        for k in range(2, self.size):
+            out += p[:, k:k + c]
+
+    def _power(self, norm, out):
+        """out = norm^{−β}."""
+        if self.beta == 0.75:
+            np.sqrt(norm, out=out)
+            root4 = np.sqrt(out, out=self._acc)
+            out *= root4
+            np.reciprocal(out, out=out)
+        else:
+            np.log(norm, out=out)
+            out *= -self.beta
+            np.exp(out, out=out)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -62,7 +78,7 @@ class LRNLayer(Layer):
         self._window_sum(self.norm)
         self.norm *= self.salpha
         self.norm += self.knorm
-        np.power(self.norm, -self.beta, out=self.scale)
+        self._power(self.norm, self.scale)
         np.multiply(x, self.scale, out=self.data)
 
     def compute_gradient(self, flag, srclayers):
@@ -70,13 +86,13 @@ class LRNLayer(Layer):
         if gsrc is None:
             return
         x = srclayers[0].data_for(self)
-        np.multiply(self.grad, self.scale, out=gsrc)
-        np.multiply(gsrc, x, out=self._inner)
+        np.multiply(self.grad, self.data, out=self._inner)
         self._inner /= self.norm
         acc = self._acc
         self._window_sum(acc)
         acc *= x
         acc *= -2 * self.beta * self.salpha
+        np.multiply(self.grad, self.scale, out=gsrc)
         gsrc += acc
 
 

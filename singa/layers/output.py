@@ -1,7 +1,7 @@
 """Output layers: ArgSort, Accuracy, and CSVOutput / RecordOutput writing a store (src/neuralnet/output_layer/)."""
 import numpy as np
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError
 from singa.io.store import open_store
 from singa.layers.base import Layer, register
@@ -41,31 +41,19 @@ class ArgSortLayer(Layer):
 
 @register(job_pb2.kAccuracy)
 class AccuracyLayer(ArgSortLayer):
-    """Sources [scores, label provider]: accuracy += fraction of rows with the label in the top-k."""
+    """Sources [scores, label provider]: metric accuracy = fraction of rows with the label in the top-k."""
 
     def setup(self, srclayers):
         if len(srclayers) != 2:
             raise ConfigError(f"layer '{self.name}' needs 2 srclayers (scores, labels), "
                               f"got {len(srclayers)}")
         super().setup(srclayers[:1])
-        self.accuracy = 0.0
-        self.counter = 0
 
     def compute_feature(self, flag, srclayers):
         super().compute_feature(flag, srclayers)
         labels = srclayers[1].aux_data
         hits = np.count_nonzero((self.data == labels[:, None]).any(axis=1))
-        self.accuracy += hits / self.data.shape[0]
-        self.counter += 1
-
-    def to_string(self, flag):
-        """`accuracy = %f` averaged since the last call; resets the average."""
-        if not self.counter:
-            return ""
-        text = f"accuracy = {self.accuracy / self.counter:f}"
-        self.accuracy = 0.0
-        self.counter = 0
-        return text
+        self.add_metrics({"accuracy": hits / self.data.shape[0]})
 
 
 class StoreOutputLayer(Layer):

@@ -4,12 +4,12 @@ records of a shard, parser layers (Mnist, Label, RGBImage) turn them into blobs
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch, parse_record
 from singa.io.store import open_store
 from singa.layers.base import Layer, register
-from singa.layers.input import ImagePreprocessLayer, StoreInputLayer
+from singa.layers.input import ImagePreprocessLayer, StoreInputLayer, partition_rows
 from singa.proto import common_pb2, job_pb2
 
 __all__ = ["ShardDataLayer", "MnistLayer", "LabelLayer", "RGBImageLayer"]
@@ -21,8 +21,8 @@ class ShardDataLayer(StoreInputLayer):
     folder holding shard.dat, or a file), wrapping around; values are 0.1 Records or 0.3
     RecordProtos. data (N, *record shape) = raw pixels or floats; aux_data = labels.
 
-    The batch is divided by num_partitions on partition_dim 0; U{0..random_skip} records are
-    skipped on the first read.
+    The batch is divided by num_partitions on partition_dim 0 (partition k keeps its rows of
+    each whole batch); U{0..random_skip} records are skipped on the first read.
     """
 
     def setup(self, srclayers):
@@ -45,6 +45,7 @@ class ShardDataLayer(StoreInputLayer):
         self.dim = int(np.prod(self.shape))
         self.data = np.zeros((n,) + self.shape, np.float32)
         self.aux_data = np.zeros(n, np.int32)
+        self.rows = partition_rows(self.conf, n, True)
         self.mean = self.std = None
         self.random_skip = dc.random_skip
         self.store = None

@@ -14,8 +14,8 @@ These are descent directions: the updater subtracts them.
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import _sigmoid, make_params
+from singa.layers.base import Layer, make_params, register
+from singa.layers.ops import sigmoid
 from singa.proto import job_pb2
 
 __all__ = ["RBMVisLayer", "RBMHidLayer"]
@@ -27,9 +27,9 @@ kPositive, kNegative, kTest = job_pb2.kPositive, job_pb2.kNegative, job_pb2.kTes
 class RBMVisLayer(Layer):
     """Visible units: v+ is a copy of the data, v− the reconstruction; params W, b_vis.
 
-    `to_string`: `Squared Error = %f`, the sum of Σ(v+ − v−)²/N over kNegative|kTest passes
-    divided by the number of compute_feature calls (SINGA's counter counts every call, so with
-    cd_k 1 the figure is half the per-batch squared error).
+    Metric `Squared Error`: the sum of Σ(v+ − v−)²/N over kNegative|kTest passes divided by the
+    number of compute_feature calls (SINGA's counter counts every call, so with cd_k 1 the
+    figure is half the per-batch squared error).
     """
 
     def setup(self, srclayers):
@@ -50,21 +50,20 @@ class RBMVisLayer(Layer):
         self._diff = np.empty_like(self.pos_data)
         self._gw = np.empty((self.hdim, self.vdim), np.float32)
         self.data = self.pos_data
-        self.error = 0.0
-        self.counter = 0
 
     def compute_feature(self, flag, srclayers):
+        error = 0.0
         if flag & kPositive:
             np.copyto(self.pos_data, self.input.data_for(self).reshape(self.pos_data.shape))
         elif flag & kNegative:
             v = self.neg_data
             np.dot(self.hid.sample(flag), self.weight.data, out=v)
             v += self.bias.data
-            _sigmoid(v, v)
+            sigmoid(v, v)
             if flag & kTest:
                 d = np.subtract(self.pos_data, v, out=self._diff).ravel()
-                self.error += float(np.dot(d, d)) / self.batchsize
-        self.counter += 1
+                error = float(np.dot(d, d)) / self.batchsize
+        self.add_metrics({"Squared Error": error})
 
     def compute_gradient(self, flag, srclayers):
         n = np.float32(self.batchsize)
@@ -77,12 +76,6 @@ class RBMVisLayer(Layer):
         np.dot(hn.T, vn, out=gw)
         gw -= np.dot(hp.T, vp, out=self._gw)
         gw /= n
-
-    def to_string(self, flag):
-        text = f"Squared Error = {self.error / max(self.counter, 1):f}"
-        self.error = 0.0
-        self.counter = 0
-        return text
 
 
 @register(job_pb2.kRBMHid)
@@ -122,7 +115,7 @@ class RBMHidLayer(Layer):
         np.dot(v, self.weight.data.T, out=h)
         h += self.bias.data
         if not self.gaussian:
-            _sigmoid(h, h)
+            sigmoid(h, h)
 
     def sample(self, flag):
         """A sample of h+ (kPositive or first Gibbs step) or else of h−, drawn from `rng`."""

@@ -9,10 +9,10 @@ import sys
 
 import numpy as np
 
-from singa.config import resolve
+from singa import resolve
 from singa.errors import ConfigError, DataError
-from singa.layers.base import Layer, register
-from singa.layers.neuron import _sigmoid, make_params
+from singa.layers.base import Layer, make_params, register
+from singa.layers.ops import sigmoid
 from singa.proto import job_pb2
 
 __all__ = ["CharRNNLayer", "OneHotLayer", "RNNLabelLayer", "RNNDummyLayer", "EmbeddingLayer",
@@ -271,8 +271,8 @@ class GRULayer(Layer):
         x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
         hprev = self._state(srclayers)
         z, r, c = self.z, self.r, self.c
-        self._gate(z, 0, x, hprev, _sigmoid)
-        self._gate(r, 1, x, hprev, _sigmoid)
+        self._gate(z, 0, x, hprev, sigmoid)
+        self._gate(r, 1, x, hprev, sigmoid)
         np.dot(hprev, self.wh[2].data.T, out=self.hc)
         np.multiply(r, self.hc, out=c)
         np.dot(x, self.wx[2].data.T, out=self._t)

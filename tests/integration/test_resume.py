@@ -239,3 +239,29 @@ def test_checkpoint_path_with_a_non_utf8_param_name_is_one_line(mlp_job, run_dri
     bad.write_bytes(msg.SerializeToString() + b"\x22\x03\xff\xfeA")
     line = error_line(run_driver(mlp_job(checkpoint_path=[str(bad)]), *flags))
     assert line == f"singa: checkpoint {bad}: name b'\\xff\\xfeA' is not UTF-8 text"
+
+
+def test_snapshot_of_two_model_pieces_resumes_bit_exact_in_one_worker(run_a, tmp_path, singa_conf):
+    """step100 re-written as 2 workers' files, each param cut by rows into pieces under its
+    name (SINGA's layout, plus our piece records), its updater buffers likewise: one worker
+    joins them and ends where the uninterrupted run does."""
+    folder_a, _ = run_a
+    assert driver(write_bitexact(tmp_path, "first", tmp_path / "ws", train_steps=100),
+                  singa_conf).returncode == 0
+    path = tmp_path / "ws" / "checkpoint" / "step100-worker0.bin"
+    r = checkpoint.CheckpointReader(str(path))
+    buffers = r.state.param_state
+    for k in range(2):
+        st = r.state if k == 0 else checkpoint.SnapshotState(step=100)
+        st.nworkers = 2
+        st.param_state = {n: [np.array_split(b, 2)[k] for b in bufs] for n, bufs in buffers.items()}
+        checkpoint.write_file(str(path.parent / f"step100-worker{k}.bin"),
+                              [(n, np.array_split(r.param(n), 2)[k], r.version(n), (0, k, 2))
+                               for n in r.names], st)
+    out = driver(write_bitexact(tmp_path, "second", tmp_path / "ws"), singa_conf, "-resume")
+    assert out.returncode == 0, out.stderr
+    assert "Resume from step 100" in out.stderr
+    assert f"Param 0#weight1: joined from {path} [0:32] + {path.parent}/step100-worker1.bin " \
+           f"[32:64]" in out.stderr
+    final = tmp_path / "ws" / "checkpoint" / "step200-worker0.bin"
+    assert_same_training_state(folder_a / "step200-worker0.bin", final)

@@ -8,6 +8,7 @@ import re
 import subprocess
 
 import numpy as np
+import pytest
 
 import singa
 from singa import checkpoint
@@ -94,15 +95,20 @@ def test_char_rnn_resume_is_bit_exact(tmp_path, run_driver):
         np.testing.assert_array_equal(whole.param(name), resumed.param(name), err_msg=name)
 
 
-def test_rnnlm_user_layers_lower_perplexity(tmp_path, singa_conf):
-    """Through bin/singa-run.sh, the flags naming the .proto and layers relative to the cwd."""
+@pytest.mark.parametrize("name", ["job.conf", "job-v0.1.0.conf"])
+def test_rnnlm_user_layers_lower_perplexity(tmp_path, singa_conf, name):
+    """Through bin/singa-run.sh, the flags naming the .proto and layers relative to the cwd.
+    The 0.1 conf reads 0.1 shard folders (`<path>/shard.dat`) through a kLabel layer."""
     make_data("rnnlm", tmp_path)
-    conf = edited(os.path.join(singa.HOME, "tests", "fixtures", "confs", "rnnlm", "job.conf"),
+    for part in ("train", "valid"):
+        (tmp_path / f"{part}_shard").mkdir()
+        os.link(tmp_path / f"{part}_data.bin", tmp_path / f"{part}_shard" / "shard.dat")
+    conf = edited(os.path.join(singa.HOME, "tests", "fixtures", "confs", "rnnlm", name),
                   tmp_path, "rnnlm.conf", {
                       "train_steps:81350": "train_steps:3000", "validate_steps:683": "validate_steps:200",
                       "validate_freq:8135": "validate_freq:1500", "disp_freq:8135": "disp_freq:500",
-                      "examples/rnnlm/train_data.bin": f"{tmp_path}/train_data.bin",
-                      "examples/rnnlm/valid_data.bin": f"{tmp_path}/valid_data.bin",
+                      "examples/rnnlm/train_": f"{tmp_path}/train_",
+                      "examples/rnnlm/valid_": f"{tmp_path}/valid_",
                       'workspace: "examples/rnnlm/"': f'workspace: "{tmp_path}/ws"'})
     env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
     env["SINGA_CONF"] = str(singa_conf.parent)

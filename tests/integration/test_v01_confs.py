@@ -1,6 +1,7 @@
-"""SINGA 0.1's confs (mnist/job-v0.1.0.conf, cifar10/job-v0.1.0.conf) run, unmodified but for
-steps, frequencies, batch size and paths: kShardData reads 0.1 shard folders written here the
-way 0.1's create_shard wrote them, kMnist / kRGBImage / kLabel parse them, and the loss falls."""
+"""SINGA 0.1's confs (mnist/job-v0.1.0.conf, conv-v0.1.0.conf, cifar10/job-v0.1.0.conf, the rbm
+chain rbm1..4-v0.1.0.conf + autoencoder-v0.1.0.conf) run, unmodified but for steps, frequencies,
+batch size and paths: kShardData reads 0.1 shard folders written here the way 0.1's
+create_shard wrote them, kMnist / kRGBImage / kLabel parse them, and the loss falls."""
 import os
 import re
 
@@ -27,17 +28,17 @@ def fixture_records(name):
         return [common_pb2.RecordProto.FromString(v) for _, v in f]
 
 
-def write_conf(tmp_path, conf, steps, edits):
+def write_conf(tmp_path, conf, steps, edits, workspace="ws"):
     with open(os.path.join(CONFS, conf)) as f:
         text = f.read()
     for field, value in (("train_steps", steps), ("test_steps", 2), ("test_freq", steps),
-                         ("disp_freq", steps // 4), ("workspace", f'"{tmp_path / "ws"}"')):
+                         ("disp_freq", steps // 4), ("workspace", f'"{tmp_path / workspace}"')):
         text, n = re.subn(rf"(?m)^(\s*{field}): ?\S+$", rf"\1: {value}", text)
         assert n == 1, f"{field} is not in {conf}"
     for old, new in edits.items():
         assert old in text, old
         text = text.replace(old, new)
-    path = tmp_path / "job.conf"
+    path = tmp_path / f"{workspace}.conf"
     path.write_text(text)
     return path
 
@@ -89,3 +90,49 @@ def test_cifar10_v01_conf_trains_on_a_01_shard_with_a_01_mean_file(tmp_path, run
     # trial runs)
     assert len(losses) == 4 and losses == sorted(losses, reverse=True), losses
     assert losses[-1] < losses[0] - 0.002, losses
+
+
+def mnist_shards(tmp_path):
+    """{0.1 conf path: shard folder} for Fashion-MNIST fixture records."""
+    write_shard(tmp_path / "train_shard", fixture_records("train-1000.bin"))
+    write_shard(tmp_path / "test_shard", fixture_records("test-500.bin"))
+    return {"examples/mnist/mnist_train_shard": str(tmp_path / "train_shard"),
+            "examples/mnist/mnist_test_shard": str(tmp_path / "test_shard")}
+
+
+def test_mnist_conv_v01_conf_trains_on_a_01_shard(tmp_path, run_driver):
+    conf = write_conf(tmp_path, "mnist/conv-v0.1.0.conf", 40, mnist_shards(tmp_path))
+    r = run_driver(conf)
+    assert r.returncode == 0, r.stderr
+    losses = train_losses(r.stderr)
+    assert len(losses) == 4 and losses[-1] < losses[0] - 0.05, losses
+
+
+def test_rbm_v01_chain_pretrains_layer_by_layer_and_the_autoencoder_loads_all_four(tmp_path,
+                                                                                   run_driver):
+    """rbm<k> loads rbm<k-1>'s step file by 0.1's names (`w1`, no `0#`); each RBM's
+    reconstruction error falls; the autoencoder loads all four files."""
+    shards = mnist_shards(tmp_path)
+    steps = 40
+    for k in range(1, 6):
+        name = f"rbm{k}" if k < 5 else "autoencoder"
+        loads = range(1, k) if k == 5 else range(k - 1, k) if k > 1 else ()
+        edits = dict(shards, **{f"examples/rbm/rbm{j}/checkpoint/step6000-worker0":
+                                str(tmp_path / f"rbm{j}" / "checkpoint" / f"step{steps}-worker0")
+                                for j in loads})
+        if k == 5:
+            edits["batchsize: 1000"] = "batchsize: 100"
+        conf = write_conf(tmp_path, f"rbm/{name}-v0.1.0.conf", steps, edits, workspace=name)
+        r = run_driver(conf)
+        assert r.returncode == 0, r.stderr
+        for j in loads:
+            assert f"Load from checkpoint file {tmp_path}/rbm{j}/checkpoint/step{steps}-worker0" \
+                in r.stderr, (name, r.stderr)
+        if k < 5:
+            errors = [float(x) for x in re.findall(r"Train @ step \d+  Squared Error = ([\d.]+)",
+                                                   r.stderr)]
+            assert len(errors) == 4 and errors[-1] < errors[0], (name, errors)
+        else:
+            assert "not in the checkpoint files" not in r.stderr, r.stderr
+            losses = [float(x) for x in re.findall(r"Train @ step \d+  Loss = ([\d.]+)", r.stderr)]
+            assert len(losses) == 4 and losses[-1] < losses[0], losses

@@ -15,6 +15,7 @@ import pytest
 
 import singa
 from singa import checkpoint as ckpt
+from singa.checkpoint import format as ckpt_format
 from singa import runtime
 from singa.errors import CheckpointError
 from singa.proto import common_pb2, job_pb2
@@ -214,23 +215,26 @@ def test_param_values_are_private_copies(tmp_path):
     assert r.state.param_state["0#w1"][0][0, 0] == 0.5
 
 
-def test_latest_snapshot_keeps_its_files_parsed_until_they_change(tmp_path, monkeypatch):
-    folder = str(tmp_path)
+def test_the_chosen_snapshot_is_read_once_from_verifying_to_loading(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    folder = str(ws / "checkpoint")
+    os.makedirs(folder)
     snapshot(folder, 100)
     snapshot(folder, 200)
     loads = []
-    load = ckpt._load
-    monkeypatch.setattr(ckpt, "_load", lambda path: loads.append(path) or load(path))
+    load = ckpt_format._load
+    monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
     snap = ckpt.latest_snapshot(folder)
     assert snap.step == 200 and loads == [snap.files[0]]     # newest first, older unread
+    files = ckpt.open_checkpoint_path([snap.files[0]], str(ws), snapshot=snap)
+    assert files == [snap.readers[0]] and files[0].state.step == 200
     ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
-    ckpt.load_params([snap.files[0]], ps)
-    assert ckpt.CheckpointReader(snap.files[0]).state.step == 200
+    ckpt.load_params(files, ps)
     assert len(loads) == 1                                   # no second read
     np.testing.assert_array_equal(ps["0#w1"].data, params(200)[0][1])
-    ckpt.write_file(snap.files[0], params(7), state(200))    # replaced: read again
-    np.testing.assert_array_equal(ckpt.CheckpointReader(snap.files[0]).param("0#w1"), params(7)[0][1])
-    assert len(loads) == 2
+    assert ckpt.open_checkpoint_path(["latest"], str(ws))[0].state.step == 200
+    assert len(loads) == 2                                   # no snapshot passed: read again
+    assert all(s.readers == {} for s in ckpt.list_snapshots(folder))   # none kept in memory
 
 
 def test_round_trip_values_versions_and_state(tmp_path):
@@ -484,23 +488,27 @@ def test_resolve_latest_best_prefix_and_missing(tmp_path):
     snapshot(str(folder), 100, nworkers=2, metrics={"accuracy": 0.9})
     snapshot(str(folder), 200, nworkers=2, metrics={"accuracy": 0.5})
     ws = str(tmp_path)
-    assert ckpt.resolve_checkpoint_paths(["latest"], ws) == [
+    assert paths(["latest"], ws) == [
         ckpt.snapshot_file(str(folder), 200, 0), ckpt.snapshot_file(str(folder), 200, 1)]
-    assert ckpt.resolve_checkpoint_paths(["best"], ws)[0].endswith("step100-worker0.bin")
-    assert ckpt.resolve_checkpoint_paths([str(folder / "step100-worker0")], ws) == [
-        str(folder / "step100-worker0.bin")]
+    assert paths(["best"], ws)[0].endswith("step100-worker0.bin")
+    assert paths([str(folder / "step100-worker0")], ws) == [str(folder / "step100-worker0.bin")]
     rel = os.path.relpath(f"{FIX}/run-1worker/step100-worker0", singa.HOME)
-    assert ckpt.resolve_checkpoint_paths([rel], ws) == [f"{FIX}/run-1worker/step100-worker0"]
+    assert paths([rel], ws) == [f"{FIX}/run-1worker/step100-worker0"]
     with pytest.raises(CheckpointError, match="not found: .*nope/step1-worker0"):
-        ckpt.resolve_checkpoint_paths([str(tmp_path / "nope/step1-worker0")], ws)
+        paths([str(tmp_path / "nope/step1-worker0")], ws)
     os.unlink(ckpt.snapshot_file(str(folder), 100, 1))
     os.unlink(ckpt.snapshot_file(str(folder), 200, 1))
     with pytest.raises(CheckpointError, match="latest.*no complete snapshot in .*checkpoint"):
-        ckpt.resolve_checkpoint_paths(["latest"], ws)
+        paths(["latest"], ws)
+
+
+def paths(entries, workspace, **kw):
+    return [r.path for r in ckpt.open_checkpoint_path(entries, workspace, **kw)]
 
 
 def net_params(shapes):
-    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1) for n, s in shapes}
+    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1, partition=None)
+            for n, s in shapes}
 
 
 def test_load_params_from_singa_files_later_wins():
@@ -509,7 +517,7 @@ def test_load_params_from_singa_files_later_wins():
     log = []
     files = [f"{FIX}/run-1worker/step100-worker0", f"{FIX}/run-1worker/step200-worker0"]
     loaded = ckpt.load_params(files, ps, log.append)
-    assert loaded == dict.fromkeys(FIX_NAMES, files[1])
+    assert loaded == dict.fromkeys(FIX_NAMES, (files[1],))
     assert ps["0#weight1"].data is keep and ps["0#weight1"].version == 199
     np.testing.assert_array_equal(keep, ckpt.CheckpointReader(files[1]).param("0#weight1"))
     assert log[:2] == [f"Load from checkpoint file {f}" for f in files]
@@ -521,7 +529,7 @@ def test_load_params_matches_01_plain_names(tmp_path):
     path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"),
                            [("w1", np.ones((4, 3)), 9), ("b1", np.ones(4), 9), ("0#b1", np.full(4, 2), 8)])
     ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
-    assert ckpt.load_params([path], ps) == {"0#w1": path, "0#b1": path}
+    assert ckpt.load_params([path], ps) == {"0#w1": (path,), "0#b1": (path,)}
     assert ps["0#w1"].version == 9 and ps["0#b1"].data.tolist() == [2, 2, 2, 2]
 
 
@@ -610,7 +618,7 @@ def test_worker_ids_beyond_the_jobs_cluster_are_ignored_with_a_warning(tmp_path)
                    f"2000000000 is beyond the job's 1 workers" for s in (100, 500)]
     ws = tmp_path / "ws"
     shutil.copytree(tmp_path, ws / "checkpoint", ignore=shutil.ignore_patterns("ws"))
-    assert ckpt.resolve_checkpoint_paths(["latest"], str(ws), nworkers=1) == [
+    assert paths(["latest"], str(ws), nworkers=1) == [
         ckpt.snapshot_file(str(ws / "checkpoint"), 100, 0)]
 
 
@@ -619,7 +627,8 @@ def test_resume_ignores_files_beyond_the_jobs_workers(tmp_path, caplog):
     open(tmp_path / "step500-worker1000000", "wb").close()
     job = job_pb2.JobProto()
     job.cluster.nworkers_per_group = 1
-    assert runtime.resume_from(job, str(tmp_path)) == {0: ckpt.snapshot_file(str(tmp_path), 100, 0)}
+    assert runtime.resume_from(job, str(tmp_path)).files == {
+        0: ckpt.snapshot_file(str(tmp_path), 100, 0)}
     assert job.step == 100
     assert [r.message for r in caplog.records if r.levelno == logging.WARNING] == [
         f"Ignoring checkpoint file {tmp_path}/step500-worker1000000: worker 1000000 is beyond "
@@ -630,7 +639,7 @@ def test_a_step_beyond_the_last_a_job_can_reach_is_one_problem_line(tmp_path):
     for step in (100, 99999999999, int("9" * 30)):
         shutil.copy(f"{FIX}/run-1worker/step100-worker0", tmp_path / f"step{step}-worker0")
     job = job_pb2.JobProto()
-    assert runtime.resume_from(job, str(tmp_path)) == {0: str(tmp_path / "step100-worker0")}
+    assert runtime.resume_from(job, str(tmp_path)).files == {0: str(tmp_path / "step100-worker0")}
     assert job.step == 100
     out = cli("ls", str(tmp_path))
     assert out.returncode == 0 and "Traceback" not in out.stderr

@@ -1,4 +1,5 @@
 """singa.config: SINGA's confs parse; every bad input gives one line `file:line: what`."""
+import ast
 import os
 import pathlib
 import tracemalloc
@@ -295,8 +296,21 @@ def test_singa_conf(tmp_path):
 
 
 def test_resolve_relative_to_singa_home():
-    assert config.resolve("examples/mnist") == os.path.join(singa.HOME, "examples", "mnist")
-    assert config.resolve("/abs/x") == "/abs/x"
+    assert singa.resolve("examples/mnist") == os.path.join(singa.HOME, "examples", "mnist")
+    assert singa.resolve("/abs/x") == "/abs/x"
+
+
+def test_the_layers_do_not_import_config():
+    """config imports the layers (to check types are registered); they do not import it back."""
+    for path in pathlib.Path(singa.HOME, "singa", "layers").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert "singa.config" not in names, f"{path.name}:{node.lineno} imports singa.config"
 
 
 def test_lines_found_past_comments_and_braces_in_strings(tmp_path):

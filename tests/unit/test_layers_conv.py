@@ -7,6 +7,7 @@ import pytest
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.errors import ConfigError
 from singa.layers import conv
+from singa.proto import job_pb2
 
 
 def conv_conf(layer_type="kCConvolution", num_filters=3, **kw):
@@ -169,11 +170,12 @@ def direct_pool(x, reduce, kh, kw, sh, sw):
 @pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
 @pytest.mark.parametrize("window", [dict(kernel=3, stride=2),
                                     dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2)])
-def test_pooling_matches_direct_loops(pool, reduce, window):
+@pytest.mark.parametrize("flag", [FORWARD, job_pb2.kTest])
+def test_pooling_matches_direct_loops(pool, reduce, window, flag):
     x = distinct((2, 3, 7, 6))
     src = Source(x)
     layer = make_layer(pool_conf("kCPooling", pool, **window), [src])
-    layer.compute_feature(FORWARD, [src])
+    layer.compute_feature(flag, [src])
     kh = window.get("kernel", window.get("kernel_y"))
     kw = window.get("kernel", window.get("kernel_x"))
     sh = window.get("stride", window.get("stride_y"))
@@ -189,3 +191,17 @@ def test_max_pooling_breaks_ties_in_row_major_order_like_caffe():
     layer.grad[...] = 5
     layer.compute_gradient(BACKWARD, [src])
     np.testing.assert_array_equal(src.grad[0, 0], [[0, 5], [0, 0]])
+
+
+def test_max_pooling_adds_the_gradients_of_windows_sharing_their_maximum():
+    # Windows of 3 at stride 2 share column 2, where the maximum of both is.
+    x = np.zeros((1, 1, 3, 5), np.float32)
+    x[0, 0, 1, 2] = 1
+    src = Source(x)
+    layer = make_layer(pool_conf(kernel=3, stride=2), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = [[[[2, 3]]]]
+    layer.compute_gradient(BACKWARD, [src])
+    want = np.zeros((3, 5))
+    want[1, 2] = 5
+    np.testing.assert_array_equal(src.grad[0, 0], want)

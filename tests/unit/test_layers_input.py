@@ -87,6 +87,19 @@ def test_record_input_batch_size_rule(shard, extra, sizes, want):
     assert layer.data.shape == (want, 4)
 
 
+@pytest.mark.parametrize("k", [0, 1])
+def test_record_input_partitions_on_dim_0_keep_their_rows_of_each_whole_batch(shard, k):
+    path, xs = shard
+    layer = record_input(path, 'backend: "kvfile" batchsize: 4 shape: 4',
+                         f"partition_dim: 0 num_partitions: 2 partition_id: {k}")
+    rows = []
+    for _ in range(2):
+        layer.compute_feature(TRAIN, [])
+        rows += layer.aux_data.tolist()
+    whole = [0, 1, 2, 3, 4, 5, 6, 0]        # the two batches of 4 one worker reads
+    assert rows == [i % 3 for i in whole[2 * k:2 * k + 2] + whole[4 + 2 * k:6 + 2 * k]]
+
+
 def test_record_input_random_skip_draws_from_the_layer_rng(shard):
     path, xs = shard
     skip = np.random.default_rng(5).integers(0, 4)

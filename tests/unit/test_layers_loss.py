@@ -1,4 +1,4 @@
-"""SoftmaxLoss and EuclideanLoss: metrics, display strings, gradients; SINGA's own checkpoints
+"""SoftmaxLoss and EuclideanLoss: metrics, gradients; SINGA's own checkpoints
 (MLP and cnn fixtures) reproduce the test lines SINGA logged."""
 import os
 
@@ -18,14 +18,14 @@ def softmax_loss(scores, labels, conf="", layer_type="kSoftmaxLoss"):
     return layer, srcs
 
 
-def test_softmax_loss_metrics_and_display_string():
+def test_softmax_loss_metrics_are_averaged_then_reset():
     scores = np.log(np.array([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]], np.float32))
     layer, srcs = softmax_loss(scores, [0, 1])
     layer.compute_feature(FORWARD, srcs)
     np.testing.assert_allclose(layer.data, np.exp(scores), rtol=1e-6)
     want_loss = -(np.log(0.7) + np.log(0.3)) / 2
-    assert layer.to_string(FORWARD) == f"Loss = {want_loss:f}, accuracy = 0.500000"
-    assert layer.to_string(FORWARD) == ""
+    assert layer.metrics(FORWARD) == pytest.approx({"Loss": want_loss, "accuracy": 0.5})
+    assert layer.metrics(FORWARD) == {}
 
 
 def test_softmax_loss_averages_over_calls_and_applies_scale():
@@ -34,8 +34,7 @@ def test_softmax_loss_averages_over_calls_and_applies_scale():
     for labels in ([0, 0], [0, 1]):
         srcs[1].aux_data[...] = labels
         layer.compute_feature(FORWARD, srcs)
-    assert layer.counter == 2
-    assert layer.accuracy / layer.counter == pytest.approx(2 * (0.5 + 1.0) / 2)
+    assert layer.metrics(FORWARD)["accuracy"] == pytest.approx(2 * (0.5 + 1.0) / 2)
 
 
 def test_softmax_loss_topk_ties_rank_the_higher_index_first_like_singa():
@@ -44,14 +43,14 @@ def test_softmax_loss_topk_ties_rank_the_higher_index_first_like_singa():
     for label in range(4):
         layer, srcs = softmax_loss(scores, [label], "softmaxloss_conf { topk: 2 }")
         layer.compute_feature(FORWARD, srcs)
-        hits.append(layer.accuracy)
+        hits.append(layer.metrics(FORWARD)["accuracy"])
     assert hits == [0, 0, 1, 1]
 
 
 def test_softmax_loss_is_stable_for_huge_scores_and_clips_log_at_flt_min():
     layer, srcs = softmax_loss(np.array([[1e4, -1e4]], np.float32), [1])
     layer.compute_feature(FORWARD, srcs)
-    assert layer.loss == pytest.approx(-np.log(np.finfo(np.float32).tiny))
+    assert layer.metrics(FORWARD)["Loss"] == pytest.approx(-np.log(np.finfo(np.float32).tiny))
 
 
 def test_softmax_loss_gradient_is_p_minus_onehot_times_scale_over_n():
@@ -60,8 +59,7 @@ def test_softmax_loss_gradient_is_p_minus_onehot_times_scale_over_n():
     layer, srcs = softmax_loss(scores, labels, "softmaxloss_conf { scale: 0.5 }")
 
     def loss():
-        value, layer.loss = layer.loss, 0.0
-        return value
+        return layer.metrics(FORWARD)["Loss"]
     check_gradients(layer, srcs, objective=loss)
     p = layer.data.copy()
     p[range(3), labels] -= 1
@@ -78,7 +76,7 @@ def test_cudnn_softmax_loss_shows_only_the_loss_and_ignores_scale():
     scores = np.log(np.array([[0.5, 0.5]], np.float32))
     layer, srcs = softmax_loss(scores, [0], "softmaxloss_conf { scale: 3 }", "kCudnnSoftmaxLoss")
     layer.compute_feature(FORWARD, srcs)
-    assert layer.to_string(FORWARD) == f"Loss = {np.log(2):f}"
+    assert layer.metrics(FORWARD) == pytest.approx({"Loss": np.log(2)})
 
 
 def euclidean(r, t):
@@ -90,7 +88,7 @@ def test_euclidean_loss_is_squared_error_over_batch_without_half():
     layer, srcs = euclidean(np.array([[1.0, 2.0], [0.0, 0.0]]), np.array([[0.0, 0.0], [3.0, 0.0]]))
     layer.compute_feature(FORWARD, srcs)
     layer.compute_feature(FORWARD, srcs)
-    assert layer.to_string(FORWARD) == f"Loss = {(1 + 4 + 9) / 2:f}"
+    assert layer.metrics(FORWARD) == pytest.approx({"Loss": (1 + 4 + 9) / 2})
 
 
 def test_euclidean_loss_gradient_is_that_of_half_the_loss():
@@ -98,8 +96,7 @@ def test_euclidean_loss_gradient_is_that_of_half_the_loss():
     layer, srcs = euclidean(rng.standard_normal((3, 4)), rng.standard_normal((3, 4)))
 
     def half_loss():
-        value, layer.loss = layer.loss, 0.0
-        return value / 2
+        return layer.metrics(FORWARD)["Loss"] / 2
     assert check_gradients(layer, srcs, objective=half_loss) == 12
     np.testing.assert_allclose(srcs[0].grad, (srcs[0].data - srcs[1].data) / 3, rtol=1e-6)
 
@@ -112,8 +109,8 @@ def load_checkpoint(path):
             for name, b in zip(blobs.name, blobs.blob)}
 
 
-def net_display(layer_confs, checkpoint, shape):
-    """SINGA's `Test @ step` line for a checkpoint: 5 batches of 100 of test-500.bin, x / 255."""
+def net_metrics(layer_confs, checkpoint, shape):
+    """The metrics of SINGA's `Test @ step` line for a checkpoint: 5 batches of 100 of test-500.bin, x / 255."""
     data_conf = (f'name: "data" type: kRecordInput partition_dim: 0 store_conf {{ '
                  f'backend: "kvfile" path: "{FIXTURES}/test-500.bin" batchsize: 100 {shape} '
                  f'std_value: 255 }}')
@@ -129,7 +126,7 @@ def net_display(layer_confs, checkpoint, shape):
         for i, layer in enumerate(net):
             layer.compute_feature(job_pb2.kTest, net[i - 1:i])
         loss.compute_feature(job_pb2.kTest, [net[-1], net[0]])
-    return loss.to_string(job_pb2.kTest)
+    return loss.metrics(job_pb2.kTest)
 
 
 MLP = ['name: "ip1" type: kInnerProduct innerproduct_conf { num_output: 64 }'
@@ -153,7 +150,7 @@ CNN = ['name: "conv1" type: kCConvolution convolution_conf { num_filters: 8 kern
     (CNN, "cnn/step200-worker0", "shape: 1 shape: 28 shape: 28", 0.758, 0.703733),
 ])
 def test_singa_checkpoints_reproduce_singas_test_line(layers, checkpoint, shape, accuracy, loss):
-    text = net_display(layers, f"{FIXTURES}/{checkpoint}", shape)
-    got_loss, got_accuracy = (float(t.split(" = ")[1]) for t in text.split(", "))
+    got = net_metrics(layers, f"{FIXTURES}/{checkpoint}", shape)
+    got_loss, got_accuracy = got["Loss"], got["accuracy"]
     assert got_accuracy == pytest.approx(accuracy, abs=1e-9)
     assert got_loss == pytest.approx(loss, abs=1e-4)

@@ -6,7 +6,7 @@ from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.errors import ConfigError
 from singa.proto import job_pb2
 
-LRN = """name: "norm" type: {kind} lrn_conf {{ local_size: {n} alpha: {alpha} beta: 0.75
+LRN = """name: "norm" type: {kind} lrn_conf {{ local_size: {n} alpha: {alpha} beta: {beta}
          knorm: {k} }}"""
 BM = """name: "bm" type: {kind} param {{ name: "s" }} param {{ name: "b" }}
         param {{ name: "m" }} param {{ name: "v" }}"""
@@ -29,32 +29,35 @@ def lrn_by_loops(x, n, alpha, beta, k):
 
 
 @pytest.mark.parametrize("kind", ["kLRN", "kCudnnLRN"])
-@pytest.mark.parametrize("n, alpha, k", [(3, 5e-05, 1), (5, 0.5, 2)])
-def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k):
+@pytest.mark.parametrize("n, alpha, k", [(1, 0.5, 1), (3, 5e-05, 1), (5, 0.5, 2)])
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k, beta):
     src = Source(3 * inputs((2, 7, 3, 4)))
-    layer = make_layer(LRN.format(kind=kind, n=n, alpha=alpha, k=k), [src])
+    layer = make_layer(LRN.format(kind=kind, n=n, alpha=alpha, beta=beta, k=k), [src])
     layer.compute_feature(FORWARD, [src])
-    np.testing.assert_allclose(layer.data, lrn_by_loops(src.data, n, alpha, 0.75, k),
+    np.testing.assert_allclose(layer.data, lrn_by_loops(src.data, n, alpha, beta, k),
                                rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
-def test_lrn_gradients(n):
+@pytest.mark.parametrize("beta", [0.75, 0.6])
+def test_lrn_gradients(n, beta):
     src = Source(inputs((2, 6, 3, 3)))
     # a large alpha so that the normaliser's gradient term matters
-    layer = make_layer(LRN.format(kind="kLRN", n=n, alpha=2.0, k=1), [src])
+    layer = make_layer(LRN.format(kind="kLRN", n=n, alpha=2.0, beta=beta, k=1), [src])
     assert check_gradients(layer, [src]) == src.data.size
 
 
 @pytest.mark.parametrize("n", [0, 4])
 def test_lrn_refuses_an_even_window(n):
     with pytest.raises(ConfigError, match="layer 'norm': lrn_conf.local_size must be odd"):
-        make_layer(LRN.format(kind="kLRN", n=n, alpha=1, k=1), [Source(inputs((1, 4, 2, 2)))])
+        make_layer(LRN.format(kind="kLRN", n=n, alpha=1, beta=0.75, k=1),
+                   [Source(inputs((1, 4, 2, 2)))])
 
 
 def test_lrn_needs_four_dimensions():
     with pytest.raises(ConfigError, match=r"layer 'norm' needs a 4-D source .* \(2, 6\)"):
-        make_layer(LRN.format(kind="kLRN", n=3, alpha=1, k=1), [Source(inputs((2, 6)))])
+        make_layer(LRN.format(kind="kLRN", n=3, alpha=1, beta=0.75, k=1), [Source(inputs((2, 6)))])
 
 
 def bm_by_loops(x, gamma, beta, eps=1e-5):

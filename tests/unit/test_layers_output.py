@@ -28,8 +28,8 @@ def test_accuracy_accumulates_hits_and_resets_on_display():
     layer.compute_feature(FORWARD, [scores, labels])
     labels.aux_data[...] = [1, 2]
     layer.compute_feature(FORWARD, [scores, labels])
-    assert layer.to_string(FORWARD) == "accuracy = 0.750000"
-    assert layer.to_string(FORWARD) == ""
+    assert layer.metrics(FORWARD) == {"accuracy": 0.75}
+    assert layer.metrics(FORWARD) == {}
 
 
 def output_layer(kind, path, src, store=""):

@@ -6,7 +6,8 @@ from google.protobuf import text_format
 from singa.errors import ConfigError
 from singa.layers.base import create_layer
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
-from singa.neuralnet import NeuralNet, topological_sort
+from singa.graph import sort
+from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.worker import CDWorker, Worker, worker_class
 from gradcheck import Source
@@ -99,7 +100,7 @@ def test_cd_step_matches_float64_reference(cd_k, gaussian):
     assert not hid.weight.grad.any()
     assert hid.weight.data is vis.weight.data
     # SINGA divides by every compute_feature call of the Vis layer (2 + cd_k - 1 here)
-    assert vis.to_string(kTrain) == f"Squared Error = {err / (cd_k + 1):f}"
+    assert vis.metrics(kTrain) == pytest.approx({"Squared Error": err / (cd_k + 1)}, rel=1e-5)
 
 
 def test_binary_samples_are_zeros_and_ones_gaussian_are_not():
@@ -117,12 +118,11 @@ def test_binary_samples_are_zeros_and_ones_gaussian_are_not():
 def test_squared_error_display_resets_and_counts_every_call():
     data, vis, hid = rbm_pair()
     cd_step(data, vis, hid)
-    first = vis.to_string(kTrain)
-    assert first.startswith("Squared Error = ") and float(first.split("=")[1]) > 0
-    assert vis.to_string(kTrain) == "Squared Error = 0.000000"
+    assert vis.metrics(kTrain)["Squared Error"] > 0
+    assert vis.metrics(kTrain) == {}
     vis.compute_feature(kPositive, [data, hid])
     vis.compute_feature(kPositive, [data, hid])
-    assert (vis.error, vis.counter) == (0.0, 2)
+    assert (vis.metric_sums, vis.metric_count) == ({"Squared Error": 0.0}, 2)
 
 
 def test_vis_needs_data_and_hid_sources():
@@ -171,7 +171,7 @@ def test_bidirectional_edge_sorts_vis_after_its_data_then_hid():
     layers = list(text_format.Parse(RBM2.replace('srclayers: "Sigmoid1" srclayers: "RBMHid"',
                                                  'srclayers: "RBMHid" srclayers: "Sigmoid1"'),
                                     job_pb2.NetProto()).layer)
-    assert [c.name for c in topological_sort(layers)][-2:] == ["RBMVis", "RBMHid"]
+    assert [c.name for c in sort(layers)][-2:] == ["RBMVis", "RBMHid"]
 
 
 class FakeJob:
@@ -193,12 +193,12 @@ def test_cd_worker_updates_only_rbm_params_and_tests_with_one_reconstruction():
     assert [p.name for p in collected] == [p.name for p in net.params]
     assert updated == ["0#w2", "0#b21", "0#w2_", "0#b22"]
     vis = net.layers[3]
-    assert vis.counter == 2 and vis.error > 0
+    assert vis.metric_count == 2 and vis.metric_sums["Squared Error"] > 0
 
     test = make(job_pb2.kTest, share_from=net, first_id=net.next_id)
     tvis, thid = test.layers[3:]
     # the test net's Hid uses the train net's W, not a stale copy of its own
     assert thid.weight.data is net.layers[3].weight.data is tvis.weight.data
     CDWorker.test_one_batch(kTest, test, 0)
-    assert tvis.counter == 2 and tvis.error > 0
+    assert tvis.metric_count == 2 and tvis.metric_sums["Squared Error"] > 0
     assert worker_class(FakeJob) is CDWorker and Worker.test_one_batch is not CDWorker.test_one_batch

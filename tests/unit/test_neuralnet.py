@@ -1,10 +1,10 @@
-"""NeuralNet::Create: phase filter, unrolling names, share_from, split layers, sort, sharing."""
+"""NeuralNet::Create: phase filter, unrolling names, share_from, split layers, sharing."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, topological_sort, unroll
+from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, unroll
 from singa.proto import job_pb2
 
 FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"
@@ -71,21 +71,17 @@ def test_forward_backward_changes_nothing_but_grads():
     for layer in reversed(net.layers):
         layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
     assert all(np.abs(p.grad).sum() > 0 for p in net.params)
-    assert "Loss = " in net.display(job_pb2.kTrain)[0]
+    assert list(net.metrics(job_pb2.kTrain)) == ["0#loss"]
 
 
-def test_data_parallel_replica_splits_batch_and_shares_partition_0():
-    p0 = make(MLP, num_partitions=2)
-    p1 = make(MLP, share_from=p0, partition_id=1, num_partitions=2, first_id=p0.next_id)
+def test_data_parallel_copies_split_batch_and_share_partition_0():
+    net = make(MLP, num_partitions=2)
+    p0, p1 = net.partition(0), net.partition(1)
+    assert p0.layers[0].name == "0#data@0" and p1.layers[0].name == "0#data@1"
     assert p0.layers[0].data.shape == (4, 784) == p1.layers[0].data.shape
     assert p1.owner_params == []
     assert [p.owner for p in p1.params] == [p.id for p in p0.params]
     assert all(a.data is b.data and a.grad is not b.grad for a, b in zip(p0.params, p1.params))
-
-
-def test_model_partitioning_is_refused_clearly():
-    with pytest.raises(ConfigError, match="partition_dim 1"):
-        make(MLP.replace('name: "ip2" type', 'name: "ip2" partition_dim: 1 type'), num_partitions=2)
 
 
 def test_user_share_from_resolves_to_unrolled_name():
@@ -155,21 +151,6 @@ def test_split_layer_goes_between_a_layer_and_its_several_destinations():
     assert [c.name for c in out] == ["a", "split(a)", "b", "c"]
     assert out[1].split_conf.num_splits == 2
     assert list(out[2].srclayers) == ["split(a)"] == list(out[3].srclayers)
-
-
-def test_sort_is_breadth_first_in_conf_order_and_finds_cycles():
-    layers = conf_layers("""
-      layer { name: "c" srclayers: "a" srclayers: "b" type: kSTanh }
-      layer { name: "b" srclayers: "a" type: kSTanh }
-      layer { name: "a" type: kSTanh }
-    """)
-    assert [c.name for c in topological_sort(layers)] == ["a", "b", "c"]
-    cyc = conf_layers("""
-      layer { name: "a" srclayers: "b" type: kSTanh }
-      layer { name: "b" srclayers: "a" type: kSTanh }
-    """)
-    with pytest.raises(ConfigError, match="cycle"):
-        topological_sort(cyc)
 
 
 def test_graph_json_has_nodes_with_shapes_and_links():

@@ -9,10 +9,10 @@ from singa import numerics
 from singa.errors import NonFiniteError
 
 
-def layer(name, data, params=(), **metrics):
+def layer(name, data, params=(), **metric_sums):
     return types.SimpleNamespace(name=name, data=np.asarray(data, np.float32),
                                  params=[types.SimpleNamespace(name=n, data=np.asarray(v, np.float32))
-                                         for n, v in params], **metrics)
+                                         for n, v in params], metric_sums=metric_sums)
 
 
 def net(*layers):
@@ -20,8 +20,8 @@ def net(*layers):
 
 
 def test_finite_losses_pass():
-    numerics.check_loss(net(layer("data", [1.0]), layer("loss", [0.5], loss=0.3),
-                            layer("rbm", [0.1], error=np.float64(2.0))), 3)
+    numerics.check_loss(net(layer("data", [1.0]), layer("loss", [0.5], Loss=0.3, accuracy=0.5),
+                            layer("rbm", [0.1], **{"Squared Error": np.float64(2.0)})), 3)
 
 
 @pytest.mark.parametrize("layers, where", [
@@ -32,12 +32,12 @@ def test_finite_losses_pass():
     ((layer("data", [1.0]),), "every param and layer output is finite")])
 def test_a_non_finite_loss_names_step_and_where_it_starts(layers, where):
     with pytest.raises(NonFiniteError, match=rf"^step 7: the loss of layer 'loss' is nan; {where}$"):
-        numerics.check_loss(net(*layers, layer("loss", [0.0], loss=np.float64(np.nan))), 7)
+        numerics.check_loss(net(*layers, layer("loss", [0.0], Loss=np.float64(np.nan))), 7)
 
 
 def test_a_non_finite_reconstruction_error_is_caught():
-    with pytest.raises(NonFiniteError, match=r"^step 2: the error of layer 'vis' is inf"):
-        numerics.check_loss(net(layer("vis", [0.0], error=float("inf"))), 2)
+    with pytest.raises(NonFiniteError, match=r"^step 2: the squared error of layer 'vis' is inf"):
+        numerics.check_loss(net(layer("vis", [0.0], **{"Squared Error": float("inf")})), 2)
 
 
 def test_check_params_names_the_first_bad_param():

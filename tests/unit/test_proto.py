@@ -56,7 +56,7 @@ def test_spot_checks_against_singa_protos():
 def test_additions_stay_outside_singa_extension_ranges():
     added = {common_pb2.BlobProtos: {"step": 300, "param_state": 301, "rng": 302, "reader": 303,
                                      "lr_index": 304, "nworkers": 305, "metric_name": 306,
-                                     "metric_value": 307, "crc32": 310},
+                                     "metric_value": 307, "piece": 309, "crc32": 310},
              job_pb2.JobProto: {"seed": 300, "checkpoint_keep_newest": 301, "max_restarts": 310,
                                 "checkpoint_keep_best": 302}}
     for msg, fields in added.items():

@@ -11,7 +11,7 @@ from gradcheck import numeric_gradient
 from singa.errors import ConfigError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.worker import BPTTWorker
+from singa.worker import BPTTWorker, Worker
 
 kTrain, kTest, kForward = job_pb2.kTrain, job_pb2.kTest, job_pb2.kForward
 UNIFORM = "init { type: kUniform low: -0.5 high: 0.5 }"
@@ -98,13 +98,41 @@ def test_bptt_gradients_are_those_of_the_loss_summed_over_unrolled_steps(tmp_pat
 def test_bptt_display_averages_each_metric_over_the_unrolled_copies(tmp_path, caplog):
     net = make_net(TRAIN, kTrain, tmp_path)
     net.forward(kTrain | kForward)
-    losses = [net.by_name[f"{t}#loss"].loss for t in range(3)]
+    losses = [net.by_name[f"{t}#loss"].metric_sums["Loss"] for t in range(3)]
     with caplog.at_level(logging.INFO, logger="singa"):
         metrics = LocalBPTTWorker(net).display(kTrain, "Train @ step 0", net)
-    assert metrics["loss"] == pytest.approx(np.mean(losses), abs=1e-6)
+    assert metrics["loss"] == pytest.approx(np.mean(losses), rel=1e-12)
     lines = [r.getMessage() for r in caplog.records]
     assert lines == [f"Train @ step 0  Loss = {metrics['loss']:f}, "
                      f"accuracy = {metrics['accuracy']:f}"]
+
+
+MLP = """
+layer { name: "data" type: kRecordInput store_conf { backend: "kvfile" batchsize: 10
+  path: "tests/fixtures/singa-0.3/test-500.bin" shape: 784 std_value: 255 } }
+layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 10 }
+  param { name: "w" init { type: kGaussian std: 0.05 } }
+  param { name: "b" init { type: kConstant value: 0 } } }
+layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+"""
+
+
+def test_test_metrics_for_the_snapshot_are_the_unrounded_numbers(caplog):
+    """checkpoint_keep_best ranks snapshots by the metrics of their step's test: the numbers
+    themselves, not the 6 decimals of the log line."""
+    net = NeuralNet(text_format.Parse(MLP, job_pb2.NetProto()), kTest, np.random.default_rng(0))
+    for p in net.owner_params:
+        p.init_values(np.random.default_rng(p.id))
+    worker = Worker.__new__(Worker)
+    worker.channel = None       # a worker alone in its group
+    with caplog.at_level(logging.INFO, logger="singa"):
+        metrics = worker.test(1, kTest, net)
+    p, labels = net.by_name["0#loss"].data.astype(np.float64), net.by_name["0#data"].aux_data
+    loss = -np.log(p[np.arange(10), labels]).mean()
+    accuracy = np.mean(p.argmax(axis=1) == labels)
+    assert metrics == {"loss": pytest.approx(loss, rel=1e-12), "accuracy": accuracy}
+    assert [r.getMessage() for r in caplog.records] == [
+        f"   Loss = {loss:f}, accuracy = {accuracy:f}"]
 
 
 def test_sampling_feeds_each_step_the_previous_sample_and_gru_state(tmp_path):
@@ -129,3 +157,14 @@ def test_a_dynamic_srclayer_naming_no_layer_is_refused(tmp_path):
                                           "'argsort' names no layer of the net"):
         make_net(SAMPLE.replace('srclayers: "softmax"', 'srclayers: "softmax" include: kTrain'),
                  kTest, tmp_path)
+
+
+def test_display_metrics_cross_between_workers_as_numbers_and_bad_frames_are_refused():
+    from singa.errors import ClusterError
+    from singa.worker import frame_metrics, metric_frames
+    rows = [{"Loss": 2.1574078273526225, "accuracy": 0.25}, {}, {"Squared Error": 1e-300}]
+    assert frame_metrics(metric_frames(rows)) == rows
+    frames = metric_frames(rows)
+    for bad in (frames[:-1], [b"Loss\taccuracy", b"\0" * 12]):
+        with pytest.raises(ClusterError, match="display metrics"):
+            frame_metrics(bad)

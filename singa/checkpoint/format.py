@@ -1,0 +1,638 @@
+"""One snapshot file: SINGA's `BlobProtos` wire format, our checksum and `.meta`, crash-safe writes.
+
+A snapshot of step N is one file per group-0 worker W,
+`<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
+Each file is one `BlobProtos`: SINGA's fields (entry i of `version`, `name`, `blob` belong
+together, as Worker::Checkpoint writes them), then our additions (fields 300-308: step,
+updater, RNG and reader state, LR index, worker count, test metrics, whether the step's
+evaluation ran, see `state`; 309: which entries are pieces of a model-partitioned param) and
+last a CRC-32 trailer (field 310): `payload + b"\\xb5\\x13" + crc32(payload)` as
+little-endian uint32, payload = all bytes before it. Beside it `step<N>-worker<W>.meta` (the
+`.bin` suffix replaced; `<path>.meta` for SINGA's suffix-less files) lists, as text, the
+file's size and CRC, the step, one line per param
+`param<TAB>name<TAB>shape<TAB>dtype<TAB>version` (shape as `64,784`) and one per piece
+`piece<TAB>name<TAB>axis<TAB>k<TAB>parts`.
+
+A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB): the values
+(packed floats of blobs and updater buffers) are located by hand and viewed in place, with
+every length checked against the file; anything not encoded as SINGA and we write it goes to
+protobuf whole. Every array size is checked against its shape before anything is allocated.
+"""
+import dataclasses
+import errno
+import math
+import os
+import re
+import struct
+import threading
+import zlib
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from singa.checkpoint import state as _state
+from singa.errors import CheckpointError
+from singa.proto import common_pb2
+
+SUFFIX = ".bin"
+META_SUFFIX = ".meta"
+#: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
+MAX_FILE_BYTES = 2 << 30
+_CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
+_NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
+#: Steps are int32 in JobProto and BlobProtos: a file name with a larger step is no snapshot.
+MAX_STEP = 2**31 - 1
+
+
+def snapshot_file(folder, step, worker):
+    """Path of worker `worker`'s file of step `step` in `folder` (ours, with `.bin`)."""
+    return os.path.join(folder, f"step{step}-worker{worker}{SUFFIX}")
+
+
+def meta_path(path):
+    """The `.meta` beside a snapshot file: `.bin` replaced, else appended."""
+    return (path[:-len(SUFFIX)] if path.endswith(SUFFIX) else path) + META_SUFFIX
+
+
+def parse_step_worker(filename):
+    """(step, worker) of a file name `step<N>-worker<W>` or `step<N>-worker<W>.bin`, else None.
+
+    The whole base name must match. SINGA's rule (any name containing "step") would also pick
+    `.meta` files, temporary files of an interrupted write (`.step5-worker0.bin.tmp-123`) and
+    editor backups (`step5-worker0~`, `step5-worker0.bin.swp`); we ignore all of those.
+    """
+    m = _NAME_RE.fullmatch(os.path.basename(filename))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def existing_file(path):
+    """`path` if it is a file, else `path.bin` (SINGA confs name our files without suffix)."""
+    if os.path.isfile(path):
+        return path
+    if os.path.isfile(path + SUFFIX):
+        return path + SUFFIX
+    raise CheckpointError(f"checkpoint file not found: {path} (nor {path}{SUFFIX})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+class CheckpointWriter:
+    """One snapshot file's params and state; `close()` writes `<prefix>.bin` and `<prefix>.meta`.
+
+    Crash-safe: both files go to temporary names, are flushed and fsynced, renamed, then the
+    directory is fsynced. Leaving a `with` block by an exception writes nothing. Float32
+    arrays are not copied by `write`/`set_state`: their values are read by `close()`.
+    """
+
+    def __init__(self, prefix):
+        self.prefix = prefix[:-len(SUFFIX)] if prefix.endswith(SUFFIX) else prefix
+        self.path = self.prefix + SUFFIX
+        self._msg = common_pb2.BlobProtos()     # every field but the values (blob, param_state)
+        self._arrays = []                       # entry i of blob
+        self._param_state = []                  # [(name, [arrays])], field 301
+        self._names = set()
+        self._closed = False
+
+    def write(self, name, array, version, piece=None):
+        """Append param `name` (values as float32, row-major) with its `version`; `piece` =
+        (axis, k, parts) when it is piece k of a model-partitioned param (SINGA's layout: the
+        pieces share the name across the worker files; we record which piece in field 309)."""
+        if name in self._names:
+            raise ValueError(f"param {name} written twice to {self.path}")
+        a = _float32(array)
+        if piece is not None:
+            axis, k, parts = piece
+            if not (0 <= axis < a.ndim and 0 <= k < parts):
+                raise ValueError(f"param {name} of shape {a.shape}: no piece {k} of {parts} "
+                                 f"along axis {axis}")
+            self._msg.piece.add(name=name, axis=axis, k=k, parts=parts)
+        self._names.add(name)
+        self._msg.version.append(version)
+        self._msg.name.append(name)
+        self._arrays.append(a)
+
+    def set_state(self, state):
+        """Store a `SnapshotState` in our fields (SINGA ignores them)."""
+        self._param_state = [(name, [_float32(b) for b in buffers])
+                             for name, buffers in _state.encode(state, self._msg)]
+
+    def close(self):
+        """Write the binary file, then its `.meta`; returns the binary file's path."""
+        if self._closed:
+            return self.path
+        self._closed = True
+        meta = self.prefix + META_SUFFIX
+        tmps = [tmp_name(self.path), tmp_name(meta)]
+        try:
+            with open(tmps[0], "w+b") as f:
+                crc, size = _write_checksummed(f, self._pieces())
+                f.write(_CRC_TAG + struct.pack("<I", crc))
+                f.flush()
+                os.fsync(f.fileno())
+            with open(tmps[1], "wb") as f:
+                f.write(self._meta_text(size + 6, crc))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmps[0], self.path)
+            os.replace(tmps[1], meta)
+            fsync_dir(os.path.dirname(self.path) or ".")
+        except OSError as e:
+            raise CheckpointError(f"cannot write checkpoint {self.path}: {e.strerror}") from None
+        finally:
+            for tmp in tmps:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        return self.path
+
+    def _pieces(self):
+        """The payload as bytes-like pieces, the values as views of the arrays.
+
+        The same bytes as `SerializeToString` of the whole message, which orders fields by
+        number: 3 and 4 (versions, names), 5 (blobs), 300, 301 (updater state), 302-308. The
+        parts without values are serialized by protobuf; blobs and ParamStates are framed by
+        hand (field tag, length varint) because protobuf encodes packed floats one by one.
+        """
+        m = self._msg
+        yield common_pb2.BlobProtos(version=m.version, name=m.name).SerializeToString()
+        for a in self._arrays:
+            yield from _blob_pieces(_BLOB_TAG, a)
+        if m.HasField("step"):
+            yield common_pb2.BlobProtos(step=m.step).SerializeToString()
+        for name, buffers in self._param_state:
+            head = common_pb2.ParamState(name=name).SerializeToString()
+            blobs = [list(_blob_pieces(_BUFFER_TAG, b)) for b in buffers]
+            size = len(head) + sum(len(p) if isinstance(p, bytes) else p.nbytes
+                                   for pieces in blobs for p in pieces)
+            yield _PARAM_STATE_TAG + _varint(size) + head
+            for pieces in blobs:
+                yield from pieces
+        rest = common_pb2.BlobProtos()
+        rest.CopyFrom(m)
+        for field in ("version", "name", "step"):
+            rest.ClearField(field)
+        yield rest.SerializeToString()
+
+    def _meta_text(self, size, crc):
+        m = self._msg
+        lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version; "
+                 "piece lines name, axis, k, parts",
+                 f"file {os.path.basename(self.path)}", f"bytes {size}", f"crc32 {crc:08x}"]
+        for field in ("step", "nworkers", "lr_index"):
+            if m.HasField(field):
+                lines.append(f"{field} {getattr(m, field)}")
+        lines += [f"metric {n} {v!r}" for n, v in zip(m.metric_name, m.metric_value)]
+        lines += [f"param\t{n}\t{','.join(map(str, a.shape))}\tfloat32\t{v}"
+                  for n, v, a in zip(m.name, m.version, self._arrays)]
+        lines += [f"piece\t{p.name}\t{p.axis}\t{p.k}\t{p.parts}" for p in m.piece]
+        return ("\n".join(lines) + "\n").encode()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+
+
+def write_file(path, params, state=None):
+    """Write a snapshot file: `params` = iterable of (name, ndarray, version) or (name,
+    ndarray, version, piece) with piece as in `CheckpointWriter.write`; `state` optional."""
+    with CheckpointWriter(path) as w:
+        for name, array, version, *piece in params:
+            w.write(name, array, version, *piece)
+        if state is not None:
+            w.set_state(state)
+    return w.path
+
+
+_BLOB_TAG = b"\x2a"                 # BlobProtos.blob, field 5, length-delimited
+_BUFFER_TAG = b"\x12"               # ParamState.buffer, field 2, length-delimited
+_PARAM_STATE_TAG = b"\xea\x12"      # BlobProtos.param_state, field 301, length-delimited
+_CHUNK = 1 << 20
+
+
+def _float32(array):
+    return np.ascontiguousarray(array, dtype="<f4")
+
+
+def _blob_pieces(tag, a):
+    """A BlobProto as a field `tag`: tag, length, shape varints (field 1), then the values
+    packed (field 2: 0x12, byte count, float32 LE) as a view of `a`, omitted when empty."""
+    head = b"".join(b"\x08" + _varint(d) for d in a.shape)
+    if a.size:
+        head += b"\x12" + _varint(a.nbytes)
+    yield tag + _varint(len(head) + a.nbytes) + head
+    if a.size:
+        yield memoryview(a.reshape(-1)).cast("B")
+
+
+def _varint(n):
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _write_checksummed(f, pieces):
+    """Write `pieces` to file `f` (opened for reading too), fsync it, and return (CRC-32, byte
+    count) of the file's bytes.
+
+    The CRC is computed over the bytes read back from the file (the page cache) while a helper
+    thread runs the fsync (which waits on the disk, without the GIL): it matches the file even
+    if another thread updated a param while it was written (servers update params in place).
+    """
+    for piece in pieces:
+        f.write(piece)
+    f.flush()
+    size, fd, errors = f.tell(), f.fileno(), []
+
+    def sync():
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            errors.append(e)     # raised again by the caller's thread
+
+    thread = threading.Thread(target=sync, name="checkpoint-fsync", daemon=True)
+    thread.start()
+    crc, pos, buf = 0, 0, bytearray(min(size, _CHUNK))
+    try:
+        while pos < size:
+            n = os.preadv(fd, [buf], pos)
+            if n == 0:
+                raise OSError(errno.EIO, "file shorter than written")
+            crc = zlib.crc32(memoryview(buf)[:n], crc)
+            pos += n
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return crc, size
+
+
+def tmp_name(path):
+    """The temporary name `path` is written under: `.<base>.tmp-<pid>` in its folder."""
+    folder, base = os.path.split(path)
+    return os.path.join(folder, f".{base}.tmp-{os.getpid()}")
+
+
+_TMP_RE = re.compile(r"\.step\d+-worker\d+(\.bin|\.meta)?(\.meta)?\.tmp-(\d+)")
+
+
+def tmp_writer(name):
+    """The pid of the process writing temporary file `name` (see `tmp_name`), else None."""
+    m = _TMP_RE.fullmatch(name)
+    return int(m.group(3)) if m else None
+
+
+def fsync_dir(folder):
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+def read_meta(path):
+    """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
+    params [(name, shape, dtype, version)], pieces {name: (axis, k, parts)}; missing keys are
+    absent."""
+    try:
+        with open(path, "rb") as f:   # at most 16 MiB, and never a buffer larger than the file
+            text = f.read(min(os.fstat(f.fileno()).st_size, 1 << 24)).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read checkpoint meta {path}: {e}") from None
+    meta = {"metrics": {}, "params": [], "pieces": {}}
+    for i, line in enumerate(text.splitlines(), 1):
+        try:
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("param\t"):
+                _, name, shape, dtype, version = line.split("\t")
+                meta["params"].append(
+                    (name, tuple(int(d) for d in shape.split(",") if d), dtype, int(version)))
+            elif line.startswith("piece\t"):
+                _, name, *piece = line.split("\t")
+                axis, k, parts = map(int, piece)
+                meta["pieces"][name] = (axis, k, parts)
+            elif line.startswith("metric "):
+                _, name, value = line.split(" ")
+                meta["metrics"][name] = float(value)
+            else:
+                key, value = line.split(" ")
+                meta[key] = (value if key == "file" else int(value, 16) if key == "crc32"
+                             else int(value))
+        except ValueError:
+            raise CheckpointError(f"{path}:{i}: not a checkpoint meta line: {line[:60]!r}") \
+                from None
+    return meta
+
+
+class CheckpointReader:
+    """One snapshot file (`path`, or `path.bin` for a prefix), parsed and verified at open;
+    values become arrays on request.
+
+    `verified` is True for our files (checksum matched) and False for SINGA's (no checksum;
+    accepted when they parse and are consistent). Anything else is a CheckpointError.
+    The file is read once; values are read-only views of its bytes until requested, so pass
+    the reader along rather than opening the file again.
+    """
+
+    def __init__(self, path):
+        self.path = existing_file(path)
+        c = _load(self.path)
+        self._contents = c
+        self.size, self.verified = c.size, c.verified
+        msg = c.msg
+        sw = parse_step_worker(self.path)
+        if msg.HasField("step"):
+            self.step = msg.step
+        else:
+            self.step = sw[0] if sw else None
+        self.nworkers = msg.nworkers if msg.HasField("nworkers") else None
+        self.metrics = dict(zip(msg.metric_name, msg.metric_value))
+
+    @property
+    def state(self):
+        """The file's SnapshotState, or None when it carries none (SINGA's files)."""
+        return self.snapshot_state()
+
+    def snapshot_state(self, buffers=True):
+        """The file's SnapshotState (None for SINGA's files); without its updater buffers
+        (`param_state` empty) unless `buffers`."""
+        c = self._contents
+        if not c.msg.HasField("step"):
+            return None
+        return _state.decode(c.msg, {name: [_array(*b, copy=True) for b in bufs]
+                                     for name, bufs in c.param_state} if buffers else {})
+
+    def buffers(self, name):
+        """Views of the updater buffers stored for param `name` ([] when none)."""
+        return [_array(*b, copy=False) for n, bufs in self._contents.param_state if n == name
+                for b in bufs]
+
+    @property
+    def names(self):
+        return list(self._contents.msg.name)
+
+    def meta(self):
+        """[(name, shape, dtype, version)] without converting any values."""
+        c = self._contents
+        return [(n, shape, "float32", v)
+                for n, v, (shape, _) in zip(c.msg.name, c.msg.version, c.blobs)]
+
+    def shape(self, name):
+        return self._contents.blobs[self._i(name)][0]
+
+    def version(self, name):
+        return self._contents.msg.version[self._i(name)]
+
+    def param(self, name):
+        """Values of param `name` as a new float32 array of its stored shape."""
+        return _array(*self._contents.blobs[self._i(name)], copy=True)
+
+    def params(self):
+        """{name: (values, version)} of every param in the file."""
+        c = self._contents
+        return {n: (_array(*blob, copy=True), v)
+                for n, v, blob in zip(c.msg.name, c.msg.version, c.blobs)}
+
+    def view(self, name):
+        """The values of param `name` without a copy (read-only for our files)."""
+        return _array(*self._contents.blobs[self._i(name)], copy=False)
+
+    def piece(self, name):
+        """(axis, k, parts) when param `name` is piece k of a model-partitioned param the file
+        records as such, else None (the whole param, or SINGA's files, which record nothing)."""
+        return self._contents.pieces.get(name)
+
+    def _i(self, name):
+        try:
+            return self._contents.index[name]
+        except KeyError:
+            raise CheckpointError(f"checkpoint {self.path}: no param named {name}") from None
+
+
+@dataclasses.dataclass
+class _Contents:
+    """A parsed, checked file: `msg` has every field but the values, which are (shape, raw)
+    pairs, raw = bytes of packed float32 LE or protobuf's repeated float."""
+    size: int
+    verified: bool
+    msg: object
+    blobs: list                 # entry i of msg.name
+    param_state: list           # [(name, [(shape, raw)])], field 301
+    index: dict                 # name -> i
+    pieces: dict                # name -> (axis, k, parts), field 309
+
+
+def _load(path):
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size > MAX_FILE_BYTES:
+                raise CheckpointError(f"checkpoint {path}: {st.st_size} bytes, more than the "
+                                      f"{MAX_FILE_BYTES >> 30} GiB a checkpoint file may have")
+            data = f.read(st.st_size)
+    except OSError as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.strerror}") from None
+    if len(data) != st.st_size:
+        raise CheckpointError(f"checkpoint {path}: changed while being read")
+    verified, msg, blobs, param_state = _parse(path, data)
+    _check_text(path, msg)
+    index = _check_entries(path, msg, blobs)
+    for name, buffers in param_state:
+        for i, blob in enumerate(buffers):
+            _check_blob(path, f"updater state {i} of {name}", *blob)
+    _state.check(path, msg, {name: blobs[i][0] for name, i in index.items()},
+                 [(name, [shape for shape, _ in buffers]) for name, buffers in param_state])
+    return _Contents(len(data), verified, msg, blobs, param_state, index,
+                     _check_pieces(path, msg, blobs, index))
+
+
+def _parse(path, data):
+    """(verified, msg, blobs, param_state) of file bytes `data` (see _Contents); see the
+    module docstring for the trailer."""
+    trailer = len(data) >= 6 and data[-6:-4] == _CRC_TAG
+    crc_ok = trailer and zlib.crc32(memoryview(data)[:-6]) == struct.unpack("<I", data[-4:])[0]
+    if not crc_ok:
+        _diagnose_by_meta(path, len(data))
+    try:
+        msg, blobs, param_state = _split(data)
+    except (_Unusual, DecodeError):
+        msg = common_pb2.BlobProtos()
+        try:
+            msg.ParseFromString(data)
+        except DecodeError:
+            why = "bad checksum" if trailer else "not a BlobProtos message"
+            raise CheckpointError(f"checkpoint {path}: {why} (truncated or corrupt)") from None
+        blobs = [(tuple(b.shape), b.data) for b in msg.blob]
+        param_state = [(ps.name, [(tuple(b.shape), b.data) for b in ps.buffer])
+                       for ps in msg.param_state]
+    if crc_ok:
+        return True, msg, blobs, param_state
+    if msg.HasField("crc32"):
+        raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
+    if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")
+                          else len(getattr(msg, f))
+                          for f in _state.FIELDS + ("piece",) if f != "param_state"):
+        raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
+    return False, msg, blobs, param_state
+
+
+class _Unusual(Exception):
+    """Bytes that `_split` leaves to protobuf: malformed, or encoded otherwise than SINGA and
+    we write (groups, unpacked or split values, unknown blob fields)."""
+
+
+def _split(data):
+    """Parse `data` without copying values: blobs (field 5) and ParamStates (field 301) by
+    hand, every other field by protobuf. Raises _Unusual or DecodeError."""
+    mv = memoryview(data)
+    rest, blobs, param_state = [], [], []
+    for field, wire, start, value, end in _fields(data, 0, len(data)):
+        if field == 5 and wire == 2:
+            blobs.append(_blob(data, mv, value, end))
+        elif field == 301 and wire == 2:
+            param_state.append(_param_state(data, mv, value, end))
+        else:
+            rest.append(mv[start:end])
+    return common_pb2.BlobProtos.FromString(b"".join(rest)), blobs, param_state
+
+
+def _blob(data, mv, start, end):
+    """(shape, raw values) of the BlobProto in data[start:end]."""
+    shape, raw = [], mv[start:start]
+    for field, wire, _, value, stop in _fields(data, start, end):
+        if field == 1 and wire == 0:
+            d = _varint_at(data, value, stop)[0]
+            if d >= 1 << 31:
+                raise _Unusual()
+            shape.append(d)
+        elif field == 2 and wire == 2 and not raw and (stop - value) % 4 == 0:
+            raw = mv[value:stop]
+        else:
+            raise _Unusual()
+    return tuple(shape), raw
+
+
+def _param_state(data, mv, start, end):
+    """(name, [(shape, raw)]) of the ParamState in data[start:end]."""
+    name, buffers = None, []
+    for field, wire, first, value, stop in _fields(data, start, end):
+        if field == 1 and wire == 2 and name is None:
+            name = common_pb2.ParamState.FromString(bytes(mv[first:stop])).name
+        elif field == 2 and wire == 2:
+            buffers.append(_blob(data, mv, value, stop))
+        else:
+            raise _Unusual()
+    return name or "", buffers
+
+
+def _fields(data, pos, end):
+    """Yield (field, wire type, field start, value start, value end) of data[pos:end]."""
+    while pos < end:
+        key, value = _varint_at(data, pos, end)
+        wire = key & 7
+        if wire == 0:
+            stop = _varint_at(data, value, end)[1]
+        elif wire == 2:
+            n, value = _varint_at(data, value, end)
+            stop = value + n
+        elif wire in (1, 5):
+            stop = value + (8 if wire == 1 else 4)
+        else:
+            raise _Unusual()
+        if stop > end or key >> 3 == 0:
+            raise _Unusual()
+        yield key >> 3, wire, pos, value, stop
+        pos = stop
+
+
+def _varint_at(data, pos, end):
+    """(value, position after it) of the varint at data[pos]."""
+    value = shift = 0
+    while pos < end and shift < 64:
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return value, pos
+        shift += 7
+    raise _Unusual()
+
+
+def _diagnose_by_meta(path, size):
+    """A file without a valid checksum whose .meta says it had one was torn: say how."""
+    mp = meta_path(path)
+    if not os.path.isfile(mp):
+        return
+    meta = read_meta(mp)
+    if meta.get("file") != os.path.basename(path):
+        return  # the meta of `step<N>-worker<W>.bin` beside SINGA's `step<N>-worker<W>`
+    if "bytes" in meta and meta["bytes"] != size:
+        raise CheckpointError(f"checkpoint {path}: truncated or damaged: {size} bytes, "
+                              f"{os.path.basename(mp)} records {meta['bytes']}")
+    if "crc32" in meta:
+        raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt; "
+                              f"{os.path.basename(mp)} records crc32 {meta['crc32']:08x})")
+
+
+def _check_text(path, msg):
+    """Every string field of `msg` (and of its messages) is UTF-8 text: protobuf hands
+    invalid UTF-8 over as bytes."""
+    for field, value in msg.ListFields():
+        for v in value if field.is_repeated else [value]:
+            if field.type == field.TYPE_MESSAGE:
+                _check_text(path, v)
+            elif field.type == field.TYPE_STRING and not isinstance(v, str):
+                raise CheckpointError(f"checkpoint {path}: {field.name} {v!r} is not UTF-8 text")
+
+
+def _check_entries(path, msg, blobs):
+    n = len(msg.name)
+    if len(msg.version) != n or len(blobs) != n:
+        raise CheckpointError(f"checkpoint {path}: {len(msg.version)} versions, {n} names and "
+                              f"{len(blobs)} blobs; entries must pair up (truncated or corrupt)")
+    index = {}
+    for i, (name, blob) in enumerate(zip(msg.name, blobs)):
+        if name in index:
+            raise CheckpointError(f"checkpoint {path}: param {name} appears twice")
+        index[name] = i
+        _check_blob(path, f"param {name}", *blob)
+    return index
+
+
+def _check_blob(path, what, shape, raw):
+    count = len(raw) // 4 if isinstance(raw, memoryview) else len(raw)
+    if any(d < 0 for d in shape) or math.prod(shape) != count:
+        raise CheckpointError(f"checkpoint {path}: {what} has shape {shape} but {count} values")
+
+
+def _array(shape, raw, copy):
+    """The values as a float32 array of `shape`: a read-only view of the file's bytes unless
+    `copy` (protobuf's repeated floats are always converted)."""
+    if isinstance(raw, memoryview):
+        a = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        return a.astype(np.float32) if copy else a
+    return np.array(raw, dtype=np.float32).reshape(shape)
+
+
+def _check_pieces(path, msg, blobs, index):
+    """{name: (axis, k, parts)} of field 309: each names a param of the file once, with an
+    axis it has and 0 <= k < parts."""
+    pieces = {}
+    for p in msg.piece:
+        shape = blobs[index[p.name]][0] if p.name in index else None
+        if shape is None or p.name in pieces or not (0 <= p.axis < len(shape) and
+                                                     0 <= p.k < p.parts):
+            raise CheckpointError(f"checkpoint {path}: bad partition piece record of param "
+                                  f"{p.name} (piece {p.k} of {p.parts} along axis {p.axis}"
+                                  f"{'' if shape is None else f', shape {shape}'})")
+        pieces[p.name] = (p.axis, p.k, p.parts)
+    return pieces

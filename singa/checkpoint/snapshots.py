@@ -1,0 +1,214 @@
+"""Snapshots in a checkpoint folder: the files of one step, complete or not; latest and best;
+retention; temporaries left by killed writers."""
+import dataclasses
+import os
+
+from singa.checkpoint.format import (MAX_STEP, SUFFIX, CheckpointReader, meta_path,
+                                     parse_step_worker, snapshot_file, tmp_writer)
+from singa.errors import CheckpointError
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """The files of one step; `complete` iff every expected worker file is present and reads."""
+    step: int
+    files: dict                 # worker id -> path
+    nworkers_expected: int
+    complete: bool
+    problems: list              # "<file>: <why>" lines
+    verified: bool = False      # every file carries a matching checksum (False: SINGA's files)
+    metrics: dict = dataclasses.field(default_factory=dict)
+    #: worker id -> CheckpointReader, parsed and verified: set on the snapshot latest_snapshot
+    #: or best_snapshot chose, so that restoring from it reads each file once
+    readers: dict = dataclasses.field(default_factory=dict, repr=False)
+
+
+def list_snapshots(folder, nworkers=None, log=None):
+    """Every snapshot in `folder`, sorted by step, each with its files verified.
+
+    `nworkers`: the job's workers of group 0; files of workers beyond them are ignored (and
+    reported to `log`). Expected workers: the count the files record, else `nworkers` if
+    given, else the highest worker id present + 1 (SINGA's files record nothing). A 0-byte
+    file is SINGA's empty file of a data-parallel worker >= 1; for worker 0 it is a torn
+    write. When both `step<N>-worker<W>` and `...bin` exist, ours (`.bin`) is used. The work
+    is in proportion to the files present, whatever ids and counts they claim. No file stays
+    parsed (`readers` are empty)."""
+    return [_snapshot(folder, step, files, nworkers, keep_readers=False)
+            for step, files in sorted(_files_by_step(folder, nworkers, log).items())]
+
+
+def _files_by_step(folder, nworkers=None, log=None):
+    """{step: {worker: path}} of the snapshot files in `folder`, without the files of workers
+    >= `nworkers` unless workers 0..W all have one (a snapshot of more workers than the job's,
+    whose pieces a job of fewer workers joins)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as e:
+        raise CheckpointError(f"cannot list checkpoint folder {folder}: {e.strerror}") from None
+    by_step = {}
+    for name in names:
+        sw = parse_step_worker(name)
+        if sw is None:
+            continue
+        files = by_step.setdefault(sw[0], {})
+        if sw[1] not in files or name.endswith(SUFFIX):
+            files[sw[1]] = os.path.join(folder, name)
+    if nworkers is None:
+        return by_step
+    for step, files in sorted(by_step.items()):
+        run = next(w for w in range(len(files) + 1) if w not in files)
+        for w in sorted(w for w in files if w >= max(nworkers, run)):
+            if log is not None:
+                log(f"Ignoring checkpoint file {files[w]}: worker {w} is beyond the job's "
+                    f"{nworkers} workers")
+            del files[w]
+        if not files:
+            del by_step[step]
+    return by_step
+
+
+def _snapshot(folder, step, files, nworkers, keep_readers=True):
+    """The Snapshot of one step's `files`; its readers are kept if it is complete and
+    `keep_readers` (else each file's bytes are freed once checked)."""
+    if step > MAX_STEP:
+        problem = f"step{step}: a step beyond {MAX_STEP}, the last a job can reach"
+        return Snapshot(step, files, len(files), False, [problem])
+    problems, readers = [], {}
+    for w, path in sorted(files.items()):
+        try:
+            readers[w] = CheckpointReader(path)
+        except CheckpointError as e:
+            problems.append(str(e))
+    recorded = {r.nworkers for r in readers.values() if r.nworkers}
+    if len(recorded) > 1:
+        problems.append(f"step{step}: files disagree on the number of workers {sorted(recorded)}")
+    expected = max(recorded) if recorded else max(nworkers or 0, max(files) + 1)
+    missing = expected - sum(1 for w in files if w < expected)
+    if missing:
+        first = next(w for w in range(len(files) + 1) if w not in files)
+        more = f"; {missing - 1} more are missing" if missing > 1 else ""
+        problems.append(f"{snapshot_file(folder, step, first)}: missing "
+                        f"(the snapshot has {expected} worker files{more})")
+    verified = bool(readers) and all(r.verified for r in readers.values())
+    for w, r in sorted(readers.items()):
+        if r.size == 0 and w == 0:
+            problems.append(f"{r.path}: empty (0 bytes), but worker 0's file has the params")
+        elif not r.verified and any(o.verified for o in readers.values()):
+            problems.append(f"{r.path}: no checksum while the other files of step{step} have one")
+        elif r.verified and r.step != step:
+            problems.append(f"{r.path}: records step {r.step}, not {step}")
+    metrics = readers[0].metrics if 0 in readers else {}
+    return Snapshot(step, files, expected, not problems, problems, verified, metrics,
+                    readers if keep_readers and not problems else {})
+
+
+def snapshot_at(folder, step):
+    """The complete snapshot of `step` in `folder`, its files parsed; else a CheckpointError
+    naming the first problem."""
+    files = _files_by_step(folder).get(step)
+    if files is None:
+        raise CheckpointError(f"no snapshot of step {step} in {folder}")
+    snap = _snapshot(folder, step, files, None)
+    if not snap.complete:
+        raise CheckpointError(f"snapshot step{step} in {folder} is incomplete: {snap.problems[0]}")
+    return snap
+
+
+def latest_snapshot(folder, nworkers=None, log=None):
+    """The newest complete snapshot (or None); each newer broken one, and each file beyond the
+    job's `nworkers`, is reported to `log`.
+
+    Steps are verified newest first, up to the first complete one, whose `readers` hold its
+    parsed files."""
+    for step, files in sorted(_files_by_step(folder, nworkers, log).items(), reverse=True):
+        snap = _snapshot(folder, step, files, nworkers)
+        if snap.complete:
+            return snap
+        if log is not None:
+            for problem in snap.problems:
+                log(f"Skipping checkpoint step{snap.step}: {problem}")
+    return None
+
+
+def lower_is_better(metric):
+    """Loss goes down, anything else (accuracy) goes up."""
+    return metric.lower() == "loss"
+
+
+def best_snapshot(folder, metric=None, nworkers=None, log=None):
+    """The complete snapshot with the best recorded test `metric` (ties: the newest), or None.
+
+    `metric` None: "accuracy" if any snapshot records it, else "loss". Names match case-blind.
+    """
+    best = None
+    for step, files in sorted(_files_by_step(folder, nworkers, log).items()):
+        snap = _snapshot(folder, step, files, nworkers)
+        if snap.complete:    # only the best so far keeps its readers
+            best = best_of([s for s in (best, snap) if s is not None], metric)
+    return best
+
+
+def best_of(snaps, metric):
+    """The snapshot of `snaps` with the best recorded test `metric` (ties: the newest), or None;
+    `metric` None as in best_snapshot."""
+    def value(s):
+        return next((v for k, v in s.metrics.items() if k.lower() == metric.lower()), None)
+    if metric is None:
+        metric = "accuracy"
+        if not any(value(s) is not None for s in snaps):
+            metric = "loss"
+    scored = [(value(s), s.step, s) for s in snaps if value(s) is not None]
+    if not scored:
+        return None
+    sign = -1 if lower_is_better(metric) else 1
+    return max(scored, key=lambda t: (sign * t[0], t[1]))[2]
+
+
+def prune(folder, keep_newest, keep_best_metric=None):
+    """Retention: delete snapshots beyond the newest `keep_newest` complete ones (0 keeps all),
+    sparing the best by `keep_best_metric`; returns the deleted paths.
+
+    Every snapshot in `folder` counts, earlier runs' too (the job holds its workspace). Only
+    our files (`.bin` and its `.meta`) are deleted, and nothing at or after the newest complete
+    snapshot (files of a newer one may still be being written by other workers); a file another
+    worker of the job deleted meanwhile is skipped.
+    """
+    if not keep_newest:
+        return []
+    snaps = list_snapshots(folder)
+    complete = [s for s in snaps if s.complete]
+    if not complete:
+        return []
+    keep = {s.step for s in complete[-keep_newest:]}
+    if keep_best_metric:
+        best = best_of(complete, keep_best_metric)
+        if best is not None:
+            keep.add(best.step)
+    deleted = []
+    for snap in snaps:
+        if snap.step in keep or snap.step >= complete[-1].step:
+            continue
+        for path in sorted(snap.files.values()):
+            if path.endswith(SUFFIX):
+                for p in (path, meta_path(path)):
+                    try:
+                        os.unlink(p)
+                    except FileNotFoundError:
+                        continue
+                    deleted.append(p)
+    return deleted
+
+
+def remove_stale_temporaries(folder):
+    """Delete the temporary files of writes whose process is gone (killed mid-write); returns them."""
+    removed = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        pid = tmp_writer(name)
+        if pid is None or os.path.exists(f"/proc/{pid}"):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed

@@ -1,0 +1,83 @@
+"""LayerChannel: messages among the workers of a group (SINGA's second dealer per worker, address
+kWorkerLayer): bridge layers' blobs (kData) and the partitions' display metrics (kMetric).
+
+A message is [name; frames...] with `trgt_val` saying what it carries (kForward: data,
+kBackward: gradient, a step for metrics); it travels through the stubs like any other, so the
+two workers may be in one process or two. While it waits the channel also serves the worker's
+param dealer, so answers from servers are handled and a kStop ends the wait.
+"""
+import collections
+import logging
+import time
+
+import numpy as np
+import zmq
+
+from singa.comm import msg as m
+from singa.comm.socket import Dealer
+from singa.errors import ClusterError
+from singa.proto import job_pb2
+
+log = logging.getLogger("singa")
+
+
+class LayerChannel:
+    """Worker (grp, id)'s connection to the other workers of its group."""
+
+    def __init__(self, ctx, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout):
+        """`handle(msg)`: the worker's handler of what arrives on `param_dealer` meanwhile."""
+        self.grp, self.id = grp, id_
+        self.address = m.addr(grp, id_, m.kWorkerLayer)
+        self.dealer = Dealer(ctx, self.address, endpoint)
+        self.param_dealer, self.handle = param_dealer, handle
+        self.poll_ms, self.timeout = poll_ms, timeout
+        self.poller = zmq.Poller()
+        self.poller.register(self.dealer.sock, zmq.POLLIN)
+        self.poller.register(param_dealer.sock, zmq.POLLIN)
+        self.boxes = collections.defaultdict(collections.deque)    # (name, trgt) -> [frames]
+
+    def send(self, layer, peer, kind, array):
+        """A bridge layer's blob (kind kForward: data, kBackward: gradient) for `peer`."""
+        self.post(peer.partition_id, m.kData, peer.name, kind, [m.array_frame(array)])
+
+    def receive(self, layer, kind, out):
+        """Wait for the blob of `kind` sent to bridge `layer` and copy it into `out`."""
+        what = "data" if kind == job_pb2.kForward else "gradient"
+        frames = self.wait(layer.name, kind, f"{what} for layer '{layer.name}'",
+                           layer.peer.partition_id)
+        if len(frames) != 1:
+            raise ClusterError(f"{what} for layer '{layer.name}' in {len(frames)} frames")
+        np.copyto(out.reshape(-1), m.frame_array(frames[0], out.size))
+
+    def post(self, to, type_, name, trgt, frames):
+        self.dealer.send(m.Msg(self.address, m.addr(self.grp, to, m.kWorkerLayer), type_, trgt,
+                               0, [name.encode()] + list(frames)))
+
+    def wait(self, name, trgt, what, peer):
+        """The frames of the next message [name; frames] with `trgt`, from worker `peer`;
+        ClusterError naming the peer after `timeout` seconds without it."""
+        box = self.boxes[(name, trgt)]
+        deadline = time.monotonic() + self.timeout
+        while not box:
+            events = dict(self.poller.poll(self.poll_ms))
+            if self.param_dealer.sock in events:
+                msg = self.param_dealer.receive(0)
+                try:
+                    self.handle(msg)
+                except ClusterError as e:   # bad traffic: dropped
+                    log.warning("Worker (group = %d, id = %d): dropped %r: %s",
+                                self.grp, self.id, msg, e)
+            if self.dealer.sock in events:
+                msg = self.dealer.receive(0)
+                if not msg.frames:
+                    log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
+                    continue
+                self.boxes[(bytes(msg.frames[0]).decode(errors="replace"), msg.trgt_val)].append(
+                    msg.frames[1:])
+            if not box and time.monotonic() > deadline:
+                raise ClusterError(f"worker ({self.grp}, {self.id}): no {what} from worker "
+                                   f"({self.grp}, {peer}) in {self.timeout:.0f} s")
+        return box.popleft()
+
+    def close(self):
+        self.dealer.close()
