@@ -65,10 +65,15 @@ def servers_of(cluster, pid):
     return [(g, j) for g in range(g0, g1) for j in range(j0, j1)]
 
 
+def nworker_groups_per_server_group(cluster):
+    """nworker_groups / nserver_groups (1 when there is no server group or it is 0)."""
+    per = cluster.nworker_groups // cluster.nserver_groups if cluster.nserver_groups else 1
+    return max(1, per)
+
+
 def server_group(cluster, worker_grp):
     """The server group worker group `worker_grp` talks to."""
-    per = cluster.nworker_groups // cluster.nserver_groups if cluster.nserver_groups else 1
-    return worker_grp // max(1, per)
+    return worker_grp // nworker_groups_per_server_group(cluster)
 
 
 def check_layout(cluster):

@@ -96,12 +96,16 @@ class Membership:
         self.zk, self.job_id = zk, job_id
 
     def join(self, worker):
-        self.zk.join_sgroup(self.job_id, worker.grp, worker.id, 0)
+        self.zk.join_sgroup(self.job_id, worker.grp, worker.id, self.sgroup(worker))
+
+    @staticmethod
+    def sgroup(worker):
+        return cluster.server_group(worker.job.cluster, worker.grp)
 
     def leave(self, worker):
         """On the way out a lost ZooKeeper is a warning: the node ends with the session."""
         try:
-            self.zk.leave_sgroup(self.job_id, worker.grp, worker.id, 0)
+            self.zk.leave_sgroup(self.job_id, worker.grp, worker.id, self.sgroup(worker))
         except ClusterError as e:
             log.warning("Worker (group = %d, id = %d) did not leave its server group: %s",
                         worker.grp, worker.id, e)
@@ -189,8 +193,17 @@ class Driver:
         if process.train_graph is not None:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
                 f.write(process.train_graph.to_json())
-        for g in sorted({g for g, _ in cluster.servers_of(cl, pid)}):
-            zk.watch_sgroup(job_id, g, process.stub.stop_servers.set)
+        # the local servers stop once every local server group has lost its workers (each
+        # server group alone stops on its workers' farewells, or with them in one process)
+        groups = {g for g, _ in cluster.servers_of(cl, pid)}
+        emptied = set()
+
+        def on_empty(g):
+            emptied.add(g)
+            if emptied == groups:
+                process.stub.stop_servers.set()
+        for g in sorted(groups):
+            zk.watch_sgroup(job_id, g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
             zk.watch_procs(job_id, lambda text: setattr(process.stub, "lost", text))
         process.run()
@@ -234,7 +247,7 @@ class Driver:
 
 
 def check_runnable(job):
-    """What this version runs: kBP, kBPTT or kCD, one server group, a layout SINGA can run."""
+    """What this version runs: kBP, kBPTT or kCD, a layout SINGA can run."""
     alg = job.train_one_batch
     if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
         name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
@@ -248,12 +261,14 @@ def check_runnable(job):
     problem = cluster.check_layout(cl)
     if problem:
         raise ConfigError(problem)
-    if cl.nserver_groups != 1:
-        raise ConfigError(f"cluster: nserver_groups {cl.nserver_groups}: exactly one server "
-                          f"group is supported yet")
-    if min(cl.nworker_groups, cl.nworkers_per_group, cl.nservers_per_group) < 1:
-        raise ConfigError("cluster: nworker_groups, nworkers_per_group and nservers_per_group "
-                          "must be at least 1")
+    if min(cl.nworker_groups, cl.nserver_groups, cl.nworkers_per_group,
+           cl.nservers_per_group) < 1:
+        raise ConfigError("cluster: nworker_groups, nserver_groups, nworkers_per_group and "
+                          "nservers_per_group must be at least 1")
+    if cl.nworker_groups % cl.nserver_groups:
+        raise ConfigError(f"cluster: nworker_groups {cl.nworker_groups} is not a multiple of "
+                          f"nserver_groups {cl.nserver_groups} (each server group serves as "
+                          f"many worker groups)")
     if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
         raise ConfigError("cluster: several worker groups in one process need share_memory: true")
 

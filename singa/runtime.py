@@ -49,6 +49,18 @@ def resume_from(job, folder):
     return snap
 
 
+def slice_masters(job, owners):
+    """{slice id: address of its master server}: the server of each slice in the group that
+    masters it (SINGA's slice2group and slice2server, PartitionSlices in src/driver.cc)."""
+    cl = job.cluster
+    pieces = cluster.slice_sizes(cluster.lcm(cl.nserver_groups, cl.nservers_per_group),
+                                 [p.size for p in owners])
+    sizes = [n for ps in pieces for n in ps]
+    return {sid: m.addr(g, s, m.kServer) for sid, (g, s) in enumerate(zip(
+        cluster.partition_slices(cl.nserver_groups, sizes),
+        cluster.partition_slices(cl.nservers_per_group, sizes)))}
+
+
 def slice_table(job, owners):
     """{owner param id: [(slice id, offset, size)]} and the server of each slice id."""
     cl = job.cluster
@@ -71,9 +83,11 @@ class Process:
 
     Worker (g, j) runs partition j of group g's net, which holds every partition's layers (a
     partition's neighbours may run in other processes, reached through bridge layers). Nets in
-    one process share param values in memory (dim-0 copies with partition 0, groups > 0 with
-    group 0 under share_memory); a copy whose owner runs elsewhere has its own values, which it
-    Gets from the servers. Every net numbers its params from 0 over all its partitions, so a
+    one process share param values in memory (dim-0 copies with partition 0, a later group
+    with the first local group of its server group under share_memory); a copy whose owner
+    runs elsewhere has its own values, which it Gets from the servers. The first worker group
+    of each server group initialises the params (all from the same `seed`). Every net numbers
+    its params from 0 over all its partitions, so a
     param's id names it in every process. Test and validation nets are partitioned the same
     way: every worker of group 0 runs its partition of them.
     `resume` is the Snapshot being resumed (from `resume_from`); `membership` is handed
@@ -89,7 +103,10 @@ class Process:
         rngs = seeds(job, 3 + G * K)   # init, test, validation, one per worker
         graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
         for g in sorted({g for g, _ in cluster.workers_of(cl, pid)}):
-            share = graphs.get(0) if g > 0 and cl.share_memory else None
+            # the first local group of g's server group; several server groups never share
+            first = min(h for h, _ in cluster.workers_of(cl, pid)
+                        if cluster.server_group(cl, h) == cluster.server_group(cl, g))
+            share = graphs.get(first) if g > first and cl.share_memory else None
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K:3 + (g + 1) * K]
                                   if K > 1 else rngs[3 + g], share, 0, K)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
@@ -135,8 +152,13 @@ class Process:
         single = cluster.nprocs(cl) == 1
         served = {sg: K * sum(cluster.server_group(cl, g) == sg for g in range(G))
                   for sg in range(cl.nserver_groups)}
+        masters = None
+        if cl.nserver_groups > 1 and cluster.servers_of(cl, pid):
+            graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
+                                                                   rngs[3])
+            masters = slice_masters(job, graph.owner_params)
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
-                               None if single else served[g])
+                               None if single else served[g], masters, cl.sync_freq)
                         for g, s in cluster.servers_of(cl, pid)]
         cls = worker_class(job)
         self.workers = [

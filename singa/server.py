@@ -9,6 +9,9 @@ Messages in (from stubs), out (to the requesting worker's address):
            grad_scale = 1/num_total, and every buffered request gets kRUpdate [values]. A
            gradient frame is handed over: the updater may use it as scratch
   kState   -> kRState [i: lr_index; a copy of each updater buffer] (for a snapshot)
+  kSyncRequest   [delta] to the slice's master server (another server group, Distributed
+           Hogwild): it adds the delta to its values and answers kSyncResponse [its values];
+           the requester then sets cur = master + (cur - last_sync), last_sync = cur
   kStop    from the stub ends the loop; from a worker (its farewell, in a job of several
            processes) counts it out, and the loop ends once every worker of the group has left
 A malformed message is dropped with a log line; a failure goes to the stub as kError.
@@ -28,7 +31,7 @@ STUB = m.addr(-1, -1, m.kStub)
 
 class Slice:
     __slots__ = ("data", "lr_scale", "wd_scale", "num_total", "version", "state", "pending",
-                 "num_shares", "grad_sum")
+                 "num_shares", "grad_sum", "last_sync", "n_updates", "n_pending_sync")
 
     def __init__(self, data, lr_scale, wd_scale, num_total, version, state):
         self.data, self.lr_scale, self.wd_scale = data, lr_scale, wd_scale
@@ -36,14 +39,23 @@ class Slice:
         self.pending = []       # (request, gradient) waiting for the other shares
         self.num_shares = 0
         self.grad_sum = None    # where several shares' gradients are summed
+        self.last_sync = None   # the values at the last sync (a slice mastered elsewhere)
+        self.n_updates = 0      # updates since the last sync request
+        self.n_pending_sync = 0
 
 
 class Server:
     """One server thread of server group `grp`, id `id`, with its own Updater."""
 
-    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None):
-        """`nworkers`: the workers whose farewells end the server (None: only the stub's kStop)."""
+    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None,
+                 masters=None, sync_freq=1):
+        """`nworkers`: the workers whose farewells end the server (None: only the stub's kStop);
+        `masters`: {slice id: address of its master server} when there are several server
+        groups, which sync every `sync_freq` updates of a slice (SINGA's src/server.cc)."""
         self.grp, self.id = grp, id_
+        self.masters, self.sync_freq = masters or {}, sync_freq
+        self.early_syncs = []   # sync requests for a slice of ours not put yet
+        self.nsyncs = [0, 0]    # sync responses received, sync requests answered
         self.nworkers, self.left = nworkers, set()
         self.address = m.addr(grp, id_, m.kServer)
         self.dealer = Dealer(ctx, self.address, endpoint)
@@ -79,6 +91,9 @@ class Server:
                                    frames=[m.format_frame("ss", type(e).__name__.encode(),
                                                           str(e).encode())]))
         finally:
+            if self.masters:
+                log.info("Server (group = %d, id = %d): %d syncs with master servers, %d as "
+                         "master", self.grp, self.id, self.nsyncs[0], self.nsyncs[1])
             self.dealer.send(m.Msg(self.address, STUB, m.kStop))
             log.info("Server (group = %d, id = %d) stops", self.grp, self.id)
 
@@ -92,6 +107,10 @@ class Server:
             self.answer_gets()
         elif t == m.kUpdate:
             self.handle_update(sid, msg)
+        elif t == m.kSyncRequest:
+            self.handle_sync_request(sid, msg)
+        elif t == m.kSyncResponse:
+            self.handle_sync_response(sid, msg)
         elif t == m.kState:
             s = self.slice(sid)
             frames = [m.format_frame("i", self.updater.lr_gen.get_state())]
@@ -117,9 +136,14 @@ class Server:
         state = restored if len(restored) == self.updater.nstate else self.updater.new_state(n)
         if lr_index >= 0:
             self.updater.lr_gen.set_state(lr_index)
-        self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
+        s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
+        if self.masters.get(sid, self.address) != self.address:
+            s.last_sync = data.copy()
         self.dealer.send(msg.reply(m.kRPut, msg.trgt_version))
         self.answer_gets()
+        early, self.early_syncs = self.early_syncs, []
+        for req in early:
+            self.handle_sync_request(m.slice_id(req.trgt_val), req)
 
     def answer_gets(self):
         still = []
@@ -157,8 +181,49 @@ class Server:
             self.dealer.send(req.reply(m.kRUpdate, s.version, [m.array_frame(s.data)]))
         s.pending = []
         s.num_shares = 0
+        if s.last_sync is not None:
+            self.sync(sid, s, msg)
         if self.waiting_gets:
             self.answer_gets()
+
+    def sync(self, sid, s, msg):
+        """After `sync_freq` updates of a slice mastered elsewhere (and not too many syncs
+        pending): kSyncRequest [cur - last_sync] to its master; last_sync = cur."""
+        s.n_updates += 1
+        if s.n_updates < self.sync_freq or s.n_pending_sync > self.sync_freq:
+            return
+        delta = np.subtract(s.data, s.last_sync)   # the message's own buffer
+        s.last_sync[:] = s.data
+        s.n_updates = 0
+        s.n_pending_sync += 1
+        self.dealer.send(m.Msg(self.address, self.masters[sid], m.kSyncRequest, msg.trgt_val,
+                               s.version, [m.array_frame(delta)]))
+
+    def handle_sync_request(self, sid, msg):
+        """On the master: cur += delta; kSyncResponse [a copy of cur]."""
+        if self.masters.get(sid) != self.address:
+            raise ClusterError(f"sync request for slice {sid}, which this server does not master")
+        if sid not in self.slices:
+            self.early_syncs.append(msg)
+            return
+        s = self.slices[sid]
+        if len(msg.frames) != 1:
+            raise ClusterError(f"sync request of slice {sid} without its delta")
+        s.data += m.frame_array(msg.frames[0], s.data.size)
+        self.nsyncs[1] += 1
+        self.dealer.send(msg.reply(m.kSyncResponse, s.version, [m.array_frame(s.data.copy())]))
+
+    def handle_sync_response(self, sid, msg):
+        """On the requester: cur = master + (cur - last_sync); last_sync = cur."""
+        s = self.slice(sid)
+        if s.last_sync is None or s.n_pending_sync < 1 or msg.src != self.masters[sid] \
+                or len(msg.frames) != 1:
+            raise ClusterError(f"unexpected sync response for slice {sid}")
+        master = m.frame_array(msg.frames[0], s.data.size)
+        s.data += np.subtract(master, s.last_sync, out=s.last_sync)
+        s.last_sync[:] = s.data
+        s.n_pending_sync -= 1
+        self.nsyncs[0] += 1
 
 
 def own(a):

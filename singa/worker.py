@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, numerics, resolve
+from singa import checkpoint, cluster, numerics, resolve
 from singa.comm import msg as m
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
@@ -203,9 +203,10 @@ class Worker:
 
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
-        """Worker::InitNetParams: on a resume restore this worker's streams; group 0 loads
-        `checkpoint_path` by name, initialises the rest and Puts its owner params (with their
-        updater state on a resume); every worker then Gets what it lacks."""
+        """Worker::InitNetParams: on a resume restore this worker's streams; the first worker
+        group of each server group loads `checkpoint_path` by name, initialises the rest and
+        Puts its owner params (with their updater state on a resume); every worker then Gets
+        what it lacks."""
         job, net = self.job, self.train_net
         # a worker beyond the snapshot's takes worker 0's streams: dim-0 readers of every
         # partition stand at the same place
@@ -215,7 +216,7 @@ class Worker:
         if state is not None:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
-        if self.grp == 0 and self.owned:
+        if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
             files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
                                                     job.cluster.workspace, log.warning,

@@ -16,6 +16,7 @@ from singa.proto import common_pb2
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
 kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
 kRPut, kState, kRState, kError = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState, common_pb2.kError
+kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
 kData, kMetric = common_pb2.kData, common_pb2.kMetric
 kWorkerParam, kWorkerLayer = common_pb2.kWorkerParam, common_pb2.kWorkerLayer
 kServer, kStub = common_pb2.kServer, common_pb2.kStub
@@ -83,15 +84,19 @@ class Msg:
 
 # --- array frames ------------------------------------------------------------------------
 def array_frame(a):
-    """A flat float32 array as a frame (no copy; `a` must stay unchanged until delivered)."""
-    return memoryview(a.reshape(-1)).cast("B")
+    """A flat float32 array as a frame (no copy; `a` must stay unchanged until delivered).
+
+    The array itself, not a memoryview of it: pyzmq sends an ndarray without copying several
+    times faster (8 against 33 us a frame here)."""
+    return a.reshape(-1)
 
 
 def frame_array(frame, n):
     """The float32 values of `frame`, which must hold exactly `n` of them (a view, no copy)."""
     buf = frame.buffer if hasattr(frame, "buffer") else frame
-    if len(buf) != 4 * n:
-        raise ClusterError(f"array frame of {len(buf)} bytes where {n} float32 values were expected")
+    nbytes = memoryview(buf).nbytes
+    if nbytes != 4 * n:
+        raise ClusterError(f"array frame of {nbytes} bytes where {n} float32 values were expected")
     return np.frombuffer(buf, np.float32)
 
 

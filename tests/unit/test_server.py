@@ -1,0 +1,111 @@
+"""Server-group sync (Distributed Hogwild): a server of group 1 and the master of the slice in
+group 0, driven message by message over a real inproc Router standing for the stub."""
+import numpy as np
+import pytest
+import zmq
+from google.protobuf import text_format
+
+from singa.comm import msg as m
+from singa.comm.socket import Router
+from singa.errors import ClusterError
+from singa.proto import job_pb2
+from singa.server import Server
+
+UPDATER = "type: kSGD learning_rate { type: kFixed base_lr: 0.5 }"
+MASTER, OTHER = m.addr(0, 0, m.kServer), m.addr(1, 0, m.kServer)
+WORKER = m.addr(1, 0, m.kWorkerParam)
+
+
+@pytest.fixture
+def servers():
+    ctx = zmq.Context()
+    router = Router(ctx, f"inproc://test-server-sync-{id(ctx)}")
+    updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
+    made = [Server(ctx, router.endpoint, g, 0, updater, masters={0: MASTER}, sync_freq=2)
+            for g in (0, 1)]
+    yield router, made
+    for s in made:
+        s.dealer.close()
+    router.close()
+    ctx.term()
+
+
+def put(server, values):
+    frames = [m.format_frame("iffii", values.size, 1, 1, 1, -1), m.array_frame(values.copy())]
+    server.handle(m.Msg(WORKER, server.address, m.kPut, m.param_trgt(0, 0), 0, frames))
+
+
+def update(server, grad):
+    server.handle(m.Msg(WORKER, server.address, m.kUpdate, m.param_trgt(0, 0), 0,
+                        [m.format_frame("i", 1), m.array_frame(grad.copy())]))
+
+
+def sent(router, type_):
+    """The next message the servers sent of `type_` (acknowledgements skipped)."""
+    while True:
+        msg = router.receive(2000)
+        assert msg is not None, f"no message of type {type_}"
+        if msg.type == type_:
+            return msg
+
+
+def deliver(router, server, type_):
+    msg = sent(router, type_)
+    assert msg.dst == server.address
+    server.handle(msg)
+    return msg
+
+
+def test_sync_sends_the_delta_to_the_master_and_keeps_later_updates(servers):
+    router, (master, other) = servers
+    w0 = np.array([1.0, 2.0, 3.0], np.float32)
+    put(master, w0)
+    put(other, w0)
+    update(master, np.array([2.0, 0.0, -2.0], np.float32))   # the master's own group: w0 - 0.5 g
+    update(other, np.array([1.0, 1.0, 1.0], np.float32))
+    update(other, np.array([1.0, 3.0, 5.0], np.float32))     # sync_freq 2: a sync request now
+    request = deliver(router, master, m.kSyncRequest)
+    delta = -0.5 * np.array([2.0, 4.0, 6.0], np.float32)    # both updates of group 1
+    np.testing.assert_allclose(m.frame_array(request.frames[0], 3), delta)
+    master_now = w0 - 0.5 * np.array([2.0, 0.0, -2.0], np.float32) + delta
+    np.testing.assert_allclose(master.slices[0].data, master_now)
+    # an update of group 1 lands before the master's answer: it survives the sync
+    update(other, np.array([2.0, 2.0, 2.0], np.float32))
+    response = deliver(router, other, m.kSyncResponse)
+    np.testing.assert_allclose(m.frame_array(response.frames[0], 3), master_now)
+    expected = master_now - 0.5 * np.array([2.0, 2.0, 2.0], np.float32)  # master + (cur - last)
+    np.testing.assert_allclose(other.slices[0].data, expected, rtol=1e-6)
+    np.testing.assert_allclose(other.slices[0].last_sync, expected, rtol=1e-6)
+    assert other.nsyncs == [1, 0] and master.nsyncs == [0, 1]
+
+
+def test_master_slices_are_not_synced_and_stray_sync_messages_change_nothing(servers):
+    router, (master, other) = servers
+    w0 = np.zeros(3, np.float32)
+    put(master, w0)
+    put(other, w0)
+    for _ in range(4):
+        update(master, np.ones(3, np.float32))
+    while (msg := router.receive(50)) is not None:
+        assert msg.type == m.kRUpdate or msg.type == m.kRPut     # never a sync of its own slice
+    stray = m.Msg(MASTER, OTHER, m.kSyncResponse, m.param_trgt(0, 0), 0,
+                  [m.array_frame(np.ones(3, np.float32))])
+    with pytest.raises(ClusterError, match="unexpected sync response"):
+        other.handle(stray)                                       # none pending
+    with pytest.raises(ClusterError, match="does not master"):
+        other.handle(m.Msg(MASTER, OTHER, m.kSyncRequest, m.param_trgt(0, 0), 0,
+                           [m.array_frame(np.ones(3, np.float32))]))
+    np.testing.assert_array_equal(other.slices[0].data, 0)
+
+
+def test_a_sync_request_before_the_masters_put_waits_for_it(servers):
+    router, (master, other) = servers
+    w0 = np.ones(2, np.float32)
+    put(other, w0)
+    for _ in range(2):
+        update(other, np.ones(2, np.float32))
+    deliver(router, master, m.kSyncRequest)                  # the master has no slice yet
+    put(master, w0)
+    response = deliver(router, other, m.kSyncResponse)
+    np.testing.assert_allclose(m.frame_array(response.frames[0], 2), w0 - 1.0)
+    np.testing.assert_allclose(other.slices[0].data, w0 - 1.0)
