@@ -19,3 +19,6 @@ echo "== bench_exchange.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_partition.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_partition.py
+echo
+echo "== bench_frameworks.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_frameworks.py

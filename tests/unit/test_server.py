@@ -21,13 +21,16 @@ def servers():
     ctx = zmq.Context()
     router = Router(ctx, f"inproc://test-server-sync-{id(ctx)}")
     updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
-    made = [Server(ctx, router.endpoint, g, 0, updater, masters={0: MASTER}, sync_freq=2)
-            for g in (0, 1)]
-    yield router, made
-    for s in made:
-        s.dealer.close()
-    router.close()
-    ctx.term()
+    made = []
+    try:    # closed whatever happens, or ctx.term() would wait for them at exit
+        made += [Server(ctx, router.endpoint, g, 0, updater, masters={0: MASTER}, sync_freq=2)
+                 for g in (0, 1)]
+        yield router, made
+    finally:
+        for s in made:
+            s.dealer.close()
+        router.close()
+        ctx.term()
 
 
 def put(server, values):
