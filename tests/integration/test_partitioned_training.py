@@ -70,22 +70,26 @@ def test_two_workers_follow_the_loss_curve_of_one(dims, tmp_path, caplog):
     np.testing.assert_allclose(numbers(ours), numbers(test_lines), atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["hybrid.conf", "cudnn_hybrid.conf"])
 def test_cifar10_hybrid_conf_trains_and_its_graph_shows_the_partition_layers(tmp_path,
-                                                                             run_driver):
+                                                                             run_driver, name):
     """SINGA's cifar10/hybrid.conf (conv layers on dim 0, ip1 on dim 1, 2 workers), its batch
-    cut to 10, on CIFAR-format shards made by create_data.py."""
+    cut to 10, on CIFAR-format shards made by create_data.py; cudnn_hybrid.conf runs its cuDNN
+    layer types on the CPU."""
     from test_cifar10 import create_data, write_cifar_batches
     write_cifar_batches(tmp_path)
     create_data.create_data(str(tmp_path), str(tmp_path), log=io.StringIO())
-    with open(os.path.join(singa.HOME, "tests", "fixtures", "confs", "cifar10", "hybrid.conf")) as f:
+    with open(os.path.join(singa.HOME, "tests", "fixtures", "confs", "cifar10", name)) as f:
         text = f.read()
+    for field, value in (("train_steps", 40), ("disp_freq", 10)):
+        text, n = re.subn(rf"(?m)^{field}: \d+$", f"{field}: {value}", text)
+        assert n == 1, field
     for old, new in (("examples/cifar10/", f"{tmp_path}/"), ("batchsize: 100", "batchsize: 10"),
-                     ("train_steps: 1000", "train_steps: 40"), ("disp_freq: 30", "disp_freq: 10"),
                      ('workspace: "examples/cifar10"', f'workspace: "{tmp_path / "ws"}"')):
         assert old in text, old
         text = text.replace(old, new)
-    (tmp_path / "hybrid.conf").write_text(text)
-    r = run_driver(tmp_path / "hybrid.conf")
+    (tmp_path / name).write_text(text)
+    r = run_driver(tmp_path / name)
     assert r.returncode == 0, r.stderr
     losses = [float(x) for x in re.findall(r"Train @ step \d+  Loss = ([\d.]+)", r.stderr)]
     assert len(losses) == 4 and losses[-1] < losses[0], losses
