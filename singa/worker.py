@@ -172,7 +172,7 @@ class Worker:
         In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
         each metric averaged over the partitions (each a mean over its equal part of the
         batch, so together the whole batch's) and returns them; the others return {}."""
-        rows = list(net.metrics(flag).values())
+        rows = self.metric_rows(flag, net)
         if self.channel is not None:
             self.displays += 1
             if self.id > 0:
@@ -185,6 +185,11 @@ class Worker:
             log.info("%s  %s", prefix, format_metrics(values))
             metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
+
+    @staticmethod
+    def metric_rows(flag, net):
+        """{metric name: value} of each layer of `net` with metrics (resets them)."""
+        return list(net.metrics(flag).values())
 
     def average_metrics(self, rows):
         """Worker 0's metric `rows` ({name: value} per layer) averaged over every partition's."""
@@ -505,18 +510,14 @@ class BPTTWorker(Worker):
                 srcs = srcs + [net.last_unroll_layer(layer)]
             layer.compute_feature(phase | kForward, srcs)
 
-    def display(self, flag, prefix, net):
-        """Log `prefix  <metrics>` per layer with metrics, each averaged over the layer's
-        unrolled copies; return {metric name: value}."""
+    @staticmethod
+    def metric_rows(flag, net):
+        """{metric name: value} per layer with metrics, each averaged over its unrolled copies."""
         copies = {}
         for name, values in net.metrics(flag).items():
             copies.setdefault(name.partition("#")[2], []).append(values)
-        metrics = {}
-        for values in copies.values():
-            mean = {k: sum(v[k] for v in values) / len(values) for k in values[0]}
-            log.info("%s  %s", prefix, format_metrics(mean))
-            metrics.update((k.lower(), v) for k, v in mean.items())
-        return metrics
+        return [{k: sum(v[k] for v in values) / len(values) for k in values[0]}
+                for values in copies.values()]
 
 
 class AbortedError(Exception):

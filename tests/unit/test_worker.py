@@ -49,6 +49,7 @@ class LocalBPTTWorker(BPTTWorker):
     def __init__(self, net):
         self.train_net = net
         self.updated = []
+        self.channel = None     # alone in its group
 
     def collect(self, p):
         pass
