@@ -157,8 +157,10 @@ class Process:
             graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
                                                                    rngs[3])
             masters = slice_masters(job, graph.owner_params)
+        asynchronous = cluster.nworker_groups_per_server_group(cl) > 1
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
-                               None if single else served[g], masters, cl.sync_freq)
+                               None if single else served[g], masters, cl.sync_freq,
+                               copy_replies=asynchronous and not single)
                         for g, s in cluster.servers_of(cl, pid)]
         cls = worker_class(job)
         self.workers = [

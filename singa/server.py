@@ -48,15 +48,19 @@ class Server:
     """One server thread of server group `grp`, id `id`, with its own Updater."""
 
     def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None,
-                 masters=None, sync_freq=1):
+                 masters=None, sync_freq=1, copy_replies=False):
         """`nworkers`: the workers whose farewells end the server (None: only the stub's kStop);
         `masters`: {slice id: address of its master server} when there are several server
-        groups, which sync every `sync_freq` updates of a slice (SINGA's src/server.cc)."""
+        groups, which sync every `sync_freq` updates of a slice (SINGA's src/server.cc).
+        `copy_replies`: answer with a copy of the values, not a view of them, where another
+        group's update may change them while a reply is still on its way to another process
+        (asynchronous groups across processes)."""
         self.grp, self.id = grp, id_
         self.masters, self.sync_freq = masters or {}, sync_freq
         self.early_syncs = []   # sync requests for a slice of ours not put yet
         self.nsyncs = [0, 0]    # sync responses received, sync requests answered
         self.nworkers, self.left = nworkers, set()
+        self.copy_replies = copy_replies
         self.address = m.addr(grp, id_, m.kServer)
         self.dealer = Dealer(ctx, self.address, endpoint)
         self.updater = create_updater(updater_proto)
@@ -152,8 +156,12 @@ class Server:
             if s is None or s.version < msg.trgt_version:
                 still.append(msg)
             else:
-                self.dealer.send(msg.reply(m.kRGet, s.version, [m.array_frame(s.data)]))
+                self.dealer.send(msg.reply(m.kRGet, s.version, [self.values(s)]))
         self.waiting_gets = still
+
+    def values(self, s):
+        """The frame of slice `s`'s values for a reply."""
+        return m.array_frame(s.data.copy() if self.copy_replies else s.data)
 
     def handle_update(self, sid, msg):
         s = self.slice(sid)
@@ -178,7 +186,7 @@ class Server:
                             s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
         for req, _ in s.pending:
-            self.dealer.send(req.reply(m.kRUpdate, s.version, [m.array_frame(s.data)]))
+            self.dealer.send(req.reply(m.kRUpdate, s.version, [self.values(s)]))
         s.pending = []
         s.num_shares = 0
         if s.last_sync is not None:

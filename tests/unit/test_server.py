@@ -112,3 +112,26 @@ def test_a_sync_request_before_the_masters_put_waits_for_it(servers):
     response = deliver(router, other, m.kSyncResponse)
     np.testing.assert_allclose(m.frame_array(response.frames[0], 2), w0 - 1.0)
     np.testing.assert_allclose(other.slices[0].data, w0 - 1.0)
+
+
+@pytest.mark.parametrize("copy_replies", [False, True])
+def test_replies_of_asynchronous_groups_are_copies_later_updates_cannot_change(copy_replies):
+    """An RUpdate on its way to another process must keep the values it was sent with, though
+    another group's update changes the slice meanwhile (copy_replies); in-process answers
+    alias the slice (no copy_replies)."""
+    ctx = zmq.Context()
+    router = Router(ctx, f"inproc://test-server-replies-{id(ctx)}")
+    updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
+    server = Server(ctx, router.endpoint, 0, 0, updater, copy_replies=copy_replies)
+    n = 1 << 15     # above pyzmq's copy threshold: frames are sent zero-copy
+    try:
+        put(server, np.ones(n, np.float32))
+        update(server, np.ones(n, np.float32))
+        reply = sent(router, m.kRUpdate)
+        update(server, np.ones(n, np.float32))      # the next group's update
+        values = m.frame_array(reply.frames[0], n)
+        np.testing.assert_array_equal(values, 0.5 if copy_replies else 0.0)
+    finally:
+        server.dealer.close()
+        router.close()
+        ctx.term()
