@@ -78,7 +78,7 @@ class ConvolutionLayer(Layer):
         n = src.shape[0]
         c, h, w = input_chw(self, src.shape)
         kh, kw, ph, pw, sh, sw = window(self.conf.convolution_conf)
-        f = partitioned(self, self.conf.convolution_conf.num_filters)
+        f = partitioned(self, self.conf.convolution_conf.num_filters, "num_filters")
         if f <= 0:
             raise ConfigError(f"layer '{self.name}': convolution_conf.num_filters must be > 0")
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)

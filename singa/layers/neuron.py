@@ -15,10 +15,16 @@ STANH_A = np.float32(1.7159047)
 STANH_B = np.float32(0.66666667)
 
 
-def partitioned(layer, n):
-    """This partition's share of `n` when the layer is partitioned on dim 1 (model partition)."""
-    if layer.conf.partition_dim > 0:
-        start, stop = cut(n, layer.conf.num_partitions, layer.conf.partition_id)
+def partitioned(layer, n, what="num_output"):
+    """This partition's share of `n` when the layer is partitioned on dim 1 (model partition);
+    ConfigError when `n` leaves a partition without any."""
+    conf = layer.conf
+    if conf.partition_dim > 0:
+        if 0 < n < conf.num_partitions:
+            raise ConfigError(f"layer '{layer.name}': {what} {n} cannot be cut over "
+                              f"{conf.num_partitions} workers (partition_dim 1): each needs at "
+                              f"least one")
+        start, stop = cut(n, conf.num_partitions, conf.partition_id)
         return stop - start
     return n
 

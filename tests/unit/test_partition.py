@@ -166,3 +166,14 @@ def test_slice_serves_each_partition_its_part_whatever_the_setup_order():
     layer.compute_feature(FORWARD, [src])
     np.testing.assert_array_equal(layer.data_for(a), src.data[2:])
     np.testing.assert_array_equal(layer.data_for(b), src.data[:2])
+
+
+def test_features_fewer_than_the_partitions_are_a_one_line_error():
+    """ip1's 6 outputs cut over 7 workers would leave one with none (its params empty, its
+    Update never answered: the job hung)."""
+    import pytest
+    from singa.errors import ConfigError
+    make(MIXED, 6)
+    with pytest.raises(ConfigError, match=r"layer '0#ip1@\d': num_output 6 cannot be cut over 7 "
+                                          r"workers \(partition_dim 1\)"):
+        make(MIXED, 7)
