@@ -38,7 +38,7 @@ class NeuralNet:
         confs = add_split_layers(confs)
         if num_partitions > 1:
             confs = partition.replicate(
-                partition.add_connection_layers(confs, num_partitions, reads_all), num_partitions)
+                partition.add_connection_layers(confs, num_partitions, layer_class), num_partitions)
         confs = graph.sort(confs)
         self.layers = []
         self.by_name = {}
@@ -243,11 +243,6 @@ def resolve_share_from(confs):
             else:
                 raise ConfigError(f"layer '{c.name}': param '{p.name}' has share_from "
                                   f"'{p.share_from}', which names no param")
-
-
-def reads_all(conf):
-    """The layer needs all of its source's neurons (SINGA's kOneToAll source connection)."""
-    return getattr(layer_class(conf), "reads_all", False)
 
 
 def add_split_layers(confs):

@@ -12,16 +12,24 @@ from singa.errors import ConfigError
 from singa.proto import job_pb2
 
 
-def add_connection_layers(confs, nparts, reads_all):
+def add_connection_layers(confs, nparts, layer_class):
     """Step 6: insert Split/Slice + Concate where an edge's partition dims differ.
-    `reads_all(conf)`: the layer needs every neuron of its source (SINGA's kOneToAll)."""
+    `layer_class(conf)` tells whether a layer can run on a part of its features
+    (`feature_parts`; ConfigError if one on dim 1 cannot) and whether it needs every neuron
+    of its source (`reads_all`, SINGA's kOneToAll)."""
     by_name = {c.name: c for c in confs}
     out, added = [], set()
     for c in confs:
+        cls = layer_class(c)
+        if c.partition_dim == 1 and not getattr(cls, "feature_parts", False):
+            kind = c.user_type or job_pb2.LayerType.Name(c.type)
+            raise ConfigError(f"layer '{c.name.partition('#')[2]}' ({kind}) cannot compute on a "
+                              f"part of its features (partition_dim 1 over {nparts} workers); "
+                              f"give it partition_dim: 0")
         for k, s in enumerate(c.srclayers):
             src = by_name[s]
             ps, pd = src.partition_dim, c.partition_dim
-            if pd == 1 and reads_all(c):
+            if pd == 1 and getattr(cls, "reads_all", False):
                 first = job_pb2.LayerProto(name=f"split({s})", type=job_pb2.kSplit)
                 first.split_conf.num_splits = nparts
             elif ps != pd:

@@ -91,6 +91,9 @@ class Layer:
     #: True when every output reads every input neuron (SINGA's kOneToAll): on partition_dim 1
     #: such a layer reads the whole of its source.
     reads_all = False
+    #: True when the layer can compute a part of its outputs from a part of its source's
+    #: (partition_dim 1 over several workers); a layer of your own opts in by setting it.
+    feature_parts = False
 
     def __init__(self, conf):
         self.conf = conf

@@ -11,6 +11,8 @@ __all__ = ["SplitLayer", "SliceLayer", "ConcateLayer", "BridgeSrcLayer", "Bridge
 class _PerDestination(Layer):
     """A layer whose destinations get indices 0, 1, ... in the order they first ask for a blob."""
 
+    feature_parts = True
+
     def _index(self, dst, limit, what):
         idx = self._dst.setdefault(dst, len(self._dst))
         if idx >= limit:
@@ -99,6 +101,8 @@ class SliceLayer(_PerDestination):
 class ConcateLayer(Layer):
     """data = the sources concatenated on `concate_dim`; backward hands each source its part."""
 
+    feature_parts = True
+
     def setup(self, srclayers):
         self.axis = self.conf.concate_conf.concate_dim
         shapes = [s.data_for(self).shape for s in srclayers]
@@ -131,6 +135,8 @@ class _Bridge(Layer):
     """One end of an edge between two partitions; `peer` is the other end (set by the net)
     and `channel` the worker's messaging to other workers (`send(layer, peer, kind, array)`,
     `receive(layer, kind, out)`), set by the worker that runs the layer."""
+
+    feature_parts = True
 
     peer = None
     channel = None

@@ -71,6 +71,8 @@ class ConvolutionLayer(Layer):
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole.
     """
 
+    feature_parts = True
+
     reads_all = True
 
     def setup(self, srclayers):
@@ -201,6 +203,8 @@ class PoolingLayer(Layer):
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns.
     """
+
+    feature_parts = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)

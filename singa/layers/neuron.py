@@ -46,6 +46,8 @@ class InnerProductLayer(Layer):
     partition_dim 1 this partition computes its rows of M: W and b are pieces of the whole.
     """
 
+    feature_parts = True
+
     reads_all = True
 
     def setup(self, srclayers):
@@ -92,6 +94,8 @@ class _Elementwise(Layer):
     Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d). The derivative
     goes to a scratch blob first so that gx may alias g (share_src_blobs).
     """
+
+    feature_parts = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -194,6 +198,8 @@ class ActivationLayer(_Elementwise):
 @register(job_pb2.kDropout)
 class DropoutLayer(Layer):
     """Train: mask = [u < 1−p]/(1−p), u ~ U[0,1) from `rng`; y = x·mask; gx = g·mask. Else y = x."""
+
+    feature_parts = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)

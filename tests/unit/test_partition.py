@@ -177,3 +177,16 @@ def test_features_fewer_than_the_partitions_are_a_one_line_error():
     with pytest.raises(ConfigError, match=r"layer '0#ip1@\d': num_output 6 cannot be cut over 7 "
                                           r"workers \(partition_dim 1\)"):
         make(MIXED, 7)
+
+
+def test_a_layer_that_cannot_run_on_part_of_its_features_is_refused_on_dim_1():
+    """A whole net on partition_dim 1 would cut the loss: each part a softmax over half the
+    classes (the job stopped at the first label out of that half)."""
+    import pytest
+    from singa.errors import ConfigError
+    whole_dim1 = MIXED.replace("partition_dim: 0", "partition_dim: 1")
+    with pytest.raises(ConfigError, match=r"layer 'data' \(kRecordInput\) cannot compute on a "
+                                          r"part of its features \(partition_dim 1 over 2 "
+                                          r"workers\); give it partition_dim: 0"):
+        make(whole_dim1, 2)
+    make(whole_dim1, 1)     # one worker cuts nothing
