@@ -177,7 +177,7 @@ class Worker:
             self.displays += 1
             if self.id > 0:
                 self.channel.post(0, m.kMetric, f"metrics@{self.id}", self.displays,
-                                  metric_frames(rows))
+                                  m.metric_frames(rows))
                 return {}
             rows = self.average_metrics(rows)
         metrics = {}
@@ -197,7 +197,7 @@ class Worker:
         n = self.job.cluster.nworkers_per_group
         for j in range(1, n):
             frames = self.channel.wait(f"metrics@{j}", self.displays, "display metrics", j)
-            theirs = frame_metrics(frames)
+            theirs = m.frame_metrics(frames)
             if [list(v) for v in theirs] != [list(v) for v in rows]:
                 raise ClusterError(f"worker ({self.grp}, {j}) displays other metrics than "
                                    f"worker ({self.grp}, 0)")
@@ -523,24 +523,3 @@ class BPTTWorker(Worker):
 class AbortedError(Exception):
     """The driver stopped this worker because another executor failed."""
 
-
-def metric_frames(rows):
-    """Frames of metric `rows` ({name: value} per layer): per row, the names joined by tabs and
-    the values as float64."""
-    frames = []
-    for values in rows:
-        frames += ["\t".join(values).encode(), np.array(list(values.values()), np.float64).tobytes()]
-    return frames
-
-
-def frame_metrics(frames):
-    """The metric rows `metric_frames` made; ClusterError for frames it did not make."""
-    if len(frames) % 2:
-        raise ClusterError("display metrics: an odd number of frames")
-    rows = []
-    for names, values in zip(frames[::2], frames[1::2]):
-        keys = bytes(names).decode(errors="replace").split("\t") if len(names) else []
-        if len(values) != 8 * len(keys):
-            raise ClusterError(f"display metrics: {len(keys)} names but {len(values)} bytes")
-        rows.append(dict(zip(keys, np.frombuffer(bytes(values), np.float64).tolist())))
-    return rows

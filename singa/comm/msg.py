@@ -5,6 +5,7 @@ frames. Arrays travel as raw float32 frames, large ones sent without copying: a 
 the same process then gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it
 may keep that alias), a receiver in another process gets its own buffer. Receivers check
 (`same_memory`) rather than assume, so small frames, which are copied, work the same.
+Display metrics travel as numbers too (`metric_frames`: names, then float64 values).
 """
 import struct
 
@@ -164,3 +165,25 @@ def parse_format_frame(fmt, frame):
     except (struct.error, ValueError):
         raise ClusterError(f"format frame truncated at byte {pos}") from None
     return out
+
+
+def metric_frames(rows):
+    """Frames of metric `rows` ({name: value} per layer): per row, the names joined by tabs and
+    the values as float64."""
+    frames = []
+    for values in rows:
+        frames += ["\t".join(values).encode(), np.array(list(values.values()), np.float64).tobytes()]
+    return frames
+
+
+def frame_metrics(frames):
+    """The metric rows `metric_frames` made; ClusterError for frames it did not make."""
+    if len(frames) % 2:
+        raise ClusterError("display metrics: an odd number of frames")
+    rows = []
+    for names, values in zip(frames[::2], frames[1::2]):
+        keys = bytes(names).decode(errors="replace").split("\t") if len(names) else []
+        if len(values) != 8 * len(keys):
+            raise ClusterError(f"display metrics: {len(keys)} names but {len(values)} bytes")
+        rows.append(dict(zip(keys, np.frombuffer(bytes(values), np.float64).tolist())))
+    return rows

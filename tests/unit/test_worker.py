@@ -162,7 +162,7 @@ def test_a_dynamic_srclayer_naming_no_layer_is_refused(tmp_path):
 
 def test_display_metrics_cross_between_workers_as_numbers_and_bad_frames_are_refused():
     from singa.errors import ClusterError
-    from singa.worker import frame_metrics, metric_frames
+    from singa.comm.msg import frame_metrics, metric_frames
     rows = [{"Loss": 2.1574078273526225, "accuracy": 0.25}, {}, {"Squared Error": 1e-300}]
     assert frame_metrics(metric_frames(rows)) == rows
     frames = metric_frames(rows)
