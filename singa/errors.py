@@ -1,4 +1,5 @@
 """The user-facing error types: one line that names the file, line, field or param."""
+import sys
 
 
 class SingaError(Exception):
@@ -31,3 +32,16 @@ class ExecutorError(SingaError):
 class NonFiniteError(SingaError):
     """Training produced nan or inf (a loss or a param): the message names the step and the layer
     or param; no snapshot holds the bad values."""
+
+
+def run_command(work, *args):
+    """Run a script's `work(*args)`: its exit status, 0; a SingaError's one line on stderr and
+    its `exit_code`; 130 on Ctrl-C."""
+    try:
+        work(*args)
+    except SingaError as e:
+        print(e, file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -21,7 +21,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 if os.path.isfile(os.path.join(_ROOT, "singa", "__init__.py")) and _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from singa.errors import DataError, SingaError  # noqa: E402
+from singa.errors import DataError, SingaError, run_command  # noqa: E402
 from singa.io.kvfile import KVFile  # noqa: E402
 from singa.proto import common_pb2  # noqa: E402
 
@@ -73,11 +73,9 @@ def main(argv=None):
     parser.add_argument("--val", type=int, default=100, help="validation records (default 100)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    try:
-        generate(args.out_dir, args.train, args.val, args.seed)
-    except SingaError as e:
-        print(e, file=sys.stderr)
-        return e.exit_code
+    status = run_command(generate, args.out_dir, args.train, args.val, args.seed)
+    if status:
+        return status
     print(f"{args.out_dir}: train_record.bin ({args.train}), val_record.bin ({args.val}) and "
           f"image_mean.bin of generated images (not ImageNet)", file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 if os.path.isfile(os.path.join(_ROOT, "singa", "__init__.py")) and _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from singa.errors import DataError, SingaError  # noqa: E402
+from singa.errors import DataError, run_command  # noqa: E402
 from singa.io.kvfile import KVFile  # noqa: E402
 from singa.proto import common_pb2  # noqa: E402
 
@@ -99,17 +99,11 @@ def create_data(input_folder, output_folder, log=None):
 
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
-    try:
-        if len(args) > 2 or any(a.startswith("-") for a in args):
-            raise SingaError("usage: create_data.py [<input_folder> [<output_folder>]]")
-        create_data(args[0] if args else os.path.join(_HERE, "cifar-10-batches-bin"),
-                    args[1] if len(args) > 1 else _HERE)
-    except SingaError as e:
-        print(e, file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    if len(args) > 2 or any(a.startswith("-") for a in args):
+        print("usage: create_data.py [<input_folder> [<output_folder>]]", file=sys.stderr)
+        return 2
+    return run_command(create_data, args[0] if args else os.path.join(_HERE, "cifar-10-batches-bin"),
+                       args[1] if len(args) > 1 else _HERE)
 
 
 class _replacing:

@@ -21,7 +21,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 if os.path.isfile(os.path.join(_ROOT, "singa", "__init__.py")) and _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from singa.errors import DataError, SingaError  # noqa: E402
+from singa.errors import DataError, run_command  # noqa: E402
 from singa.io.idx import read_idx  # noqa: E402
 
 DATASET_DIR = "/usr/share/datasets/fashion-mnist"
@@ -70,11 +70,9 @@ def main(argv=None):
                         help=f"Fashion-MNIST IDX files, raw or .gz (default {DATASET_DIR})")
     parser.add_argument("--out-dir", default=OUT_DIR, help=f"output folder (default {OUT_DIR})")
     args = parser.parse_args(argv)
-    try:
-        pack(args.dataset_dir, args.out_dir)
-    except SingaError as e:
-        print(e, file=sys.stderr)
-        return e.exit_code
+    status = run_command(pack, args.dataset_dir, args.out_dir)
+    if status:
+        return status
     print(f"{args.out_dir}: Fashion-MNIST packed into CIFAR-10's layout (padded to 32x32, grey "
           f"replicated to R, G, B); not CIFAR-10", file=sys.stderr)
     return 0

@@ -19,7 +19,7 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 if os.path.isfile(os.path.join(_ROOT, "singa", "__init__.py")) and _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from singa.errors import DataError, SingaError  # noqa: E402
+from singa.errors import DataError, SingaError, run_command  # noqa: E402
 from singa.io.idx import read_idx  # noqa: E402
 from singa.io.kvfile import KVFile  # noqa: E402
 from singa.proto import common_pb2  # noqa: E402
@@ -97,7 +97,8 @@ def main(argv=None):
     parser.add_argument("--dataset-dir", help=f"IDX files (default {DATASET_DIR})")
     parser.add_argument("--out-dir", help="where train/test_data.bin go (default: beside "
                                           "this script)")
-    try:
+
+    def work():
         args = parser.parse_args(argv)
         if args.files:
             if len(args.files) != 3 or args.dataset_dir or args.out_dir:
@@ -106,12 +107,7 @@ def main(argv=None):
             create_data(*args.files)
         else:
             prepare(args.dataset_dir or DATASET_DIR, args.out_dir or _HERE)
-    except SingaError as e:
-        print(e, file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command(work)
 
 
 class _Parser(argparse.ArgumentParser):
