@@ -87,9 +87,9 @@ class Process:
     with the first local group of its server group under share_memory); a copy whose owner
     runs elsewhere has its own values, which it Gets from the servers. The first worker group
     of each server group initialises the params (all from the same `seed`). Every net numbers
-    its params from 0 over all its partitions, so a
-    param's id names it in every process. Test and validation nets are partitioned the same
-    way: every worker of group 0 runs its partition of them.
+    its params from 0 over all its partitions, so a param's id names it in every process. Test
+    and validation nets are partitioned the same way: every worker of group 0 runs its
+    partition of them.
     `resume` is the Snapshot being resumed (from `resume_from`); `membership` is handed
     to the workers (ZooKeeper's server-group membership, or None). A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
