@@ -167,7 +167,7 @@ class Process:
             cls(self.ctx, endpoint, g, j, job, net,
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
-                init_rng=copy.deepcopy(rngs[0]), resume=resume if g == 0 else None,
+                init_rng=copy.deepcopy(rngs[0]), resume=resume,
                 membership=membership)
             for (g, j), net in nets.items()]
         farewells = {} if single else {

@@ -208,17 +208,18 @@ class Worker:
 
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
-        """Worker::InitNetParams: on a resume restore this worker's streams; the first worker
-        group of each server group loads `checkpoint_path` by name, initialises the rest and
-        Puts its owner params (with their updater state on a resume); every worker then Gets
-        what it lacks."""
+        """Worker::InitNetParams: the first worker group of each server group loads
+        `checkpoint_path` by name, initialises the rest and Puts its owner params (with the
+        snapshot's updater state and LR index on a resume); every worker then Gets what it
+        lacks. On a resume a worker of group 0 restores its streams; other groups read other
+        data (random_skip), so theirs start afresh."""
         job, net = self.job, self.train_net
-        # a worker beyond the snapshot's takes worker 0's streams: dim-0 readers of every
+        # a worker beyond the snapshot's takes worker 0's file: dim-0 readers of every
         # partition stand at the same place
         own = None if self.resume is None else \
             self.resume.readers.get(self.id, self.resume.readers.get(0))
         state = own.snapshot_state(buffers=False) if own is not None else None
-        if state is not None:
+        if state is not None and self.grp == 0:
             self.restore_streams(state)
             self.resumed_evaluated = state.evaluated
         if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:

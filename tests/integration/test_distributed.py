@@ -1,4 +1,5 @@
-"""Jobs across processes: real `singa` processes on this machine, real ZooKeeper, real tcp."""
+"""Jobs across processes: real `singa` processes on this machine, real ZooKeeper, real tcp;
+and asynchronous worker groups resumed in one `runtime.Process`, whose servers a test reads."""
 import re
 import signal
 import subprocess
@@ -10,6 +11,8 @@ import zmq
 
 from conftest import PYTHON
 from singa.checkpoint import CheckpointReader
+from singa.config import parse_job
+from singa.runtime import Process, resume_from, slice_table
 from singa.zk import ZK
 
 # SINGA's frameworks scaled to this machine (docs/distributed.md), each in several processes
@@ -221,3 +224,48 @@ def test_sandblaster_interrupted_and_resumed_ends_bit_identical(fixture_job, sin
         a = (folder / f"step60-worker{w}.bin").read_bytes()
         b = (resumed / f"step60-worker{w}.bin").read_bytes()
         assert a == b, f"worker {w}'s final snapshot differs"
+
+
+FIXED_STEP = {"learning_rate { type: kFixed base_lr: 0.05 }":
+              "learning_rate { type: kFixedStep fixedstep_conf { step: 0 step: 2 "
+              "step_lr: 0.05 step_lr: 0.02 } }"}
+
+
+@pytest.mark.parametrize("framework", ["hogwild", "downpour"])
+def test_resume_in_one_process_gives_every_server_group_the_snapshots_updater_state(
+        framework, fixture_job, tmp_path):
+    """Two worker groups in one runtime.Process (Distributed Hogwild: a server group each;
+    Downpour: one), SGD momentum 0.9 with a kFixedStep LR, trained 3 steps and resumed at its
+    step-3 snapshot with nothing left to train: every server holds the snapshot's momentum
+    history and LR index; group 0's reader stands where the snapshot left it, group 1's where
+    a fresh start puts it."""
+    servers = {"hogwild": "nserver_groups: 2 nservers_per_procs: 2 sync_freq: 2",
+               "downpour": "nserver_groups: 1"}[framework]
+    conf = fixture_job(edits={
+        **FIXED_STEP, "train_steps: 200": "train_steps: 3", "test_steps: 5": "test_steps: 0",
+        "checkpoint_freq: 100": "checkpoint_freq: 0",
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            f"cluster {{ nworker_groups: 2 nworkers_per_procs: 2 {servers}"}, head="seed: 7\n")
+    folder = tmp_path / "ws" / "checkpoint"
+    folder.mkdir(parents=True)
+    Process(parse_job(conf.read_text(), str(conf))).run()
+    snapshot = CheckpointReader(str(folder / "step3-worker0.bin")).snapshot_state()
+    assert snapshot.lr_index == 1
+    job = parse_job(conf.read_text(), str(conf))
+    process = Process(job, resume=resume_from(job, str(folder)))
+    process.run()
+    owners = process.train_graph.owner_params
+    table, _ = slice_table(job, owners)
+    assert len(process.servers) == job.cluster.nserver_groups
+    for server in process.servers:
+        assert server.updater.lr_gen.get_state() == 1, server.grp
+        for p in owners:
+            history = snapshot.param_state[p.name][0].ravel()
+            assert history.any(), p.name
+            for sid, offset, size in table[p.id]:
+                np.testing.assert_array_equal(server.slices[sid].state[0],
+                                              history[offset:offset + size],
+                                              err_msg=f"server group {server.grp}, {p.name}")
+    readers = {w.grp: w.train_net.input_layers()[0] for w in process.workers}
+    assert readers[0].get_state()["offset"] == snapshot.reader[f"train/{readers[0].name}"][0]
+    assert readers[1].get_state()["offset"] == 0
