@@ -8,11 +8,13 @@ cifar10/job.conf net (bench/cifar10_job.conf, batch 100, on random 3x32x32 recor
 a temporary shard), built by `runtime.Process` with server and stub threads, a step being
 `train_one_batch` then `collect_all` (bench_mlp_step.Runtime); the references have the same
 layers, LRN included. References: `conv_reference.numpy_step` and, when torch is installed,
-`torch_step`; interleaved rounds, medians per side. BLAS and torch get the same number of
-threads, --threads (default os.cpu_count()). Steps are timed by the wall clock, or with
---clock cpu by the CPU time of the whole process (every thread's, so ours counts its server
-and stub threads): with --threads 1 the figure that holds on a machine shared with other work,
-where time slicing inflates wall times and idle-spinning thread pools slow each other down.
+`torch_step`; interleaved rounds, medians per side. Every side gets --threads threads
+(default os.cpu_count()): ours as its num_openblas_threads (singa/threads.py: BLAS at one,
+the layers' work shared out over a pool), the numpy reference as BLAS threads, torch as its
+own. Steps are timed by the wall clock, or with --clock cpu by the CPU time of the whole
+process (every thread's, so ours counts its server and stub threads): with --threads 1 the
+figure that holds on a machine shared with other work, where time slicing inflates wall
+times and idle-spinning thread pools slow each other down.
 Target: ours / torch <= 1.3.
 The bench measures; it exits 0 whatever the ratio.
 """
@@ -24,12 +26,12 @@ import tempfile
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 import conv_reference
-from bench_mlp_step import FIXTURES, Runtime, interleaved, print_blas, print_table, profile
+from bench_mlp_step import (FIXTURES, Runtime, at_blas_threads, interleaved, print_blas,
+                            print_table, profile)
 import singa
-from singa import config
+from singa import config, threads
 from singa.io.kvfile import KVFile
 from singa.proto import common_pb2, job_pb2
 
@@ -75,7 +77,8 @@ def bench(net, args):
     batch = 64 if net == "lenet" else 100
     try:
         sides = {"ours (full runtime)": rt.train_step,
-                 "numpy reference": conv_reference.numpy_step(net, batch)}
+                 "numpy reference": at_blas_threads(conv_reference.numpy_step(net, batch),
+                                                    args.threads)}
         torch_step = conv_reference.torch_step(net, batch)
         if torch_step is not None:
             sides["torch cpu"] = torch_step
@@ -117,8 +120,8 @@ def main(argv=None):
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     except ImportError:
         pass
-    with threadpool_limits(args.threads, user_api="blas"):
-        print(f"BLAS threads {args.threads}")
+    with threads.limit(args.threads):
+        print(f"BLAS and compute threads {args.threads}")
         for net in args.nets.split(","):
             bench(net, args)
     return 0

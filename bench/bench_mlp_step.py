@@ -23,10 +23,11 @@ import threading
 import time
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 import mlp_reference
 import singa
-from singa import config
+from singa import config, threads
 from singa.comm import msg as m
 from singa.proto import job_pb2
 from singa.runtime import Process, resume_from
@@ -109,15 +110,35 @@ def per_call_seconds(fn, n, clock=time.perf_counter):
     return out
 
 
-def interleaved(sides, rounds, n, warmup=2, clock=time.perf_counter):
-    """{name: median seconds per call}: rounds of `n` calls of each side in turn, after warm-up."""
+def interleaved(sides, rounds, n, warmup=2, clock=time.perf_counter, settle=0.2):
+    """{name: median seconds per call}: rounds of `n` calls of each side in turn, after warm-up.
+    Each turn starts `settle` seconds after the last: BLAS's threads spin for a while after
+    their last product, and would take a core from the next side."""
     for fn in sides.values():
         per_call_seconds(fn, warmup)
     times = {name: [] for name in sides}
     for _ in range(rounds):
         for name, fn in sides.items():
+            time.sleep(settle)
             times[name] += per_call_seconds(fn, n, clock)
     return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def at_blas_threads(fn, n):
+    """`fn` called with BLAS at `n` threads: a reference's setting inside `threads.limit(n)`,
+    where ours runs BLAS at one and shares its work out over n threads of its own."""
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+
+    def call():
+        before = [c.get_num_threads() for c in libs]
+        for c in libs:
+            c.set_num_threads(n)
+        try:
+            return fn()
+        finally:
+            for c, k in zip(libs, before):
+                c.set_num_threads(k)
+    return call
 
 
 def print_blas():
@@ -158,33 +179,49 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=10, help="interleaved rounds")
     ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(),
+                    help="compute threads of ours (num_openblas_threads), of the reference's "
+                         "BLAS and of torch")
     ap.add_argument("--profile", action="store_true", help="profile ours even if within target")
     args = ap.parse_args(argv)
     print_blas()
-    workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
-    rt = Runtime(mlp_job(workspace, args.batch))
     try:
-        sides = {"ours (full runtime)": rt.train_step, "numpy reference": mlp_reference.numpy_step(args.batch)}
-        torch_step = mlp_reference.torch_step(args.batch)
-        if torch_step is not None:
-            sides["torch cpu"] = torch_step
-        med = interleaved(sides, args.rounds, args.steps)
-        ratio = med["ours (full runtime)"] / med["numpy reference"]
-        flops = mlp_reference.flops_per_step(args.batch)
-        print(f"MNIST MLP step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
-              f"per side, median ms/step ({flops / 1e9:.2f} GFLOP/step):")
-        print_table([[name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}"] for name, t in med.items()],
-                    ["side", "ms/step", "GFLOP/s"])
-        if "torch cpu" not in med:
-            print("torch: not installed, not compared")
-        verdict = "within" if ratio <= TARGET else "ABOVE"
-        print(f"ratio ours/numpy = {ratio:.3f} (target <= {TARGET}: {verdict} target)")
-        if args.profile or ratio > TARGET:
-            profile(rt, 3 * args.steps)
-    finally:
-        rt.close()
-        shutil.rmtree(workspace, ignore_errors=True)
+        import torch
+        torch.set_num_threads(args.threads)
+    except ImportError:
+        pass
+    print(f"threads {args.threads}")
+    workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
+    with threads.limit(args.threads):
+        rt = Runtime(mlp_job(workspace, args.batch))
+        try:
+            bench(rt, args)
+        finally:
+            rt.close()
+            shutil.rmtree(workspace, ignore_errors=True)
     return 0
+
+
+def bench(rt, args):
+    sides = {"ours (full runtime)": rt.train_step,
+             "numpy reference": at_blas_threads(mlp_reference.numpy_step(args.batch),
+                                                args.threads)}
+    torch_step = mlp_reference.torch_step(args.batch)
+    if torch_step is not None:
+        sides["torch cpu"] = torch_step
+    med = interleaved(sides, args.rounds, args.steps)
+    ratio = med["ours (full runtime)"] / med["numpy reference"]
+    flops = mlp_reference.flops_per_step(args.batch)
+    print(f"MNIST MLP step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
+          f"per side, median ms/step ({flops / 1e9:.2f} GFLOP/step):")
+    print_table([[name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}"] for name, t in med.items()],
+                ["side", "ms/step", "GFLOP/s"])
+    if "torch cpu" not in med:
+        print("torch: not installed, not compared")
+    verdict = "within" if ratio <= TARGET else "ABOVE"
+    print(f"ratio ours/numpy = {ratio:.3f} (target <= {TARGET}: {verdict} target)")
+    if args.profile or ratio > TARGET:
+        profile(rt, 3 * args.steps)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ import os
 import signal
 import sys
 
-from threadpoolctl import threadpool_limits
 
 import singa
-from singa import checkpoint, cluster, config, launch, workspace
+from singa import checkpoint, cluster, config, launch, threads, workspace
 from singa import log as singa_log
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.neuralnet import NeuralNet
@@ -144,26 +143,26 @@ class Driver:
         if not self.flags["test"]:
             check_runnable(job)
         zk = ZK(self.singa_conf.zookeeper_host)
-        # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads
-        blas = threadpool_limits(max(1, job.num_openblas_threads), user_api="blas")
         held = None
         try:
-            if self.job_id < 0:
-                self.job_id = zk.new_job_id()
-            job.id = self.job_id
-            held = workspace.hold(self.workspace, self.job_id)
-            path = singa_log.setup(self.singa_conf.log_dir, f"{self.job_id}-{job.name}")
-            if path:
-                log.info("Record job log to %s", path)
-            for sub in ("checkpoint", "visualization"):
-                os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
-            if self.flags["test"]:
-                self.register(zk, f"{self.host}:0")
-                self.test()
-            else:
-                self.train(zk)
+            # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads; we
+            # share the layers' work out over as many threads, BLAS at one (singa/threads.py)
+            with threads.limit(job.num_openblas_threads):
+                if self.job_id < 0:
+                    self.job_id = zk.new_job_id()
+                job.id = self.job_id
+                held = workspace.hold(self.workspace, self.job_id)
+                path = singa_log.setup(self.singa_conf.log_dir, f"{self.job_id}-{job.name}")
+                if path:
+                    log.info("Record job log to %s", path)
+                for sub in ("checkpoint", "visualization"):
+                    os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
+                if self.flags["test"]:
+                    self.register(zk, f"{self.host}:0")
+                    self.test()
+                else:
+                    self.train(zk)
         finally:
-            blas.restore_original_limits()
             zk.close()
             if held is not None:
                 held.close()

@@ -2,6 +2,7 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.neuron import mark_pieces, partitioned
@@ -54,10 +55,23 @@ def _padded(x, buf, pad):
     return buf
 
 
-# A chunk of samples has a col matrix of at most this size (or one sample): it bounds the
-# memory of nets like AlexNet (1.1 GB of col for its conv1 at batch 256) while LeNet's and
-# cifar10's batches are one chunk, whose col the backward pass reuses.
-CHUNK_BYTES = 1 << 27
+# A chunk of samples is one im2col and one GEMM, which one compute thread does
+# (singa/threads.py). Its col holds at most CHUNK_COL_BYTES, to stay in a core's share of the
+# cache, unless that would make more than MAX_CHUNKS chunks; and a batch of at least
+# MIN_CHUNKS samples is at least MIN_CHUNKS chunks, so that there are chunks to share. The
+# chunks depend on the shapes only, never on the thread count: neither do the results.
+CHUNK_COL_BYTES = 1 << 23
+MIN_CHUNKS, MAX_CHUNKS = 8, 16
+# The forward pass keeps every chunk's col for the backward pass while they total at most
+# KEEP_COL_BYTES (AlexNet's conv1 at batch 256 would keep 1.1 GB); beyond, each compute thread
+# has one col and the backward pass makes it again.
+KEEP_COL_BYTES = 1 << 27
+
+
+def chunks(n, sample_bytes):
+    """Consecutive slices of range(n), each of b samples (the last may have fewer)."""
+    b = max(-(-n // MAX_CHUNKS), min(-(-n // MIN_CHUNKS), CHUNK_COL_BYTES // sample_bytes), 1)
+    return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
 @register(job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
@@ -65,9 +79,10 @@ class ConvolutionLayer(Layer):
     """y[n] = W·col(x[n]) + b; gW = Σ_n g[n]·col[n]ᵀ; gb = Σ_{n,h,w} g; gx = col2im(Wᵀ·g[n]).
 
     W is (F, C·kh·kw), col rows in (channel, row, column) order like Caffe's im2col. A chunk of
-    b samples is one GEMM on col (C·kh·kw, b·oh·ow). With stride 1 and pad < kernel, gx is
-    computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
-    convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C.
+    b samples is one GEMM on col (C·kh·kw, b·oh·ow); gW sums the chunks' products in chunk
+    order. With stride 1 and pad < kernel, gx is computed as the convolution of g, padded by
+    k−1−p, with W flipped (the transposed convolution), a GEMM instead of kh·kw scatter-adds,
+    where F is not much larger than C.
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole.
     """
 
@@ -86,105 +101,129 @@ class ConvolutionLayer(Layer):
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.kernel, self.stride = (c, h, w), (ph, pw), (kh, kw), (sh, sw)
         self.taps = _taps(kh, kw, sh, sw, oh, ow)
+        k = c * kh * kw
         self.weight, self.bias = self.params = make_params(
-            self, {"weight": (f, c * kh * kw), "bias": (f,)})
+            self, {"weight": (f, k), "bias": (f,)})
         mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if ph or pw else None
-        b = max(1, min(n, CHUNK_BYTES // (c * kh * kw * oh * ow * 4)))
-        self.chunks = [slice(i, min(i + b, n)) for i in range(0, n, b)]
-        self._col = np.empty((c, kh, kw, b, oh, ow), np.float32)
-        self._gt = np.empty((f, b, oh, ow), np.float32)     # W·col, then g, as (F, b, oh, ow)
-        self._gw = np.empty((f, c * kh * kw), np.float32)
+        self.chunks = chunks(n, k * oh * ow * 4)
+        self._cols = None
+        if n * k * oh * ow * 4 <= KEEP_COL_BYTES:
+            flat = np.empty(n * k * oh * ow, np.float32)
+            self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
+                          .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
+        self._gws = np.empty((len(self.chunks), f, k), np.float32)
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
         if self.transposed:
-            qh, qw = kh - 1 - ph, kw - 1 - pw
-            self._gtpad = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)
-            self._gcol = np.empty((f, kh, kw, b, h, w), np.float32)
             self._wflip = np.empty((c, f, kh, kw), np.float32)
-            self._gx = np.empty((c, b, h, w), np.float32)
         else:
             self._gpad = np.zeros_like(self._xpad) if ph or pw else None
+        self._scratch = threads.Scratch(self._make_scratch)
+
+    def _make_scratch(self, key):
+        """A compute thread's buffers for chunks of b samples: key (slot, b)."""
+        b = key[1]
+        (c, h, w), (kh, kw), (f, oh, ow) = self.chw, self.kernel, self.data.shape[1:]
+        s = {"gt": np.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
+        if self._cols is None:
+            s["col"] = np.empty((c, kh, kw, b, oh, ow), np.float32)
+        if self.transposed:
+            qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
+            s["gtpad"] = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border: 0
+            s["gcol"] = np.empty((f, kh, kw, b, h, w), np.float32)
+            s["gx"] = np.empty((c, b, h, w), np.float32)
+        return s
 
     def compute_feature(self, flag, srclayers):
-        f = self.data.shape[1]
-        xp = self._padded_input(srclayers)
-        for rows in self.chunks:
-            col = _im2col(xp[rows], self.kernel, self.stride, self._col)
-            out = self._gt[:, :col.shape[3]]
-            np.matmul(self.weight.data, col.reshape(self._gw.shape[1], -1),
-                      out=out.reshape(f, -1))
-            np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
+        x = self._input(srclayers)
+        threads.run(lambda i, slot: self._forward(x, i, slot), len(self.chunks))
+
+    def _forward(self, x, i, slot):
+        rows = self.chunks[i]
+        col = self._col(x, i, slot)
+        f, b = self.data.shape[1], col.shape[3]
+        out = self._scratch[slot, b]["gt"]
+        np.matmul(self.weight.data, col.reshape(self._gws.shape[2], -1), out=out.reshape(f, -1))
+        np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
+
+    def _col(self, x, i, slot):
+        """Chunk i's col: im2col of its samples, padded, into its kept buffer or the thread's."""
+        rows = self.chunks[i]
+        b = rows.stop - rows.start
+        buf = self._scratch[slot, b]["col"] if self._cols is None else self._cols[i]
+        xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
+        return _im2col(xp, self.kernel, self.stride, buf)
 
     def compute_gradient(self, flag, srclayers):
         n, f = self.data.shape[:2]
-        k = self._gw.shape[1]
         if flag & job_pb2.kAggGrad:
             self.bias.grad += self.grad.sum(axis=(0, 2, 3))
         else:
             np.sum(self.grad, axis=(0, 2, 3), out=self.bias.grad)
-            self.weight.grad[...] = 0
-        xp = self._padded_input(srclayers) if len(self.chunks) > 1 else None
+        x = self._input(srclayers) if self._cols is None else None
         gsrc = srclayers[0].grad_for(self)
         gx = None if gsrc is None else gsrc.reshape((n,) + self.chw)
         if gx is not None and self.transposed:
             kh, kw = self.kernel
             flipped = self.weight.data.reshape(f, -1, kh, kw)[:, :, ::-1, ::-1]
             np.copyto(self._wflip, flipped.transpose(1, 0, 2, 3))
-        elif gx is not None:
-            gpad = gx if self._gpad is None else self._gpad
-            gpad[...] = 0
-        for rows in self.chunks:
-            # One chunk: col still holds the forward's.
-            col = self._col if xp is None else _im2col(xp[rows], self.kernel, self.stride,
-                                                       self._col)
-            b = col.shape[3]
-            gt = self._gt[:, :b]
-            np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
-            np.matmul(gt.reshape(f, -1), col.reshape(k, -1).T, out=self._gw)
-            self.weight.grad += self._gw
-            if gx is None:
-                continue
-            if self.transposed:
-                self._transposed_conv(gt, gx[rows])
-            else:
-                # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
-                np.matmul(self.weight.data.T, gt.reshape(f, -1), out=col.reshape(k, -1))
-                gp = gpad[rows]
-                for i, j, r, s in self.taps:
-                    gp[:, :, r, s] += col[:, i, j].transpose(1, 0, 2, 3)
-        if gx is not None and not self.transposed and gpad is not gx:
+        threads.run(lambda i, slot: self._backward(x, gx, i, slot), len(self.chunks))
+        if flag & job_pb2.kAggGrad:
+            self.weight.grad += self._gws.sum(axis=0)
+        else:
+            np.sum(self._gws, axis=0, out=self.weight.grad)
+
+    def _backward(self, x, gx, i, slot):
+        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+        rows = self.chunks[i]
+        # with kept cols, chunk i's still holds the forward's
+        col = self._cols[i] if self._cols is not None else self._col(x, i, slot)
+        f, b, k = self.data.shape[1], col.shape[3], self._gws.shape[2]
+        s = self._scratch[slot, b]
+        gt = s["gt"]
+        np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
+        np.matmul(gt.reshape(f, -1), col.reshape(k, -1).T, out=self._gws[i])
+        if gx is None:
+            return
+        if self.transposed:
+            self._transposed_conv(gt, gx[rows], s)
+            return
+        # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
+        np.matmul(self.weight.data.T, gt.reshape(f, -1), out=col.reshape(k, -1))
+        gp = gx[rows] if self._gpad is None else self._gpad[rows]
+        gp[...] = 0
+        for ti, tj, r, c in self.taps:
+            gp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
+        if self._gpad is not None:
             (ph, pw), (h, w) = self.pad, self.chw[1:]
-            gx[...] = gpad[:, :, ph:ph + h, pw:pw + w]
+            gx[rows] = gp[:, :, ph:ph + h, pw:pw + w]
 
-    def _padded_input(self, srclayers):
-        n = self.data.shape[0]
-        return _padded(srclayers[0].data_for(self).reshape((n,) + self.chw), self._xpad,
-                       self.pad)
+    def _input(self, srclayers):
+        return srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
 
-    def _transposed_conv(self, gt, gx):
+    def _transposed_conv(self, gt, gx, s):
         """gx (b, C, H, W) = Σ_{f,i,j} Wflip[c,f,i,j]·gpad[f, n, y+i, x+j], gt (F, b, oh, ow)."""
-        b, (kh, kw), (oh, ow) = gt.shape[1], self.kernel, gt.shape[2:]
+        (kh, kw), (oh, ow) = self.kernel, gt.shape[2:]
         qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
-        gtpad = self._gtpad[:, :b]      # its border stays zero
+        gtpad = s["gtpad"]
         gtpad[:, :, qh:qh + oh, qw:qw + ow] = gt
-        gcol = _im2col(gtpad, self.kernel, (1, 1), self._gcol, channel_axis=0)
-        out = self._gx[:, :b]
+        gcol = _im2col(gtpad, self.kernel, (1, 1), s["gcol"], channel_axis=0)
+        out = s["gx"]
         np.matmul(self._wflip.reshape(len(out), -1), gcol.reshape(self._wflip[0].size, -1),
                   out=out.reshape(len(out), -1))
         np.copyto(gx, out.transpose(1, 0, 2, 3))
 
 
-def _im2col(x, kernel, stride, buf, channel_axis=1):
+def _im2col(x, kernel, stride, col, channel_axis=1):
     """col (C, kh, kw, b, oh, ow) of x (b, C, H, W) (or (C, b, H, W) if channel_axis is 0),
-    written into the leading b samples of buf (C, kh, kw, B, oh, ow)."""
+    written into `col` and returned."""
     (kh, kw), (sh, sw) = kernel, stride
-    oh, ow = buf.shape[4:]
+    oh, ow = col.shape[4:]
     view = sliding_window_view(x, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw][:, :, :oh, :ow]
-    col = buf[:, :, :, :x.shape[1 - channel_axis]]
     order = (1, 4, 5, 0, 2, 3) if channel_axis == 1 else (0, 4, 5, 1, 2, 3)
     np.copyto(col, view.transpose(order))
     return col
@@ -201,7 +240,8 @@ class PoolingLayer(Layer):
     taps into one contiguous (k_h·k_w, N, C, oh, ow) array, reduces it over its first axis and,
     in training, keeps the first argmax's tap; its backward adds g at the flat indices of the
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
-    over their rows into (N, C, oh, W+2p), then over their columns.
+    over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
+    samples on the compute threads.
     """
 
     feature_parts = True
@@ -217,6 +257,7 @@ class PoolingLayer(Layer):
                               f"than the kernel ({kh}, {kw})")
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
+        self.chunks = chunks(n, kh * kw * c * oh * ow * 4)
         self.data = np.zeros((n, c, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None
@@ -253,62 +294,68 @@ class PoolingLayer(Layer):
         return np.outer(sizes[0], sizes[1]).astype(np.float32)
 
     def compute_feature(self, flag, srclayers):
-        n = self.data.shape[0]
-        c, h, w = self.chw
-        xp = _padded(srclayers[0].data_for(self).reshape(n, c, h, w), self._xpad, self.pad)
+        x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
+        train = flag & job_pb2.kTrain
+        threads.run(lambda i, _: self._forward(x, self.chunks[i], train), len(self.chunks))
+
+    def _forward(self, x, rows, train):
+        xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         if self.is_max:
-            self._max(xp, flag & job_pb2.kTrain)
+            self._max(xp, rows, train)
             return
-        y, part = self.data, self._part
+        y, part = self.data[rows], self._part[rows]
         np.copyto(part, xp[:, :, self.rows[0]])
-        for rows in self.rows[1:]:
-            part += xp[:, :, rows]
+        for r in self.rows[1:]:
+            part += xp[:, :, r]
         np.copyto(y, part[:, :, :, self.cols[0]])
-        for cols in self.cols[1:]:
-            y += part[:, :, :, cols]
+        for c in self.cols[1:]:
+            y += part[:, :, :, c]
         y /= self._size
 
-    def _max(self, xp, train):
-        y, win = self.data, self._windows
-        for t, (_, _, rows, cols) in enumerate(self.taps):
-            np.copyto(win[t], xp[:, :, rows, cols])
+    def _max(self, xp, rows, train):
+        y, win = self.data[rows], self._windows[:, rows]
+        for t, (_, _, r, c) in enumerate(self.taps):
+            np.copyto(win[t], xp[:, :, r, c])
         np.max(win, axis=0, out=y)
         if not train:
             return
         # Taps in reverse scan order, so the first maximum's index is written last (Caffe);
         # argmax += hit·(t − argmax) in wrapping unsigned ints has no data-dependent branch.
-        am, step, last = self._argmax, self._step, len(self.taps) - 1
-        np.equal(win[last], y, out=self._hit)
-        np.multiply(self._hit, am.dtype.type(last), out=am)
+        am, step, hit, last = self._argmax[rows], self._step[rows], self._hit[rows], \
+            len(self.taps) - 1
+        np.equal(win[last], y, out=hit)
+        np.multiply(hit, am.dtype.type(last), out=am)
         for t in range(last - 1, -1, -1):
-            np.equal(win[t], y, out=self._hit)
+            np.equal(win[t], y, out=hit)
             np.subtract(am.dtype.type(t), am, out=step)
-            np.multiply(step, self._hit, out=step)
+            np.multiply(step, hit, out=step)
             am += step
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is None:
             return
-        n = self.data.shape[0]
-        c, h, w = self.chw
-        ph, pw = self.pad
-        gx = gsrc.reshape(n, c, h, w)
-        gpad = gx if self._gpad is None else self._gpad
+        gx = gsrc.reshape((self.data.shape[0],) + self.chw)
+        threads.run(lambda i, _: self._backward(gx, self.chunks[i]), len(self.chunks))
+
+    def _backward(self, gx, rows):
+        (ph, pw), (h, w) = self.pad, self.chw[1:]
+        gpad = gx[rows] if self._gpad is None else self._gpad[rows]
         gpad[...] = 0
         if self.is_max:
-            index = self._index
-            np.copyto(index, self._argmax)
+            # flat indices of the argmaxes in the padded chunk (its first sample at 0)
+            index = self._index[rows]
+            np.copyto(index, self._argmax[rows])
             np.take(self._offsets, index, out=index)    # out is buffered (mode "raise")
-            index += self._base
-            np.add.at(gpad.reshape(-1), index.reshape(-1), self.grad.reshape(-1))
+            index += self._base[:rows.stop - rows.start]
+            np.add.at(gpad.reshape(-1), index.reshape(-1), self.grad[rows].reshape(-1))
         else:   # the forward's separable sums, transposed: spread over columns, then rows
-            tmp, part = self._tmp, self._part
-            np.divide(self.grad, self._size, out=tmp)
+            tmp, part = self._tmp[rows], self._part[rows]
+            np.divide(self.grad[rows], self._size, out=tmp)
             part[...] = 0
-            for cols in self.cols:
-                part[:, :, :, cols] += tmp
-            for rows in self.rows:
-                gpad[:, :, rows] += part
-        if gpad is not gx:
-            gx[...] = gpad[:, :, ph:ph + h, pw:pw + w]
+            for c in self.cols:
+                part[:, :, :, c] += tmp
+            for r in self.rows:
+                gpad[:, :, r] += part
+        if self._gpad is not None:
+            gx[rows] = gpad[:, :, ph:ph + h, pw:pw + w]

@@ -1,6 +1,7 @@
 """Neuron layers other than convolution and normalisation: InnerProduct, activations, Dropout, Softmax, Dummy (src/neuralnet/neuron_layer/)."""
 import numpy as np
 
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid, softmax
@@ -66,7 +67,7 @@ class InnerProductLayer(Layer):
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
         w = self.weight.data
-        np.dot(x, w if self.transpose else w.T, out=self.data)
+        threads.matmul(x, w if self.transpose else w.T, self.data)
         self.data += self.bias.data
 
     def compute_gradient(self, flag, srclayers):
@@ -80,12 +81,13 @@ class InnerProductLayer(Layer):
         else:
             np.sum(g, axis=0, out=self.bias.grad)
             if self.transpose:
-                np.dot(x.T, g, out=self.weight.grad)
+                threads.matmul(x.T, g, self.weight.grad)
             else:
-                np.dot(g.T, x, out=self.weight.grad)
+                threads.matmul(g.T, x, self.weight.grad)
         gsrc = src.grad_for(self)
         if gsrc is not None:
-            np.dot(g, w.T if self.transpose else w, out=gsrc.reshape(self.batchsize, self.vdim))
+            threads.matmul(g, w.T if self.transpose else w,
+                           gsrc.reshape(self.batchsize, self.vdim))
 
 
 class _Elementwise(Layer):

@@ -13,6 +13,7 @@ These are descent directions: the updater subtracts them.
 """
 import numpy as np
 
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid
@@ -57,7 +58,7 @@ class RBMVisLayer(Layer):
             np.copyto(self.pos_data, self.input.data_for(self).reshape(self.pos_data.shape))
         elif flag & kNegative:
             v = self.neg_data
-            np.dot(self.hid.sample(flag), self.weight.data, out=v)
+            threads.matmul(self.hid.sample(flag), self.weight.data, v)
             v += self.bias.data
             sigmoid(v, v)
             if flag & kTest:
@@ -73,8 +74,8 @@ class RBMVisLayer(Layer):
         gb -= vp.sum(axis=0)
         gb /= n
         gw = self.weight.grad
-        np.dot(hn.T, vn, out=gw)
-        gw -= np.dot(hp.T, vp, out=self._gw)
+        threads.matmul(hn.T, vn, gw)
+        gw -= threads.matmul(hp.T, vp, self._gw)
         gw /= n
 
 
@@ -112,7 +113,7 @@ class RBMHidLayer(Layer):
             # Hinton's recipe: h− is computed from the reconstruction's probabilities, unsampled.
             v, h = self.vis.neg_data, self.neg_data
             self.first_gibbs = False
-        np.dot(v, self.weight.data.T, out=h)
+        threads.matmul(v, self.weight.data.T, h)
         h += self.bias.data
         if not self.gaussian:
             sigmoid(h, h)

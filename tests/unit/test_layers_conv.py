@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers import conv
 from singa.proto import job_pb2
@@ -68,19 +69,44 @@ def test_convolution_gradients_through_the_transposed_convolution(window):
 
 
 @pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3, pad=1, stride=2)])
-def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, window):
-    # Two samples per chunk for a batch of 5: the last chunk is partial.
-    monkeypatch.setattr(conv, "CHUNK_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, window, keep,
+                                                               nthreads):
+    # Two samples per chunk for a batch of 5: the last chunk is partial. The chunks' cols are
+    # kept for the backward pass or made again; the chunks run on one thread or two.
+    monkeypatch.setattr(conv, "CHUNK_COL_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
                         else 2 * 2 * 9 * 3 * 3 * 4)
+    monkeypatch.setattr(conv, "MIN_CHUNKS", 2)
+    if not keep:
+        monkeypatch.setattr(conv, "KEEP_COL_BYTES", 0)
     src = Source(np.random.default_rng(0).standard_normal((5, 2, 5, 5)))
     layer = make_layer(conv_conf(**window), [src])
     assert [r.stop - r.start for r in layer.chunks] == [2, 2, 1]
-    layer.compute_feature(FORWARD, [src])
-    w, b = layer.params
-    s = window.get("stride", 1)
-    want = direct_conv(src.data, w.data, b.data, 3, 3, 1, 1, s, s)
-    np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
-    check_gradients(layer, [src])
+    with threads.limit(nthreads):
+        layer.compute_feature(FORWARD, [src])
+        w, b = layer.params
+        s = window.get("stride", 1)
+        want = direct_conv(src.data, w.data, b.data, 3, 3, 1, 1, s, s)
+        np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
+        check_gradients(layer, [src])
+
+
+def test_convolution_results_do_not_depend_on_the_thread_count():
+    src = Source(np.random.default_rng(0).standard_normal((20, 3, 8, 8)))
+    results = []
+    for nthreads in (1, 2, 3):
+        layer = make_layer(conv_conf(num_filters=4, kernel=3, pad=1), [src])
+        assert len(layer.chunks) == 7
+        layer.params[0].data[...] = np.random.default_rng(1).standard_normal((4, 27))
+        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), layer.params[0].grad.copy(), src.grad.copy()])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
 
 
 def test_convolution_treats_a_3d_input_as_one_channel():
@@ -205,3 +231,21 @@ def test_max_pooling_adds_the_gradients_of_windows_sharing_their_maximum():
     want = np.zeros((3, 5))
     want[1, 2] = 5
     np.testing.assert_array_equal(src.grad[0, 0], want)
+
+
+@pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
+def test_pooling_on_two_threads_matches_one(pool, reduce):
+    src = Source(np.random.default_rng(0).standard_normal((20, 3, 9, 9)))
+    results = []
+    for nthreads in (1, 2):
+        layer = make_layer(pool_conf(pool=pool, kernel=3, stride=2), [src])
+        assert len(layer.chunks) > 2
+        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy()])
+    want = direct_pool(src.data, reduce, 3, 3, 2, 2)
+    np.testing.assert_allclose(results[0][0], want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)

@@ -1,0 +1,96 @@
+"""The job's compute threads: `num_openblas_threads` of them (SINGA's field, default 1).
+
+Within `limit(n)` BLAS runs at one thread and the layers share their work out over a pool of
+n threads (the calling thread and n − 1 others): convolution and pooling by chunks of samples,
+products by `matmul`'s pieces. One pool, not numpy's copies beside BLAS's own threads: those
+spin for a while after each product and slow the copies down (bench/bench_conv.py). Chunks and
+pieces depend on the shapes only, never on the thread count: neither do the results.
+"""
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+__all__ = ["Scratch", "limit", "matmul", "run"]
+
+_pool = None    # process-wide, like BLAS's own thread setting
+_nthreads = 1
+
+# `matmul` cuts a product into pieces of at least PIECE_FLOPS, at most MAX_PIECES of them.
+PIECE_FLOPS = 1 << 22
+MAX_PIECES = 8
+
+
+@contextlib.contextmanager
+def limit(n):
+    """Within the block: `n` compute threads, BLAS at one; the previous setting after."""
+    global _pool, _nthreads
+    n = max(1, int(n))
+    blas = ThreadpoolController().select(user_api="blas").lib_controllers
+    before = [c.get_num_threads() for c in blas]
+    previous = _pool, _nthreads
+    pool = ThreadPoolExecutor(n - 1, thread_name_prefix="compute") if n > 1 else None
+    for c in blas:
+        c.set_num_threads(1)
+    _pool, _nthreads = pool, n
+    try:
+        yield
+    finally:
+        _pool, _nthreads = previous
+        for c, k in zip(blas, before):
+            c.set_num_threads(k)
+        if pool is not None:
+            pool.shutdown()
+
+
+def run(fn, nitems):
+    """fn(item, slot) for every item in range(nitems), shared out over the compute threads:
+    each takes the next item when it is done with one; `slot` < the thread count names the
+    thread (0 is the caller's) for its scratch. Exceptions propagate."""
+    pool, n = _pool, min(_nthreads, nitems)
+    if pool is None or n < 2:
+        for i in range(nitems):
+            fn(i, 0)
+        return
+    items = iter(range(nitems))     # its next() is atomic under the GIL
+
+    def share(slot):
+        for i in items:
+            fn(i, slot)
+
+    others = [pool.submit(share, slot) for slot in range(1, n)]
+    try:
+        share(0)
+    finally:
+        for f in others:
+            f.result()
+
+
+def matmul(a, b, out):
+    """out = a·b for 2-D arrays, the longer of out's dimensions cut into pieces."""
+    m, n = out.shape
+    pieces = int(min(MAX_PIECES, max(m, n), max(1, 2 * m * n * a.shape[1] // PIECE_FLOPS)))
+    if pieces == 1:
+        np.matmul(a, b, out=out)
+        return out
+    cuts = np.linspace(0, max(m, n), pieces + 1).astype(int)
+    if m >= n:
+        run(lambda i, _: np.matmul(a[cuts[i]:cuts[i + 1]], b, out=out[cuts[i]:cuts[i + 1]]),
+            pieces)
+    else:
+        run(lambda i, _: np.matmul(a, b[:, cuts[i]:cuts[i + 1]],
+                                   out=out[:, cuts[i]:cuts[i + 1]]), pieces)
+    return out
+
+
+class Scratch(dict):
+    """Buffers made on first use: scratch[key] = make(key), e.g. key = (slot, chunk size)."""
+
+    def __init__(self, make):
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, key):
+        value = self[key] = self.make(key)
+        return value
