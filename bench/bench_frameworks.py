@@ -25,10 +25,9 @@ import tempfile
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from bench_mlp_step import mlp_job, print_blas, print_table
-from singa import cluster
+from singa import cluster, threads
 from singa.runtime import Process, Transport
 
 LAYOUTS = {
@@ -49,11 +48,11 @@ def bench_job(workspace, layout, steps, batch):
 
 def child(pid, workspace, layout, steps, batch, conn):
     job = bench_job(workspace, layout, steps, batch)
-    threadpool_limits(max(1, job.num_openblas_threads), user_api="blas")   # as the driver
-    transport = Transport()
-    conn.send(transport.listen("127.0.0.1"))
-    endpoints = conn.recv()
-    Process(job, pid, peers=endpoints.__getitem__, transport=transport).run()
+    with threads.limit(job.num_openblas_threads):   # as the driver
+        transport = Transport()
+        conn.send(transport.listen("127.0.0.1"))
+        endpoints = conn.recv()
+        Process(job, pid, peers=endpoints.__getitem__, transport=transport).run()
     conn.send("done")
 
 
