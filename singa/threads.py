@@ -12,11 +12,16 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["Scratch", "limit", "matmul", "run"]
+__all__ = ["Scratch", "chunks", "limit", "matmul", "run"]
 
 _pool = None    # process-wide, like BLAS's own thread setting
 _nthreads = 1
 
+# A layer's chunk of samples is one task: its working set holds at most CHUNK_BYTES, to stay
+# in a core's share of the cache, unless that would make more than MAX_CHUNKS chunks; and a
+# batch of at least MIN_CHUNKS samples is at least MIN_CHUNKS chunks, to have some to share.
+CHUNK_BYTES = 1 << 23
+MIN_CHUNKS, MAX_CHUNKS = 8, 16
 # `matmul` cuts a product into pieces of at least PIECE_FLOPS, at most MAX_PIECES of them.
 PIECE_FLOPS = 1 << 22
 MAX_PIECES = 8
@@ -65,6 +70,14 @@ def run(fn, nitems):
     finally:
         for f in others:
             f.result()
+
+
+def chunks(n, sample_bytes):
+    """Consecutive slices of range(n), b samples each (the last may have fewer), where a
+    sample's working set is `sample_bytes`."""
+    b = max(-(-n // MAX_CHUNKS), min(-(-n // MIN_CHUNKS), CHUNK_BYTES // max(1, sample_bytes)),
+            1)
+    return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
 def matmul(a, b, out):

@@ -55,23 +55,10 @@ def _padded(x, buf, pad):
     return buf
 
 
-# A chunk of samples is one im2col and one GEMM, which one compute thread does
-# (singa/threads.py). Its col holds at most CHUNK_COL_BYTES, to stay in a core's share of the
-# cache, unless that would make more than MAX_CHUNKS chunks; and a batch of at least
-# MIN_CHUNKS samples is at least MIN_CHUNKS chunks, so that there are chunks to share. The
-# chunks depend on the shapes only, never on the thread count: neither do the results.
-CHUNK_COL_BYTES = 1 << 23
-MIN_CHUNKS, MAX_CHUNKS = 8, 16
 # The forward pass keeps every chunk's col for the backward pass while they total at most
 # KEEP_COL_BYTES (AlexNet's conv1 at batch 256 would keep 1.1 GB); beyond, each compute thread
 # has one col and the backward pass makes it again.
 KEEP_COL_BYTES = 1 << 27
-
-
-def chunks(n, sample_bytes):
-    """Consecutive slices of range(n), each of b samples (the last may have fewer)."""
-    b = max(-(-n // MAX_CHUNKS), min(-(-n // MIN_CHUNKS), CHUNK_COL_BYTES // sample_bytes), 1)
-    return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 
 @register(job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
@@ -108,7 +95,7 @@ class ConvolutionLayer(Layer):
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if ph or pw else None
-        self.chunks = chunks(n, k * oh * ow * 4)
+        self.chunks = threads.chunks(n, k * oh * ow * 4)
         self._cols = None
         if n * k * oh * ow * 4 <= KEEP_COL_BYTES:
             flat = np.empty(n * k * oh * ow, np.float32)
@@ -257,7 +244,7 @@ class PoolingLayer(Layer):
                               f"than the kernel ({kh}, {kw})")
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
-        self.chunks = chunks(n, kh * kw * c * oh * ow * 4)
+        self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4)
         self.data = np.zeros((n, c, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None

@@ -1,6 +1,7 @@
 """Normalisation layers: LRN across channels and spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc)."""
 import numpy as np
 
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
@@ -25,7 +26,7 @@ class LRNLayer(Layer):
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
     norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
-    cost of either power).
+    cost of either power). Chunks of samples run on the compute threads.
     """
 
     def setup(self, srclayers):
@@ -49,10 +50,12 @@ class LRNLayer(Layer):
         # channels padded with zeros so that every window is a slice
         self._padded = np.zeros((n, c + 2 * half, h, w), np.float32)
         self._inner = self._padded[:, half:half + c]
+        self.chunks = threads.chunks(n, 4 * self.data[0].nbytes)
 
-    def _window_sum(self, out):
-        """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c)."""
-        c, p = out.shape[1], self._padded
+    def _window_sum(self, rows, out):
+        """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c),
+        for the samples `rows`."""
+        c, p = out.shape[1], self._padded[rows]
         if self.size == 1:
             np.copyto(out, p)
             return
@@ -60,11 +63,11 @@ class LRNLayer(Layer):
         for k in range(2, self.size):
             out += p[:, k:k + c]
 
-    def _power(self, norm, out):
+    def _power(self, norm, out, scratch):
         """out = norm^{−β}."""
         if self.beta == 0.75:
             np.sqrt(norm, out=out)
-            root4 = np.sqrt(out, out=self._acc)
+            root4 = np.sqrt(out, out=scratch)
             out *= root4
             np.reciprocal(out, out=out)
         else:
@@ -74,26 +77,33 @@ class LRNLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
-        np.square(x, out=self._inner)
-        self._window_sum(self.norm)
-        self.norm *= self.salpha
-        self.norm += self.knorm
-        self._power(self.norm, self.scale)
-        np.multiply(x, self.scale, out=self.data)
+        threads.run(lambda i, _: self._forward(x, self.chunks[i]), len(self.chunks))
+
+    def _forward(self, x, r):
+        norm, scale = self.norm[r], self.scale[r]
+        np.square(x[r], out=self._inner[r])
+        self._window_sum(r, norm)
+        norm *= self.salpha
+        norm += self.knorm
+        self._power(norm, scale, self._acc[r])
+        np.multiply(x[r], scale, out=self.data[r])
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is None:
             return
         x = srclayers[0].data_for(self)
-        np.multiply(self.grad, self.data, out=self._inner)
-        self._inner /= self.norm
-        acc = self._acc
-        self._window_sum(acc)
-        acc *= x
+        threads.run(lambda i, _: self._backward(x, gsrc, self.chunks[i]), len(self.chunks))
+
+    def _backward(self, x, gsrc, r):
+        inner, acc = self._inner[r], self._acc[r]
+        np.multiply(self.grad[r], self.data[r], out=inner)
+        inner /= self.norm[r]
+        self._window_sum(r, acc)
+        acc *= x[r]
         acc *= -2 * self.beta * self.salpha
-        np.multiply(self.grad, self.scale, out=gsrc)
-        gsrc += acc
+        np.multiply(self.grad[r], self.scale[r], out=gsrc[r])
+        gsrc[r] += acc
 
 
 @register(job_pb2.kBM, job_pb2.kCudnnBM)

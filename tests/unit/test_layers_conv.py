@@ -75,9 +75,9 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
                                                                nthreads):
     # Two samples per chunk for a batch of 5: the last chunk is partial. The chunks' cols are
     # kept for the backward pass or made again; the chunks run on one thread or two.
-    monkeypatch.setattr(conv, "CHUNK_COL_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
+    monkeypatch.setattr(threads, "CHUNK_BYTES", 2 * 2 * 9 * 5 * 5 * 4 if "stride" not in window
                         else 2 * 2 * 9 * 3 * 3 * 4)
-    monkeypatch.setattr(conv, "MIN_CHUNKS", 2)
+    monkeypatch.setattr(threads, "MIN_CHUNKS", 2)
     if not keep:
         monkeypatch.setattr(conv, "KEEP_COL_BYTES", 0)
     src = Source(np.random.default_rng(0).standard_normal((5, 2, 5, 5)))

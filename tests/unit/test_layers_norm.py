@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa import threads
 from singa.errors import ConfigError
 from singa.proto import job_pb2
 
@@ -37,6 +38,23 @@ def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k, beta):
     layer.compute_feature(FORWARD, [src])
     np.testing.assert_allclose(layer.data, lrn_by_loops(src.data, n, alpha, beta, k),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_lrn_by_chunks_on_two_threads_matches_the_loops_and_one_thread():
+    src = Source(3 * inputs((20, 7, 3, 4)))
+    results = []
+    for nthreads in (1, 2):
+        layer = make_layer(LRN.format(kind="kLRN", n=5, alpha=0.5, beta=0.75, k=1), [src])
+        assert len(layer.chunks) > 2
+        layer.grad[...] = inputs(layer.grad.shape, seed=2)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy()])
+    np.testing.assert_allclose(results[0][0], lrn_by_loops(src.data, 5, 0.5, 0.75, 1),
+                               rtol=1e-5, atol=1e-6)
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("n", [1, 3, 5])
