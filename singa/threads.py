@@ -17,10 +17,11 @@ __all__ = ["Scratch", "chunks", "limit", "matmul", "run"]
 _pool = None    # process-wide, like BLAS's own thread setting
 _nthreads = 1
 
-# A layer's chunk of samples is one task: its working set holds at most CHUNK_BYTES, to stay
-# in a core's share of the cache, unless that would make more than MAX_CHUNKS chunks; and a
-# batch of at least MIN_CHUNKS samples is at least MIN_CHUNKS chunks, to have some to share.
-CHUNK_BYTES = 1 << 23
+# A layer's chunk of samples is one task. Its working set is about MIN_CHUNK_BYTES to
+# CHUNK_BYTES: enough work to be worth a hand-off, little enough to stay in a core's share of
+# the cache; the batch is cut in about MIN_CHUNKS chunks within those bounds, at least 2 and
+# at most MAX_CHUNKS.
+MIN_CHUNK_BYTES, CHUNK_BYTES = 1 << 20, 1 << 23
 MIN_CHUNKS, MAX_CHUNKS = 8, 16
 # `matmul` cuts a product into pieces of at least PIECE_FLOPS, at most MAX_PIECES of them.
 PIECE_FLOPS = 1 << 22
@@ -75,8 +76,10 @@ def run(fn, nitems):
 def chunks(n, sample_bytes):
     """Consecutive slices of range(n), b samples each (the last may have fewer), where a
     sample's working set is `sample_bytes`."""
-    b = max(-(-n // MAX_CHUNKS), min(-(-n // MIN_CHUNKS), CHUNK_BYTES // max(1, sample_bytes)),
-            1)
+    sample_bytes = max(1, sample_bytes)
+    b = max(-(-n // MIN_CHUNKS), -(-MIN_CHUNK_BYTES // sample_bytes))
+    b = min(b, max(1, CHUNK_BYTES // sample_bytes), -(-n // 2))
+    b = max(b, -(-n // MAX_CHUNKS), 1)
     return [slice(i, min(i + b, n)) for i in range(0, n, b)]
 
 

@@ -52,10 +52,14 @@ def test_convolution_matches_direct_loops(layer_type, window):
     np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [dict(kernel=3), dict(kernel=3, pad=1, stride=2)])
+@pytest.mark.parametrize("window", [dict(kernel=3), dict(kernel=3, pad=1),
+                                    dict(kernel_x=3, kernel_y=2, pad_x=1),
+                                    dict(kernel=3, pad=1, stride=2)])
 def test_convolution_gradients(window):
+    # more filters than channels: col2im, in long runs for stride 1 (no transposed convolution)
     src = Source(np.random.default_rng(0).standard_normal((2, 2, 5, 5)))
-    layer = make_layer(conv_conf(**window), [src])
+    layer = make_layer(conv_conf(num_filters=6, **window), [src])
+    assert not layer.transposed
     check_gradients(layer, [src])
 
 
@@ -92,7 +96,8 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
         check_gradients(layer, [src])
 
 
-def test_convolution_results_do_not_depend_on_the_thread_count():
+def test_convolution_results_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)      # chunks this small, to have 7
     src = Source(np.random.default_rng(0).standard_normal((20, 3, 8, 8)))
     results = []
     for nthreads in (1, 2, 3):
@@ -234,7 +239,8 @@ def test_max_pooling_adds_the_gradients_of_windows_sharing_their_maximum():
 
 
 @pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
-def test_pooling_on_two_threads_matches_one(pool, reduce):
+def test_pooling_on_two_threads_matches_one(monkeypatch, pool, reduce):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
     src = Source(np.random.default_rng(0).standard_normal((20, 3, 9, 9)))
     results = []
     for nthreads in (1, 2):

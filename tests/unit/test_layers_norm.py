@@ -40,7 +40,8 @@ def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k, beta):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_lrn_by_chunks_on_two_threads_matches_the_loops_and_one_thread():
+def test_lrn_by_chunks_on_two_threads_matches_the_loops_and_one_thread(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
     src = Source(3 * inputs((20, 7, 3, 4)))
     results = []
     for nthreads in (1, 2):
