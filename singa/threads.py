@@ -21,7 +21,7 @@ _nthreads = 1
 # CHUNK_BYTES: enough work to be worth a hand-off, little enough to stay in a core's share of
 # the cache; the batch is cut in about MIN_CHUNKS chunks within those bounds, at least 2 and
 # at most MAX_CHUNKS.
-MIN_CHUNK_BYTES, CHUNK_BYTES = 1 << 20, 1 << 23
+MIN_CHUNK_BYTES, CHUNK_BYTES = 1 << 21, 1 << 23
 MIN_CHUNKS, MAX_CHUNKS = 8, 16
 # `matmul` cuts a product into pieces of at least PIECE_FLOPS, at most MAX_PIECES of them.
 PIECE_FLOPS = 1 << 22
