@@ -123,6 +123,50 @@ def test_graceful_stop_then_resume_is_bit_exact(run_a, tmp_path, singa_conf):
     assert logged_tests(r.stderr) == {s: tests_a[s] for s in (120, 160)}
 
 
+def conv_edit(path, **fields):
+    """The bit-exactness job with a convolution and a max pooling before a wider ip1, so that
+    the layers' work is cut in chunks and pieces."""
+    job = text_format.Parse(path.read_text(), job_pb2.JobProto())
+    for key, value in fields.items():
+        setattr(job, key, value)
+    layers = list(job.neuralnet.layer)
+    del job.neuralnet.layer[:]
+    for layer in layers:
+        if layer.name == "data":
+            layer.store_conf.shape[:] = [1, 28, 28]
+        if layer.name == "ip1":
+            conv = job.neuralnet.layer.add(name="conv1", type=job_pb2.kCConvolution,
+                                           srclayers=["data"])
+            conv.convolution_conf.num_filters, conv.convolution_conf.kernel = 8, 5
+            conv.param.add(name="wconv").init.CopyFrom(job_pb2.ParamGenProto(
+                type=job_pb2.kGaussian, std=0.1))
+            conv.param.add(name="bconv").init.type = job_pb2.kConstant
+            job.neuralnet.layer.add(name="pool1", type=job_pb2.kCPooling, srclayers=["conv1"]) \
+                .pooling_conf.CopyFrom(job_pb2.PoolingProto(kernel=2, stride=2))
+            layer.srclayers[:] = ["pool1"]
+            layer.innerproduct_conf.num_output = 256
+        job.neuralnet.layer.add().CopyFrom(layer)
+    path.write_text(text_format.MessageToString(job))
+    return path
+
+
+def test_resume_on_other_thread_counts_is_bit_exact(tmp_path, singa_conf):
+    # 1 compute thread all along, against 2 threads up to step 100 and then 3: chunks and
+    # pieces follow from the shapes alone, so every thread count computes the same bits
+    ref = conv_edit(write_bitexact(tmp_path, "ref", tmp_path / "ref", train_steps=120))
+    assert driver(ref, singa_conf).returncode == 0
+    first = conv_edit(write_bitexact(tmp_path, "first", tmp_path / "ws", train_steps=60),
+                      num_openblas_threads=2)
+    assert driver(first, singa_conf).returncode == 0
+    second = conv_edit(write_bitexact(tmp_path, "second", tmp_path / "ws", train_steps=120),
+                       num_openblas_threads=3)
+    r = driver(second, singa_conf, "-resume")
+    assert r.returncode == 0, r.stderr
+    assert "Resume from step 60" in r.stderr
+    assert_same_training_state(tmp_path / "ref" / "checkpoint" / "step120-worker0.bin",
+                               tmp_path / "ws" / "checkpoint" / "step120-worker0.bin")
+
+
 def test_resume_from_snapshot_after_a_test_keeps_test_stream(run_a, tmp_path, singa_conf):
     folder_a, log_a = run_a
     folder = tmp_path / "ws" / "checkpoint"
