@@ -1,6 +1,6 @@
 """Bench: one training step of LeNet and of the cifar10 convnet through our runtime vs numpy/torch.
 
-    python bench/bench_conv.py [--nets lenet,cifar10] [--rounds 8] [--steps 5] [--threads N]
+    python bench/bench_conv.py [--nets lenet,cifar10] [--rounds 6] [--steps 8] [--threads N]
                                [--clock wall|cpu] [--profile]
 
 Ours: examples/mnist/conv.conf (batch 64, on SINGA's train-1000.bin shard) and SINGA's
@@ -105,8 +105,8 @@ def bench(net, args):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="lenet,cifar10", help="comma-separated: lenet, cifar10")
-    ap.add_argument("--rounds", type=int, default=8, help="interleaved rounds")
-    ap.add_argument("--steps", type=int, default=5, help="steps per side per round")
+    ap.add_argument("--rounds", type=int, default=6, help="interleaved rounds")
+    ap.add_argument("--steps", type=int, default=8, help="steps per side per round")
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="threads of the BLAS and of torch")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
