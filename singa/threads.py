@@ -1,8 +1,8 @@
 """The job's compute threads: `num_openblas_threads` of them (SINGA's field, default 1).
 
 Within `limit(n)` BLAS runs at one thread and the layers share their work out over a pool of
-n threads (the calling thread and n − 1 others): convolution, pooling and LRN by chunks of samples,
-products by `matmul`'s pieces. One pool, not numpy's copies beside BLAS's own threads: those
+n threads (the calling thread and n − 1 others): convolution, pooling and LRN by chunks of
+samples, products by `matmul`'s pieces. One pool, not numpy's copies beside BLAS's own threads: those
 spin for a while after each product and slow the copies down (bench/bench_conv.py). Chunks and
 pieces depend on the shapes only, never on the thread count: neither do the results.
 """
