@@ -11,7 +11,9 @@ back). Reference: raw pyzmq, a DEALER sending the same arrays over tcp 127.0.0.1
 in a child process that sends them back, the same bytes each way. A second reference adds to
 it the arithmetic our exchange must do: the echo side applies SGD (w -= lr * g) to params of
 its own and replies with them, the sending side copies the replies into arrays of its own;
-ours against it is the cost of our messages alone. Interleaved rounds, medians.
+ours against it is the cost of our messages alone. Interleaved rounds, medians. Each side's
+CPU time per step, summed over its two processes, is also given: on 2 cores the exchange is
+bound by it (the kernel's copies through the tcp loopback, then the SGD pass and the copy-in).
 Target: ours reaches >= 80 % of the raw throughput (raw / ours >= 0.8). Exits 0 whatever.
 """
 import argparse
@@ -62,6 +64,32 @@ def echo_side(endpoint_conn, sizes=None):
             frames[2] = w
             k = (k + 1) % len(params)
         sock.send_multipart(frames, copy=False)
+
+def cpu_seconds(pid):
+    """User + system CPU time of process `pid` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """Wraps a side's step; `per_call()`: the mean CPU seconds of this process and the child
+    over the calls (both include ZeroMQ's I/O threads and the kernel's work for them)."""
+
+    def __init__(self, fn, child_pid):
+        self.fn, self.child_pid = fn, child_pid
+        self.seconds, self.calls = 0.0, 0
+
+    def __call__(self):
+        pids = (os.getpid(), self.child_pid)
+        before = sum(map(cpu_seconds, pids))
+        self.fn()
+        self.seconds += sum(map(cpu_seconds, pids)) - before
+        self.calls += 1
+
+    def per_call(self):
+        return self.seconds / max(1, self.calls)
+
 
 class Ours:
     def __init__(self, workspace):
@@ -136,11 +164,11 @@ def main(argv=None):
     ours = Ours(workspace)
     grads = [p.grad.reshape(-1).copy() for p in ours.params]
     raw, raw_sgd = Raw(grads), Raw(grads, arithmetic=True)
+    meters = {"ours (worker process <-> server process)": CpuMeter(ours.exchange, ours.child.pid),
+              "raw pyzmq echo": CpuMeter(raw.exchange, raw.child.pid),
+              "raw pyzmq + SGD + copy-in": CpuMeter(raw_sgd.exchange, raw_sgd.child.pid)}
     try:
-        med = interleaved({"ours (worker process <-> server process)": ours.exchange,
-                           "raw pyzmq echo": raw.exchange,
-                           "raw pyzmq + SGD + copy-in": raw_sgd.exchange},
-                          args.rounds, args.steps)
+        med = interleaved(meters, args.rounds, args.steps)
     finally:
         ours.close()
         raw.close()
@@ -148,14 +176,18 @@ def main(argv=None):
     mb = 2 * ours.nbytes / 1e6
     print(f"MLP param exchange, {len(ours.params)} arrays, {ours.nbytes / 1e6:.1f} MB each way, "
           f"tcp 127.0.0.1, {args.rounds} rounds x {args.steps}, median:")
-    print_table([[name, f"{t * 1e3:.1f}", f"{mb / t / 1e3:.2f}"] for name, t in med.items()],
-                ["side", "ms/step", "GB/s"])
+    print_table([[name, f"{t * 1e3:.1f}", f"{mb / t / 1e3:.2f}",
+                  f"{meters[name].per_call() * 1e3:.1f}", f"{meters[name].per_call() / t:.2f}"]
+                 for name, t in med.items()],
+                ["side", "ms/step", "GB/s", "CPU ms/step", "CPU / wall"])
     ratio = med["raw pyzmq echo"] / med["ours (worker process <-> server process)"]
     print(f"throughput ours/raw = {ratio:.3f} (target >= {TARGET}: "
           f"{'within' if ratio >= TARGET else 'BELOW'} target)")
     print(f"throughput ours/(raw + SGD + copy-in) = "
           f"{med['raw pyzmq + SGD + copy-in'] / med['ours (worker process <-> server process)']:.3f}"
           f" (the cost of our messages alone)")
+    cpu = meters["raw pyzmq echo"].per_call() / meters["ours (worker process <-> server process)"].per_call()
+    print(f"CPU time raw/ours = {cpu:.3f} (the throughput ratio if both kept the same cores busy)")
     return 0
 
 if __name__ == "__main__":
