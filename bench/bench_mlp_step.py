@@ -23,7 +23,6 @@ import threading
 import time
 
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 import mlp_reference
 import singa
@@ -127,17 +126,9 @@ def interleaved(sides, rounds, n, warmup=2, clock=time.perf_counter, settle=0.2)
 def at_blas_threads(fn, n):
     """`fn` called with BLAS at `n` threads: a reference's setting inside `threads.limit(n)`,
     where ours runs BLAS at one and shares its work out over n threads of its own."""
-    libs = ThreadpoolController().select(user_api="blas").lib_controllers
-
     def call():
-        before = [c.get_num_threads() for c in libs]
-        for c in libs:
-            c.set_num_threads(n)
-        try:
+        with threads.blas_threads(n):
             return fn()
-        finally:
-            for c, k in zip(libs, before):
-                c.set_num_threads(k)
     return call
 
 

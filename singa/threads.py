@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-__all__ = ["Scratch", "chunks", "limit", "matmul", "run"]
+__all__ = ["Scratch", "blas_threads", "chunks", "limit", "matmul", "run"]
 
 _pool = None    # process-wide, like BLAS's own thread setting
 _nthreads = 1
@@ -29,23 +29,32 @@ MAX_PIECES = 8
 
 
 @contextlib.contextmanager
+def blas_threads(n):
+    """Within the block: BLAS at `n` threads; its previous setting after."""
+    blas = ThreadpoolController().select(user_api="blas").lib_controllers
+    before = [c.get_num_threads() for c in blas]
+    for c in blas:
+        c.set_num_threads(n)
+    try:
+        yield
+    finally:
+        for c, k in zip(blas, before):
+            c.set_num_threads(k)
+
+
+@contextlib.contextmanager
 def limit(n):
     """Within the block: `n` compute threads, BLAS at one; the previous setting after."""
     global _pool, _nthreads
     n = max(1, int(n))
-    blas = ThreadpoolController().select(user_api="blas").lib_controllers
-    before = [c.get_num_threads() for c in blas]
     previous = _pool, _nthreads
     pool = ThreadPoolExecutor(n - 1, thread_name_prefix="compute") if n > 1 else None
-    for c in blas:
-        c.set_num_threads(1)
     _pool, _nthreads = pool, n
     try:
-        yield
+        with blas_threads(1):
+            yield
     finally:
         _pool, _nthreads = previous
-        for c, k in zip(blas, before):
-            c.set_num_threads(k)
         if pool is not None:
             pool.shutdown()
 
@@ -90,7 +99,8 @@ def matmul(a, b, out):
     if pieces == 1:
         np.matmul(a, b, out=out)
         return out
-    cuts = np.linspace(0, max(m, n), pieces + 1).astype(int)
+    length = max(m, n)
+    cuts = [k * length // pieces for k in range(pieces + 1)]
     if m >= n:
         run(lambda i, _: np.matmul(a[cuts[i]:cuts[i + 1]], b, out=out[cuts[i]:cuts[i + 1]]),
             pieces)

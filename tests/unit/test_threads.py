@@ -48,6 +48,15 @@ def test_limit_runs_blas_at_one_thread_and_restores_it():
     assert blas_threads() == before
 
 
+def test_blas_threads_sets_and_restores_blas_even_after_an_error():
+    before = blas_threads()
+    with pytest.raises(ZeroDivisionError):
+        with threads.blas_threads(2):
+            assert set(blas_threads()) == {2}
+            1 / 0
+    assert blas_threads() == before
+
+
 @pytest.mark.parametrize("shape", [(300, 200, 150), (40, 500, 900), (3, 4, 5)])
 def test_matmul_gives_the_same_bits_on_any_number_of_threads(shape):
     m, k, n = shape
