@@ -29,7 +29,7 @@ import numpy as np
 
 import conv_reference
 from bench_mlp_step import (FIXTURES, Runtime, at_blas_threads, interleaved, print_blas,
-                            print_table, profile)
+                            print_table, profile, set_torch_threads)
 import singa
 from singa import config, threads
 from singa.io.kvfile import KVFile
@@ -114,12 +114,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="profile ours after timing")
     args = ap.parse_args(argv)
     print_blas()
-    try:
-        import torch
-        torch.set_num_threads(args.threads)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    except ImportError:
-        pass
+    set_torch_threads(args.threads)
     with threads.limit(args.threads):
         print(f"BLAS and compute threads {args.threads}")
         for net in args.nets.split(","):

@@ -132,6 +132,16 @@ def at_blas_threads(fn, n):
     return call
 
 
+def set_torch_threads(n):
+    """torch, when installed, at `n` threads (and a line saying so)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(n)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+
 def print_blas():
     """The BLAS numpy uses and the thread env vars, in a few lines (OPENBLAS env left as set)."""
     cfg = np.show_config(mode="dicts")
@@ -176,11 +186,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="profile ours even if within target")
     args = ap.parse_args(argv)
     print_blas()
-    try:
-        import torch
-        torch.set_num_threads(args.threads)
-    except ImportError:
-        pass
+    set_torch_threads(args.threads)
     print(f"threads {args.threads}")
     workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
     with threads.limit(args.threads):
