@@ -98,6 +98,32 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     return job
 
 
+def absolute_paths(job, base):
+    """Make every relative file path of `job` absolute against the folder `base` (the Python
+    API resolves against the current directory; the CLI against the SINGA home); store URLs
+    (`memory://0`), and "latest" and "best" in checkpoint_path, stay as they are."""
+    def fix(path):
+        if not path or "://" in path:
+            return path
+        return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
+
+    for layer in job.neuralnet.layer:
+        for conf, fields in ((layer.store_conf, ("path", "mean_file", "std_file")),
+                             (layer.sharddata_conf, ("path",)), (layer.lmdbdata_conf, ("path",)),
+                             (layer.char_rnn_conf, ("path", "vocab_path")),
+                             (layer.rgbimage_conf, ("meanfile",))):
+            for field in fields:
+                if conf.HasField(field):
+                    setattr(conf, field, fix(getattr(conf, field)))
+    job.cluster.workspace = fix(job.cluster.workspace)
+    for field in ("checkpoint_path", "user_proto", "user_layers"):
+        values = [v if v in ("latest", "best") and field == "checkpoint_path" else fix(v)
+                  for v in getattr(job, field)]
+        del getattr(job, field)[:]
+        getattr(job, field).extend(values)
+    return job
+
+
 def load_singa_conf(path):
     """Parse the global conf (conf/singa.conf) into a SingaProto."""
     return _Conf(read_text(path), path).parse(singa_pb2.SingaProto())

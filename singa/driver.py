@@ -3,7 +3,8 @@
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
           [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
-Registers with ZooKeeper, holds the workspace, has `runtime.Process` build this process's
+Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
+job through the same Driver with the in-process runtime), holds the workspace, has `runtime.Process` build this process's
 executors and run them (a thread per Server and per Worker, talking to the Stub in the main
 thread over ZeroMQ), and reports user mistakes as one line on stderr with exit code 2.
 SIGINT or SIGTERM stops the executors; the exit code is then 128 + the signal's number.
@@ -14,16 +15,18 @@ import os
 import signal
 import sys
 
-
 import singa
 from singa import checkpoint, cluster, config, launch, threads, workspace
 from singa import log as singa_log
+from singa.cluster_rt import ZKClusterRuntime
 from singa.errors import ClusterError, ConfigError, SingaError
+from singa.job_manager import JobManager
+from singa.metrics import Reporter
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.runtime import Process, Transport, resume_from, seeds
 from singa.worker import worker_class
-from singa.zk import ZK
+from singa.zk import ZKService
 
 log = logging.getLogger("singa")
 
@@ -67,8 +70,20 @@ def main(argv=None):
             hostfile = os.path.join(os.path.dirname(os.path.abspath(singa_conf_path)), "hostfile")
             launch.check(job, hostfile, flags["test"], flags["oversubscribe"])
             return 0
-        driver = Driver(job, singa_conf, flags)
-        driver.run()
+        if not flags["test"]:
+            check_runnable(job)
+        with ZKService(singa_conf.zookeeper_host) as zk:
+            job_id = int(flags.get("singa_job", -1))
+            if job_id < 0:
+                job_id = JobManager(zk).new_job_id()
+            driver = Driver(job, ZKClusterRuntime(zk, job_id), flags.get("host", "localhost"),
+                            flags["resume"], Reporter(singa.resolve(job.cluster.workspace), job_id))
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, driver.on_signal)
+            path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
+            if path:
+                log.info("Record job log to %s", path)
+            driver.run(flags["test"])
     except SingaError as e:
         print(f"singa: {e}", file=sys.stderr)
         return e.exit_code
@@ -88,43 +103,24 @@ class Stopped(BaseException):
     like KeyboardInterrupt, so that no `except Exception` takes it for a failure)."""
 
 
-class Membership:
-    """A worker's membership of its server group in ZooKeeper (SINGA's JoinSGroup/LeaveSGroup)."""
-
-    def __init__(self, zk, job_id):
-        self.zk, self.job_id = zk, job_id
-
-    def join(self, worker):
-        self.zk.join_sgroup(self.job_id, worker.grp, worker.id, self.sgroup(worker))
-
-    @staticmethod
-    def sgroup(worker):
-        return cluster.server_group(worker.job.cluster, worker.grp)
-
-    def leave(self, worker):
-        """On the way out a lost ZooKeeper is a warning: the node ends with the session."""
-        try:
-            self.zk.leave_sgroup(self.job_id, worker.grp, worker.id, self.sgroup(worker))
-        except ClusterError as e:
-            log.warning("Worker (group = %d, id = %d) did not leave its server group: %s",
-                        worker.grp, worker.id, e)
-
-
 class Driver:
-    """One process of a job: here, every executor of a single-process job."""
+    """One process of a job, coordinated through `cluster_rt` (a `singa.cluster_rt`
+    ClusterRuntime): trains (continuing from the newest snapshot when `resume`) or tests.
+    `reporter` (a `singa.metrics.Reporter`, or None) receives what the workers display."""
 
-    def __init__(self, job, singa_conf, flags):
+    def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None):
         self.job = job
-        self.singa_conf = singa_conf
-        self.flags = flags
-        self.job_id = int(flags.get("singa_job", -1))
-        self.host = flags.get("host", "localhost")
+        self.cluster_rt = cluster_rt
+        self.job_id = cluster_rt.job_id
+        self.host = host
+        self.resume = resume
+        self.reporter = reporter
         self.workspace = singa.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
         self.signal = None          # SIGINT or SIGTERM received
         self.process = None         # the executors, once built
 
-    def on_signal(self, signum, frame):
+    def on_signal(self, signum, frame=None):
         """SIGINT/SIGTERM: the stub stops the executors (at their next message); before they
         exist, the driver leaves at once. Repeats change nothing."""
         if self.signal:
@@ -135,55 +131,43 @@ class Driver:
             raise Stopped()
         self.process.stub.stop()
 
-    # --- setup ----------------------------------------------------------------------------
-    def run(self):
+    def run(self, test=False):
+        """Hold the workspace, then train (or test) with the job's compute threads."""
         job = self.job
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self.on_signal)
-        if not self.flags["test"]:
-            check_runnable(job)
-        zk = ZK(self.singa_conf.zookeeper_host)
-        held = None
-        try:
-            # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads; we
-            # share the layers' work out over as many threads, BLAS at one (singa/threads.py)
-            with threads.limit(job.num_openblas_threads):
-                if self.job_id < 0:
-                    self.job_id = zk.new_job_id()
-                job.id = self.job_id
-                held = workspace.hold(self.workspace, self.job_id)
-                path = singa_log.setup(self.singa_conf.log_dir, f"{self.job_id}-{job.name}")
-                if path:
-                    log.info("Record job log to %s", path)
+        job.id = self.job_id
+        # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads; we
+        # share the layers' work out over as many threads, BLAS at one (singa/threads.py)
+        with threads.limit(job.num_openblas_threads):
+            held = workspace.hold(self.workspace, self.job_id)
+            try:
                 for sub in ("checkpoint", "visualization"):
                     os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
-                if self.flags["test"]:
-                    self.register(zk, f"{self.host}:0")
-                    self.test()
-                else:
-                    self.train(zk)
-        finally:
-            zk.close()
-            if held is not None:
+                if test:
+                    self.register(f"{self.host}:0")
+                    return self.test()
+                self.train()
+            finally:
                 held.close()
+                if self.reporter is not None:
+                    self.reporter.close()
 
     # --- training -------------------------------------------------------------------------
-    def train(self, zk):
+    def train(self):
         stale = checkpoint.remove_stale_temporaries(self.folder)
         if stale:
             log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
-        resume = resume_from(self.job, self.folder) if self.flags["resume"] else None
-        cl, job_id = self.job.cluster, self.job_id
+        resume = resume_from(self.job, self.folder) if self.resume else None
+        cl, rt = self.job.cluster, self.cluster_rt
         transport = Transport()
         try:
             endpoint = f"{self.host}:0"
             if cluster.nprocs(cl) > 1:
                 endpoint = transport.listen(self.host)
-            pid = self.register(zk, endpoint)
+            pid = self.register(endpoint)
             for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
-                zk.proc_endpoint(job_id, other, timeout=REGISTER_TIMEOUT)
-            process = Process(self.job, pid, resume, Membership(zk, job_id),
-                              peers=lambda p: zk.proc_endpoint(job_id, p), transport=transport)
+                rt.proc_endpoint(other, timeout=REGISTER_TIMEOUT)
+            process = Process(self.job, pid, resume, rt, peers=rt.proc_endpoint,
+                              transport=transport, reporter=self.reporter)
         except BaseException:
             transport.close()
             raise
@@ -202,25 +186,26 @@ class Driver:
             if emptied == groups:
                 process.stub.stop_servers.set()
         for g in sorted(groups):
-            zk.watch_sgroup(job_id, g, lambda g=g: on_empty(g))
+            rt.watch_sgroup(g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
-            zk.watch_procs(job_id, lambda text: setattr(process.stub, "lost", text))
+            rt.watch_procs(lambda text: setattr(process.stub, "lost", text))
         process.run()
         if cluster.nprocs(cl) > 1:
             try:
-                zk.proc_done(job_id, pid)
+                rt.proc_done(pid)
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 
-    def register(self, zk, endpoint):
-        """This process's procs id, by registration in ZooKeeper with `endpoint`."""
-        pid = zk.register_proc(self.job_id, endpoint, os.getpid())
+    def register(self, endpoint):
+        """This process's procs id, by registration in the cluster runtime with `endpoint`."""
+        pid = self.cluster_rt.register_proc(endpoint, os.getpid())
         log.info("proc #%d -> %s (pid = %d)", pid, endpoint, os.getpid())
         return pid
 
     # --- -test ----------------------------------------------------------------------------
     def test(self):
-        """-test (Driver::Test): load every param of the test net from `checkpoint_path`, run `test_steps`."""
+        """-test (Driver::Test): load every param of the test net from `checkpoint_path`, run
+        `test_steps`; returns {metric: value}."""
         job = self.job
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
@@ -238,11 +223,17 @@ class Driver:
             raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "
                               f"checkpoint_path files")
         step = files[-1].step
-        log.info("Test @ step %d", job.step if step is None else step)
-        for step in range(job.test_steps):
-            worker_class(job).test_one_batch(job_pb2.kTest, net, step)
+        step = job.step if step is None else step
+        log.info("Test @ step %d", step)
+        for i in range(job.test_steps):
+            worker_class(job).test_one_batch(job_pb2.kTest, net, i)
+        metrics = {}
         for values in net.metrics(job_pb2.kTest).values():
             log.info("   %s", singa_log.format_metrics(values))
+            metrics.update((k.lower(), float(v)) for k, v in values.items())
+        if self.reporter is not None:
+            self.reporter.metrics(0, step, "test", metrics)
+        return metrics
 
 
 def check_runnable(job):

@@ -9,7 +9,7 @@ from singa import cluster
 from singa.errors import ConfigError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.zk import read_hostfile
+from singa.job_manager import read_hostfile
 
 PROCS_PER_CORE = 4      # more processes of one job per core than this are refused
 

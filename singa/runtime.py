@@ -90,13 +90,15 @@ class Process:
     its params from 0 over all its partitions, so a param's id names it in every process. Test
     and validation nets are partitioned the same way: every worker of group 0 runs its
     partition of them.
-    `resume` is the Snapshot being resumed (from `resume_from`); `membership` is handed
-    to the workers (ZooKeeper's server-group membership, or None). A job of several processes
+    `resume` is the Snapshot being resumed (from `resume_from`); `cluster_rt` (the job's
+    `singa.cluster_rt.ClusterRuntime`, or None) and `reporter` (a `singa.metrics.Reporter`,
+    or None) are handed to the workers. A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
     """
 
-    def __init__(self, job, pid=0, resume=None, membership=None, peers=None, transport=None):
+    def __init__(self, job, pid=0, resume=None, cluster_rt=None, peers=None, transport=None,
+                 reporter=None):
         cl = job.cluster
         G, K = cl.nworker_groups, cl.nworkers_per_group
         self.job, self.pid = job, pid
@@ -168,7 +170,7 @@ class Process:
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
                 init_rng=copy.deepcopy(rngs[0]), resume=resume,
-                membership=membership)
+                cluster_rt=cluster_rt, reporter=reporter)
             for (g, j), net in nets.items()]
         farewells = {} if single else {
             w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)

@@ -11,7 +11,8 @@ from singa.cluster import nprocs
 from singa.config import load_singa_conf, parse_block, read_text
 from singa.errors import SingaError
 from singa.proto import job_pb2
-from singa.zk import ZK
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 USAGE = """\
 Usage: singatool <command> [args] [-confdir <dir>]
@@ -61,25 +62,26 @@ def run(cmd, rest, confdir):
         print(conf.log_dir.rstrip("/") or "/")
         return
     n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
-    with ZK(conf.zookeeper_host) as zk:
+    with ZKService(conf.zookeeper_host) as service:
+        jobs = JobManager(service)
         if cmd == "create":
-            print(zk.new_job_id())
+            print(jobs.new_job_id())
         elif cmd == "genhost":
-            print("\n".join(zk.gen_hosts(os.path.join(confdir, "hostfile"), n)))
+            print("\n".join(jobs.gen_hosts(os.path.join(confdir, "hostfile"), n)))
         elif cmd in ("list", "listall"):
             print("JOB ID    |NUM PROCS  ")
             print("----------|-----------")
-            for job_id, n in zk.list_jobs(all=cmd == "listall"):
+            for job_id, n in jobs.list_jobs(all=cmd == "listall"):
                 print("%-10d|%-10d" % (job_id, n))
         elif cmd == "view":
-            for proc in zk.job_procs(int(rest[0])):
+            for proc in jobs.job_procs(int(rest[0])):
                 print(proc)
         elif cmd == "remove":
-            zk.remove_job(int(rest[0]))
+            jobs.remove_job(int(rest[0]))
         elif cmd == "removeall":
-            zk.remove_all()
+            jobs.remove_all()
         elif cmd == "cleanup":
-            zk.cleanup()
+            jobs.cleanup()
 
 
 def usage(problem=None):

@@ -49,14 +49,17 @@ class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
     `init_rng` draws the initial values of the params this worker owns; `resume` is the
-    Snapshot a -resume continues from, its files parsed (None: a fresh start); `membership`
-    (ZooKeeper's server-group membership, or None) has `join(worker)` and `leave(worker)`.
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); the worker
+    joins and leaves its server group in `cluster_rt` (a `singa.cluster_rt.ClusterRuntime`, or
+    None). What it displays and the snapshots it writes also go to `reporter` (a
+    `singa.metrics.Reporter`, or None).
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
     def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
-                 init_rng=None, resume=None, membership=None, response_timeout=120.0):
+                 init_rng=None, resume=None, cluster_rt=None, reporter=None,
+                 response_timeout=120.0):
         self.grp, self.id = grp, id_
         self.address = m.addr(grp, id_, m.kWorkerParam)
         self.dealer = Dealer(ctx, self.address, endpoint)
@@ -64,7 +67,9 @@ class Worker:
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.init_rng = init_rng
         self.resume = resume
-        self.membership = membership
+        self.cluster_rt = cluster_rt
+        self.reporter = reporter
+        self.sgroup = cluster.server_group(job.cluster, grp)
         self.folder = os.path.join(resolve(job.cluster.workspace), "checkpoint")
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
@@ -92,8 +97,8 @@ class Worker:
         job = self.job
         log.info("Worker (group = %d, id = %d)  start on CPU", self.grp, self.id)
         try:
-            if self.membership is not None:
-                self.membership.join(self)
+            if self.cluster_rt is not None:
+                self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
             while self.step < job.train_steps:
                 s = self.step
@@ -103,13 +108,15 @@ class Worker:
                     self.collect_all()
                     if self.id == 0:
                         log.info("Validation @ step %d", s)
-                    self.test(job.validate_steps, kVal, self.val_net)
+                    self.report(s, "validation",
+                                self.test(job.validate_steps, kVal, self.val_net))
                 if evaluate and self.test_net and job.test_steps > 0 \
                         and every(job.test_freq, job.test_after, s):
                     self.collect_all()
                     if self.id == 0:
                         log.info("Test @ step %d", s)
                     self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
+                    self.report(s, "test", self.last_test[1])
                 if evaluate and self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
                     self.collect_all()
                     self.checkpoint(s)
@@ -117,8 +124,8 @@ class Worker:
                 numerics.check_loss(self.train_net, s)
                 if self.grp == 0 and (self.id == 0 or self.channel) \
                         and every(job.disp_freq, job.disp_after, s):
-                    self.display(kTrain | kForward | kBackward, f"Train @ step {s}",
-                                 self.train_net)
+                    self.report(s, "train", self.display(kTrain | kForward | kBackward,
+                                                         f"Train @ step {s}", self.train_net))
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.grp == 0:
@@ -134,11 +141,15 @@ class Worker:
                                    frames=[m.format_frame("ss", kind.encode(), text.encode())]))
         finally:
             try:
-                if self.membership is not None:
-                    self.membership.leave(self)
+                if self.cluster_rt is not None:
+                    self.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
             finally:    # the stub waits for this stop, whatever leaving did
                 self.dealer.send(m.Msg(self.address, STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
+
+    def report(self, step, phase, metrics):
+        if self.reporter is not None and metrics:
+            self.reporter.metrics(self.grp, step, phase, metrics)
 
     def train_one_batch(self, step):
         """kBP: Forward (collecting fresh params) then Backward, updating each layer's params."""
@@ -331,6 +342,8 @@ class Worker:
         except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
             raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
         log.info("checkpoint to %s", path)
+        if self.reporter is not None and self.id == 0:
+            self.reporter.snapshot(step, path)
         if self.job.checkpoint_keep_newest or self.job.checkpoint_keep_best:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
                              self.job.checkpoint_keep_best)

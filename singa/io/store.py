@@ -1,6 +1,7 @@
 """open_store: SINGA's CreateStore(backend) + Open(path, mode) (src/io/store.cc)."""
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
+from singa.io.memory import MemoryStore
 from singa.io.textfile import TextFileStore
 
 __all__ = ["open_store", "read_cyclic", "KVFileStore", "TextFileStore", "BACKENDS"]
@@ -13,11 +14,11 @@ class KVFileStore(KVFile):
         return self.insert(key, value)
 
 
-BACKENDS = {"kvfile": KVFileStore, "textfile": TextFileStore}
+BACKENDS = {"kvfile": KVFileStore, "textfile": TextFileStore, "memory": MemoryStore}
 
 
 def open_store(backend, path, mode="read"):
-    """A store of `backend` ("kvfile" | "textfile") opened on `path` in mode read/create/append.
+    """A store of `backend` ("kvfile" | "textfile" | "memory") opened on `path` in mode read/create/append.
 
     Every store has read() -> (key, value) | None, seek_to_first(), tell(), seek(offset),
     write(key, value), flush() and close(), and is a context manager.

@@ -13,7 +13,9 @@ from conftest import PYTHON
 from singa.checkpoint import CheckpointReader
 from singa.config import parse_job
 from singa.runtime import Process, resume_from, slice_table
-from singa.zk import ZK
+from singa.cluster_rt import ZKClusterRuntime
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 # SINGA's frameworks scaled to this machine (docs/distributed.md), each in several processes
 LAYOUTS = {
@@ -34,8 +36,8 @@ def job_text(fixture_job, tmp_path, name, layout, steps=60):
 
 def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
     """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order."""
-    with ZK(zk_server) as zk:
-        job_id = zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        job_id = JobManager(zk).new_job_id()
     procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
                                str(singa_conf), "-singa_job", str(job_id), *flags],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -80,8 +82,8 @@ def test_synchronous_frameworks_in_processes_train_as_in_one(framework, fixture_
 def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, singa_conf,
                                                                   zk_server, tmp_path):
     conf = job_text(fixture_job, tmp_path, "killed", LAYOUTS["allreduce"], steps=100000)
-    with ZK(zk_server) as zk:
-        job_id = zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        job_id = JobManager(zk).new_job_id()
     logs = [tmp_path / f"proc{i}.log" for i in range(2)]
     procs = []
     for log in logs:
@@ -127,8 +129,8 @@ def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf
                     zk_server, 2)
     assert all(rc == 0 for rc, _ in clean)
     conf = job_text(fixture_job, tmp_path, "attacked", LAYOUTS["allreduce"])
-    with ZK(zk_server) as zk:
-        job_id = zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        job_id = JobManager(zk).new_job_id()
         procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
                                    str(singa_conf), "-singa_job", str(job_id)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,7 +140,7 @@ def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf
             for pid in range(2):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 1000)
-                sock.connect("tcp://" + zk.proc_endpoint(job_id, pid, timeout=60))
+                sock.connect("tcp://" + ZKClusterRuntime(zk, job_id).proc_endpoint(pid, timeout=60))
                 for frames in GARBAGE:
                     sock.send_multipart(frames)
                 sock.close()

@@ -10,7 +10,8 @@ import pytest
 
 from conftest import PYTHON, ZK_SERVICE, free_port
 from singa import checkpoint
-from singa.zk import ZK
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 LONG = {"train_steps": 1_000_000, "test_freq": 0, "checkpoint_freq": 0, "disp_freq": 100}
 
@@ -60,8 +61,8 @@ def test_signal_stops_the_driver_with_its_znodes_and_the_newest_snapshot_intact(
     assert f"singa: stopped by {signal.Signals(sig).name}" in log
     assert "Traceback" not in log
     job_id = int(re.search(r"Record job log to .*/(\d+)-", log)[1])
-    with ZK(zk_server) as zk:
-        assert zk.job_procs(job_id) == []
+    with ZKService(zk_server) as zk:
+        assert JobManager(zk).job_procs(job_id) == []
     assert not [n for n in os.listdir(folder) if ".tmp-" in n]
     snap = checkpoint.latest_snapshot(str(folder))
     assert snap.complete and snap.step % 50 == 0
@@ -151,13 +152,13 @@ def test_check_mode_validates_without_running(mlp_job, run_driver, singa_conf, z
     assert r.returncode == 2
     assert line.startswith("singa: cluster: ") and f"{many} processes" in line, line
     assert "-oversubscribe" in line
-    with ZK(zk_server) as zk:
-        ids = zk.list_jobs(all=True)
+    with ZKService(zk_server) as zk:
+        ids = JobManager(zk).list_jobs(all=True)
     r = run_driver(conf, "-check", "-oversubscribe")
     assert r.returncode == 0, r.stderr
     assert "Train @" not in r.stderr and "proc #" not in r.stderr
-    with ZK(zk_server) as zk:
-        assert zk.list_jobs(all=True) == ids        # nothing registered, no job id taken
+    with ZKService(zk_server) as zk:
+        assert JobManager(zk).list_jobs(all=True) == ids        # nothing registered, no job id taken
 
 
 def test_a_job_of_several_processes_ends_when_zookeeper_stops_mid_run(mlp_job, own_zookeeper,

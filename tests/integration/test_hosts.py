@@ -11,7 +11,8 @@ import time
 import pytest
 
 import singa
-from singa.zk import ZK
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 BIN = os.path.join(singa.HOME, "bin")
 SSHD = "/usr/sbin/sshd"
@@ -150,9 +151,9 @@ def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, t
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
-        with ZK(f"{hosts.net}.1:{port}") as zk:         # the killed job's sessions expire
+        with ZKService(f"{hosts.net}.1:{port}") as zk:         # the killed job's sessions expire
             deadline = time.monotonic() + 60
-            while any(procs for _, procs in zk.list_jobs()):
+            while any(procs for _, procs in JobManager(zk).list_jobs()):
                 assert time.monotonic() < deadline
                 time.sleep(1)
         conf.write_text(conf.read_text().replace("train_steps: 100000", "train_steps: 250"))

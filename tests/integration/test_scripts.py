@@ -11,7 +11,9 @@ import time
 import pytest
 
 import singa
-from singa.zk import ZK
+from singa.cluster_rt import ZKClusterRuntime
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 BIN = os.path.join(singa.HOME, "bin")
 TRAIN = re.compile(r"\] Train @ step \d+  Loss = \d+\.\d{6}, accuracy = \d+\.\d{6}$", re.M)
@@ -23,8 +25,8 @@ LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq
 @pytest.fixture
 def env(singa_conf, zk_server):
     """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty."""
-    with ZK(zk_server) as zk:
-        zk.cleanup()
+    with ZKService(zk_server) as zk:
+        JobManager(zk).cleanup()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
     env["SINGA_CONF"] = str(singa_conf.parent)
     return env
@@ -175,8 +177,8 @@ def test_stop_ends_every_job(long_job, env, zk_server):
     assert r.returncode == 0, r.stderr
     assert [job.wait() for job in jobs] == [128 + signal.SIGTERM] * 2
     assert [cmdline(pid) for pid in pids] == ["", ""]
-    with ZK(zk_server) as zk:
-        assert zk.list_jobs(all=True) == []
+    with ZKService(zk_server) as zk:
+        assert JobManager(zk).list_jobs(all=True) == []
 
 
 def test_run_with_missing_conf_exits_2(env, tmp_path):
@@ -323,8 +325,8 @@ def start_sleeper(*args):
 
 def test_console_kill_signals_only_this_jobs_processes(ssh_env, zk_server):
     env, ssh_log = ssh_env
-    with ZK(zk_server) as zk:
-        n = zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        n = JobManager(zk).new_job_id()
         other = start_sleeper("-singa_job", str(n + 1), "-conf", "x")   # another job's process
         group = start_sleeper()                                         # a process group
         hostile = start_sleeper("-singa_job", str(n), "-conf", "x")
@@ -335,7 +337,7 @@ def test_console_kill_signals_only_this_jobs_processes(ssh_env, zk_server):
             for endpoint, pid in [("localhost:0", other.pid), ("localhost:0", -group.pid),
                                   ("-oProxyCommand=x:0", hostile.pid),
                                   ("localhost:0", stubborn.pid), ("node1:0", remote.pid)]:
-                zk.register_proc(n, endpoint, pid)
+                ZKClusterRuntime(zk, n).register_proc(endpoint, pid)
             r = script("singa-console.sh", "kill", str(n), env=dict(env, SINGA_KILL_GRACE="1"))
             assert stubborn.wait(30) == -signal.SIGKILL      # SIGTERM ignored: SIGKILL after 1 s
             assert remote.wait(30) == -signal.SIGTERM        # over ssh

@@ -7,7 +7,9 @@ import time
 import pytest
 
 import singa
-from singa.zk import ZK
+from singa.cluster_rt import ZKClusterRuntime
+from singa.job_manager import JobManager
+from singa.zk import ZKService
 
 BIN = os.path.join(singa.HOME, "bin")
 
@@ -19,8 +21,8 @@ def tool(*args, confdir):
 
 @pytest.fixture
 def confdir(singa_conf, zk_server):
-    with ZK(zk_server) as zk:       # each test starts from an empty /singa
-        zk.cleanup()
+    with ZKService(zk_server) as zk:       # each test starts from an empty /singa
+        JobManager(zk).cleanup()
     return singa_conf.parent
 
 
@@ -41,8 +43,8 @@ def start_registered_process(zk_server, job_id, tmp_path):
     """A process of job `job_id` (its arguments say so, as a driver's do) that registers and
     stays alive; returns it once registered."""
     ready = tmp_path / f"ready-{time.monotonic_ns()}"
-    code = ("import os, sys, time; from singa.zk import ZK; "
-            f"z = ZK({zk_server!r}); z.register_proc({job_id}, 'localhost:0', os.getpid()); "
+    code = ("import os, sys, time; from singa.zk import ZKService; from singa.cluster_rt import ZKClusterRuntime; "
+            f"z = ZKClusterRuntime(ZKService({zk_server!r}), {job_id}); z.register_proc('localhost:0', os.getpid()); "
             f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, "-singa_job", str(job_id), "-conf", "x"])
     deadline = time.monotonic() + 15
@@ -63,11 +65,11 @@ def test_create_prints_increasing_ids(confdir):
 
 
 def test_list_view_remove_removeall_cleanup(confdir, zk_server, tmp_path):
-    with ZK(zk_server) as zk:
-        a, b = zk.new_job_id(), zk.new_job_id()
-        zk.register_proc(a, "localhost:0", 4242)
-        zk.register_proc(b, "node7:6723", 77)
-        zk.register_proc(b, "node8:6723", 88)
+    with ZKService(zk_server) as zk:
+        a, b = JobManager(zk).new_job_id(), JobManager(zk).new_job_id()
+        ZKClusterRuntime(zk, a).register_proc("localhost:0", 4242)
+        ZKClusterRuntime(zk, b).register_proc("node7:6723", 77)
+        ZKClusterRuntime(zk, b).register_proc("node8:6723", 88)
 
         r = tool("list", confdir=confdir)
         assert r.returncode == 0
@@ -155,8 +157,8 @@ def test_missing_singa_conf_exits_2(tmp_path):
 
 
 def test_console_list_view_kill(confdir, zk_server, tmp_path):
-    with ZK(zk_server) as zk:
-        job_id = zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        job_id = JobManager(zk).new_job_id()
     proc = start_registered_process(zk_server, job_id, tmp_path)
     try:
         env = script_env(confdir)
@@ -168,8 +170,8 @@ def test_console_list_view_kill(confdir, zk_server, tmp_path):
         r = subprocess.run([console, "kill", str(job_id)], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert proc.wait(10) == -15       # SIGTERM first
-        with ZK(zk_server) as zk:
-            assert zk.list_jobs(all=True) == [(job_id, 0)]
+        with ZKService(zk_server) as zk:
+            assert JobManager(zk).list_jobs(all=True) == [(job_id, 0)]
         r = subprocess.run([console, "bogus"], env=env, capture_output=True, text=True)
         assert r.returncode == 1 and "list" in r.stderr and "view" in r.stderr and "kill" in r.stderr
     finally:
@@ -178,21 +180,21 @@ def test_console_list_view_kill(confdir, zk_server, tmp_path):
 
 
 def test_stop_and_cleanup_scripts(confdir, zk_server, tmp_path):
-    with ZK(zk_server) as zk:
-        a, b = zk.new_job_id(), zk.new_job_id()
+    with ZKService(zk_server) as zk:
+        a, b = JobManager(zk).new_job_id(), JobManager(zk).new_job_id()
     procs = [start_registered_process(zk_server, a, tmp_path), start_registered_process(zk_server, b, tmp_path)]
     try:
         env = script_env(confdir)
         r = subprocess.run([os.path.join(BIN, "singa-stop.sh")], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert [p.wait(10) for p in procs] == [-15, -15]
-        with ZK(zk_server) as zk:
-            assert zk.list_jobs(all=True) == []
-            assert zk.new_job_id() == b + 1
+        with ZKService(zk_server) as zk:
+            assert JobManager(zk).list_jobs(all=True) == []
+            assert JobManager(zk).new_job_id() == b + 1
         r = subprocess.run([os.path.join(BIN, "singa-cleanup.sh")], env=env, capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
-        with ZK(zk_server) as zk:
-            assert zk.new_job_id() == 0
+        with ZKService(zk_server) as zk:
+            assert JobManager(zk).new_job_id() == 0
     finally:
         for p in procs:
             p.kill()

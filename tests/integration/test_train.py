@@ -8,7 +8,8 @@ import numpy as np
 
 import singa
 from singa.checkpoint import CheckpointReader
-from singa.zk import ZK, job_path
+from singa.job_manager import JobManager
+from singa.zk import ZKService, job_path
 
 GLOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] (.*)")
 TRAIN = re.compile(r"Train @ step (\d+)  Loss = (\d+\.\d{6}), accuracy = (\d+\.\d{6})")
@@ -48,9 +49,9 @@ def singa_fixture_log():
 def test_fixture_job_trains_like_singa_and_registers_in_zookeeper(
         fixture_job, singa_conf, zk_server, tmp_path):
     conf = fixture_job()
-    with ZK(zk_server) as zk:
+    with ZKService(zk_server) as zk:
         # job ids are the sequence numbers of one znode: the driver's job is the next one
-        job_id = zk.new_job_id() + 1
+        job_id = JobManager(zk).new_job_id() + 1
         seen = []
         zk.client.DataWatch(f"{job_path(job_id)}/proc/proc-0",
                             lambda data, stat: seen.append((data, stat.ephemeralOwner)) if data else None)
@@ -60,8 +61,8 @@ def test_fixture_job_trains_like_singa_and_registers_in_zookeeper(
         _, stderr = proc.communicate(timeout=180)
         assert proc.returncode == 0, stderr
         assert (f"localhost:0|{proc.pid}".encode(), True) in [(d, o != 0) for d, o in seen]
-        assert (job_id, 0) in zk.list_jobs(all=True)     # the job stays, its process is gone
-        assert job_id not in [j for j, _ in zk.list_jobs()]
+        assert (job_id, 0) in JobManager(zk).list_jobs(all=True)     # the job stays, its process is gone
+        assert job_id not in [j for j, _ in JobManager(zk).list_jobs()]
 
     msgs = messages(stderr)
     ours = metrics(msgs)

@@ -1,4 +1,4 @@
-"""singa.zk against a real ZooKeeper: SINGA's znode layout, ids, membership, listing."""
+"""singa.zk, cluster_rt.ZKClusterRuntime and job_manager against a real ZooKeeper: SINGA's znode layout, ids, membership, listing."""
 import os
 import subprocess
 import threading
@@ -9,17 +9,19 @@ from kazoo.client import KazooClient
 
 import singa
 from singa.errors import ClusterError, ConfigError
-from singa.zk import ZK, job_path, zookeeper_answers
+from singa.cluster_rt import ZKClusterRuntime
+from singa.job_manager import JobManager
+from singa.zk import ZKService, job_path, zookeeper_answers
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
 
 @pytest.fixture
 def zk(zk_server):
-    z = ZK(zk_server)
-    z.cleanup()             # each test starts from an empty /singa
+    z = ZKService(zk_server)
+    JobManager(z).cleanup()             # each test starts from an empty /singa
     z.close()
-    z = ZK(zk_server)
+    z = ZKService(zk_server)
     yield z
     z.close()
 
@@ -41,17 +43,17 @@ def test_persistent_layout_after_connect(zk, raw):
 
 
 def test_job_ids_increase_and_restart_after_cleanup(zk, zk_server):
-    ids = [zk.new_job_id() for _ in range(3)]
+    ids = [JobManager(zk).new_job_id() for _ in range(3)]
     assert ids == [ids[0], ids[0] + 1, ids[0] + 2]
-    with ZK(zk_server) as other:        # another session (another singatool) continues the sequence
-        assert other.new_job_id() == ids[2] + 1
-    zk.cleanup()
-    with ZK(zk_server) as fresh:
-        assert fresh.new_job_id() == 0
+    with ZKService(zk_server) as other:        # another session (another singatool) continues the sequence
+        assert JobManager(other).new_job_id() == ids[2] + 1
+    JobManager(zk).cleanup()
+    with ZKService(zk_server) as fresh:
+        assert JobManager(fresh).new_job_id() == 0
 
 
 def test_job_lock_nodes_are_ephemeral_sequential(zk, raw):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     children = raw.get_children("/singa/sys/job-lock")
     assert children == [f"lock-{job_id:010d}"]
     _, stat = raw.get(f"/singa/sys/job-lock/lock-{job_id:010d}")
@@ -59,12 +61,12 @@ def test_job_lock_nodes_are_ephemeral_sequential(zk, raw):
 
 
 def test_registration_gives_procs_ids_in_order_with_singa_values(zk, zk_server, raw):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     assert job_path(job_id) == f"/singa/app/job-{job_id:010d}"
-    others = [ZK(zk_server) for _ in range(2)]
+    others = [ZKService(zk_server) for _ in range(2)]
     try:
-        ids = [zk.register_proc(job_id, "localhost:0", 111)]
-        ids += [o.register_proc(job_id, f"host{i}:6723", 222 + i) for i, o in enumerate(others)]
+        ids = [ZKClusterRuntime(zk, job_id).register_proc("localhost:0", 111)]
+        ids += [ZKClusterRuntime(o, job_id).register_proc(f"host{i}:6723", 222 + i) for i, o in enumerate(others)]
         assert ids == [0, 1, 2]
         job = f"/singa/app/job-{job_id:010d}"
         assert sorted(raw.get_children(job)) == ["group", "proc", "proc-done", "proc-lock"]
@@ -73,110 +75,110 @@ def test_registration_gives_procs_ids_in_order_with_singa_values(zk, zk_server, 
         assert raw.get(job + "/proc/proc-2")[0] == b"host1:6723|223"
         assert raw.get(job + "/proc/proc-1")[1].ephemeralOwner == others[0].client.client_id[0]
         assert len(raw.get_children(job + "/proc-lock")) == 3
-        assert zk.proc_endpoint(job_id, 1) == "host0:6723"
-        assert zk.job_procs(job_id) == ["localhost|111", "host0|222", "host1|223"]
-        assert zk.list_jobs() == [(job_id, 3)]
+        assert ZKClusterRuntime(zk, job_id).proc_endpoint(1) == "host0:6723"
+        assert JobManager(zk).job_procs(job_id) == ["localhost|111", "host0|222", "host1|223"]
+        assert JobManager(zk).list_jobs() == [(job_id, 3)]
     finally:
         others[0].close()
     # a process that ends (session closed) disappears from the job
-    assert zk.job_procs(job_id) == ["localhost|111", "host1|223"]
+    assert JobManager(zk).job_procs(job_id) == ["localhost|111", "host1|223"]
     others[1].close()
 
 
 def test_proc_endpoint_waits_for_registration(zk, zk_server):
-    job_id = zk.new_job_id()
-    with ZK(zk_server) as other:
-        other.register_proc(job_id, "first:1", 1)
-        threading.Timer(0.3, other.register_proc, (job_id, "second:2", 2)).start()
-        assert zk.proc_endpoint(job_id, 1, timeout=5) == "second:2"
+    job_id = JobManager(zk).new_job_id()
+    with ZKService(zk_server) as other:
+        ZKClusterRuntime(other, job_id).register_proc("first:1", 1)
+        threading.Timer(0.3, ZKClusterRuntime(other, job_id).register_proc, ("second:2", 2)).start()
+        assert ZKClusterRuntime(zk, job_id).proc_endpoint(1, timeout=5) == "second:2"
         t = time.monotonic()
         with pytest.raises(ClusterError, match=r"process 7 of job \d+ did not register .* within 0.5 s"):
-            zk.proc_endpoint(job_id, 7, timeout=0.5)
+            ZKClusterRuntime(zk, job_id).proc_endpoint(7, timeout=0.5)
         assert time.monotonic() - t < 2
 
 
 def test_membership_watch_fires_when_last_worker_leaves(zk, zk_server, raw):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     emptied = threading.Event()
-    zk.watch_sgroup(job_id, 0, emptied.set)
+    ZKClusterRuntime(zk, job_id).watch_sgroup(0, emptied.set)
     group = f"/singa/app/job-{job_id:010d}/group/sg0"
     assert raw.exists(group) is not None
-    zk.join_sgroup(job_id, 0, 0, 0)
-    zk.join_sgroup(job_id, 1, 0, 0)
+    ZKClusterRuntime(zk, job_id).join_sgroup(0, 0, 0)
+    ZKClusterRuntime(zk, job_id).join_sgroup(1, 0, 0)
     assert sorted(raw.get_children(group)) == ["g0_w0", "g1_w0"]
     assert raw.get(group + "/g1_w0")[1].ephemeralOwner != 0
-    zk.leave_sgroup(job_id, 0, 0, 0)
+    ZKClusterRuntime(zk, job_id).leave_sgroup(0, 0, 0)
     assert not emptied.wait(0.5)
-    zk.leave_sgroup(job_id, 1, 0, 0)
+    ZKClusterRuntime(zk, job_id).leave_sgroup(1, 0, 0)
     assert emptied.wait(5)
 
 
 def test_membership_watch_fires_when_worker_process_dies(zk, zk_server):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     emptied = threading.Event()
-    zk.watch_sgroup(job_id, 2, emptied.set)
-    worker = ZK(zk_server)
-    worker.join_sgroup(job_id, 0, 0, 2)
+    ZKClusterRuntime(zk, job_id).watch_sgroup(2, emptied.set)
+    worker = ZKService(zk_server)
+    ZKClusterRuntime(worker, job_id).join_sgroup(0, 0, 2)
     assert not emptied.wait(0.3)
     worker.close()                      # its ephemeral node goes with the session
     assert emptied.wait(5)
 
 
 def test_watch_does_not_fire_on_a_group_nobody_joined(zk):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     emptied = threading.Event()
-    zk.watch_sgroup(job_id, 0, emptied.set)
+    ZKClusterRuntime(zk, job_id).watch_sgroup(0, emptied.set)
     assert not emptied.wait(0.5)
 
 
 def test_list_remove_removeall(zk, zk_server):
-    a, b = zk.new_job_id(), zk.new_job_id()
-    with ZK(zk_server) as p:
-        p.register_proc(a, "localhost:0", 10)
-        p.register_proc(b, "localhost:0", 20)
-        p.register_proc(b, "localhost:0", 21)
-        assert zk.list_jobs() == [(a, 1), (b, 2)]
-        zk.remove_job(b)
-        assert zk.list_jobs() == [(a, 1)]
-        assert zk.list_jobs(all=True) == [(a, 1), (b, 0)]
-        assert zk.job_procs(b) == []
-        zk.remove_all()
-        assert zk.list_jobs(all=True) == []
+    a, b = JobManager(zk).new_job_id(), JobManager(zk).new_job_id()
+    with ZKService(zk_server) as p:
+        ZKClusterRuntime(p, a).register_proc("localhost:0", 10)
+        ZKClusterRuntime(p, b).register_proc("localhost:0", 20)
+        ZKClusterRuntime(p, b).register_proc("localhost:0", 21)
+        assert JobManager(zk).list_jobs() == [(a, 1), (b, 2)]
+        JobManager(zk).remove_job(b)
+        assert JobManager(zk).list_jobs() == [(a, 1)]
+        assert JobManager(zk).list_jobs(all=True) == [(a, 1), (b, 0)]
+        assert JobManager(zk).job_procs(b) == []
+        JobManager(zk).remove_all()
+        assert JobManager(zk).list_jobs(all=True) == []
         with pytest.raises(ClusterError, match=rf"job {a} does not exist in ZooKeeper at {zk_server}"):
-            zk.job_procs(a)
-        assert zk.new_job_id() == b + 1         # removeall keeps the id sequence
+            JobManager(zk).job_procs(a)
+        assert JobManager(zk).new_job_id() == b + 1         # removeall keeps the id sequence
 
 
 def test_idle_jobs_are_pruned_when_more_than_ten_newer_exist(zk, zk_server):
-    with ZK(zk_server) as p:
+    with ZKService(zk_server) as p:
         ids = []
         for _ in range(13):
-            ids.append(zk.new_job_id())
-            p.register_proc(ids[-1], "localhost:0", 1)
-            zk.remove_job(ids[-1])
-        assert [j for j, _ in zk.list_jobs(all=True)] == ids[2:]
-        assert zk.list_jobs() == []
+            ids.append(JobManager(zk).new_job_id())
+            ZKClusterRuntime(p, ids[-1]).register_proc("localhost:0", 1)
+            JobManager(zk).remove_job(ids[-1])
+        assert [j for j, _ in JobManager(zk).list_jobs(all=True)] == ids[2:]
+        assert JobManager(zk).list_jobs() == []
 
 
 def test_gen_hosts_round_robin_across_jobs(zk, tmp_path, raw):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# cluster\nnode0 slots=2\n\n  node1\nnode2\n")
-    assert zk.gen_hosts(hostfile, 2) == ["node0", "node1"]
+    assert JobManager(zk).gen_hosts(hostfile, 2) == ["node0", "node1"]
     assert raw.get("/singa/sys/host-idx")[0] == b"2"
-    assert zk.gen_hosts(hostfile, 4) == ["node2", "node0", "node1", "node2"]
+    assert JobManager(zk).gen_hosts(hostfile, 4) == ["node2", "node0", "node1", "node2"]
     assert raw.get("/singa/sys/host-idx")[0] == b"0"
     (tmp_path / "empty").write_text("# nothing\n")
     with pytest.raises(ConfigError, match="empty: no hosts listed"):
-        zk.gen_hosts(tmp_path / "empty", 1)
+        JobManager(zk).gen_hosts(tmp_path / "empty", 1)
     with pytest.raises(ConfigError, match="missing: cannot read hostfile"):
-        zk.gen_hosts(tmp_path / "missing", 1)
+        JobManager(zk).gen_hosts(tmp_path / "missing", 1)
 
 
 def test_unreachable_zookeeper_is_a_cluster_error_not_a_hang(closed_port):
     hosts = f"127.0.0.1:{closed_port}"
     t = time.monotonic()
     with pytest.raises(ClusterError) as e:
-        ZK(hosts)
+        ZKService(hosts)
     assert time.monotonic() - t < 15
     assert str(e.value).startswith(f"cannot reach ZooKeeper at {hosts} within 15 s")
     assert "\n" not in str(e.value)
@@ -193,26 +195,26 @@ def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port
     env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"))
     subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
     try:
-        z = ZK(f"127.0.0.1:{env['ZK_PORT']}")
+        z = ZKService(f"127.0.0.1:{env['ZK_PORT']}")
     finally:
         subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
     z.timeout = 1      # connect patiently (busy machine), then wait briefly for the lost server
     t = time.monotonic()
     with pytest.raises(ClusterError, match=r"ZooKeeper at 127.0.0.1:\d+ did not answer within 1 s \(create job lock\)"):
-        z.new_job_id()
+        JobManager(z).new_job_id()
     assert time.monotonic() - t < 4
     z.close()
 
 
 def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
-    job_id = zk.new_job_id()
+    job_id = JobManager(zk).new_job_id()
     lost = []
-    zk.register_proc(job_id, "127.0.0.1:5000", 100)
-    done, killed = ZK(zk_server), ZK(zk_server)
-    done.register_proc(job_id, "127.0.0.1:5001", 101)
-    killed.register_proc(job_id, "127.0.0.1:5002", 102)
-    zk.watch_procs(job_id, lost.append)
-    done.proc_done(job_id, 1)
+    ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
+    done, killed = ZKService(zk_server), ZKService(zk_server)
+    ZKClusterRuntime(done, job_id).register_proc("127.0.0.1:5001", 101)
+    ZKClusterRuntime(killed, job_id).register_proc("127.0.0.1:5002", 102)
+    ZKClusterRuntime(zk, job_id).watch_procs(lost.append)
+    ZKClusterRuntime(done, job_id).proc_done(1)
     done.close()
     time.sleep(1)
     assert lost == []                       # ended normally: no loss

@@ -1,0 +1,219 @@
+"""The cluster runtime a job's processes coordinate through (SINGA's ClusterRuntime and
+SPClusterRT, src/utils/cluster_rt.cc): process ids and endpoints, server-group membership and
+liveness. `ZKClusterRuntime` keeps them in ZooKeeper (the znodes of `singa.zk`);
+`SPClusterRuntime` keeps them in this process, for a one-process job without ZooKeeper.
+
+The runtime's watches call back in a thread of their own (kazoo's, or the leaving worker's).
+"""
+import logging
+import threading
+
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+
+from singa.errors import ClusterError
+from singa.zk import SHUTDOWN_TIMEOUT, job_path
+
+log = logging.getLogger("singa")
+
+
+class ClusterRuntime:
+    """What a job's process asks of its cluster runtime; `job_id` names the job."""
+
+    job_id = -1
+
+    def register_proc(self, endpoint, pid):
+        """Register this process (its stub's `endpoint`, OS `pid`); returns its procs id."""
+        raise NotImplementedError
+
+    def proc_endpoint(self, procs_id, timeout=None):
+        """The endpoint of process `procs_id`, waiting up to `timeout` s for it to register."""
+        raise NotImplementedError
+
+    def watch_procs(self, on_lost):
+        """Call `on_lost(text)` once when a process of the job goes away without `proc_done`."""
+        raise NotImplementedError
+
+    def proc_done(self, procs_id):
+        """Mark process `procs_id` as ended normally (before it leaves)."""
+        raise NotImplementedError
+
+    def join_sgroup(self, gid, wid, sgroup):
+        """Worker (gid, wid) joins server group `sgroup`."""
+        raise NotImplementedError
+
+    def leave_sgroup(self, gid, wid, sgroup):
+        """Worker (gid, wid) leaves server group `sgroup`; on the way out, so a failure is a
+        warning."""
+        raise NotImplementedError
+
+    def watch_sgroup(self, sgroup, on_empty):
+        """Call `on_empty()` once when server group `sgroup` has had workers and has none left."""
+        raise NotImplementedError
+
+    def close(self):
+        """Leave the runtime (ZooKeeper ends this process's ephemeral nodes)."""
+
+
+class SPClusterRuntime(ClusterRuntime):
+    """The runtime of a job that runs whole in this process: no ZooKeeper, no other process
+    (SINGA's SPClusterRT, SINGA-155)."""
+
+    def __init__(self, job_id=-1):
+        self.job_id = job_id
+        self.endpoint = None
+        self.lock = threading.Lock()
+        self.members = {}       # sgroup -> {(gid, wid)}
+        self.watches = {}       # sgroup -> on_empty
+
+    def register_proc(self, endpoint, pid):
+        self.endpoint = endpoint
+        return 0
+
+    def proc_endpoint(self, procs_id, timeout=None):
+        if procs_id != 0 or self.endpoint is None:
+            raise ClusterError(f"job {self.job_id} runs in one process; there is no process "
+                               f"{procs_id}")
+        return self.endpoint
+
+    def watch_procs(self, on_lost):
+        pass    # no other process to lose
+
+    def proc_done(self, procs_id):
+        pass
+
+    def join_sgroup(self, gid, wid, sgroup):
+        with self.lock:
+            self.members.setdefault(sgroup, set()).add((gid, wid))
+
+    def leave_sgroup(self, gid, wid, sgroup):
+        with self.lock:
+            members = self.members.get(sgroup, set())
+            members.discard((gid, wid))
+            fire = self.watches.pop(sgroup, None) if not members else None
+        if fire is not None:
+            fire()
+
+    def watch_sgroup(self, sgroup, on_empty):
+        with self.lock:
+            self.watches[sgroup] = on_empty
+
+
+class ZKClusterRuntime(ClusterRuntime):
+    """Job `job_id`'s runtime in ZooKeeper, over the session `zk` (a `singa.zk.ZKService`)."""
+
+    def __init__(self, zk, job_id):
+        self.zk, self.job_id = zk, job_id
+        self.path = job_path(job_id)
+
+    def register_proc(self, endpoint, pid):
+        """The rank of this process's proc-lock node is its procs id."""
+        zk, job = self.zk, self.path
+        for sub in ("proc", "proc-lock", "group", "proc-done"):
+            zk.ensure(f"{job}/{sub}")
+        lock = zk.wait(zk.client.create_async(job + "/proc-lock/lock-", ephemeral=True,
+                                              sequence=True), "create proc lock")
+        locks = sorted(zk.children(job + "/proc-lock"))
+        procs_id = locks.index(lock.rsplit("/", 1)[1])
+        try:
+            zk.wait(zk.client.create_async(f"{job}/proc/proc-{procs_id}", f"{endpoint}|{pid}".encode(),
+                                           ephemeral=True), "create proc node")
+        except NodeExistsError:
+            raise ClusterError(f"procs id {procs_id} of job {self.job_id} is already registered "
+                               f"in ZooKeeper at {zk.hosts}") from None
+        return procs_id
+
+    def proc_endpoint(self, procs_id, timeout=None):
+        zk = self.zk
+        path = f"{self.path}/proc/proc-{procs_id}"
+        timeout = zk.timeout if timeout is None else timeout
+        registered = threading.Event()
+        if not zk.wait(zk.client.exists_async(path, watch=lambda event: registered.set()), "stat " + path):
+            if not registered.wait(timeout):
+                raise ClusterError(f"process {procs_id} of job {self.job_id} did not register in "
+                                   f"ZooKeeper at {zk.hosts} within {timeout:g} s")
+        data, _ = zk.wait(zk.client.get_async(path), "read " + path)
+        return data.decode().rsplit("|", 1)[0]
+
+    def watch_procs(self, on_lost):
+        """Fires in kazoo's thread when a proc node ends and no proc-done node marks it."""
+        client, job = self.zk.client, self.path
+        seen, fired = {}, False
+
+        def changed(children):
+            nonlocal fired
+            if fired:
+                return False
+            for name in children:
+                if name not in seen:
+                    try:
+                        seen[name] = client.get(f"{job}/proc/{name}")[0].decode(errors="replace")
+                    except (NoNodeError, KazooException):
+                        seen[name] = "?"
+            for name in set(seen) - set(children):
+                value = seen.pop(name)
+                try:
+                    done = client.exists(f"{job}/proc-done/{name}") is not None
+                except KazooException:
+                    done = False
+                if not done:
+                    fired = True
+                    host, _, pid = value.rpartition("|")
+                    on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
+                            f"({host or '?'}, pid {pid}) was lost")
+                    return False
+            return True
+
+        client.ChildrenWatch(f"{job}/proc", changed)
+
+    def proc_done(self, procs_id):
+        """On the way out: ClusterError at once when not connected, within SHUTDOWN_TIMEOUT
+        otherwise."""
+        zk = self.zk
+        if not zk.connected:
+            raise ClusterError(f"ZooKeeper at {zk.hosts} is not connected (mark process done)")
+        try:
+            zk.wait(zk.client.create_async(f"{self.path}/proc-done/proc-{procs_id}", makepath=True),
+                    "mark process done", SHUTDOWN_TIMEOUT)
+        except NodeExistsError:
+            pass
+
+    def join_sgroup(self, gid, wid, sgroup):
+        group = self._sgroup(sgroup)
+        self.zk.ensure(group)
+        self.zk.wait(self.zk.client.create_async(f"{group}/g{gid}_w{wid}", ephemeral=True),
+                     "join server group")
+
+    def leave_sgroup(self, gid, wid, sgroup):
+        """A lost session is a warning: the node ends with it."""
+        zk = self.zk
+        try:
+            if not zk.connected:
+                raise ClusterError(f"ZooKeeper at {zk.hosts} is not connected (leave server group)")
+            zk.wait(zk.client.delete_async(f"{self._sgroup(sgroup)}/g{gid}_w{wid}"),
+                    "leave server group", SHUTDOWN_TIMEOUT)
+        except NoNodeError:
+            pass
+        except ClusterError as e:
+            log.warning("Worker (group = %d, id = %d) did not leave its server group: %s",
+                        gid, wid, e)
+
+    def watch_sgroup(self, sgroup, on_empty):
+        """Fires only after a worker has joined: a member seen, or a change event (a worker
+        that joined and left between two reads), followed by an empty child list."""
+        group = self._sgroup(sgroup)
+        self.zk.ensure(group)
+        joined = False
+
+        def changed(children, event):
+            nonlocal joined
+            if children:
+                joined = True
+            elif joined or event is not None:
+                on_empty()
+                return False    # stop watching
+            return True
+
+        self.zk.client.ChildrenWatch(group, changed, send_event=True)
+
+    def _sgroup(self, sgroup):
+        return f"{self.path}/group/sg{sgroup}"

@@ -1,0 +1,123 @@
+"""What a run reports: metric rows in `<workspace>/metrics.csv`, and the History of a run.
+
+metrics.csv has a header and one row per metric of each display, test and validation event:
+`job,group,step,phase,metric,value,wall_time` (phase: train, validation or test; wall_time:
+seconds since the epoch). Rows are appended and flushed as they happen, so a resumed job
+continues the file and other processes (the Python API's launcher) read it while it grows.
+"""
+import csv
+import io
+import os
+import threading
+import time
+
+FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
+FILE = "metrics.csv"
+PHASES = ("train", "validation", "test")
+
+
+class Reporter:
+    """Where the displaying worker reports: rows to `<workspace>/metrics.csv`, each event also
+    to `listener(step, phase, {name: value})` when given; snapshot paths to `on_snapshot(step,
+    path)`. Thread-safe (a process's workers share it)."""
+
+    def __init__(self, workspace, job_id, listener=None, on_snapshot=None):
+        self.path = os.path.join(workspace, FILE)
+        self.job_id = job_id
+        self.listener, self.on_snapshot = listener, on_snapshot
+        self.lock = threading.Lock()
+        self.file = None
+
+    def metrics(self, group, step, phase, values):
+        """Record {metric: value} of `phase` at `step` by worker group `group`."""
+        if not values:
+            return
+        now = time.time()
+        with self.lock:
+            if self.file is None:
+                new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+                self.file = open(self.path, "a", newline="")
+                if new:
+                    csv.writer(self.file).writerow(FIELDS)
+            rows = [(self.job_id, group, step, phase, name.lower(), repr(float(value)), f"{now:.3f}")
+                    for name, value in values.items()]
+            csv.writer(self.file).writerows(rows)
+            self.file.flush()
+        if self.listener is not None and group == 0:
+            self.listener(step, phase, {k.lower(): float(v) for k, v in values.items()})
+
+    def snapshot(self, step, path):
+        if self.on_snapshot is not None:
+            self.on_snapshot(step, path)
+
+    def close(self):
+        with self.lock:
+            if self.file is not None:
+                self.file.close()
+                self.file = None
+
+
+def read_rows(path, job_id=None):
+    """The rows of metrics.csv `path` ({field: value}, value and step as numbers), those of
+    job `job_id` when given; a torn last line (a writer killed mid-row) is skipped."""
+    try:
+        with open(path, newline="") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    rows = []
+    for row in csv.DictReader(io.StringIO(text)):
+        try:
+            row = dict(row, job=int(row["job"]), group=int(row["group"]), step=int(row["step"]),
+                       value=float(row["value"]), wall_time=float(row["wall_time"]))
+        except (TypeError, ValueError, KeyError):
+            continue
+        if job_id is None or row["job"] == job_id:
+            rows.append(row)
+    return rows
+
+
+class History:
+    """What `Model.fit` returns: the metrics of each event as floats, and the snapshots.
+
+    `history[phase]` is [(step, {metric: value})] in step order (phase: "train", "validation",
+    "test"); `snapshots` is [(step, path of worker 0's file)]; `last(phase)` the newest
+    metrics of a phase ({} if none).
+    """
+
+    def __init__(self):
+        self.events = {phase: [] for phase in PHASES}
+        self.snapshots = []
+
+    def add(self, step, phase, values):
+        self.events.setdefault(phase, []).append((step, dict(values)))
+
+    def add_snapshot(self, step, path):
+        self.snapshots.append((step, path))
+
+    @classmethod
+    def from_rows(cls, rows):
+        """A History of metrics.csv rows (group 0's)."""
+        h = cls()
+        events = {}
+        for r in rows:
+            if r["group"] == 0:
+                events.setdefault((r["phase"], r["step"]), {})[r["metric"]] = r["value"]
+        for (phase, step), values in events.items():
+            h.add(step, phase, values)
+        for phase in h.events:
+            h.events[phase].sort(key=lambda e: e[0])
+        return h
+
+    def __getitem__(self, phase):
+        return self.events.get(phase, [])
+
+    def last(self, phase):
+        events = self[phase]
+        return dict(events[-1][1]) if events else {}
+
+    def __repr__(self):
+        counts = ", ".join(f"{p}: {len(e)}" for p, e in self.events.items() if e)
+        last = "; ".join(f"{p} @ step {e[-1][0]}: " + ", ".join(f"{k} = {v:.6f}" for k, v in e[-1][1].items())
+                         for p, e in self.events.items() if e)
+        return f"History({counts or 'empty'}{'; ' + last if last else ''})"

@@ -1,0 +1,276 @@
+"""Running a JobProto from Python (what `singa.model` calls): train, test and predict.
+
+A job of one process runs in the calling process with the in-process cluster runtime
+(`cluster_rt.SPClusterRuntime`: no ZooKeeper), through the same Driver, Process and executors
+as `singa-run.sh`. While it runs, the `singa` logger writes to `<workspace>/<job name>.log`
+(and to stderr: warnings, or everything when `verbose`), SIGINT and SIGTERM stop the executors
+cleanly, and a progress bar shows steps/s and the latest metrics; afterwards the caller's
+handlers and logging are back, and a signal that stopped the job is delivered to the caller's
+own handler (SIGINT: KeyboardInterrupt). A job of several processes is written to
+`<workspace>/job.conf` (numpy data to kvfiles beside it) and launched with `bin/singa-run.sh`
+(ZooKeeper, conf/hostfile); its History is read back from `<workspace>/metrics.csv`.
+"""
+import contextlib
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import numpy as np
+from google.protobuf import text_format
+
+import singa
+from singa import checkpoint, cluster, config
+from singa import log as singa_log
+from singa.cluster_rt import SPClusterRuntime
+from singa.driver import Driver, Stopped
+from singa.errors import ClusterError, ConfigError
+from singa.io import memory
+from singa.metrics import History, Reporter, read_rows
+from singa.neuralnet import NeuralNet
+from singa.proto import job_pb2
+from singa.runtime import seeds
+
+log = logging.getLogger("singa")
+
+#: Input layers whose store a prediction replaces by the numpy batch.
+STORE_INPUTS = (job_pb2.kRecordInput, job_pb2.kCSVInput)
+PREDICT_BATCH = 256
+
+
+def prepare(job, base=None):
+    """A validated copy of `job` with relative paths resolved against `base` (default: the
+    current directory): what `singa-run.sh -conf` would read, checked the same way."""
+    job = config.absolute_paths(_copy(job), base or os.getcwd())
+    text = text_format.MessageToString(job)
+    return config.parse_job(text, f"<job '{job.name}'>")
+
+
+def train(job, resume=False, verbose=False, progress=True):
+    """Train the prepared `job` (testing and validating as it says); returns its History."""
+    if cluster.nprocs(job.cluster) > 1:
+        return _launch(job, resume, verbose)
+    history = History()
+    bar = _progress(job, progress)
+
+    def listener(step, phase, values):
+        history.add(step, phase, values)
+        if phase == "train":
+            bar.update(step + 1 - bar.n)
+            bar.set_postfix(values, refresh=False)
+    try:
+        _run_here(job, False, resume, verbose, listener, history.add_snapshot)
+        bar.update(job.train_steps - bar.n)
+    finally:
+        bar.close()
+    return history
+
+
+def test(job, verbose=False):
+    """Test the params `job.checkpoint_path` names on `test_steps` batches; {metric: value}."""
+    if not job.test_steps:
+        raise ConfigError(f"{job.name}: testing needs test_steps > 0")
+    return _run_here(job, True, False, verbose, None, None)
+
+
+def predict(job, x, files):
+    """The outputs of `job`'s test net for the numpy samples `x`, its params read from the
+    checkpoint `files` (paths): per sample, the probabilities of a softmax loss layer, the
+    reconstruction of a Euclidean loss layer, else the data of the net's last layer. `x` is
+    fed through the net's input layer, so its preprocessing applies (mean, std, crop)."""
+    x = np.asarray(x)
+    inputs = [layer for layer in job.neuralnet.layer if layer.type in STORE_INPUTS
+              and (not layer.include or job_pb2.kTest in layer.include)
+              and job_pb2.kTest not in layer.exclude]
+    if not inputs:
+        raise ConfigError(f"{job.name}: predict needs an input layer that reads a store "
+                          f"(kRecordInput or kCSVInput) in the test net")
+    shape = tuple(inputs[0].store_conf.shape)
+    if x.shape[1:] != shape and (x.ndim != 2 or x.shape[1] != int(np.prod(shape))):
+        raise ConfigError(f"predict: samples of shape {x.shape[1:]} do not fit input layer "
+                          f"'{inputs[0].name}' of shape {shape}")
+    n = len(x)
+    batch = min(n, PREDICT_BATCH)
+    path = memory.register(x.reshape((n,) + shape))
+    try:
+        net_conf = job_pb2.NetProto()
+        net_conf.CopyFrom(job.neuralnet)
+        for layer in net_conf.layer:
+            if layer.type in STORE_INPUTS:
+                sc = layer.store_conf
+                sc.backend, sc.path, sc.random_skip = "memory", path, 0
+                del sc.batchsize[:]
+                sc.batchsize.append(batch)
+                layer.type = job_pb2.kRecordInput
+        net = NeuralNet(net_conf, job_pb2.kTest, seeds(job, 3)[1])
+        owners = {p.name: p for p in net.owner_params}
+        opened = checkpoint.open_checkpoint_path(list(files), job.cluster.workspace, log.warning)
+        loaded = checkpoint.load_params(opened, owners)
+        missing = [name for name in owners if name not in loaded]
+        if missing:
+            raise ConfigError(f"predict: params {', '.join(missing)} are in none of "
+                              f"{', '.join(files)}")
+        out = None
+        for start in range(0, n, batch):
+            net.forward(job_pb2.kTest | job_pb2.kForward)
+            y = _output(net)
+            if out is None:
+                out = np.empty((n,) + y.shape[1:], np.float32)
+            out[start:start + batch] = y[:n - start]
+        return out
+    finally:
+        memory.release(path)
+
+
+def _output(net):
+    losses = [layer for layer in net.layers if layer.conf.type in (
+        job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss)]
+    if not losses:
+        return net.layers[-1].data
+    last = losses[-1]
+    if last.conf.type == job_pb2.kEuclideanLoss:
+        return net.srclayers[last.name][0].data
+    return last.data
+
+
+def _run_here(job, test, resume, verbose, listener, on_snapshot):
+    rt = SPClusterRuntime(-os.getpid())   # never a ZooKeeper job id
+    reporter = Reporter(job.cluster.workspace, rt.job_id, listener, on_snapshot)
+    driver = Driver(job, rt, "localhost", resume, reporter)
+    result = None
+    with _logging(job, verbose), _signals(driver.on_signal):
+        try:
+            result = driver.run(test)
+        except Stopped:
+            pass
+    if driver.signal:   # the caller's own handler now: KeyboardInterrupt for SIGINT
+        signal.raise_signal(driver.signal)
+    return result
+
+
+@contextlib.contextmanager
+def _logging(job, verbose):
+    """The `singa` logger to `<workspace>/<name>.log` and stderr (warnings unless `verbose`)
+    for the run; the caller's handlers, level and propagation afterwards."""
+    logger = singa_log.LOGGER
+    saved = logger.handlers[:], logger.level, logger.propagate
+    path = os.path.join(job.cluster.workspace, f"{job.name}.log")
+    try:
+        to_file = logging.FileHandler(path)
+    except OSError as e:
+        raise ConfigError(f"cannot write the job log {path}: {e.strerror}") from None
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.INFO if verbose else logging.WARNING)
+    for handler in (to_file, console):
+        handler.setFormatter(singa_log.GlogFormatter())
+    logger.handlers[:] = [to_file, console]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        to_file.close()
+        logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+@contextlib.contextmanager
+def _signals(handler):
+    """`handler` for SIGINT and SIGTERM while the job runs (main thread only), then the
+    caller's handlers again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+
+
+def _progress(job, enabled):
+    """A tqdm bar over the train steps (a notebook widget in Jupyter), or a silent stand-in."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            enabled = False
+    if not enabled:
+        return _NoBar()
+    return tqdm(total=job.train_steps, unit="step", desc=job.name, leave=True)
+
+
+class _NoBar:
+    n = 0
+
+    def update(self, k):
+        self.n += k
+
+    def set_postfix(self, *args, **kwargs):
+        pass
+
+    def close(self):
+        pass
+
+
+# --- jobs of several processes ------------------------------------------------------------
+
+def _launch(job, resume, verbose):
+    """Run `job` through `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History from
+    metrics.csv. Ctrl-C stops the job (singa-run.sh stops every process) and is re-raised."""
+    launcher = os.path.join(singa.HOME, "bin", "singa-run.sh")
+    if not os.path.isfile(launcher):
+        raise ConfigError(f"a job of {cluster.nprocs(job.cluster)} processes is launched by "
+                          f"bin/singa-run.sh of a SINGA checkout, and {singa.HOME} has none")
+    ws = job.cluster.workspace
+    job = _copy(job)
+    for layer in job.neuralnet.layer:
+        sc = layer.store_conf
+        if sc.backend == "memory":
+            x, y = memory.arrays(sc.path)
+            shard = os.path.join(ws, f"{layer.name}-{_phase_name(layer)}.bin")
+            memory.write_kvfile(shard, x, y)
+            sc.backend, sc.path = "kvfile", shard
+    conf = os.path.join(ws, "job.conf")
+    with open(conf, "w") as f:
+        f.write(text_format.MessageToString(job))
+    cmd = [launcher, "-conf", conf] + (["-resume"] if resume else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job_id, lines = None, []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            m = re.match(r"Unique JOB_ID is (\d+)", line)
+            if m:
+                job_id = int(m.group(1))
+            if verbose:
+                print(line, end="", file=sys.stderr)
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
+    if rc != 0:
+        last = next((s for s in reversed(lines) if s.strip()), "")
+        raise ClusterError(f"job {job_id if job_id is not None else '?'} ({conf}) failed with "
+                           f"exit {rc}: {last}")
+    history = History.from_rows(read_rows(os.path.join(ws, "metrics.csv"), job_id))
+    folder = os.path.join(ws, "checkpoint")
+    for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
+        if snap.complete and snap.step > job.step and 0 in snap.files:
+            history.add_snapshot(snap.step, snap.files[0])
+    return history
+
+
+def _phase_name(layer):
+    return "-".join(job_pb2.Phase.Name(p)[1:].lower() for p in layer.include) or "all"
+
+
+def _copy(job):
+    out = job_pb2.JobProto()
+    out.CopyFrom(job)
+    return out
+
