@@ -3,6 +3,10 @@
 #
 #   singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] [-oversubscribe]
 #                [-user_proto <file.proto>]... [-user_layers <file.py>]... [other args]
+#   singa-run.sh -exec <script.py> [args]     # a Python job script (the Python API)
+#
+# A Python script runs with the venv's python in the SINGA home, with the other arguments (and
+# -conf when given); its one-process jobs need no ZooKeeper (docs/python.md).
 #
 # Installs what is missing (thirdparty/install.sh), checks the conf and how many processes it
 # puts on each host (`<program> -check`; -oversubscribe allows more than 4 per core), starts
@@ -14,7 +18,7 @@ set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
 
-usage() { echo "Usage: singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test]" >&2; exit 2; }
+usage() { echo "Usage: singa-run.sh -conf <job.conf> [-exec <program>] [-resume] [-test] | -exec <script.py> [args]" >&2; exit 2; }
 
 exe=(); conf=""; args=()
 while [ $# -gt 0 ]; do
@@ -26,6 +30,20 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
+if [ ${#exe[@]} -gt 0 ] && [[ ${exe[0]} == *.py ]]; then
+  script=${exe[0]}
+  [ -f "$script" ] || script=$SINGA_HOME/${exe[0]}
+  [ -f "$script" ] || { echo "singa-run: ${exe[0]} not exists" >&2; exit 2; }
+  script=$(cd "$(dirname "$script")" && pwd)/$(basename "$script")
+  if [ -n "$conf" ]; then
+    [ -f "$conf" ] || { echo "singa-run: $conf not exists" >&2; exit 2; }
+    args+=(-conf "$(cd "$(dirname "$conf")" && pwd)/$(basename "$conf")")
+  fi
+  "$SINGA_HOME/thirdparty/install.sh" --quiet
+  . "$SINGA_BIN/singa-env.sh"
+  cd "$SINGA_HOME"
+  exec "$PYTHON" "$script" "${args[@]}"
+fi
 [ -n "$conf" ] || usage
 [ -f "$conf" ] || { echo "singa-run: $conf not exists" >&2; exit 2; }
 conf=$(cd "$(dirname "$conf")" && pwd)/$(basename "$conf")
