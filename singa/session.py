@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 from google.protobuf import text_format
@@ -238,6 +239,7 @@ def _launch(job, resume, verbose):
     with open(conf, "w") as f:
         f.write(text_format.MessageToString(job))
     cmd = [launcher, "-conf", conf] + (["-resume"] if resume else [])
+    started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     job_id, lines = None, []
     try:
@@ -260,7 +262,7 @@ def _launch(job, resume, verbose):
     history = History.from_rows(read_rows(os.path.join(ws, "metrics.csv"), job_id))
     folder = os.path.join(ws, "checkpoint")
     for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
-        if snap.complete and snap.step > job.step and 0 in snap.files:
+        if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
             history.add_snapshot(snap.step, snap.files[0])
     return history
 

@@ -180,3 +180,22 @@ def test_a_python_script_runs_under_singa_run_exec(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "ARGS ['-x', '1']" in run.stdout
     assert f"CWD {singa.HOME}" in run.stdout
+
+
+def test_a_job_of_two_processes_runs_through_the_launcher_and_returns_its_history(
+        tmp_path, singa_conf, monkeypatch):
+    """Two worker processes (ZooKeeper of the tests, conf/hostfile: localhost); numpy data
+    reaches them as a kvfile in the workspace; the History comes from metrics.csv."""
+    x, y = read_records(os.path.join(FIXTURES, "train-1000.bin"))
+    job = fixture_job(tmp_path / "ws", train_steps=40, disp_freq=10, checkpoint_freq=20,
+                      test_freq=20, seed=5)
+    job.cluster.nworkers_per_group, job.cluster.nworkers_per_procs = 2, 1
+    sc = job.neuralnet.layer[0].store_conf
+    sc.backend, sc.path = "memory", memory.register(x.astype(np.uint8), y)
+    monkeypatch.setenv("SINGA_CONF", str(singa_conf.parent))
+    history = session.train(session.prepare(job), progress=False)
+    assert [s for s, _ in history["train"]] == [0, 10, 20, 30]
+    assert [s for s, _ in history["test"]] == [0, 20]
+    assert set(history.last("test")) == {"loss", "accuracy"}
+    assert [s for s, _ in history.snapshots] == [0, 20, 40]
+    assert os.path.exists(tmp_path / "ws" / "data-train.bin")
