@@ -248,9 +248,11 @@ class SoftmaxLayer(Layer):
 @register(job_pb2.kDummy)
 class DummyLayer(Layer):
     """A testing aid. dummy_conf.input: no source, data (shape) ~ U[0,1) from `rng` on every
-    forward; otherwise data = the source's. dummy_conf.output: backward draws grad ~ U[0,1);
-    then, with a source, gx = grad.
+    forward, or the batch last given to `feed`; otherwise data = the source's.
+    dummy_conf.output: backward draws grad ~ U[0,1); then, with a source, gx = grad.
     """
+
+    fed = False
 
     def setup(self, srclayers):
         dc = self.conf.dummy_conf
@@ -271,7 +273,8 @@ class DummyLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         if self.conf.dummy_conf.input:
-            self.rng.random(out=self.data, dtype=np.float32)
+            if not self.fed:
+                self.rng.random(out=self.data, dtype=np.float32)
         else:
             np.copyto(self.data, srclayers[0].data_for(self))
 
@@ -281,3 +284,20 @@ class DummyLayer(Layer):
         gsrc = srclayers[0].grad_for(self) if srclayers else None
         if gsrc is not None:
             np.copyto(gsrc, self.grad)
+
+    def feed(self, data=None, aux_data=None):
+        """SINGA's DummyLayer::Feed: copy `data` (any array of data's size) into data, and/or
+        the integer labels `aux_data` (one per row of data) into aux_data."""
+        if data is not None:
+            data = np.asarray(data)
+            if data.size != self.data.size:
+                raise ConfigError(f"layer '{self.name}': fed data of shape {data.shape}, but "
+                                  f"it holds {self.data.shape}")
+            np.copyto(self.data, data.reshape(self.data.shape), casting='unsafe')
+            self.fed = True
+        if aux_data is not None:
+            labels = np.asarray(aux_data).reshape(-1)
+            if len(labels) != len(self.data):
+                raise ConfigError(f"layer '{self.name}': fed {len(labels)} labels for a batch "
+                                  f"of {len(self.data)}")
+            self.aux_data = labels.astype(np.int32)

@@ -176,6 +176,19 @@ def test_dummy_output_draws_its_gradient():
     np.testing.assert_array_equal(src.grad, layer.grad)
 
 
+def test_dummy_input_keeps_the_batch_it_was_fed_with_its_labels():
+    layer = make_layer('name: "d" type: kDummy dummy_conf { input: true shape: 2 shape: 3 }', [])
+    layer.feed(np.arange(6, dtype=np.uint8), [[1], [0]])
+    layer.compute_feature(FORWARD, [])
+    np.testing.assert_array_equal(layer.data, np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert layer.aux_data.dtype == np.int32 and layer.aux_data.tolist() == [1, 0]
+    with pytest.raises(ConfigError,
+                       match=r"layer 'd': fed data of shape \(4,\), but it holds \(2, 3\)"):
+        layer.feed(np.zeros(4))
+    with pytest.raises(ConfigError, match="layer 'd': fed 3 labels for a batch of 2"):
+        layer.feed(aux_data=[0, 1, 2])
+
+
 @pytest.mark.parametrize("conf, srcs, message", [
     ("dummy_conf { input: true shape: 2 }", 1, "as input .* takes no srclayers, got 1"),
     ("dummy_conf { input: true }", 0, r"dummy_conf.shape must list positive sizes, got \[\]"),
