@@ -6,9 +6,11 @@ as `singa-run.sh`. While it runs, the `singa` logger writes to `<workspace>/<job
 (and to stderr: warnings, or everything when `verbose`), SIGINT and SIGTERM stop the executors
 cleanly, and a progress bar shows steps/s and the latest metrics; afterwards the caller's
 handlers and logging are back, and a signal that stopped the job is delivered to the caller's
-own handler (SIGINT: KeyboardInterrupt). A job of several processes is written to
-`<workspace>/job.conf` (numpy data to kvfiles beside it) and launched with `bin/singa-run.sh`
-(ZooKeeper, conf/hostfile); its History is read back from `<workspace>/metrics.csv`.
+own handler (SIGINT: KeyboardInterrupt). Every training run writes the job it runs to
+`<workspace>/run.conf` (beside the log; a workspace's own job.conf stays untouched). A job of
+several processes (numpy data written as kvfiles beside it) is launched from there with
+`bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History is read back from
+`<workspace>/metrics.csv`.
 """
 import contextlib
 import logging
@@ -44,8 +46,15 @@ PREDICT_BATCH = 256
 
 def prepare(job, base=None):
     """A validated copy of `job` with relative paths resolved against `base` (default: the
-    current directory): what `singa-run.sh -conf` would read, checked the same way."""
+    current directory): what `singa-run.sh -conf` would read, checked the same way. The
+    workspace is made with its parents."""
     job = config.absolute_paths(_copy(job), base or os.getcwd())
+    try:
+        if job.cluster.workspace:
+            os.makedirs(job.cluster.workspace, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot make the workspace {job.cluster.workspace}: {e.strerror}") \
+            from None
     text = text_format.MessageToString(job)
     return config.parse_job(text, f"<job '{job.name}'>")
 
@@ -54,6 +63,7 @@ def train(job, resume=False, verbose=False, progress=True):
     """Train the prepared `job` (testing and validating as it says); returns its History."""
     if cluster.nprocs(job.cluster) > 1:
         return _launch(job, resume, verbose)
+    write_conf(job)
     history = History()
     bar = _progress(job, progress)
 
@@ -77,9 +87,9 @@ def test(job, verbose=False):
     return _run_here(job, True, False, verbose, None, None)
 
 
-def predict(job, x, files):
+def predict(job, x):
     """The outputs of `job`'s test net for the numpy samples `x`, its params read from the
-    checkpoint `files` (paths): per sample, the probabilities of a softmax loss layer, the
+    checkpoint files `job.checkpoint_path` names: per sample, the probabilities of a softmax loss layer, the
     reconstruction of a Euclidean loss layer, else the data of the net's last layer. `x` is
     fed through the net's input layer, so its preprocessing applies (mean, std, crop)."""
     x = np.asarray(x)
@@ -108,7 +118,8 @@ def predict(job, x, files):
                 layer.type = job_pb2.kRecordInput
         net = NeuralNet(net_conf, job_pb2.kTest, seeds(job, 3)[1])
         owners = {p.name: p for p in net.owner_params}
-        opened = checkpoint.open_checkpoint_path(list(files), job.cluster.workspace, log.warning)
+        files = list(job.checkpoint_path)
+        opened = checkpoint.open_checkpoint_path(files, job.cluster.workspace, log.warning)
         loaded = checkpoint.load_params(opened, owners)
         missing = [name for name in owners if name not in loaded]
         if missing:
@@ -235,9 +246,7 @@ def _launch(job, resume, verbose):
             shard = os.path.join(ws, f"{layer.name}-{_phase_name(layer)}.bin")
             memory.write_kvfile(shard, x, y)
             sc.backend, sc.path = "kvfile", shard
-    conf = os.path.join(ws, "job.conf")
-    with open(conf, "w") as f:
-        f.write(text_format.MessageToString(job))
+    conf = write_conf(job)
     cmd = [launcher, "-conf", conf] + (["-resume"] if resume else [])
     started = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -265,6 +274,17 @@ def _launch(job, resume, verbose):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
             history.add_snapshot(snap.step, snap.files[0])
     return history
+
+
+def write_conf(job):
+    """`<workspace>/run.conf`: the text of the job that runs (numpy data appear as memory://
+    paths of this process), written whole or not at all; returns its path."""
+    path = os.path.join(job.cluster.workspace, "run.conf")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text_format.MessageToString(job))
+    os.replace(tmp, path)
+    return path
 
 
 def _phase_name(layer):

@@ -67,7 +67,8 @@ def test_predict_equals_a_forward_pass_computed_here(tmp_path):
     path = history.snapshots[-1][1]
     x, _ = read_records(os.path.join(FIXTURES, "test-500.bin"))
     x = x[:300].astype(np.uint8)            # two batches of 256, the second wrapping around
-    p = session.predict(job, x, [path])
+    job.checkpoint_path.append(path)
+    p = session.predict(job, x)
     params = checkpoint.CheckpointReader(path)
     w1, b1, w2, b2 = (params.param(f"0#{n}").astype(np.float64)
                       for n in ("weight1", "bias1", "weight2", "bias2"))

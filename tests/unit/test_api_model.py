@@ -1,0 +1,154 @@
+"""singa.model (SINGA 0.3's tool/python/singa/model.py): the JobProto a Python model builds, and
+conf and Python as one thing (to_conf / from_conf)."""
+import glob
+import os
+
+import pytest
+from google.protobuf import text_format
+
+import singa
+from singa import config, naming
+from singa.errors import ConfigError
+from singa.model import (RBM, SGD, Activation, AdaGrad, Autoencoder, Cluster, Data, Dense, Energy,
+                        Loss, Model, Sequential)
+from singa.proto import job_pb2
+
+EXAMPLE_CONFS = sorted(glob.glob(os.path.join(singa.HOME, "examples", "*", "*.conf")))
+
+
+@pytest.fixture(autouse=True)
+def fresh_names():
+    naming.reset_names()
+
+
+def strip_defaults(msg):
+    """`msg` with every field set to its default value cleared (recursively): SINGA's helper
+    writes `lr_scale: 1` where a conf leaves it out, and both mean the same."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_MESSAGE:
+            for item in (value if field.is_repeated else [value]):
+                strip_defaults(item)
+        elif not field.is_repeated and value == field.default_value:
+            msg.ClearField(field.name)
+    return msg
+
+
+def mnist_mlp():
+    """examples/mnist/job.conf's MLP as a Python user writes it."""
+    m = Sequential('mlp')
+    store = dict(backend='kvfile', shape=784, std_value=127.5, mean_value=127.5)
+    m.add(Data(load='recordinput', phase='train', name='data', random_skip=5000, batchsize=64,
+               path='examples/mnist/train_data.bin', **store))
+    m.add(Data(load='recordinput', phase='test', name='data', batchsize=100,
+               path='examples/mnist/test_data.bin', **store))
+    for i, dim in enumerate((2500, 2000, 1500, 1000, 500), 1):
+        m.add(Dense(dim, init='uniform', name=f'fc{i}'))
+        m.add(Activation('stanh', name=f'tanh{i}'))
+    m.add(Dense(10, init='uniform', name='fc6'))
+    m.add(Loss('softmaxloss', name='loss'))
+    m.compile(optimizer=SGD(lr=0.001, lr_type='step'), cluster=Cluster('examples/mnist'))
+    return m
+
+
+def test_python_mnist_mlp_gives_the_netproto_of_examples_mnist_job_conf():
+    conf = config.load_job(os.path.join(singa.HOME, "examples", "mnist", "job.conf"),
+                           check_paths=False)
+    job = config.parse_job(mnist_mlp().to_conf(), check_paths=False)
+    assert text_format.MessageToString(strip_defaults(job.neuralnet)) == \
+        text_format.MessageToString(strip_defaults(conf.neuralnet))
+    assert strip_defaults(job.updater) == strip_defaults(conf.updater)
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CONFS, ids=lambda p: os.path.relpath(p, singa.HOME))
+def test_every_example_conf_round_trips_through_from_conf_and_to_conf(path):
+    own = {}      # rnnlm's data_conf is its own proto extension, given as singa-run.sh's flags
+    if path.endswith(os.path.join("rnnlm", "job.conf")):
+        own = {"user_proto": [os.path.join(os.path.dirname(path), "rnnlm.proto")],
+               "user_layers": [os.path.join(os.path.dirname(path), "rnnlm.py")]}
+    job = config.load_job(path, check_paths=False, **own)
+    for field, paths in own.items():
+        getattr(job, field).extend(paths)
+    model = Model.from_conf(path, **own)
+    assert model.jobconf == job
+    again = config.parse_job(model.to_conf(), path, check_paths=False)
+    assert again == job
+
+
+def test_from_conf_resolves_relative_paths_against_the_current_directory(tmp_path, monkeypatch):
+    text = open(os.path.join(singa.HOME, "examples", "mnist", "job.conf")).read()
+    (tmp_path / "mine.conf").write_text(text.replace("train_steps: 1000", "train_steps: 7"))
+    monkeypatch.chdir(tmp_path)
+    assert Model.from_conf("mine.conf").jobconf.train_steps == 7
+    with pytest.raises(ConfigError, match="nothing.conf"):
+        Model.from_conf("nothing.conf")
+
+
+def test_compile_turns_the_softmax_into_the_loss_and_the_data_layer_feeds_the_label():
+    m = Sequential('net')
+    m.add(Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=4))
+    m.add(Dense(3, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=AdaGrad(lr=0.1), cluster=Cluster('ws'))
+    layers = {ly.name: ly for ly in config.parse_job(m.to_conf(), check_paths=False,
+                                                    check_layers=True).neuralnet.layer}
+    dense, data = [n for n in layers if n.startswith('layer')], 'data0'
+    loss = [ly for ly in layers.values() if ly.type == job_pb2.kSoftmaxLoss]
+    assert len(loss) == 1 and list(loss[0].srclayers) == [dense[0], data]
+    assert m.jobconf.updater.type == job_pb2.kAdaGrad
+
+
+def test_autoencoder_ties_the_decoder_to_the_encoder_and_rbms_stack_under_rbmvis():
+    m = Sequential('ae')
+    m.add(Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=784))
+    m.add(Autoencoder([16, 4], out_dim=784, activation='sigmoid', param_share=True))
+    m.compile(loss='mean_squared_error', optimizer=AdaGrad(lr=0.01), cluster=Cluster('ws'))
+    net = config.parse_job(m.to_conf(), check_paths=False).neuralnet
+    dense = [ly for ly in net.layer if ly.type == job_pb2.kInnerProduct]
+    assert [ly.innerproduct_conf.num_output for ly in dense] == [16, 4, 16, 784]
+    assert [ly.param[0].share_from for ly in dense] == ['', '', 'w2', 'w1']
+    assert [ly.innerproduct_conf.transpose for ly in dense] == [False, False, True, True]
+    assert net.layer[-1].type == job_pb2.kEuclideanLoss
+
+    naming.reset_names()
+    e = Energy('rbm2')
+    e.add(Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=784))
+    e.add(RBM([16, 8], w_std=0.1, b_wd=0))
+    e.compile(optimizer=SGD(lr=0.1), cluster=Cluster('ws'))
+    net = config.parse_job(e.to_conf(), check_paths=False).neuralnet
+    types = [ly.type for ly in net.layer]
+    assert types == [job_pb2.kRecordInput, job_pb2.kInnerProduct, job_pb2.kActivation,
+                     job_pb2.kRBMVis, job_pb2.kRBMHid]
+    vis, hid = net.layer[3], net.layer[4]
+    assert list(vis.srclayers) == [net.layer[2].name, hid.name] and hid.rbm_conf.hdim == 8
+    assert [p.name for p in net.layer[1].param] == ['w1', 'b12']   # rbm1's, as rbm2.conf's
+    assert not net.layer[1].param[0].HasField('init')
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"nb_epoch": 0}, "nb_epoch"), ({"nb_epoch": -3}, "nb_epoch"), ({"nb_epoch": 2.5}, "nb_epoch"),
+    ({"nb_epoch": 5, "not_a_field": 1}, "not_a_field"),
+    ({"nb_epoch": 5, "device": 0}, "device"),
+])
+def test_fit_refuses_bad_arguments_in_one_line(kwargs, message, tmp_path):
+    m = Sequential('net')
+    m.add(Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=4))
+    m.add(Dense(3, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(), cluster=Cluster(str(tmp_path)))
+    with pytest.raises(ConfigError, match=message):
+        m.fit(**kwargs)
+
+
+def test_compile_evaluate_and_predict_say_what_is_missing(tmp_path):
+    m = Sequential('net')
+    with pytest.raises(ConfigError, match="optimizer"):
+        m.compile(cluster=Cluster('ws'))
+    with pytest.raises(ConfigError, match="workspace"):
+        Cluster()
+    with pytest.raises(ConfigError, match="loss 'hinge'"):
+        m.compile(loss='hinge', optimizer=SGD(), cluster=Cluster('ws'))
+    m.add(Data(load='recordinput', phase='test', path='x.bin', batchsize=8, shape=4))
+    m.add(Dense(3, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(), cluster=Cluster(str(tmp_path)))
+    with pytest.raises(ConfigError, match="fit the model first or give checkpoint_path"):
+        m.evaluate()
+    with pytest.raises(ConfigError, match="lr_type 'cosine'"):
+        SGD(lr_type='cosine')
