@@ -13,6 +13,7 @@ several processes (numpy data written as kvfiles beside it) is launched from the
 `<workspace>/metrics.csv`.
 """
 import contextlib
+import importlib.util
 import logging
 import os
 import re
@@ -204,13 +205,16 @@ def _signals(handler):
 
 
 def _progress(job, enabled):
-    """A tqdm bar over the train steps (a notebook widget in Jupyter), or a silent stand-in."""
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:
-            enabled = False
+    """A tqdm bar over the train steps (a widget in Jupyter when ipywidgets is there, else
+    text), or a silent stand-in."""
     if not enabled:
+        return _NoBar()
+    try:
+        if importlib.util.find_spec("ipywidgets"):
+            from tqdm.auto import tqdm
+        else:       # tqdm.auto would warn in a notebook without the widgets
+            from tqdm import tqdm
+    except ImportError:
         return _NoBar()
     return tqdm(total=job.train_steps, unit="step", desc=job.name, leave=True)
 

@@ -1,0 +1,68 @@
+"""singa as a library: `pip install` of a copy of the source into a fresh venv in a temporary
+directory, then a `fit` run there on numpy data with a relative workspace (resolved against the
+current directory), reading nothing of this repository; and the wheel holds the package."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import singa
+
+FIT = """
+import json, sys
+opened = []
+sys.addaudithook(lambda event, args: event == "open" and isinstance(args[0], str)
+                 and args[0].startswith(sys.argv[1]) and opened.append(args[0]))
+import numpy as np
+import singa
+from singa.model import SGD, Cluster, Dense, Sequential
+rng = np.random.default_rng(0)
+y = rng.integers(0, 3, 600)
+x = (rng.normal(0, 3, (3, 20))[y] + rng.normal(0, 1, (600, 20))).astype(np.float32)
+m = Sequential("blobs")
+m.add(Dense(16, activation="tanh"))
+m.add(Dense(3, activation="softmax"))
+m.compile(loss="categorical_crossentropy", optimizer=SGD(lr=0.1, momentum=0.9),
+          cluster=Cluster("ws"))
+h = m.fit(x, y, batch_size=50, nb_epoch=60, progress=False, seed=1)
+print(json.dumps({"singa": singa.__file__, "snapshot": m.last_checkpoint_path,
+                  "accuracy": float(np.mean(m.predict(x).argmax(1) == y)), "opened": opened,
+                  "loss": [h["train"][0][1]["loss"], h["train"][-1][1]["loss"]]}))
+"""
+
+
+def test_pip_install_into_a_fresh_venv_then_fit_there(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(os.path.join(singa.HOME, "singa"), src / "singa",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(singa.HOME, "pyproject.toml"), src)
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
+                           capture_output=True, text=True, timeout=300)
+    assert wheel.returncode == 0, wheel.stderr
+    (built,) = (tmp_path / "dist").iterdir()
+    names = zipfile.ZipFile(built).namelist()
+    assert {"singa/model.py", "singa/proto/job_pb2.py", "singa/layers/__init__.py"} <= set(names)
+
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    python = str(venv / "bin" / "python")
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          str(src)], capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([python, "-c", FIT, singa.HOME], cwd=work, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["singa"].startswith(str(venv))
+    assert out["opened"] == []                       # nothing of the repository was read
+    assert out["snapshot"] == str(work / "ws" / "checkpoint" / "step60-worker0.bin")
+    assert os.path.isfile(out["snapshot"]) and (work / "ws" / "blobs.log").is_file()
+    assert out["loss"][1] < out["loss"][0] / 10 and out["accuracy"] > 0.95, out
