@@ -9,11 +9,13 @@ import subprocess
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import singa
 from conftest import PYTHON
-from singa import checkpoint, metrics
+from singa import checkpoint, config, metrics, naming
 from singa.io.idx import read_idx
+from singa.model import SGD, Activation, Cluster, Data, Dense, Loss, Sequential
 
 SCRIPTS = os.path.join(singa.HOME, "examples", "python")
 FASHION = "/usr/share/datasets/fashion-mnist"
@@ -87,6 +89,67 @@ def train_rows(workspace):
     rows = metrics.read_rows(str(workspace / "metrics.csv"))
     return [(row["step"], row["metric"], row["value"]) for row in rows
             if row["phase"] == "train" and row["job"] == rows[-1]["job"]]
+
+
+def strip_defaults(msg):
+    """`msg` with every field set to its default value cleared (recursively): SINGA's helper
+    writes `lr_scale: 1` where a conf leaves it out, and both mean the same."""
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_MESSAGE:
+            for item in (value if field.is_repeated else [value]):
+                strip_defaults(item)
+        elif not field.is_repeated and value == field.default_value:
+            msg.ClearField(field.name)
+    return msg
+
+
+def mnist_mlp():
+    """examples/mnist/job.conf's MLP as a Python user writes it."""
+    m = Sequential('mlp')
+    store = dict(backend='kvfile', shape=784, std_value=127.5, mean_value=127.5)
+    m.add(Data(load='recordinput', phase='train', name='data', random_skip=5000, batchsize=64,
+               path='examples/mnist/train_data.bin', **store))
+    m.add(Data(load='recordinput', phase='test', name='data', batchsize=100,
+               path='examples/mnist/test_data.bin', **store))
+    for i, dim in enumerate((2500, 2000, 1500, 1000, 500), 1):
+        m.add(Dense(dim, init='uniform', name=f'fc{i}'))
+        m.add(Activation('stanh', name=f'tanh{i}'))
+    m.add(Dense(10, init='uniform', name='fc6'))
+    m.add(Loss('softmaxloss', name='loss'))
+    m.compile(optimizer=SGD(lr=0.001, lr_type='step'), cluster=Cluster('examples/mnist'))
+    return m
+
+
+def test_python_mnist_mlp_is_examples_mnist_job_conf_with_the_same_loss_curve(
+        home, run_driver, tmp_path, monkeypatch):
+    """The MLP built in Python gives job.conf's NetProto and updater; with the same seed, its
+    fit (in this process) and job.conf through the driver give the same losses and params."""
+    naming.reset_names()
+    model = mnist_mlp()
+    conf = config.load_job(os.path.join(singa.HOME, "examples", "mnist", "job.conf"),
+                           check_paths=False)
+    job = config.parse_job(model.to_conf(), check_paths=False)
+    assert text_format.MessageToString(strip_defaults(job.neuralnet)) == \
+        text_format.MessageToString(strip_defaults(conf.neuralnet))
+    assert strip_defaults(job.updater) == strip_defaults(conf.updater)
+
+    monkeypatch.chdir(home)
+    model.jobconf.cluster.workspace = str(tmp_path / "api")
+    model.fit(nb_epoch=60, disp_freq=10, seed=11, progress=False)
+    text = open(os.path.join(singa.HOME, "examples", "mnist", "job.conf")).read()
+    for old, new in (("train_steps: 1000", "train_steps: 60"), ("test_steps:10", "test_steps:0"),
+                     ('workspace: "examples/mnist"', f'workspace: "{tmp_path / "conf"}"'),
+                     ("examples/mnist/", f"{home}/examples/mnist/")):
+        assert old in text
+        text = text.replace(old, new)
+    (tmp_path / "job.conf").write_text("seed: 11\n" + text)
+    assert run_driver(tmp_path / "job.conf").returncode == 0
+    assert len(train_rows(tmp_path / "api")) == 12
+    assert train_rows(tmp_path / "api") == train_rows(tmp_path / "conf")
+    ours, ref = (checkpoint.CheckpointReader(str(tmp_path / ws / "checkpoint" /
+                                                 "step60-worker0.bin")) for ws in ("api", "conf"))
+    for name in ref.names:
+        np.testing.assert_array_equal(ours.param(name), ref.param(name))
 
 
 @pytest.mark.parametrize("name", ["mnist_mlp.py", "mnist_mlp_parameter.py"])

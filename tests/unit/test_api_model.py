@@ -4,13 +4,12 @@ import glob
 import os
 
 import pytest
-from google.protobuf import text_format
 
 import singa
 from singa import config, naming
 from singa.errors import ConfigError
-from singa.model import (RBM, SGD, Activation, AdaGrad, Autoencoder, Cluster, Data, Dense, Energy,
-                        Loss, Model, Sequential)
+from singa.model import (RBM, SGD, AdaGrad, Autoencoder, Cluster, Data, Dense, Energy, Model,
+                        Sequential)
 from singa.proto import job_pb2
 
 EXAMPLE_CONFS = sorted(glob.glob(os.path.join(singa.HOME, "examples", "*", "*.conf")))
@@ -19,44 +18,6 @@ EXAMPLE_CONFS = sorted(glob.glob(os.path.join(singa.HOME, "examples", "*", "*.co
 @pytest.fixture(autouse=True)
 def fresh_names():
     naming.reset_names()
-
-
-def strip_defaults(msg):
-    """`msg` with every field set to its default value cleared (recursively): SINGA's helper
-    writes `lr_scale: 1` where a conf leaves it out, and both mean the same."""
-    for field, value in msg.ListFields():
-        if field.type == field.TYPE_MESSAGE:
-            for item in (value if field.is_repeated else [value]):
-                strip_defaults(item)
-        elif not field.is_repeated and value == field.default_value:
-            msg.ClearField(field.name)
-    return msg
-
-
-def mnist_mlp():
-    """examples/mnist/job.conf's MLP as a Python user writes it."""
-    m = Sequential('mlp')
-    store = dict(backend='kvfile', shape=784, std_value=127.5, mean_value=127.5)
-    m.add(Data(load='recordinput', phase='train', name='data', random_skip=5000, batchsize=64,
-               path='examples/mnist/train_data.bin', **store))
-    m.add(Data(load='recordinput', phase='test', name='data', batchsize=100,
-               path='examples/mnist/test_data.bin', **store))
-    for i, dim in enumerate((2500, 2000, 1500, 1000, 500), 1):
-        m.add(Dense(dim, init='uniform', name=f'fc{i}'))
-        m.add(Activation('stanh', name=f'tanh{i}'))
-    m.add(Dense(10, init='uniform', name='fc6'))
-    m.add(Loss('softmaxloss', name='loss'))
-    m.compile(optimizer=SGD(lr=0.001, lr_type='step'), cluster=Cluster('examples/mnist'))
-    return m
-
-
-def test_python_mnist_mlp_gives_the_netproto_of_examples_mnist_job_conf():
-    conf = config.load_job(os.path.join(singa.HOME, "examples", "mnist", "job.conf"),
-                           check_paths=False)
-    job = config.parse_job(mnist_mlp().to_conf(), check_paths=False)
-    assert text_format.MessageToString(strip_defaults(job.neuralnet)) == \
-        text_format.MessageToString(strip_defaults(conf.neuralnet))
-    assert strip_defaults(job.updater) == strip_defaults(conf.updater)
 
 
 @pytest.mark.parametrize("path", EXAMPLE_CONFS, ids=lambda p: os.path.relpath(p, singa.HOME))
