@@ -22,3 +22,6 @@ echo "== bench_partition.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_frameworks.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_frameworks.py
+echo
+echo "== bench_startup.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_startup.py
