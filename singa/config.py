@@ -287,6 +287,49 @@ def _check_job(conf, job, check_layers):
             reason = unavailable(layer)
             if reason:
                 conf.fail(conf.layer_line(i), f"layer '{layer.name}': {reason}")
+    _check_monitor(conf, job, check_layers)
+
+
+def _check_monitor(conf, job, check_layers):
+    """checkpoint_keep_best: "[test/|validation/]<metric>" of a phase that runs, a metric its
+    net's layers produce (unless a user layer's are unknown); its companions need it."""
+    if not job.checkpoint_keep_best:
+        if job.checkpoint_on_improvement:
+            conf.fail(conf.line("checkpoint_on_improvement"), "checkpoint_on_improvement needs "
+                      "checkpoint_keep_best, the metric it monitors (e.g. \"accuracy\")")
+        return
+    from singa.checkpoint.snapshots import parse_monitor
+    name = job.checkpoint_keep_best
+    line = conf.line("checkpoint_keep_best")
+    phase, metric = parse_monitor(name)
+    if phase not in ("test", "validation"):
+        conf.fail(line, f'checkpoint_keep_best "{name}": the phase must be test or validation '
+                        f'("accuracy", "test/loss", "validation/accuracy")')
+    field, enum = ("test_steps", job_pb2.kTest) if phase == "test" else \
+        ("validate_steps", job_pb2.kVal)
+    if getattr(job, field) <= 0:
+        conf.fail(line, f'checkpoint_keep_best "{name}" monitors the {phase} metrics, but '
+                        f'{field} is 0: no {phase} runs')
+    if job.checkpoint_keep_best_k < 1:
+        conf.fail(conf.line("checkpoint_keep_best_k"),
+                  f"checkpoint_keep_best_k must be at least 1, got {job.checkpoint_keep_best_k}")
+    produced = _metrics_of(_phase_layers(job, enum)) if check_layers else None
+    if produced is not None and metric not in produced:
+        conf.fail(line, f'checkpoint_keep_best "{name}": the {phase} net\'s layers produce '
+                        f'{", ".join(sorted(produced)) or "no metrics"}')
+
+
+def _metrics_of(layers):
+    """The metric names the (index, LayerProto) `layers` produce; None if a user layer's are
+    not declared."""
+    from singa.layers.base import layer_class
+    names = set()
+    for _, layer in layers:
+        declared = getattr(layer_class(layer), "METRICS", None)
+        if declared is None and layer.HasField("user_type"):
+            return None
+        names.update(declared or ())
+    return names
 
 
 def _check_include_exclude(conf, layers):

@@ -214,7 +214,8 @@ class Driver:
             f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
         files = checkpoint.open_checkpoint_path(list(job.checkpoint_path), self.workspace,
-                                                log.warning, job.cluster.nworkers_per_group)
+                                                log.warning, job.cluster.nworkers_per_group,
+                                                monitor=job.checkpoint_keep_best or None)
         if not files:
             raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or 'best')")
         loaded = checkpoint.load_params(files, owners, log=log.info)

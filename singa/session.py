@@ -120,7 +120,8 @@ def predict(job, x):
         net = NeuralNet(net_conf, job_pb2.kTest, seeds(job, 3)[1])
         owners = {p.name: p for p in net.owner_params}
         files = list(job.checkpoint_path)
-        opened = checkpoint.open_checkpoint_path(files, job.cluster.workspace, log.warning)
+        opened = checkpoint.open_checkpoint_path(files, job.cluster.workspace, log.warning,
+                                                 monitor=job.checkpoint_keep_best or None)
         loaded = checkpoint.load_params(opened, owners)
         missing = [name for name in owners if name not in loaded]
         if missing:

@@ -89,6 +89,8 @@ class Worker:
         self.displays = 0           # display calls so far: the key of their metric messages
         self.states = {}            # owner param id -> its updater state, while a snapshot is taken
         self.last_test = None       # (step, metrics) of the latest test
+        self.last_val = None        # (step, metrics) of the latest validation
+        self.best = None            # the best value of checkpoint_keep_best so far
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
 
@@ -108,8 +110,8 @@ class Worker:
                     self.collect_all()
                     if self.id == 0:
                         log.info("Validation @ step %d", s)
-                    self.report(s, "validation",
-                                self.test(job.validate_steps, kVal, self.val_net))
+                    self.last_val = (s, self.test(job.validate_steps, kVal, self.val_net))
+                    self.report(s, "validation", self.last_val[1])
                 if evaluate and self.test_net and job.test_steps > 0 \
                         and every(job.test_freq, job.test_after, s):
                     self.collect_all()
@@ -117,7 +119,8 @@ class Worker:
                         log.info("Test @ step %d", s)
                     self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
                     self.report(s, "test", self.last_test[1])
-                if evaluate and self.grp == 0 and every(job.checkpoint_freq, job.checkpoint_after, s):
+                due = every(job.checkpoint_freq, job.checkpoint_after, s)
+                if evaluate and self.grp == 0 and (self.improved(s) or due):
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
@@ -146,6 +149,36 @@ class Worker:
             finally:    # the stub waits for this stop, whatever leaving did
                 self.dealer.send(m.Msg(self.address, STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
+
+    def improved(self, step):
+        """checkpoint_on_improvement: whether the test or validation at `step` bettered the
+        monitored metric (checkpoint_keep_best) over this run's best and the resumed
+        snapshot's; every worker of group 0 sees the same metrics, so all decide alike."""
+        job = self.job
+        if not job.checkpoint_on_improvement:
+            return False
+        phase, metric = checkpoint.parse_monitor(job.checkpoint_keep_best)
+        last = self.last_val if phase == "validation" else self.last_test
+        if last is None or last[0] != step or metric not in last[1]:
+            return False
+        value = last[1][metric]
+        if self.best is None and self.resume is not None and 0 in self.resume.readers:
+            self.best = checkpoint.recorded(self.resume, job.checkpoint_keep_best)
+        better = self.best is None or (value < self.best if checkpoint.lower_is_better(metric)
+                                       else value > self.best)
+        if better:
+            self.best = value
+        return better
+
+    def recorded_metrics(self):
+        """What a snapshot records: the latest test and validation metrics, `<phase>/<name>`,
+        with the step of each (`<phase>@step`)."""
+        out = {}
+        for phase, last in (("test", self.last_test), ("validation", self.last_val)):
+            if last and last[1]:
+                out[f"{phase}@step"] = float(last[0])
+                out.update((f"{phase}/{k}", v) for k, v in last[1].items())
+        return out
 
     def report(self, step, phase, metrics):
         if self.reporter is not None and metrics:
@@ -182,15 +215,25 @@ class Worker:
 
         In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
         each metric averaged over the partitions (each a mean over its equal part of the
-        batch, so together the whole batch's) and returns them; the others return {}."""
+        batch, so together the whole batch's) and returns them; the others return {}, or, for
+        a test or validation under checkpoint_on_improvement, the averages worker 0 sends back."""
         rows = self.metric_rows(flag, net)
         if self.channel is not None:
             self.displays += 1
+            shared = self.job.checkpoint_on_improvement and not flag & kTrain
             if self.id > 0:
                 self.channel.post(0, m.kMetric, f"metrics@{self.id}", self.displays,
                                   m.metric_frames(rows))
-                return {}
+                if not shared:
+                    return {}
+                rows = m.frame_metrics(self.channel.wait("metrics@0", self.displays,
+                                                         "averaged metrics", 0))
+                return {k.lower(): v for values in rows for k, v in values.items()}
             rows = self.average_metrics(rows)
+            if shared:
+                for j in range(1, self.job.cluster.nworkers_per_group):
+                    self.channel.post(j, m.kMetric, "metrics@0", self.displays,
+                                      m.metric_frames(rows))
         metrics = {}
         for values in rows:
             log.info("%s  %s", prefix, format_metrics(values))
@@ -237,7 +280,8 @@ class Worker:
             owners = {p.name: p for p in self.owned}
             files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
                                                     job.cluster.workspace, log.warning,
-                                                    job.cluster.nworkers_per_group, self.resume)
+                                                    job.cluster.nworkers_per_group, self.resume,
+                                                    job.checkpoint_keep_best or None)
             loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
             self.init_fresh([p for p in self.owned if p.name not in loaded], set(loaded), job.step)
             for p in self.owned:
@@ -333,7 +377,7 @@ class Worker:
             reader={f"{name}/{layer.name}": (layer.get_state()["offset"], layer.get_state()["skipped"])
                     for name, n in self.named_nets() for layer in n.input_layers()},
             lr_index=lr_index, nworkers=self.job.cluster.nworkers_per_group,
-            metrics=self.last_test[1] if self.last_test and self.last_test[0] == step else {},
+            metrics=self.recorded_metrics(),
             evaluated=not final)
         path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
         try:
@@ -344,9 +388,9 @@ class Worker:
         log.info("checkpoint to %s", path)
         if self.reporter is not None and self.id == 0:
             self.reporter.snapshot(step, path)
-        if self.job.checkpoint_keep_newest or self.job.checkpoint_keep_best:
+        if self.job.checkpoint_keep_newest:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
-                             self.job.checkpoint_keep_best)
+                             self.job.checkpoint_keep_best, self.job.checkpoint_keep_best_k)
 
     def put(self, p, state=(), lr_index=-1):
         """Send `p`'s values (and updater buffers) to its servers; `collect(p)` awaits the RPut."""

@@ -130,6 +130,7 @@ class LossLayer(Layer):
     p = softmax(h[t]·W_word[start:end]ᵀ)[v − start] · softmax(h[t]·W_classᵀ)[k];
     loss += −ln max(p, FLT_MIN). Params W_word (vocab_size, dim), W_class (nclass, dim).
     Metrics: `loss` = mean per word, `ppl` = 10^(−mean log10 p), since the last display."""
+    METRICS = ("loss", "ppl")
 
     def setup(self, srclayers):
         if len(srclayers) != 2:

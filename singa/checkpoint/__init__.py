@@ -11,13 +11,13 @@ from singa.checkpoint.format import (MAX_FILE_BYTES, MAX_STEP, META_SUFFIX, SUFF
                                      write_file)
 from singa.checkpoint.load import Joined, load_params, open_checkpoint_path, sources, updater_state
 from singa.checkpoint.snapshots import (Snapshot, best_of, best_snapshot, latest_snapshot,
-                                        list_snapshots, lower_is_better, prune,
-                                        remove_stale_temporaries)
+                                        list_snapshots, lower_is_better, parse_monitor, prune,
+                                        ranked, recorded, remove_stale_temporaries)
 from singa.checkpoint.state import SnapshotState
 
 __all__ = ["MAX_FILE_BYTES", "MAX_STEP", "META_SUFFIX", "SUFFIX", "CheckpointReader",
            "CheckpointWriter", "Joined", "Snapshot", "SnapshotState", "best_of", "best_snapshot",
            "existing_file", "latest_snapshot", "list_snapshots", "load_params",
-           "lower_is_better", "meta_path", "open_checkpoint_path", "parse_step_worker", "prune",
+           "lower_is_better", "meta_path", "open_checkpoint_path", "parse_monitor", "parse_step_worker", "prune", "ranked", "recorded",
            "read_meta", "remove_stale_temporaries", "snapshot_file", "sources", "updater_state",
            "write_file"]

@@ -9,7 +9,7 @@ import numpy as np
 from singa.checkpoint.format import (CheckpointReader, parse_step_worker, snapshot_file,
                                      write_file)
 from singa.checkpoint.load import Joined
-from singa.checkpoint.snapshots import best_of, list_snapshots, snapshot_at
+from singa.checkpoint.snapshots import best_of, list_snapshots, recorded, snapshot_at
 from singa.errors import CheckpointError, SingaError
 
 
@@ -52,20 +52,34 @@ def _cmd_ls(folder):
     for s in snaps:
         status = ("complete" + ("" if s.verified else "  unverified (SINGA)")
                   if s.complete else "INCOMPLETE")
-        metrics = "  ".join(f"{k}={v:.6g}" for k, v in s.metrics.items())
-        workers = ",".join(map(str, sorted(s.files))) or "-"
-        print(f"step{s.step}  workers {workers}  {status}  {metrics}".rstrip())
+        metrics = _format_metrics(s.metrics)
+        workers = ", ".join(map(str, sorted(s.files)))
+        print(f"step{s.step}  worker ids [{workers}]  {status}  {metrics}".rstrip())
         for p in s.problems:
             print(f"    {p}")
     complete = [s for s in snaps if s.complete]
     print(f"latest: step{complete[-1].step}" if complete else "latest: none (no complete snapshot)")
-    bests = [(m, best_of(complete, m)) for m in ("accuracy", "loss")]
-    for metric, best in bests:
-        if best is not None:
-            print(f"best ({metric}): step{best.step}")
-    if all(best is None for _, best in bests):
-        print("best: none (no complete snapshot records a test metric)")
+    monitors = sorted({k.lower() if "/" in k else f"test/{k.lower()}"
+                       for s in complete for k in s.metrics if "@" not in k})
+    for monitor in monitors:
+        best = best_of(complete, monitor)
+        print(f"best by {monitor}: step{best.step} ({recorded(best, monitor):.6g})")
+    if not monitors:
+        print("best: none (no complete snapshot records a test or validation metric)")
     return 0
+
+
+def _format_metrics(recorded):
+    """`test@200 loss=0.6 accuracy=0.8  validation@190 ...` (older files: `loss=0.6 ...`)."""
+    parts = []
+    for phase in ("test", "validation"):
+        values = [f"{k.split('/', 1)[1]}={v:.6g}" for k, v in recorded.items()
+                  if k.startswith(phase + "/")]
+        if values:
+            at = recorded.get(f"{phase}@step")
+            parts.append(" ".join([f"{phase}@{at:.0f}" if at is not None else phase] + values))
+    parts += [f"{k}={v:.6g}" for k, v in recorded.items() if "/" not in k and "@" not in k]
+    return "  ".join(parts)
 
 
 def _cmd_show(path):
@@ -76,7 +90,7 @@ def _cmd_show(path):
     if r.nworkers is not None:
         print(f"nworkers {r.nworkers}")
     if r.metrics:
-        print("metrics " + "  ".join(f"{k}={v:.6g}" for k, v in r.metrics.items()))
+        print("metrics " + _format_metrics(r.metrics))
     if r.state is not None:
         s = r.state
         print(f"state: {len(s.param_state)} updater states, {len(s.rng)} RNGs, "

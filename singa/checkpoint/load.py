@@ -17,11 +17,13 @@ from singa.errors import CheckpointError
 from singa.param import cut
 
 
-def open_checkpoint_path(entries, workspace, log=None, nworkers=None, snapshot=None):
+def open_checkpoint_path(entries, workspace, log=None, nworkers=None, snapshot=None,
+                         monitor=None):
     """`checkpoint_path` entries as CheckpointReaders, in order: "latest" / "best" become that
-    snapshot's files in `<workspace>/checkpoint` (of workers below the job's `nworkers`); other
-    entries resolve against the SINGA home, `.bin` optional. A file of `snapshot` (the one a
-    -resume continues from) is its reader, not read again."""
+    snapshot's files in `<workspace>/checkpoint` (of workers below the job's `nworkers`; best by
+    `monitor`, the job's checkpoint_keep_best, as retention ranks them); other entries resolve
+    against the SINGA home, `.bin` optional. A file of `snapshot` (the one a -resume continues
+    from) is its reader, not read again."""
     folder = os.path.join(resolve(workspace), "checkpoint")
     opened = {} if snapshot is None else {r.path: r for r in snapshot.readers.values()}
     out = []
@@ -29,13 +31,14 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, snapshot=N
         if entry == "latest":
             snap = latest_snapshot(folder, nworkers, log)
         elif entry == "best":
-            snap = best_snapshot(folder, nworkers=nworkers, log=log)
+            snap = best_snapshot(folder, monitor, nworkers=nworkers, log=log)
         else:
             path = existing_file(resolve(entry))
             out.append(opened.get(path) or CheckpointReader(path))
             continue
         if snap is None:
-            what = "complete snapshot" if entry == "latest" else "complete snapshot with a test metric"
+            what = "complete snapshot" if entry == "latest" else \
+                f"complete snapshot recording {monitor or 'a test metric'}"
             raise CheckpointError(f"checkpoint_path \"{entry}\": no {what} in {folder}")
         out += [snap.readers[w] for w in sorted(snap.readers)]
     return out

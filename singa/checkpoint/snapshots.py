@@ -130,43 +130,73 @@ def latest_snapshot(folder, nworkers=None, log=None):
     return None
 
 
+#: metrics that improve downwards, besides any whose name says "error"
+LOWER_IS_BETTER = frozenset({"loss", "ppl", "perplexity", "se", "mse", "squared error"})
+
+
 def lower_is_better(metric):
-    """Loss goes down, anything else (accuracy) goes up."""
-    return metric.lower() == "loss"
+    """Loss, perplexity (ppl), squared error (se) and any error go down; the others (accuracy,
+    precision, ...) go up. The one rule for retention, "best" and on-improvement snapshots."""
+    metric = metric.lower()
+    return metric in LOWER_IS_BETTER or "error" in metric
 
 
-def best_snapshot(folder, metric=None, nworkers=None, log=None):
-    """The complete snapshot with the best recorded test `metric` (ties: the newest), or None.
+def parse_monitor(name):
+    """(phase, metric) of a `checkpoint_keep_best` value "[test/|validation/]<metric>": the
+    phase is "test" when none is given; both lower-cased."""
+    phase, sep, metric = name.rpartition("/")
+    return (phase.lower() if sep else "test"), metric.lower()
 
-    `metric` None: "accuracy" if any snapshot records it, else "loss". Names match case-blind.
-    """
+
+def recorded(snap, monitor):
+    """The value of `monitor` ("[phase/]metric") the snapshot records, or None. Snapshots keep
+    `<phase>/<metric>` keys; files written before phases were recorded keep the metrics of the
+    test at their step under the bare names."""
+    phase, metric = parse_monitor(monitor)
+    for key, value in snap.metrics.items():
+        key = key.lower()
+        if key == f"{phase}/{metric}" or (phase == "test" and key == metric):
+            return value
+    return None
+
+
+def ranked(snaps, monitor=None):
+    """The snapshots of `snaps` that record `monitor`, best first; among equal values one
+    measured at its own step first (a later snapshot that carries the same measurement has
+    params nobody measured), then the newer. `monitor` None: test accuracy if any snapshot
+    records it, else test loss."""
+    if monitor is None:
+        monitor = "test/accuracy"
+        if not any(recorded(s, monitor) is not None for s in snaps):
+            monitor = "test/loss"
+    phase, metric = parse_monitor(monitor)
+    sign = 1 if lower_is_better(metric) else -1
+
+    def key(scored):
+        value, s = scored
+        return sign * value, s.metrics.get(f"{phase}@step", s.step) != s.step, -s.step
+    scored = [(recorded(s, monitor), s) for s in snaps]
+    return [s for _, s in sorted(((v, s) for v, s in scored if v is not None), key=key)]
+
+
+def best_of(snaps, monitor=None):
+    """The best of `snaps` by `monitor` (see `ranked`), or None."""
+    return next(iter(ranked(snaps, monitor)), None)
+
+
+def best_snapshot(folder, monitor=None, nworkers=None, log=None):
+    """The complete snapshot of `folder` best by `monitor` (see `ranked`), or None."""
     best = None
     for step, files in sorted(_files_by_step(folder, nworkers, log).items()):
         snap = _snapshot(folder, step, files, nworkers)
         if snap.complete:    # only the best so far keeps its readers
-            best = best_of([s for s in (best, snap) if s is not None], metric)
+            best = best_of([s for s in (best, snap) if s is not None], monitor)
     return best
 
 
-def best_of(snaps, metric):
-    """The snapshot of `snaps` with the best recorded test `metric` (ties: the newest), or None;
-    `metric` None as in best_snapshot."""
-    def value(s):
-        return next((v for k, v in s.metrics.items() if k.lower() == metric.lower()), None)
-    if metric is None:
-        metric = "accuracy"
-        if not any(value(s) is not None for s in snaps):
-            metric = "loss"
-    scored = [(value(s), s.step, s) for s in snaps if value(s) is not None]
-    if not scored:
-        return None
-    sign = -1 if lower_is_better(metric) else 1
-    return max(scored, key=lambda t: (sign * t[0], t[1]))[2]
-
-
-def prune(folder, keep_newest, keep_best_metric=None):
+def prune(folder, keep_newest, keep_best=None, keep_best_k=1):
     """Retention: delete snapshots beyond the newest `keep_newest` complete ones (0 keeps all),
-    sparing the best by `keep_best_metric`; returns the deleted paths.
+    sparing the best `keep_best_k` by the monitor `keep_best`; returns the deleted paths.
 
     Every snapshot in `folder` counts, earlier runs' too (the job holds its workspace). Only
     our files (`.bin` and its `.meta`) are deleted, and nothing at or after the newest complete
@@ -180,10 +210,8 @@ def prune(folder, keep_newest, keep_best_metric=None):
     if not complete:
         return []
     keep = {s.step for s in complete[-keep_newest:]}
-    if keep_best_metric:
-        best = best_of(complete, keep_best_metric)
-        if best is not None:
-            keep.add(best.step)
+    if keep_best:
+        keep.update(s.step for s in ranked(complete, keep_best)[:keep_best_k])
     deleted = []
     for snap in snaps:
         if snap.step in keep or snap.step >= complete[-1].step:

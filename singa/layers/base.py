@@ -13,7 +13,9 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     (connection layers give each destination its own blob).
   * `metrics(flag)`: {name: value} of the metrics since the last call (`{"Loss": 2.1,
     "accuracy": 0.3}`), then reset; {} for layers without. Layers add per-batch values with
-    `add_metrics`; only logging formats them (`singa.log.format_metrics`).
+    `add_metrics`; only logging formats them (`singa.log.format_metrics`). A class declares
+    the names it adds in `METRICS` (lower-case); the conf check of checkpoint_keep_best reads
+    it (a user layer that declares none produces what nobody can know beforehand).
 `flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 """
@@ -88,6 +90,8 @@ class Layer:
 
     #: True for input layers: they may feed several destinations without a Split layer.
     one_to_many = False
+    #: the metric names the layer adds (lower-case); None: not declared (a user layer's)
+    METRICS = None
     #: True when every output reads every input neuron (SINGA's kOneToAll): on partition_dim 1
     #: such a layer reads the whole of its source.
     reads_all = False

@@ -74,6 +74,7 @@ class SoftmaxLossLayer(Layer):
 
     #: the metrics shown, in order
     shown = ("Loss", "accuracy")
+    METRICS = ("loss", "accuracy")
 
 
 @register(job_pb2.kCudnnSoftmaxLoss)
@@ -81,6 +82,7 @@ class CudnnSoftmaxLossLayer(SoftmaxLossLayer):
     """SoftmaxLoss as SINGA's cuDNN layer computes it: no scale; displays only `Loss = %f`."""
 
     shown = ("Loss",)
+    METRICS = ("loss",)
 
     def setup(self, srclayers):
         super().setup(srclayers)
@@ -93,6 +95,7 @@ class EuclideanLossLayer(Layer):
 
     Sources: [reconstruction r, target t (its data)].
     """
+    METRICS = ("loss",)
 
     def setup(self, srclayers):
         _need_sources(self, srclayers, "reconstruction, target")

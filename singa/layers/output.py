@@ -42,6 +42,7 @@ class ArgSortLayer(Layer):
 @register(job_pb2.kAccuracy)
 class AccuracyLayer(ArgSortLayer):
     """Sources [scores, label provider]: metric accuracy = fraction of rows with the label in the top-k."""
+    METRICS = ("accuracy",)
 
     def setup(self, srclayers):
         if len(srclayers) != 2:

@@ -32,6 +32,7 @@ class RBMVisLayer(Layer):
     number of compute_feature calls (SINGA's counter counts every call, so with cd_k 1 the
     figure is half the per-batch squared error).
     """
+    METRICS = ("squared error",)
 
     def setup(self, srclayers):
         hids = [s for s in srclayers if isinstance(s, RBMHidLayer)]

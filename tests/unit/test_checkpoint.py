@@ -464,12 +464,50 @@ def test_prune_keeps_newest_best_and_foreign_over_the_whole_folder(tmp_path):
         snapshot(folder, step, metrics={"accuracy": acc})
     snapshot(folder, 700, nworkers=2, workers=[0])             # newest, still being written
     shutil.copy(f"{FIX}/run-1worker/step100-worker0", folder + "/step50-worker0")   # not ours
-    deleted = ckpt.prune(folder, keep_newest=2, keep_best_metric="accuracy")
+    deleted = ckpt.prune(folder, keep_newest=2, keep_best="accuracy")
     assert sorted(os.path.basename(p) for p in deleted) == [
         "step100-worker0.bin", "step100-worker0.meta", "step300-worker0.bin",
         "step300-worker0.meta", "step400-worker0.bin", "step400-worker0.meta"]
     assert [s.step for s in ckpt.list_snapshots(folder)] == [50, 200, 500, 600, 700]
     assert ckpt.prune(folder, keep_newest=0) == []
+
+
+@pytest.mark.parametrize("metric, lower", [
+    ("loss", True), ("Loss", True), ("ppl", True), ("se", True), ("squared error", True),
+    ("top1 error", True), ("accuracy", False), ("precision", False), ("recall", False)])
+def test_lower_is_better_for_loss_perplexity_squared_error_and_any_error(metric, lower):
+    assert ckpt.lower_is_better(metric) is lower
+
+
+def test_best_ranks_by_the_monitor_phase_and_direction(tmp_path):
+    """ppl goes down; a validation monitor reads the validation metrics; files of before the
+    phases were recorded hold their test metrics under bare names."""
+    folder = str(tmp_path)
+    snapshot(folder, 100, metrics={"test/ppl": 90.0, "validation/accuracy": 0.7, "test@step": 100})
+    snapshot(folder, 200, metrics={"test/ppl": 60.0, "validation/accuracy": 0.6, "test@step": 200})
+    snapshot(folder, 300, metrics={"test/ppl": 75.0, "validation/accuracy": 0.8, "test@step": 300})
+    snapshot(folder, 400, metrics={"accuracy": 0.9, "ppl": 80.0})          # an older file
+    assert ckpt.best_snapshot(folder, "ppl").step == 200
+    assert ckpt.best_snapshot(folder, "test/ppl").step == 200
+    assert ckpt.best_snapshot(folder, "validation/accuracy").step == 300
+    assert ckpt.best_snapshot(folder, "accuracy").step == 400
+    assert ckpt.best_snapshot(folder, "validation/loss") is None
+    assert [s.step for s in ckpt.ranked(ckpt.list_snapshots(folder), "ppl")] == [200, 300, 400, 100]
+
+
+def test_open_best_and_prune_agree_on_the_monitor(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    for step, ppl in [(100, 90.0), (200, 60.0), (300, 75.0), (400, 80.0), (500, 85.0)]:
+        snapshot(str(folder), step, metrics={"test/ppl": ppl})
+    (best,) = ckpt.open_checkpoint_path(["best"], str(tmp_path), monitor="ppl")
+    assert best.step == 200
+    deleted = ckpt.prune(str(folder), keep_newest=1, keep_best="ppl", keep_best_k=2)
+    assert [s.step for s in ckpt.list_snapshots(str(folder))] == [200, 300, 500]
+    assert len(deleted) == 4
+    with pytest.raises(CheckpointError, match="no complete snapshot recording "
+                                                  "validation/accuracy"):
+        ckpt.open_checkpoint_path(["best"], str(tmp_path), monitor="validation/accuracy")
 
 
 def test_prune_never_deletes_newest_complete(tmp_path):
@@ -557,8 +595,9 @@ def test_cli_ls_show_diff(tmp_path):
     snapshot(str(folder), 200, metrics={"accuracy": 0.8, "loss": 0.2})
     out = cli("ls", str(tmp_path))
     assert out.returncode == 0
-    assert "latest: step200" in out.stdout and "best (accuracy): step100" in out.stdout
-    assert "best (loss): step200" in out.stdout and "accuracy=0.9" in out.stdout
+    assert "latest: step200" in out.stdout and "best by test/accuracy: step100 (0.9)" in out.stdout
+    assert "best by test/loss: step200 (0.2)" in out.stdout and "accuracy=0.9" in out.stdout
+    assert "step100  worker ids [0]  complete" in out.stdout
     out = cli("show", f"{FIX}/run-1worker/step200-worker0")
     assert out.returncode == 0 and "unverified (SINGA)" in out.stdout
     assert any(line.split()[:5] == ["0#weight1", "(64,", "784)", "float32", "199"]
@@ -643,7 +682,7 @@ def test_a_step_beyond_the_last_a_job_can_reach_is_one_problem_line(tmp_path):
     assert job.step == 100
     out = cli("ls", str(tmp_path))
     assert out.returncode == 0 and "Traceback" not in out.stderr
-    assert "step99999999999  workers 0  INCOMPLETE\n    step99999999999: a step beyond 2147483647, " \
+    assert "step99999999999  worker ids [0]  INCOMPLETE\n    step99999999999: a step beyond 2147483647, " \
            "the last a job can reach\n" in out.stdout
     assert "latest: step100\n" in out.stdout
 

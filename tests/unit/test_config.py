@@ -379,3 +379,30 @@ def test_parse_block_names_the_line_in_the_whole_file():
     with pytest.raises(ConfigError, match=r"^job\.conf:12: nworkers_per_procs must be at least 1, got 0$"):
         config.parse_block("nworker_groups: 1\nnworkers_per_procs: 0\n", job_pb2.ClusterProto(),
                            "job.conf", first_line=11)
+
+
+@pytest.mark.parametrize("head, needle, what", [
+    ('checkpoint_keep_best: "acc"\n', "checkpoint_keep_best",
+     'checkpoint_keep_best "acc": the test net\'s layers produce accuracy, loss'),
+    ('checkpoint_keep_best: "validation/accuracy"\n', "checkpoint_keep_best",
+     'monitors the validation metrics, but validate_steps is 0: no validation runs'),
+    ('checkpoint_keep_best: "train/loss"\n', "checkpoint_keep_best",
+     'checkpoint_keep_best "train/loss": the phase must be test or validation'),
+    ('checkpoint_on_improvement: true\n', "checkpoint_on_improvement",
+     "checkpoint_on_improvement needs checkpoint_keep_best, the metric it monitors"),
+    ('checkpoint_keep_best: "loss"\ncheckpoint_keep_best_k: 0\n', "checkpoint_keep_best_k",
+     "checkpoint_keep_best_k must be at least 1, got 0"),
+])
+def test_checkpoint_keep_best_is_a_metric_of_a_phase_that_runs(tmp_path, head, needle, what):
+    _expect(tmp_path, head + GOOD, needle, what)
+
+
+def test_checkpoint_keep_best_accepts_what_the_layers_produce(tmp_path):
+    for monitor in ("accuracy", "Loss", "test/accuracy"):
+        job = config.load_job(str(_conf(tmp_path, f'checkpoint_keep_best: "{monitor}"\n' + GOOD)))
+        assert job.checkpoint_keep_best == monitor
+    text = GOOD.replace("test_steps: 2", "test_steps: 2\nvalidate_steps: 1")
+    text = text.replace("    include: kTest\n", "    include: kTest\n    include: kVal\n")
+    job = config.load_job(str(_conf(tmp_path, 'checkpoint_keep_best: "validation/loss"\n'
+                                              'checkpoint_on_improvement: true\n' + text)))
+    assert job.checkpoint_on_improvement
