@@ -84,6 +84,10 @@ def main(argv=None):
             if path:
                 log.info("Record job log to %s", path)
             driver.run(flags["test"])
+            if not flags["test"] and not driver.signal:
+                hint = f"bin/singa-run.sh -conf {flags['conf']} -resume (raise train_steps first)"
+                for line in driver.reporter.summary(job.step, job.train_steps, hint):
+                    log.info("%s", line)
     except SingaError as e:
         print(f"singa: {e}", file=sys.stderr)
         return e.exit_code

@@ -27,6 +27,16 @@ def format_metrics(metrics):
     return ", ".join(f"{name} = {value:f}" for name, value in metrics.items())
 
 
+def format_duration(seconds):
+    """`45s`, `3m05s`, `2h04m`."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def setup(log_dir=None, name=None, verbose=False):
     """Log to stderr and, when `log_dir` is given, to `<log_dir>/<name>.log`; returns its path."""
     LOGGER.handlers.clear()

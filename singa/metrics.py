@@ -11,6 +11,9 @@ import os
 import threading
 import time
 
+from singa.checkpoint.snapshots import lower_is_better
+from singa.log import format_duration, format_metrics
+
 FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
 FILE = "metrics.csv"
 PHASES = ("train", "validation", "test")
@@ -27,6 +30,10 @@ class Reporter:
         self.listener, self.on_snapshot = listener, on_snapshot
         self.lock = threading.Lock()
         self.file = None
+        self.started = time.monotonic()
+        self.last = {}          # phase -> (step, {metric: value}) of group 0's latest event
+        self.best = {}          # (phase, metric) -> (value, step): test and validation
+        self.newest = None      # (step, path) of the newest snapshot
 
     def metrics(self, group, step, phase, values):
         """Record {metric: value} of `phase` at `step` by worker group `group`."""
@@ -43,12 +50,42 @@ class Reporter:
                     for name, value in values.items()]
             csv.writer(self.file).writerows(rows)
             self.file.flush()
-        if self.listener is not None and group == 0:
-            self.listener(step, phase, {k.lower(): float(v) for k, v in values.items()})
+        if group != 0:
+            return
+        values = {k.lower(): float(v) for k, v in values.items()}
+        self.last[phase] = (step, values)
+        if phase != "train":
+            for name, value in values.items():
+                best = self.best.get((phase, name))
+                if best is None or (value < best[0] if lower_is_better(name) else value > best[0]):
+                    self.best[phase, name] = (value, step)
+        if self.listener is not None:
+            self.listener(step, phase, values)
 
     def snapshot(self, step, path):
+        self.newest = (step, path)
         if self.on_snapshot is not None:
             self.on_snapshot(step, path)
+
+    def summary(self, first_step, last_step, resume_hint):
+        """The lines that end a run that trained steps `first_step`..`last_step`: steps and
+        time, the last and best test and validation metrics, the newest snapshot, how to resume
+        (`resume_hint`) and inspect it."""
+        took = time.monotonic() - self.started
+        lines = [f"Trained steps {first_step}-{last_step} in {format_duration(took)}"
+                 + (f" ({(last_step - first_step) / took:.3g} steps/s)" if took > 0 else "")]
+        for phase in ("test", "validation"):
+            if phase in self.last:
+                step, values = self.last[phase]
+                best = ", ".join(f"{name} = {value:f} @ step {at}" for (p, name), (value, at)
+                                 in self.best.items() if p == phase)
+                lines.append(f"Last {phase} @ step {step}:  {format_metrics(values)};  "
+                             f"best: {best}")
+        if self.newest is not None:
+            folder = os.path.dirname(os.path.dirname(self.newest[1]))
+            lines += [f"Newest snapshot: {self.newest[1]}",
+                      f"Resume: {resume_hint};  inspect: bin/singa-checkpoint.sh ls {folder}"]
+        return lines
 
     def close(self):
         with self.lock:

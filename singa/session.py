@@ -158,6 +158,10 @@ def _run_here(job, test, resume, verbose, listener, on_snapshot):
     with _logging(job, verbose), _signals(driver.on_signal):
         try:
             result = driver.run(test)
+            if not test and not driver.signal:
+                hint = "fit(..., resume=True) with a larger nb_epoch"
+                for line in reporter.summary(job.step, job.train_steps, hint):
+                    log.info("%s", line)
         except Stopped:
             pass
     if driver.signal:   # the caller's own handler now: KeyboardInterrupt for SIGINT

@@ -20,7 +20,7 @@ from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.errors import CheckpointError, ClusterError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
-from singa.log import format_metrics
+from singa.log import format_duration, format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.param import cut, fill
@@ -102,6 +102,7 @@ class Worker:
             if self.cluster_rt is not None:
                 self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
+            self.started = (time.monotonic(), self.step)
             while self.step < job.train_steps:
                 s = self.step
                 evaluate = not (self.resumed_evaluated and s == job.step)
@@ -128,7 +129,8 @@ class Worker:
                 if self.grp == 0 and (self.id == 0 or self.channel) \
                         and every(job.disp_freq, job.disp_after, s):
                     self.report(s, "train", self.display(kTrain | kForward | kBackward,
-                                                         f"Train @ step {s}", self.train_net))
+                                                         f"Train @ step {s}", self.train_net,
+                                                         self.pace(s)))
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.grp == 0:
@@ -210,8 +212,19 @@ class Worker:
             self.test_one_batch(phase, net, step)
         return self.display(phase, " ", net)
 
-    def display(self, flag, prefix, net):
-        """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}.
+    def pace(self, step):
+        """`  (<r> steps/s, <t> left)` after the display of `step`: the rate since this run's
+        first step (tests and snapshots included), the time to train_steps at that rate."""
+        t0, s0 = self.started
+        elapsed, done = time.monotonic() - t0, step + 1 - s0
+        if elapsed <= 0 or done <= 0:
+            return ""
+        rate = done / elapsed
+        left = format_duration((self.job.train_steps - step - 1) / rate)
+        return f"  ({rate:.3g} steps/s, {left} left)"
+
+    def display(self, flag, prefix, net, suffix=""):
+        """Log `prefix  <metrics><suffix>` per layer with metrics; return {metric name: value}.
 
         In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
         each metric averaged over the partitions (each a mean over its equal part of the
@@ -235,8 +248,9 @@ class Worker:
                     self.channel.post(j, m.kMetric, "metrics@0", self.displays,
                                       m.metric_frames(rows))
         metrics = {}
-        for values in rows:
-            log.info("%s  %s", prefix, format_metrics(values))
+        for i, values in enumerate(rows):
+            log.info("%s  %s%s", prefix, format_metrics(values),
+                     suffix if i == len(rows) - 1 else "")
             metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
 

@@ -1,0 +1,65 @@
+"""Watching training through the driver: metrics.csv holds exactly what the log displays and a
+-resume continues it; each train display carries steps/s and the time left; a summary ends the
+run."""
+import re
+
+from singa import metrics
+
+LINE = re.compile(r"\] (Train|Test|Validation) @ step (\d+)(?:  |\n.*\]    )(.*?)(?:  \(|\n)")
+
+
+def logged(stderr):
+    """[(phase, step, {metric: value})] of the display lines, as the log prints them."""
+    out = []
+    for phase, step, text in LINE.findall(stderr):
+        values = {k.lower(): float(v) for k, v in re.findall(r"(\w[\w ]*?) = ([\d.]+)", text)}
+        out.append((phase.lower(), int(step), values))
+    return out
+
+
+def rows_by_event(path, job_id=None):
+    events = {}
+    for row in metrics.read_rows(path, job_id):
+        events.setdefault((row["job"], row["phase"], row["step"]), {})[row["metric"]] = row["value"]
+    return events
+
+
+def test_metrics_csv_is_the_log_and_resume_continues_it(fixture_job, run_driver, tmp_path):
+    ws = tmp_path / "ws"
+    conf = fixture_job("job.conf", workspace=ws, edits={"test_freq: 100": "test_freq: 50"})
+    r = run_driver(conf)
+    assert r.returncode == 0, r.stderr
+    shown = logged(r.stderr)
+    assert [(p, s) for p, s, _ in shown if p == "test"] == [("test", s) for s in (0, 50, 100, 150)]
+    events = rows_by_event(str(ws / "metrics.csv"))
+    (job_id,) = {job for job, _, _ in events}
+    assert sorted((p, s) for _, p, s in events) == sorted((p, s) for p, s, _ in shown)
+    for phase, step, values in shown:       # the log's 6 decimals of the file's numbers
+        row = events[job_id, phase, step]
+        assert {k: round(v, 6) for k, v in row.items()} == values
+
+    # steps/s and the time left on each train display; a summary at the end
+    trains = re.findall(r"Train @ step (\d+)  .*  \(([\d.e+]+) steps/s, (\w+) left\)$", r.stderr,
+                        re.M)
+    assert [int(s) for s, _, _ in trains] == list(range(0, 200, 20))
+    assert all(float(rate) > 0 for _, rate, _ in trains) and trains[-1][2].endswith("s")
+    assert re.search(r"\] Trained steps 0-200 in \w+ \([\d.e+]+ steps/s\)\n", r.stderr)
+    last = events[job_id, "test", 150]
+    best = {m: max(v[m] for (_, p, _), v in events.items() if p == "test") for m in ["accuracy"]}
+    assert re.search(rf"\] Last test @ step 150:  loss = {last['loss']:f}, accuracy = "
+                     rf"{last['accuracy']:f};  best: .*accuracy = {best['accuracy']:f} @ step",
+                     r.stderr), r.stderr
+    assert f"] Newest snapshot: {ws}/checkpoint/step200-worker0.bin\n" in r.stderr
+    assert f"] Resume: bin/singa-run.sh -conf {conf} -resume" in r.stderr
+
+    more = conf.with_name("more.conf")
+    more.write_text(conf.read_text().replace("train_steps: 200", "train_steps: 300"))
+    r = run_driver(more, "-resume")
+    assert r.returncode == 0, r.stderr
+    events = rows_by_event(str(ws / "metrics.csv"))
+    jobs = sorted({job for job, _, _ in events})
+    assert len(jobs) == 2 and jobs[0] == job_id         # one file, both runs, each its job id
+    again = sorted((p, s) for job, p, s in events if job == jobs[1])
+    assert again == sorted((p, s) for p, s, _ in logged(r.stderr))
+    assert min(s for _, s in again) == 200 and ("test", 250) in again
+    assert re.search(r"\] Trained steps 200-300 in ", r.stderr)
