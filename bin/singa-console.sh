@@ -7,7 +7,7 @@ usage() {
   cat >&2 <<USAGE
 Usage: singa-console.sh <command>
   list       list running jobs
-  view ID    view the processes of job ID (host|pid)
+  view ID    view the processes of job ID (host|pid), then its latest step and metrics
   kill ID    stop the processes of job ID (SIGTERM, SIGKILL after SINGA_KILL_GRACE s)
 USAGE
   exit 1
@@ -40,7 +40,8 @@ case $1 in
     singatool list -confdir "$SINGA_CONF" ;;
   view)
     [ $# -eq 2 ] || usage
-    singatool view "$2" -confdir "$SINGA_CONF" ;;
+    singatool view "$2" -confdir "$SINGA_CONF"
+    singatool progress "$2" -confdir "$SINGA_CONF" ;;
   kill)
     [ $# -eq 2 ] || usage
     [[ $2 =~ ^[0-9]+$ ]] || { echo "singa-console: job id must be a number, not '$2'" >&2; exit 1; }

@@ -2,14 +2,17 @@
 
 Exit codes: 0 ok, 1 bad arguments (usage printed), 2 runtime error (one-line message).
 """
+import glob
 import os
 import re
 import sys
 
 import singa
+from singa import metrics
 from singa.cluster import nprocs
 from singa.config import load_singa_conf, parse_block, read_text
 from singa.errors import SingaError
+from singa.log import format_metrics
 from singa.proto import job_pb2
 from singa.job_manager import JobManager
 from singa.zk import ZKService
@@ -22,6 +25,7 @@ Usage: singatool <command> [args] [-confdir <dir>]
   list               list running jobs
   listall            list all jobs
   view ID            print the processes of job ID as host|pid
+  progress ID        print job ID's latest train step and metrics (from its metrics.csv)
   remove ID          remove job ID's processes from ZooKeeper
   removeall          remove all jobs from ZooKeeper
   cleanup            remove all of SINGA's data from ZooKeeper
@@ -29,7 +33,7 @@ Usage: singatool <command> [args] [-confdir <dir>]
 
 # command -> number of arguments it takes (genhost: the job conf is optional)
 ARITY = {"getlogdir": (0,), "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,),
-         "view": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,)}
+         "view": (1,), "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,)}
 
 
 def main(argv=None):
@@ -46,7 +50,7 @@ def main(argv=None):
     cmd, rest = args[0], args[1:]
     if len(rest) not in ARITY[cmd]:
         return usage(f"{cmd}: wrong number of arguments")
-    if cmd in ("view", "remove") and not rest[0].isdigit():
+    if cmd in ("view", "progress", "remove") and not rest[0].isdigit():
         return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
     try:
         run(cmd, rest, confdir)
@@ -60,6 +64,9 @@ def run(cmd, rest, confdir):
     conf = load_singa_conf(os.path.join(confdir, "singa.conf"))
     if cmd == "getlogdir":
         print(conf.log_dir.rstrip("/") or "/")
+        return
+    if cmd == "progress":
+        print("\n".join(progress(int(rest[0]), conf.log_dir)))
         return
     n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
     with ZKService(conf.zookeeper_host) as service:
@@ -82,6 +89,36 @@ def run(cmd, rest, confdir):
             jobs.remove_all()
         elif cmd == "cleanup":
             jobs.cleanup()
+
+
+def progress(job_id, log_dir):
+    """Lines of job `job_id`'s latest train display and test/validation, read from the
+    metrics.csv of the workspace its conf names (the copy singa-run.sh keeps in
+    `<log_dir>/job-info/job-<id>-<time>/job.conf`)."""
+    infos = sorted(glob.glob(os.path.join(glob.escape(log_dir), "job-info", f"job-{job_id}-*",
+                                          "job.conf")))
+    if not infos:
+        return [f"job {job_id}: no job information in {os.path.join(log_dir, 'job-info')}"]
+    steps = re.search(r"^[ \t]*train_steps[ \t]*:[ \t]*(\d+)", read_text(infos[-1]), re.M)
+    train_steps = int(steps[1]) if steps else 0
+    path = os.path.join(singa.resolve(read_cluster(infos[-1]).workspace), metrics.FILE)
+    last = {}
+    for row in metrics.read_rows(path, job_id):
+        if row["group"] == 0:
+            step, values = last.get(row["phase"], (None, {}))
+            if step != row["step"]:
+                values = {}
+            values[row["metric"]] = row["value"]
+            last[row["phase"]] = (row["step"], values)
+    if not last:
+        return [f"job {job_id}: no metrics yet in {path}"]
+    lines = []
+    for phase in metrics.PHASES:
+        if phase in last:
+            step, values = last[phase]
+            of = f" of {train_steps}" if phase == "train" and train_steps else ""
+            lines.append(f"{phase.capitalize()} @ step {step}{of}  {format_metrics(values)}")
+    return lines
 
 
 def usage(problem=None):

@@ -81,7 +81,8 @@ class LongJob:
 
     def pid(self, job_id):
         """(host, pid) of the job's one process, from `singa-console.sh view`."""
-        host, pid = script("singa-console.sh", "view", str(job_id), env=self.env).stdout.split("|")
+        proc = script("singa-console.sh", "view", str(job_id), env=self.env).stdout.splitlines()[0]
+        host, pid = proc.split("|")
         return host, int(pid)
 
     def wait(self, timeout=60):
@@ -162,6 +163,12 @@ def test_console_lists_views_and_kills_a_running_job(long_job, env):
     host, pid = job.pid(n)
     assert host == "localhost"
     assert "singa.driver" in cmdline(pid) and f"-singa_job {n} " in cmdline(pid)
+    deadline = time.monotonic() + 60     # view also shows the latest display of the job
+    while "Train @ step" not in (view := script("singa-console.sh", "view", str(n), env=env)).stdout:
+        assert time.monotonic() < deadline, view.stdout + view.stderr
+        time.sleep(0.2)
+    assert re.search(r"^Train @ step \d+ of 1000000  loss = \d+\.\d{6}, accuracy = \d+\.\d{6}$",
+                     view.stdout, re.M), view.stdout
 
     r = script("singa-console.sh", "kill", str(n), env=env)
     assert r.returncode == 0, r.stderr
