@@ -62,7 +62,9 @@ grace=${SINGA_KILL_GRACE:-10}
 zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
 if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
   case $zk_hosts in
-    localhost:*|127.0.0.1:*) "$SINGA_BIN/zk-service.sh" start ;;
+    localhost:*|127.0.0.1:*)
+      "$SINGA_BIN/zk-service.sh" start
+      echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it" ;;
     *) echo "singa-run: ZooKeeper at $zk_hosts does not answer" >&2; exit 1 ;;
   esac
 fi

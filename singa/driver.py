@@ -161,6 +161,13 @@ class Driver:
         if stale:
             log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
         resume = resume_from(self.job, self.folder) if self.resume else None
+        if not self.resume:
+            steps = sorted({sw[0] for sw in map(checkpoint.parse_step_worker,
+                                                os.listdir(self.folder)) if sw})
+            if steps:
+                log.warning("%s holds snapshots of an earlier run (steps %d to %d): this run "
+                            "writes over those of the steps it reaches (-resume continues from "
+                            "the newest instead)", self.folder, steps[0], steps[-1])
         cl, rt = self.job.cluster, self.cluster_rt
         transport = Transport()
         try:

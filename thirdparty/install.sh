@@ -26,6 +26,7 @@ pkgs=()
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null; } || pkgs+=(zookeeper)
 compgen -G "/usr/share/datasets/fashion-mnist/*.gz" >/dev/null || pkgs+=(dataset-fashion-mnist)
 [ -z "$TESTS" ] || [ -x /usr/sbin/sshd ] || pkgs+=(openssh-server)
+[ -z "$TESTS" ] || command -v ip >/dev/null || pkgs+=(iproute2)    # hosts of network namespaces
 if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' 2>/dev/null; then
   pkgs+=(python3-venv)   # Debian's python3 makes venvs only with this package
 fi

@@ -63,3 +63,13 @@ def test_metrics_csv_is_the_log_and_resume_continues_it(fixture_job, run_driver,
     assert again == sorted((p, s) for p, s, _ in logged(r.stderr))
     assert min(s for _, s in again) == 200 and ("test", 250) in again
     assert re.search(r"\] Trained steps 200-300 in ", r.stderr)
+
+
+def test_a_fresh_run_in_a_used_workspace_says_it_writes_over_the_snapshots(fixture_job,
+                                                                         run_driver, tmp_path):
+    conf = fixture_job("job.conf", edits={"train_steps: 200": "train_steps: 20"})
+    assert run_driver(conf).returncode == 0
+    r = run_driver(conf)
+    assert r.returncode == 0
+    assert (f"] {tmp_path / 'ws' / 'checkpoint'} holds snapshots of an earlier run (steps 0 "
+            f"to 20): this run writes over") in r.stderr
