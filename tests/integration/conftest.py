@@ -8,6 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 import singa
+from singa import config
 from singa.proto import job_pb2
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
@@ -92,6 +93,18 @@ def mlp_job(tmp_path):
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
+
+
+def fixture_proto(workspace, **fields):
+    """SINGA's fixture MLP (784-64-10 on train-1000/test-500) as a JobProto with its data paths
+    absolute, its workspace at `workspace` and JobProto `fields` set."""
+    job = config.load_job(os.path.join(FIXTURES, "job.conf"), check_paths=False)
+    job.cluster.workspace = str(workspace)
+    for layer in job.neuralnet.layer:
+        layer.store_conf.path = singa.resolve(layer.store_conf.path)
+    for key, value in fields.items():
+        setattr(job, key, value)
+    return job
 
 
 @pytest.fixture

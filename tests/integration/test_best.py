@@ -2,31 +2,17 @@
 checkpoint_on_improvement writes one whenever the monitored metric betters; retention spares
 the top K by the same rule that `checkpoint_path: "best"` loads by. Jobs run in this process
 (singa.session), SINGA's fixture MLP on its fixture data."""
-import os
-
 import pytest
 
-import singa
-from singa import checkpoint, config, metrics, session
+from conftest import fixture_proto
+from singa import checkpoint, metrics, session
 from singa.proto import job_pb2
-
-FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
-
-
-def fixture_job(workspace, **fields):
-    job = config.load_job(os.path.join(FIXTURES, "job.conf"), check_paths=False)
-    job.cluster.workspace = str(workspace)
-    for layer in job.neuralnet.layer:
-        layer.store_conf.path = singa.resolve(layer.store_conf.path)
-    for key, value in fields.items():
-        setattr(job, key, value)
-    return job
 
 
 def test_a_snapshot_records_the_latest_test_so_best_exists_without_checkpoint_freq(tmp_path):
     """SINGA's MNIST conf tests every 60 steps and has no checkpoint_freq: the one snapshot,
     of the last step, records the last test's metrics and step, and "best" loads it."""
-    job = fixture_job(tmp_path / "ws", train_steps=50, test_freq=20, checkpoint_freq=0, seed=2)
+    job = fixture_proto(tmp_path / "ws", train_steps=50, test_freq=20, checkpoint_freq=0, seed=2)
     session.train(session.prepare(job), progress=False)
     (snap,) = checkpoint.list_snapshots(str(tmp_path / "ws" / "checkpoint"))
     rows = [r for r in metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
@@ -42,7 +28,7 @@ def test_a_snapshot_records_the_latest_test_so_best_exists_without_checkpoint_fr
 
 
 def test_on_improvement_snapshots_and_top_k_retention_by_validation_accuracy(tmp_path):
-    job = fixture_job(tmp_path / "ws", train_steps=120, test_steps=0, checkpoint_freq=0,
+    job = fixture_proto(tmp_path / "ws", train_steps=120, test_steps=0, checkpoint_freq=0,
                       validate_steps=5, validate_freq=10, seed=5, checkpoint_keep_newest=1,
                       checkpoint_keep_best="validation/accuracy", checkpoint_keep_best_k=2,
                       checkpoint_on_improvement=True)

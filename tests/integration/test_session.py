@@ -4,7 +4,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
@@ -13,26 +12,15 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa import checkpoint, config, session
+from conftest import fixture_proto
+from singa import checkpoint, session
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.kvfile import KVFile
 from singa.io.records import decode_batch
-from singa.proto import job_pb2
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
-
-
-def fixture_job(workspace, **fields):
-    """SINGA's fixture MLP (784-64-10 on train-1000/test-500), paths absolute."""
-    job = config.load_job(os.path.join(FIXTURES, "job.conf"), check_paths=False)
-    job.cluster.workspace = str(workspace)
-    for layer in job.neuralnet.layer:
-        layer.store_conf.path = singa.resolve(layer.store_conf.path)
-    for key, value in fields.items():
-        setattr(job, key, value)
-    return job
 
 
 def read_records(path):
@@ -45,7 +33,7 @@ def test_numpy_data_gives_the_kvfile_batches_and_the_same_losses(tmp_path):
     x, y = read_records(os.path.join(FIXTURES, "train-1000.bin"))
     runs = []
     for name, numpy_data in (("kvfile", False), ("numpy", True)):
-        job = fixture_job(tmp_path / name, train_steps=60, disp_freq=10, seed=7,
+        job = fixture_proto(tmp_path / name, train_steps=60, disp_freq=10, seed=7,
                           checkpoint_freq=0, test_steps=0)
         job.neuralnet.layer[0].store_conf.random_skip = 300
         if numpy_data:
@@ -61,7 +49,7 @@ def test_numpy_data_gives_the_kvfile_batches_and_the_same_losses(tmp_path):
 
 
 def test_predict_equals_a_forward_pass_computed_here(tmp_path):
-    job = session.prepare(fixture_job(tmp_path / "ws", train_steps=30, checkpoint_freq=0,
+    job = session.prepare(fixture_proto(tmp_path / "ws", train_steps=30, checkpoint_freq=0,
                                       test_steps=0, seed=3))
     history = session.train(job, progress=False)
     path = history.snapshots[-1][1]
@@ -96,7 +84,7 @@ RUN_WITHOUT_ZOOKEEPER = textwrap.dedent("""
 
 
 def test_a_one_process_job_opens_no_connection_and_starts_no_process(tmp_path):
-    job = fixture_job(tmp_path / "ws", train_steps=40, test_freq=20)
+    job = fixture_proto(tmp_path / "ws", train_steps=40, test_freq=20)
     conf = tmp_path / "job.conf"
     conf.write_text(text_format.MessageToString(job))
     env = dict(os.environ, PYTHONPATH=singa.HOME)
@@ -131,7 +119,7 @@ INTERRUPTED = textwrap.dedent("""
 
 
 def test_sigint_stops_training_keeps_the_snapshot_and_the_callers_handlers(tmp_path):
-    job = fixture_job(tmp_path / "ws", train_steps=100000, checkpoint_freq=20, test_steps=0)
+    job = fixture_proto(tmp_path / "ws", train_steps=100000, checkpoint_freq=20, test_steps=0)
     conf = tmp_path / "job.conf"
     conf.write_text(text_format.MessageToString(job))
     proc = subprocess.Popen([PYTHON, "-c", INTERRUPTED, str(conf)], stdout=subprocess.PIPE,
@@ -156,7 +144,7 @@ def test_sigint_stops_training_keeps_the_snapshot_and_the_callers_handlers(tmp_p
 def test_the_job_log_goes_to_the_workspace_and_info_stays_off_the_console(tmp_path, capsys):
     logger = logging.getLogger("singa")
     before = logger.handlers[:], logger.level, logger.propagate
-    job = session.prepare(fixture_job(tmp_path / "ws", train_steps=20, test_steps=0,
+    job = session.prepare(fixture_proto(tmp_path / "ws", train_steps=20, test_steps=0,
                                       checkpoint_freq=0))
     session.train(job, progress=False)
     assert (logger.handlers[:], logger.level, logger.propagate) == before
@@ -188,7 +176,7 @@ def test_a_job_of_two_processes_runs_through_the_launcher_and_returns_its_histor
     """Two worker processes (ZooKeeper of the tests, conf/hostfile: localhost); numpy data
     reaches them as a kvfile in the workspace; the History comes from metrics.csv."""
     x, y = read_records(os.path.join(FIXTURES, "train-1000.bin"))
-    job = fixture_job(tmp_path / "ws", train_steps=40, disp_freq=10, checkpoint_freq=20,
+    job = fixture_proto(tmp_path / "ws", train_steps=40, disp_freq=10, checkpoint_freq=20,
                       test_freq=20, seed=5)
     job.cluster.nworkers_per_group, job.cluster.nworkers_per_procs = 2, 1
     sc = job.neuralnet.layer[0].store_conf
