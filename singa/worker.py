@@ -129,8 +129,9 @@ class Worker:
                 if self.grp == 0 and (self.id == 0 or self.channel) \
                         and every(job.disp_freq, job.disp_after, s):
                     self.report(s, "train", self.display(kTrain | kForward | kBackward,
-                                                         f"Train @ step {s}", self.train_net,
-                                                         self.pace(s)))
+                                                         f"Train @ step {s}", self.train_net))
+                    if self.id == 0:
+                        log.info("Progress @ step %d: %s", s, self.pace(s))
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.grp == 0:
@@ -182,6 +183,16 @@ class Worker:
                 out.update((f"{phase}/{k}", v) for k, v in last[1].items())
         return out
 
+    def restore_recorded(self, recorded):
+        """The latest test and validation of the run a snapshot continues (what
+        `recorded_metrics` wrote), so that the next snapshots record them as the unbroken
+        run's would."""
+        for phase, attr in (("test", "last_test"), ("validation", "last_val")):
+            if f"{phase}@step" in recorded:
+                values = {k.split("/", 1)[1]: v for k, v in recorded.items()
+                          if k.startswith(phase + "/")}
+                setattr(self, attr, (int(recorded[f"{phase}@step"]), values))
+
     def report(self, step, phase, metrics):
         if self.reporter is not None and metrics:
             self.reporter.metrics(self.grp, step, phase, metrics)
@@ -213,18 +224,15 @@ class Worker:
         return self.display(phase, " ", net)
 
     def pace(self, step):
-        """`  (<r> steps/s, <t> left)` after the display of `step`: the rate since this run's
-        first step (tests and snapshots included), the time to train_steps at that rate."""
+        """`<r> steps/s, <t> left` after `step`: the rate since this run's first step (tests
+        and snapshots included), the time to train_steps at that rate."""
         t0, s0 = self.started
-        elapsed, done = time.monotonic() - t0, step + 1 - s0
-        if elapsed <= 0 or done <= 0:
-            return ""
-        rate = done / elapsed
+        rate = (step + 1 - s0) / max(time.monotonic() - t0, 1e-9)
         left = format_duration((self.job.train_steps - step - 1) / rate)
-        return f"  ({rate:.3g} steps/s, {left} left)"
+        return f"{rate:.3g} steps/s, {left} left"
 
-    def display(self, flag, prefix, net, suffix=""):
-        """Log `prefix  <metrics><suffix>` per layer with metrics; return {metric name: value}.
+    def display(self, flag, prefix, net):
+        """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}.
 
         In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
         each metric averaged over the partitions (each a mean over its equal part of the
@@ -248,9 +256,8 @@ class Worker:
                     self.channel.post(j, m.kMetric, "metrics@0", self.displays,
                                       m.metric_frames(rows))
         metrics = {}
-        for i, values in enumerate(rows):
-            log.info("%s  %s%s", prefix, format_metrics(values),
-                     suffix if i == len(rows) - 1 else "")
+        for values in rows:
+            log.info("%s  %s", prefix, format_metrics(values))
             metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
 
@@ -289,6 +296,7 @@ class Worker:
         state = own.snapshot_state(buffers=False) if own is not None else None
         if state is not None and self.grp == 0:
             self.restore_streams(state)
+            self.restore_recorded(state.metrics)
             self.resumed_evaluated = state.evaluated
         if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
             owners = {p.name: p for p in self.owned}

@@ -5,4 +5,4 @@ set -euo pipefail
 SINGA_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$SINGA_HOME/thirdparty/install.sh" --tests
 cd "$SINGA_HOME"
-exec .venv/bin/python -m pytest -q -rs -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -q -rfEs -p no:cacheprovider "$@"

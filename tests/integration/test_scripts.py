@@ -16,8 +16,7 @@ from singa.job_manager import JobManager
 from singa.zk import ZKService
 
 BIN = os.path.join(singa.HOME, "bin")
-TRAIN = re.compile(r"\] Train @ step \d+  Loss = \d+\.\d{6}, accuracy = \d+\.\d{6}  "
-                   r"\([\d.e+]+ steps/s, \w+ left\)$", re.M)
+TRAIN = re.compile(r"\] Train @ step \d+  Loss = \d+\.\d{6}, accuracy = \d+\.\d{6}$", re.M)
 TEST = re.compile(r"\] Test @ step \d+\n.*\]    Loss = \d+\.\d{6}, accuracy = (\d+\.\d{6})$", re.M)
 LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq: 0",
         "checkpoint_freq: 100": "checkpoint_freq: 0", "disp_freq: 20": "disp_freq: 1000"}

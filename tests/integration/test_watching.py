@@ -1,11 +1,11 @@
 """Watching training through the driver: metrics.csv holds exactly what the log displays and a
--resume continues it; each train display carries steps/s and the time left; a summary ends the
-run."""
+-resume continues it; each train display is followed by steps/s and the time left; a summary
+ends the run."""
 import re
 
 from singa import metrics
 
-LINE = re.compile(r"\] (Train|Test|Validation) @ step (\d+)(?:  |\n.*\]    )(.*?)(?:  \(|\n)")
+LINE = re.compile(r"\] (Train|Test|Validation) @ step (\d+)(?:  |\n.*\]    )(.*?)\n")
 
 
 def logged(stderr):
@@ -39,8 +39,8 @@ def test_metrics_csv_is_the_log_and_resume_continues_it(fixture_job, run_driver,
         assert {k: round(v, 6) for k, v in row.items()} == values
 
     # steps/s and the time left on each train display; a summary at the end
-    trains = re.findall(r"Train @ step (\d+)  .*  \(([\d.e+]+) steps/s, (\w+) left\)$", r.stderr,
-                        re.M)
+    trains = re.findall(r"Train @ step (\d+)  .*\n.*\] Progress @ step \1: ([\d.e+]+) steps/s, "
+                        r"(\w+) left$", r.stderr, re.M)
     assert [int(s) for s, _, _ in trains] == list(range(0, 200, 20))
     assert all(float(rate) > 0 for _, rate, _ in trains) and trains[-1][2].endswith("s")
     assert re.search(r"\] Trained steps 0-200 in \w+ \([\d.e+]+ steps/s\)\n", r.stderr)
