@@ -4,15 +4,18 @@ metrics.csv has a header and one row per metric of each display, test and valida
 `job,group,step,phase,metric,value,wall_time` (phase: train, validation or test; wall_time:
 seconds since the epoch). Rows are appended and flushed as they happen, so a resumed job
 continues the file and other processes (the Python API's launcher) read it while it grows.
+The same events go to TensorBoard event files (`singa.tensorboard`) when tensorboardX is there.
 """
 import csv
 import io
+import logging
 import os
 import threading
 import time
 
 from singa.checkpoint.snapshots import lower_is_better
 from singa.log import format_duration, format_metrics
+from singa.tensorboard import EventWriter
 
 FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
 FILE = "metrics.csv"
@@ -25,11 +28,13 @@ class Reporter:
     path)`. Thread-safe (a process's workers share it)."""
 
     def __init__(self, workspace, job_id, listener=None, on_snapshot=None):
+        self.workspace = workspace
         self.path = os.path.join(workspace, FILE)
         self.job_id = job_id
         self.listener, self.on_snapshot = listener, on_snapshot
         self.lock = threading.Lock()
         self.file = None
+        self.events = None      # the TensorBoard EventWriter, once the first event came
         self.started = time.monotonic()
         self.last = {}          # phase -> (step, {metric: value}) of group 0's latest event
         self.best = {}          # (phase, metric) -> (value, step): test and validation
@@ -46,10 +51,13 @@ class Reporter:
                 self.file = open(self.path, "a", newline="")
                 if new:
                     csv.writer(self.file).writerow(FIELDS)
-            rows = [(self.job_id, group, step, phase, name.lower(), repr(float(value)), f"{now:.3f}")
-                    for name, value in values.items()]
+                self.events = EventWriter.open(self.workspace, logging.getLogger("singa").info)
+            rows = [(self.job_id, group, step, phase, name.lower(), repr(float(value)),
+                     f"{now:.3f}") for name, value in values.items()]
             csv.writer(self.file).writerows(rows)
             self.file.flush()
+            if self.events is not None:
+                self.events.scalars(group, step, phase, values, now)
         if group != 0:
             return
         values = {k.lower(): float(v) for k, v in values.items()}
@@ -92,6 +100,9 @@ class Reporter:
             if self.file is not None:
                 self.file.close()
                 self.file = None
+            if self.events is not None:
+                self.events.close()
+                self.events = None
 
 
 def read_rows(path, job_id=None):

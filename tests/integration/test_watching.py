@@ -2,8 +2,13 @@
 -resume continues it; each train display is followed by steps/s and the time left; a summary
 ends the run."""
 import re
+import sys
 
-from singa import metrics
+import pytest
+
+from conftest import fixture_proto
+from singa import metrics, session
+from singa.proto import job_pb2
 
 LINE = re.compile(r"\] (Train|Test|Validation) @ step (\d+)(?:  |\n.*\]    )(.*?)\n")
 
@@ -73,3 +78,35 @@ def test_a_fresh_run_in_a_used_workspace_says_it_writes_over_the_snapshots(fixtu
     assert r.returncode == 0
     assert (f"] {tmp_path / 'ws' / 'checkpoint'} holds snapshots of an earlier run (steps 0 "
             f"to 20): this run writes over") in r.stderr
+
+
+def test_tensorboard_events_hold_the_metrics_csv_curves(tmp_path):
+    """Read back with TensorBoard's own reader: every metrics.csv row is a scalar of its tag."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    job = fixture_proto(tmp_path / "ws", train_steps=60, test_freq=20, validate_steps=2,
+                        validate_freq=30, seed=4)
+    job.neuralnet.layer[1].include.append(job_pb2.kVal)
+    session.train(session.prepare(job), progress=False)
+    rows = metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
+    events = EventAccumulator(str(tmp_path / "ws" / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert sorted(tags) == sorted({f"{r['phase']}/{r['metric']}" for r in rows}) == [
+        "test/accuracy", "test/loss", "train/accuracy", "train/loss", "validation/accuracy",
+        "validation/loss"]
+    for tag in tags:
+        phase, name = tag.split("/")
+        want = [(r["step"], r["value"]) for r in rows if (r["phase"], r["metric"]) == (phase, name)]
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [s for s, _ in got] == [s for s, _ in want]
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
+
+
+def test_without_tensorboardx_one_log_line_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)
+    job = fixture_proto(tmp_path / "ws", train_steps=20, seed=4)
+    session.train(session.prepare(job), progress=False)
+    text = (tmp_path / "ws" / f"{job.name}.log").read_text()
+    assert text.count("TensorBoard event files need tensorboardX: pip install "
+                      "'singa[tensorboard]'") == 1
+    assert not (tmp_path / "ws" / "tensorboard").exists()

@@ -1,0 +1,101 @@
+"""What `bin/singa-plot.sh` runs: the curves of a workspace's metrics.csv as a PNG.
+
+    python -m singa.plot <workspace> [-o curves.png] [-job ID]
+
+One panel per metric (loss, accuracy, ppl, ...), a line per phase (train, validation, test)
+over the steps; perplexity on a log scale. Rows of every job in the file unless `-job` picks
+one (a resumed job continues its curve; where runs repeat a step, the later row wins).
+Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
+"""
+import argparse
+import math
+import os
+import sys
+
+from singa import metrics
+from singa.errors import SingaError
+
+#: pixels: the figure is WIDTH wide and ROW_HEIGHT per row of two panels
+WIDTH, ROW_HEIGHT, DPI = 1200, 400, 100
+LOG_SCALE = ("ppl", "perplexity")
+COLORS = {"train": "tab:blue", "validation": "tab:orange", "test": "tab:green"}
+
+
+def curves(rows):
+    """{metric: {phase: [(step, value)] by step}} of metrics.csv rows (group 0), the later row
+    winning for a repeated (metric, phase, step)."""
+    points = {}
+    for row in rows:
+        if row["group"] == 0:
+            points.setdefault(row["metric"], {}).setdefault(row["phase"], {})[row["step"]] = \
+                row["value"]
+    return {name: {phase: sorted(steps.items()) for phase, steps in by_phase.items()}
+            for name, by_phase in points.items()}
+
+
+def figure(rows, title):
+    """The matplotlib Figure of `rows` (see `curves`): panels in pairs per row."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    data = curves(rows)
+    names = sorted(data, key=lambda n: (n != "loss", n))
+    nrows = math.ceil(len(names) / 2)
+    fig = Figure(figsize=(WIDTH / DPI, ROW_HEIGHT * nrows / DPI), dpi=DPI)
+    axes = fig.subplots(nrows, 2, squeeze=False).ravel()
+    for ax, name in zip(axes, names):
+        for phase in metrics.PHASES:
+            if phase in data[name]:
+                steps, values = zip(*data[name][phase])
+                ax.plot(steps, values, label=phase, color=COLORS[phase],
+                        marker="o" if phase != "train" else None, markersize=3)
+        if name in LOG_SCALE:
+            ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    for ax in axes[len(names):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
+                                 "curves (metrics.csv) as a PNG.")
+    ap.add_argument("workspace")
+    ap.add_argument("-o", dest="out", help="the PNG to write (default <workspace>/curves.png)")
+    ap.add_argument("-job", type=int, help="only the rows of this job id")
+    args = ap.parse_args(argv)
+    try:
+        path = os.path.join(args.workspace, metrics.FILE)
+        if not os.path.isfile(path):
+            raise SingaError(f"{path}: no metrics file (a job writes it in its workspace)")
+        rows = metrics.read_rows(path, args.job)
+        if not rows:
+            raise SingaError(f"{path}: no rows" + (f" of job {args.job}" if args.job else ""))
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SingaError("singa-plot needs matplotlib: pip install 'singa[plot]'") from None
+        out = args.out or os.path.join(args.workspace, "curves.png")
+        title = os.path.abspath(args.workspace) + (f" (job {args.job})" if args.job else "")
+        try:
+            figure(rows, title).savefig(out)
+        except OSError as e:
+            raise SingaError(f"cannot write {out}: {e.strerror or e}") from None
+    except SingaError as e:
+        print(f"singa-plot: {e}", file=sys.stderr)
+        return e.exit_code
+    data = curves(rows)
+    steps = [r["step"] for r in rows]
+    phases = sorted({p for by_phase in data.values() for p in by_phase})
+    print(f"{out}: {', '.join(sorted(data))} ({', '.join(phases)}), steps {min(steps)} to "
+          f"{max(steps)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

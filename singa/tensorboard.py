@@ -1,0 +1,42 @@
+"""TensorBoard event files of a job: `<workspace>/tensorboard/`, so that
+`tensorboard --logdir <workspace>` shows its train, validation and test curves.
+
+Written with tensorboardX (pure Python; the optional extra `singa[tensorboard]`). A scalar per
+metric and event, tagged `<phase>/<metric>` (`train/loss`, `test/accuracy`; spaces become `_`;
+worker groups other than 0 add `/group<g>`), at the event's step and wall time.
+"""
+import os
+
+HINT = "TensorBoard event files need tensorboardX: pip install 'singa[tensorboard]'"
+FOLDER = "tensorboard"
+
+
+class EventWriter:
+    """Scalars of one run into `<workspace>/tensorboard/` (a file per run, as TensorBoard
+    expects: a resumed job adds a file and TensorBoard joins them by step)."""
+
+    def __init__(self, summary_writer):
+        self.writer = summary_writer
+
+    @classmethod
+    def open(cls, workspace, log):
+        """A writer, or None (after `log(HINT)`) when tensorboardX is not installed."""
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            log(HINT)
+            return None
+        return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER), flush_secs=10))
+
+    def scalars(self, group, step, phase, values, wall_time):
+        """{metric: value} of `phase` at `step` by worker group `group`."""
+        suffix = f"/group{group}" if group else ""
+        for name, value in values.items():
+            tag = f"{phase}/{name.lower().replace(' ', '_')}{suffix}"
+            self.writer.add_scalar(tag, float(value), step, walltime=wall_time)
+
+    def flush(self):
+        self.writer.flush()
+
+    def close(self):
+        self.writer.close()
