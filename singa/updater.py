@@ -198,10 +198,6 @@ class Updater:
                      if self.clips and proto.clip_high > proto.clip_low else None)
         self._local = threading.local()  # one Updater may serve several server threads
 
-    def lr(self, step):
-        """The schedule's learning rate at `step` (advances a kFixedStep generator)."""
-        return self.lr_gen(step)
-
     def new_state(self, shape):
         """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update)."""
         return [np.zeros(shape, np.float32) for _ in range(self.nstate)]

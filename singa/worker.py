@@ -18,7 +18,7 @@ from singa import checkpoint, cluster, numerics, resolve
 from singa.comm import msg as m
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
-from singa.errors import CheckpointError, ClusterError, SingaError
+from singa.errors import ClusterError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import format_duration, format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
@@ -401,12 +401,10 @@ class Worker:
             lr_index=lr_index, nworkers=self.job.cluster.nworkers_per_group,
             metrics=self.recorded_metrics(),
             evaluated=not final)
-        path = os.path.join(self.folder, f"step{step}-worker{self.id}.bin")
-        try:
-            checkpoint.write_file(path, [(p.name, p.data, p.version, p.partition)
-                                         for p in owners], state)
-        except OSError as e:   # e.g. a full disk: the temporary file is gone, older snapshots stay
-            raise CheckpointError(f"cannot write checkpoint {path}: {e.strerror or e}") from None
+        # a full disk: CheckpointError, the temporary file gone, older snapshots intact
+        path = checkpoint.write_file(checkpoint.snapshot_file(self.folder, step, self.id),
+                                     [(p.name, p.data, p.version, p.partition) for p in owners],
+                                     state)
         log.info("checkpoint to %s", path)
         if self.reporter is not None and self.id == 0:
             self.reporter.snapshot(step, path)

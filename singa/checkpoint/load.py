@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
+from singa import resolve
 from singa.checkpoint.format import CheckpointReader, existing_file, parse_step_worker
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
-from singa.config import resolve
 from singa.errors import CheckpointError
 from singa.param import cut
 

@@ -15,7 +15,7 @@ from singa.errors import ClusterError
 from singa.proto import common_pb2
 
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
-kRGet, kRUpdate, kConnect = common_pb2.kRGet, common_pb2.kRUpdate, common_pb2.kConnect
+kRGet, kRUpdate = common_pb2.kRGet, common_pb2.kRUpdate
 kRPut, kState, kRState, kError = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState, common_pb2.kError
 kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
 kData, kMetric = common_pb2.kData, common_pb2.kMetric

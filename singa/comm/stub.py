@@ -135,7 +135,7 @@ class Stub:
             self.handle_state(msg)
         elif t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             self.handle_response(msg)
-        elif t != m.kConnect:
+        else:
             self.send(msg)
 
     def stop_local(self, entity):

@@ -312,7 +312,7 @@ def test_fixed_step_bad_state_is_a_checkpoint_error():
 def test_updater_uses_the_schedule_times_lr_scale():
     up = create_updater(updater_proto(
         "type: kSGD learning_rate { type: kStep base_lr: 0.5 step_conf { change_freq: 2 gamma: 0.5 } }"))
-    assert up.lr(3) == 0.25
+    assert up.lr_gen(3) == 0.25
     w = np.zeros(2, np.float32)
     up.update(3, w, np.ones(2, np.float32), [], lr_scale=2.0)
     assert np.array_equal(w, [-0.5, -0.5])
