@@ -1,4 +1,5 @@
-"""Read job.conf / singa.conf (protobuf text format) into validated protos, errors as `file:line: what`.
+"""SINGA's rules for job.conf / singa.conf: validated protos, errors as `file:line: what`
+(the text and its lines: `singa.textproto`).
 
 `load_job` mirrors what SINGA 0.3 rejects (parse errors, unknown fields and enum values, missing
 required fields, `include` mixed with `exclude`, unknown srclayers, repeated layer/param names,
@@ -8,17 +9,15 @@ unregistered layer types, missing data files, missing workspace), sizes below th
 be written. NetProto's `unroll_len` /
 `partition_dim` defaults reach the layers in `singa.neuralnet.filter_phase`, as in SINGA.
 """
-import collections
 import math
 import os
 import re
 
 from google.protobuf import descriptor as _descriptor
-from google.protobuf import text_format
 
 from singa import extensions, graph, resolve
-from singa.errors import ConfigError
 from singa.proto import job_pb2, singa_pb2
+from singa.textproto import TextConf, read_text
 
 #: Phases whose nets a job builds: kTrain always, kVal / kTest when their steps are > 0.
 _PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
@@ -141,47 +140,17 @@ def _phase_layers(job, phase):
             if phase not in layer.exclude and (not layer.include or phase in layer.include)]
 
 
-def read_text(path):
-    """The text of conf file `path`; ConfigError if it cannot be read or is not UTF-8."""
-    try:
-        with open(resolve(path), "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise ConfigError(f"{path}:{line}: not UTF-8 text") from None
+class _Conf(TextConf):
+    """A SINGA conf: field sizes at least their `_MINIMUM`, floats finite, layers named in
+    errors, SINGA's hints for extensions and stale formats."""
 
-
-class _Conf:
-    """The text of one conf file and the line of every field in it, for error messages."""
-
-    def __init__(self, text, path, line_offset=0):
-        self.text = text
-        self.path = path
-        self.line_offset = line_offset   # lines of the file before `text`
-        self.lines = {}
-
-    def fail(self, line, what):
-        raise ConfigError(f"{self.path}:{line + self.line_offset}: {what}")
-
-    def parse(self, msg, allow_unknown_extension=False):
-        """Parse into `msg`, then check required fields, sizes and floats."""
-        try:
-            text_format.Parse(self.text, msg, allow_unknown_extension=allow_unknown_extension)
-        except text_format.ParseError as e:
-            self.fail(e.GetLine() or 1, self._parse_error(e))
-        self.lines = _field_lines(self.text, msg.DESCRIPTOR)
-        missing = msg.FindInitializationErrors()
-        if missing:
-            m = re.match(r"neuralnet\.layer\[(\d+)\]", missing[0])
-            name = msg.neuralnet.layer[int(m.group(1))].name if m else ""
-            who = f"layer '{name}': " if name else ""
-            self.fail(self.line(missing[0]), f"{who}required field {missing[0]} is missing")
+    def check(self, msg):
         self.check_values(msg)
-        return msg
+
+    def missing(self, msg, path):
+        m = re.match(r"neuralnet\.layer\[(\d+)\]", path)
+        name = msg.neuralnet.layer[int(m.group(1))].name if m else ""
+        return (f"layer '{name}': " if name else "") + super().missing(msg, path)
 
     def check_values(self, msg, prefix="", who=""):
         """Integer fields at least their `_MINIMUM`, floats finite, in `msg` and below it;
@@ -204,31 +173,16 @@ class _Conf:
                 if field.type in _FLOATS and not math.isfinite(v):
                     self.fail(self.line(path), f"{who}{shown} must be a finite number, got {v}")
 
-    def line(self, *paths):
-        """Line of the first of `paths` (FindInitializationErrors syntax) or of its nearest
-        enclosing message found in the text; 1 if none."""
-        for path in paths:
-            while path:
-                if path in self.lines:
-                    return self.lines[path]
-                path = path.rpartition(".")[0]
-        return 1
-
     def layer_line(self, i):
         return self.line(f"neuralnet.layer[{i}].name", f"neuralnet.layer[{i}]")
 
-    def _parse_error(self, e):
-        msg = str(e)
-        msg = re.sub(r"^\d+:\d+ : ", "", msg)
-        lines = self.text.splitlines()
-        if e.GetLine() and e.GetLine() <= len(lines):
-            msg = msg.removeprefix(f"'{lines[e.GetLine() - 1]}': ")
+    def parse_error(self, e):
+        msg = super().parse_error(e)
         ext = re.match(r'Extension "([\w.]+)" not registered', msg)
         if ext:
             return (f"extension [{ext.group(1)}] is not defined: name the .proto file that "
                     f"defines it with user_proto in the conf or the -user_proto flag "
                     f"(docs/user-layers.md)")
-        msg = " ".join(msg.split())
         if re.search(r"^[ \t]*model[ \t]*[{<:]", self.text, re.M):
             return f"not a SINGA 0.2/0.3 job conf (stale pre-0.1 format?): {msg}"
         return msg
@@ -410,58 +364,3 @@ def _unwritable(folder):
     return None
 
 
-# Strings as `"[^"\\]*(?:\\.[^"\\]*)*"`: a run of plain characters is one step of the regex
-# engine, so a long string costs no memory (one alternation per character cost ~120 bytes each).
-_TOKEN = re.compile(r'#[^\n]*|"[^"\\\n]*(?:\\.[^"\\\n]*)*"|\'[^\'\\\n]*(?:\\.[^\'\\\n]*)*\'|[\w.+\-]+|\S')
-
-
-def _field_lines(text, descriptor):
-    """{field path → line} for every field set in `text` (already known to parse), with paths in
-    FindInitializationErrors' syntax: `neuralnet.layer[3].innerproduct_conf.num_output`;
-    repeated scalars map the field path without index to their first line."""
-    toks, line, pos = [], 1, 0
-    for m in _TOKEN.finditer(text):
-        line += text.count("\n", pos, m.start())
-        pos = m.start()
-        if m.group()[0] != "#":
-            toks.append((m.group(), line))
-    lines = {}
-    stack = [("", descriptor, collections.Counter())]
-    i = 0
-    while i < len(toks):
-        tok, line = toks[i]
-        i += 1
-        if tok in "}>":
-            stack.pop()
-            continue
-        if tok in ",;":
-            continue
-        if tok == "[":  # extension name: [pkg.name]
-            while toks[i][0] != "]":
-                tok += toks[i][0]
-                i += 1
-            tok += "]"
-            i += 1
-        prefix, desc, counts = stack[-1]
-        field = desc.fields_by_name.get(tok) if desc is not None else None
-        path = prefix + tok
-        if field is not None and field.is_repeated and (
-                field.type == _descriptor.FieldDescriptor.TYPE_MESSAGE):
-            path += f"[{counts[tok]}]"
-            counts[tok] += 1
-        lines.setdefault(path, line)
-        if toks[i][0] == ":":
-            i += 1
-        if toks[i][0] in "{<":
-            i += 1
-            sub = field.message_type if field is not None else None
-            stack.append((path + ".", sub, collections.Counter()))
-        elif toks[i][0] == "[":  # list value [a, b, ...]
-            while toks[i][0] != "]":
-                i += 1
-            i += 1
-        else:
-            i += 1
-            while i < len(toks) and toks[i - 1][0][0] in "\"'" and toks[i][0][0] in "\"'":
-                i += 1  # adjacent strings concatenate
-    return lines

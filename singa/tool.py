@@ -10,10 +10,11 @@ import sys
 import singa
 from singa import metrics
 from singa.cluster import nprocs
-from singa.config import load_singa_conf, parse_block, read_text
+from singa.config import load_singa_conf, parse_block
 from singa.errors import SingaError
 from singa.log import format_metrics
 from singa.proto import job_pb2
+from singa.textproto import read_text
 from singa.job_manager import JobManager
 from singa.zk import ZKService
 
