@@ -1,6 +1,11 @@
-"""python -m singa.checkpoint ls|show|diff (see cli)."""
+"""python -m singa.checkpoint ls|show|diff|merge (see cli)."""
+import os
 import sys
 
 from singa.checkpoint.cli import main
 
-sys.exit(main())
+try:
+    sys.exit(main())
+except BrokenPipeError:     # `... show FILE | head`: the reader left; no traceback
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)

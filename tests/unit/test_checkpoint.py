@@ -610,6 +610,14 @@ def test_cli_ls_show_diff(tmp_path):
     assert "max abs diff" in cli("diff", a, b).stdout
 
 
+def test_cli_output_cut_short_by_its_reader_is_no_traceback(tmp_path):
+    big = tmp_path / "big"
+    ckpt.write_file(str(big), [(f"p{i}", np.zeros(3, np.float32), 1) for i in range(20000)])
+    r = subprocess.run(f"{sys.executable} -m singa.checkpoint show {big}.bin | head -1",
+                       shell=True, cwd=singa.HOME, capture_output=True, text=True, timeout=60)
+    assert r.stdout == f"file {big}.bin\n" and r.stderr == ""
+
+
 def test_cli_user_error_is_one_line_exit_2(tmp_path):
     out = cli("show", str(tmp_path / "missing"))
     assert out.returncode == 2 and out.stdout == ""
