@@ -26,7 +26,6 @@ from singa.errors import ClusterError
 from singa.updater import create_updater
 
 log = logging.getLogger("singa")
-STUB = m.addr(-1, -1, m.kStub)
 
 
 class Slice:
@@ -91,14 +90,13 @@ class Server:
                                 self.grp, self.id, msg, e)
         except Exception as e:  # the stub stops the job and reports it
             log.exception("Server (group = %d, id = %d) failed", self.grp, self.id)
-            self.dealer.send(m.Msg(self.address, STUB, m.kError,
-                                   frames=[m.format_frame("ss", type(e).__name__.encode(),
-                                                          str(e).encode())]))
+            self.dealer.send(m.Msg(self.address, m.STUB, m.kError,
+                                   frames=m.error_frames(type(e).__name__, str(e))))
         finally:
             if self.masters:
                 log.info("Server (group = %d, id = %d): %d syncs with master servers, %d as "
                          "master", self.grp, self.id, self.nsyncs[0], self.nsyncs[1])
-            self.dealer.send(m.Msg(self.address, STUB, m.kStop))
+            self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
             log.info("Server (group = %d, id = %d) stops", self.grp, self.id)
 
     def handle(self, msg):

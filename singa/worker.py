@@ -32,7 +32,6 @@ log = logging.getLogger("singa")
 kTrain, kVal, kTest = job_pb2.kTrain, job_pb2.kVal, job_pb2.kTest
 kForward, kBackward, kAggGrad = job_pb2.kForward, job_pb2.kBackward, job_pb2.kAggGrad
 kPositive, kNegative = job_pb2.kPositive, job_pb2.kNegative
-STUB = m.addr(-1, -1, m.kStub)
 
 
 def every(freq, after, step):
@@ -143,14 +142,14 @@ class Worker:
                 log.exception("Worker (group = %d, id = %d) failed", self.grp, self.id)
             kind = type(e).__name__ if isinstance(e, SingaError) else "RuntimeError"
             text = str(e) if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
-            self.dealer.send(m.Msg(self.address, STUB, m.kError,
-                                   frames=[m.format_frame("ss", kind.encode(), text.encode())]))
+            self.dealer.send(m.Msg(self.address, m.STUB, m.kError,
+                                   frames=m.error_frames(kind, text)))
         finally:
             try:
                 if self.cluster_rt is not None:
                     self.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
             finally:    # the stub waits for this stop, whatever leaving did
-                self.dealer.send(m.Msg(self.address, STUB, m.kStop))
+                self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
 
     def improved(self, step):
@@ -388,7 +387,7 @@ class Worker:
         numerics.check_params(owners, step)
         self.states = {}
         for p in owners:
-            self.dealer.send(m.Msg(self.address, STUB, m.kState, m.param_trgt(p.owner, 0), step))
+            self.dealer.send(m.Msg(self.address, m.STUB, m.kState, m.param_trgt(p.owner, 0), step))
         self.wait(lambda: len(self.states) == len(owners), "the updater state of its params")
         param_state, lr_index = {}, 0
         for p in owners:
@@ -417,13 +416,13 @@ class Worker:
         p.last_version = p.version - 1
         frames = [m.format_frame("ffi", p.lr_scale, p.wd_scale, lr_index), m.array_frame(p.data)]
         frames += [m.array_frame(b) for b in state]
-        self.dealer.send(m.Msg(self.address, STUB, m.kPut, m.param_trgt(p.owner, 0), p.version,
+        self.dealer.send(m.Msg(self.address, m.STUB, m.kPut, m.param_trgt(p.owner, 0), p.version,
                                frames))
 
     def get(self, step, p):
         if p.version < step:
             p.last_version = p.version
-            self.dealer.send(m.Msg(self.address, STUB, m.kGet, m.param_trgt(p.owner, 0), step))
+            self.dealer.send(m.Msg(self.address, m.STUB, m.kGet, m.param_trgt(p.owner, 0), step))
 
     def update(self, step, p):
         if p.partition is not None:
@@ -432,7 +431,7 @@ class Worker:
             # copies by the server). SINGA leaves it K times larger.
             p.grad *= 1 / p.partition[2]
         p.last_version = p.version
-        self.dealer.send(m.Msg(self.address, STUB, m.kUpdate, m.param_trgt(p.owner, 0), step,
+        self.dealer.send(m.Msg(self.address, m.STUB, m.kUpdate, m.param_trgt(p.owner, 0), step,
                                [m.array_frame(p.grad)]))
 
     def collect(self, p):

@@ -28,6 +28,10 @@ def addr(grp, id_or_proc, entity):
     return (grp << 16) | ((id_or_proc & 0xff) << 8) | entity
 
 
+#: a process's stub (SINGA's Addr(-1, -1, kStub)): where its executors send
+STUB = addr(-1, -1, kStub)
+
+
 def addr_grp(a):
     return a >> 16
 
@@ -109,19 +113,16 @@ def same_memory(a, b):
 # --- format frames (SINGA's AddFormatFrame / ParseFormatFrame, without pointers) -----------
 _MAGIC = b"*singa*\0"
 _CODES = {"i": "<i", "f": "<f"}
-_RAW = {"1": "<B", "2": "<H", "4": "<I"}
 
 
 def format_frame(fmt, *values):
-    """`*singa*\\0` then per item: i int32, f float32, s bytes\\0, 1/2/4 raw uints."""
+    """`*singa*\\0` then per item: i int32, f float32, s bytes\\0."""
     out = [_MAGIC]
     for c, v in zip(fmt, values, strict=True):
         if c in _CODES:
             out.append(c.encode() + struct.pack(_CODES[c], v))
         elif c == "s":
             out.append(b"s" + v + b"\0")
-        elif c in _RAW:
-            out.append(struct.pack(_RAW[c], v))
         else:
             raise ValueError(f"unknown format character {c!r}")
     return b"".join(out)
@@ -148,10 +149,6 @@ def parse_format_frame(fmt, frame):
     pos, out = len(_MAGIC), []
     try:
         for c in fmt:
-            if c in _RAW:
-                out.append(struct.unpack_from(_RAW[c], buf, pos)[0])
-                pos += struct.calcsize(_RAW[c])
-                continue
             if buf[pos:pos + 1] != c.encode():
                 raise ClusterError(f"format frame: expected {c!r} at byte {pos}")
             pos += 1
@@ -165,6 +162,19 @@ def parse_format_frame(fmt, frame):
     except (struct.error, ValueError):
         raise ClusterError(f"format frame truncated at byte {pos}") from None
     return out
+
+
+def error_frames(kind, text):
+    """The frames of a kError: [ss: the error's type name, its message]."""
+    return [format_frame("ss", kind.encode(), text.encode())]
+
+
+def parse_error_frames(frames):
+    """(type name, message) of a kError's frames; ClusterError if malformed."""
+    if not frames:
+        raise ClusterError("error report without its text")
+    kind, text = parse_format_frame("ss", frames[0])
+    return kind.decode(errors="replace"), text.decode(errors="replace")
 
 
 def metric_frames(rows):

@@ -142,12 +142,10 @@ class Stub:
         """kStop to the running local executors of one kind (kServer) or of every kind."""
         for a in sorted(self.executors):
             if entity is None or m.addr_type(a) == entity:
-                self.router.send(m.Msg(m.addr(-1, -1, m.kStub), a, m.kStop))
+                self.router.send(m.Msg(m.STUB, a, m.kStop))
 
     def handle_error(self, msg):
-        if not msg.frames:
-            raise ClusterError("error report without its text")
-        kind, text = (x.decode(errors="replace") for x in m.parse_format_frame("ss", msg.frames[0]))
+        kind, text = m.parse_error_frames(msg.frames)
         if self.error is None:
             self.error = (kind, text)
             log.error("%s failed: %s", "Server" if m.addr_type(msg.src) == m.kServer else "Worker",

@@ -72,7 +72,7 @@ def test_a_missing_blob_times_out_naming_the_peer_worker(workers):
 
 def test_a_stop_ends_a_wait_for_a_blob(workers):
     router, _, (c0, _) = workers
-    router.send(m.Msg(m.addr(-1, -1, m.kStub), m.addr(0, 0, m.kWorkerParam), m.kStop))
+    router.send(m.Msg(m.STUB, m.addr(0, 0, m.kWorkerParam), m.kStop))
     dst = Bridge("bridge_dst(a@1->b@0)", 0, Bridge("bridge_src(a@1->b@0)", 1))
     with pytest.raises(Stopped):
         c0.receive(dst, job_pb2.kForward, np.zeros(3, np.float32))

@@ -13,23 +13,24 @@ from singa.server import Server
 from singa.errors import ClusterError
 from google.protobuf import text_format
 
-STUB = m.addr(-1, -1, m.kStub)
 
 
 def test_addresses_pack_like_singa():
     a = m.addr(3, 7, m.kServer)
     assert a == (3 << 16) | (7 << 8) | m.kServer
     assert (m.addr_grp(a), m.addr_id(a), m.addr_type(a)) == (3, 7, m.kServer)
-    stub = m.addr(-1, -1, m.kStub)
+    stub = m.STUB
     assert m.addr_grp(stub) == -1 and m.addr_type(stub) == m.kStub
     t = m.param_trgt(12, 5)
     assert (m.param_id(t), m.slice_id(t)) == (12, 5)
 
 
 def test_format_frames_round_trip_every_kind():
-    frame = m.format_frame("ifs124", -5, 0.5, b"name", 200, 60000, 4000000000)
+    frame = m.format_frame("ifs", -5, 0.5, b"name")
     assert frame.startswith(b"*singa*\0")
-    assert m.parse_format_frame("ifs124", frame) == [-5, 0.5, b"name", 200, 60000, 4000000000]
+    assert m.parse_format_frame("ifs", frame) == [-5, 0.5, b"name"]
+    assert m.parse_error_frames(m.error_frames("DataError", "bad label")) == ("DataError",
+                                                                           "bad label")
     assert m.parse_int_frame(m.int_frame([3, -1, 7])) == [3, -1, 7]
     with pytest.raises(ClusterError):
         m.parse_format_frame("f", m.format_frame("i", 1))
@@ -97,7 +98,7 @@ class Bench:
 
     def send(self, j, type_, version=0, frames=()):
         w = self.workers[j]
-        w.send(m.Msg(w.address, STUB, type_, m.param_trgt(0, 0), version, frames))
+        w.send(m.Msg(w.address, m.STUB, type_, m.param_trgt(0, 0), version, frames))
 
     def put(self, values):
         self.send(0, m.kPut, 0, [m.format_frame("ffi", 1, 1, -1), m.array_frame(values)])
