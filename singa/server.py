@@ -30,14 +30,14 @@ log = logging.getLogger("singa")
 
 class Slice:
     __slots__ = ("data", "lr_scale", "wd_scale", "num_total", "version", "state", "pending",
-                 "num_shares", "grad_sum", "last_sync", "n_updates", "n_pending_sync")
+                 "num_shares", "grads", "last_sync", "n_updates", "n_pending_sync")
 
     def __init__(self, data, lr_scale, wd_scale, num_total, version, state):
         self.data, self.lr_scale, self.wd_scale = data, lr_scale, wd_scale
         self.num_total, self.version, self.state = num_total, version, state
-        self.pending = []       # (request, gradient) waiting for the other shares
+        self.pending = []       # the Update requests waiting for the other shares
         self.num_shares = 0
-        self.grad_sum = None    # where several shares' gradients are summed
+        self.grads = m.OrderedSum(data.size)     # their gradients
         self.last_sync = None   # the values at the last sync (a slice mastered elsewhere)
         self.n_updates = 0      # updates since the last sync request
         self.n_pending_sync = 0
@@ -168,22 +168,16 @@ class Server:
         (num_local,) = m.parse_format_frame("i", msg.frames[0])
         if not 1 <= num_local <= s.num_total - s.num_shares:
             raise ClusterError(f"malformed Update of slice {sid}")
-        s.pending.append((msg, own(m.frame_array(msg.frames[1], s.data.size))))
+        s.pending.append(msg)
+        s.grads.add(msg.src, own(m.frame_array(msg.frames[1], s.data.size)))
         s.num_shares += num_local
         if s.num_shares < s.num_total:
             return
-        s.pending.sort(key=lambda pending: pending[0].src)
-        g = s.pending[0][1]
-        if len(s.pending) > 1:      # summed into a buffer of ours, not into a sender's array
-            if s.grad_sum is None:
-                s.grad_sum = np.empty_like(s.data)
-            g = np.add(g, s.pending[1][1], out=s.grad_sum)
-            for _, other in s.pending[2:]:
-                g += other
+        g = s.grads.take()
         self.updater.update(msg.trgt_version, s.data, g, s.state,
                             s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
-        for req, _ in s.pending:
+        for req in s.pending:
             self.dealer.send(req.reply(m.kRUpdate, s.version, [self.values(s)]))
         s.pending = []
         s.num_shares = 0

@@ -110,6 +110,35 @@ def same_memory(a, b):
     return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
+class OrderedSum:
+    """The gradients of one param from several senders, summed in the order of their
+    addresses, so the float32 sum does not depend on the order they arrived in: the one
+    gradient itself when alone, else in a buffer of its own (made on first need, never a
+    sender's array)."""
+
+    def __init__(self, size):
+        self.size = size
+        self.items = []         # (sender address, gradient)
+        self.buffer = None
+
+    def add(self, src, grad):
+        """Hold `grad` of sender `src`; returns how many are held."""
+        self.items.append((src, grad))
+        return len(self.items)
+
+    def take(self):
+        """The sum of the held gradients; holds none afterwards."""
+        items, self.items = sorted(self.items, key=lambda t: t[0]), []
+        if len(items) == 1:
+            return items[0][1]
+        if self.buffer is None:
+            self.buffer = np.empty(self.size, np.float32)
+        g = np.add(items[0][1], items[1][1], out=self.buffer)
+        for _, other in items[2:]:
+            g += other
+        return g
+
+
 # --- format frames (SINGA's AddFormatFrame / ParseFormatFrame, without pointers) -----------
 _MAGIC = b"*singa*\0"
 _CODES = {"i": "<i", "f": "<f"}

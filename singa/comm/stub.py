@@ -11,8 +11,6 @@ Messages for an executor of another process go to that process's stub over tcp (
 import logging
 import threading
 
-import numpy as np
-
 from singa.comm import msg as m
 from singa.errors import ClusterError
 
@@ -29,8 +27,7 @@ class ParamEntry:
         self.num_total = 0          # shares in the whole group
         self.slices = slices        # [(slice id, server address, offset, size)]
         self.index = {sid: i for i, (sid, _, _, _) in enumerate(slices)}
-        self.grads = []             # (worker address, gradient frame) of the current step
-        self.grad_sum = None
+        self.grads = None           # the OrderedSum of the current step's gradients
         self.next_version = -1
         self.answers = {}           # message type -> {slice index: (version, frames)}
 
@@ -189,18 +186,11 @@ class Stub:
         e = self.request_entry(msg)
         if len(msg.frames) != 1:
             raise ClusterError("Update without a gradient")
-        e.grads.append((msg.src, m.frame_array(msg.frames[0], e.size)))
-        if len(e.grads) < e.num_local:
+        if e.grads is None:
+            e.grads = m.OrderedSum(e.size)
+        if e.grads.add(msg.src, m.frame_array(msg.frames[0], e.size)) < e.num_local:
             return
-        e.grads.sort(key=lambda x: x[0])
-        g = e.grads[0][1]
-        if len(e.grads) > 1:
-            if e.grad_sum is None:
-                e.grad_sum = np.empty(e.size, np.float32)
-            g = np.add(g, e.grads[1][1], out=e.grad_sum)
-            for _, other in e.grads[2:]:
-                g += other
-        e.grads = []
+        g = e.grads.take()
         head = m.format_frame("i", e.num_local)
         src = e.shares[0][0]
         for sid, server, o, n in e.slices:
