@@ -161,6 +161,29 @@ class NeuralNet:
     def input_layers(self):
         return [layer for layer in self.layers if hasattr(layer, "get_state")]
 
+    def streams(self):
+        """Where the net's random and data streams stand, for a snapshot: (its RNG's state,
+        {input layer name: (reader offset, random_skip done)})."""
+        readers = {}
+        for layer in self.input_layers():
+            at = layer.get_state()
+            readers[layer.name] = (at["offset"], at["skipped"])
+        return self.rng.bit_generator.state, readers
+
+    def restore_streams(self, rng_state, readers):
+        """Continue from what `streams` reported (an RNG state or None; reader positions by
+        input layer name). From a snapshot of another partitioning an input partition takes
+        the unpartitioned layer's position or partition 0's: dim-0 input partitions read every
+        whole batch (keeping their rows), so they all stand where the one layer stood."""
+        if rng_state is not None:
+            self.rng.bit_generator.state = rng_state
+        for layer in self.input_layers():
+            base = layer.name.partition("@")[0]
+            for key in (layer.name, base, f"{base}@0"):
+                if key in readers:
+                    layer.set_state(*readers[key])
+                    break
+
 
 def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
     """Layer confs kept in `phase` (exclude removes, include keeps only the listed phases),

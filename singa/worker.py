@@ -357,18 +357,11 @@ class Worker:
                 p.version = version
 
     def restore_streams(self, state):
+        """Each of this worker's nets continues its streams from the snapshot's `state`."""
         for name, net in self.named_nets():
-            if name in state.rng:
-                net.rng.bit_generator.state = state.rng[name]
-            for layer in net.input_layers():
-                # a snapshot of another partitioning: dim-0 input partitions read every whole
-                # batch (keeping their rows), so each one's position is the unpartitioned one's
-                base = layer.name.partition("@")[0]
-                for key in (layer.name, base, f"{base}@0"):
-                    saved = state.reader.get(f"{name}/{key}")
-                    if saved is not None:
-                        layer.set_state(*saved)
-                        break
+            readers = {key.partition("/")[2]: at for key, at in state.reader.items()
+                       if key.partition("/")[0] == name}
+            net.restore_streams(state.rng.get(name), readers)
 
     def named_nets(self):
         """The nets whose streams (RNG, readers) this worker saves: its own, test, validation."""
@@ -392,11 +385,12 @@ class Worker:
         param_state, lr_index = {}, 0
         for p in owners:
             lr_index, param_state[p.name] = self.states[p.owner]
+        streams = {name: net.streams() for name, net in self.named_nets()}
         state = checkpoint.SnapshotState(
             step=step, param_state=param_state,
-            rng={name: n.rng.bit_generator.state for name, n in self.named_nets()},
-            reader={f"{name}/{layer.name}": (layer.get_state()["offset"], layer.get_state()["skipped"])
-                    for name, n in self.named_nets() for layer in n.input_layers()},
+            rng={name: rng for name, (rng, _) in streams.items()},
+            reader={f"{name}/{layer}": at for name, (_, readers) in streams.items()
+                    for layer, at in readers.items()},
             lr_index=lr_index, nworkers=self.job.cluster.nworkers_per_group,
             metrics=self.recorded_metrics(),
             evaluated=not final)
