@@ -1,0 +1,93 @@
+"""checkpoint.load: checkpoint_path entries, params loaded by name from SINGA's files and ours."""
+import os
+import types
+
+import numpy as np
+import pytest
+
+import singa
+from checkpoint_helpers import FIX, FIX_NAMES, FIX_SHAPES, params, paths, snapshot
+from singa import checkpoint as ckpt
+from singa.checkpoint import format as ckpt_format
+from singa.errors import CheckpointError
+
+
+def test_the_chosen_snapshot_is_read_once_from_verifying_to_loading(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    folder = str(ws / "checkpoint")
+    os.makedirs(folder)
+    snapshot(folder, 100)
+    snapshot(folder, 200)
+    loads = []
+    load = ckpt_format._load
+    monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
+    snap = ckpt.latest_snapshot(folder)
+    assert snap.step == 200 and loads == [snap.files[0]]     # newest first, older unread
+    files = ckpt.open_checkpoint_path([snap.files[0]], str(ws), snapshot=snap)
+    assert files == [snap.readers[0]] and files[0].state.step == 200
+    ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
+    ckpt.load_params(files, ps)
+    assert len(loads) == 1                                   # no second read
+    np.testing.assert_array_equal(ps["0#w1"].data, params(200)[0][1])
+    assert ckpt.open_checkpoint_path(["latest"], str(ws))[0].state.step == 200
+    assert len(loads) == 2                                   # no snapshot passed: read again
+    assert all(s.readers == {} for s in ckpt.list_snapshots(folder))   # none kept in memory
+
+
+def test_resolve_latest_best_prefix_and_missing(tmp_path):
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    snapshot(str(folder), 100, nworkers=2, metrics={"accuracy": 0.9})
+    snapshot(str(folder), 200, nworkers=2, metrics={"accuracy": 0.5})
+    ws = str(tmp_path)
+    assert paths(["latest"], ws) == [
+        ckpt.snapshot_file(str(folder), 200, 0), ckpt.snapshot_file(str(folder), 200, 1)]
+    assert paths(["best"], ws)[0].endswith("step100-worker0.bin")
+    assert paths([str(folder / "step100-worker0")], ws) == [str(folder / "step100-worker0.bin")]
+    rel = os.path.relpath(f"{FIX}/run-1worker/step100-worker0", singa.HOME)
+    assert paths([rel], ws) == [f"{FIX}/run-1worker/step100-worker0"]
+    with pytest.raises(CheckpointError, match="not found: .*nope/step1-worker0"):
+        paths([str(tmp_path / "nope/step1-worker0")], ws)
+    os.unlink(ckpt.snapshot_file(str(folder), 100, 1))
+    os.unlink(ckpt.snapshot_file(str(folder), 200, 1))
+    with pytest.raises(CheckpointError, match="latest.*no complete snapshot in .*checkpoint"):
+        paths(["latest"], ws)
+
+
+
+
+def net_params(shapes):
+    return {n: types.SimpleNamespace(data=np.zeros(s, np.float32), version=-1, partition=None)
+            for n, s in shapes}
+
+
+def test_load_params_from_singa_files_later_wins():
+    ps = net_params(zip(FIX_NAMES + ["0#extra"], FIX_SHAPES + [(3,)]))
+    keep = ps["0#weight1"].data
+    log = []
+    files = [f"{FIX}/run-1worker/step100-worker0", f"{FIX}/run-1worker/step200-worker0"]
+    loaded = ckpt.load_params(files, ps, log.append)
+    assert loaded == dict.fromkeys(FIX_NAMES, (files[1],))
+    assert ps["0#weight1"].data is keep and ps["0#weight1"].version == 199
+    np.testing.assert_array_equal(keep, ckpt.CheckpointReader(files[1]).param("0#weight1"))
+    assert log[:2] == [f"Load from checkpoint file {f}" for f in files]
+    assert "Param 0#extra: not in the checkpoint files" in log
+    assert ps["0#extra"].version == -1
+
+
+def test_load_params_matches_01_plain_names(tmp_path):
+    path = ckpt.write_file(str(tmp_path / "step5-worker0.bin"),
+                           [("w1", np.ones((4, 3)), 9), ("b1", np.ones(4), 9), ("0#b1", np.full(4, 2), 8)])
+    ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
+    assert ckpt.load_params([path], ps) == {"0#w1": (path,), "0#b1": (path,)}
+    assert ps["0#w1"].version == 9 and ps["0#b1"].data.tolist() == [2, 2, 2, 2]
+
+
+def test_load_params_shape_mismatch_names_param_shapes_and_file():
+    ps = net_params([("0#weight1", (32, 784))])
+    with pytest.raises(CheckpointError) as e:
+        ckpt.load_params([f"{FIX}/run-1worker/step100-worker0"], ps)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for part in ("0#weight1", "(64, 784)", "(32, 784)", "run-1worker/step100-worker0"):
+        assert part in msg
