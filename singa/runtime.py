@@ -34,8 +34,9 @@ def seeds(job, n):
 
 def resume_from(job, folder):
     """-resume (SINGA's Trainer::Resume): set `job` to continue from the newest complete
-    snapshot in `folder` (ours: verified, every worker's file); that Snapshot, its files
-    parsed, or None when there is none (a fresh start)."""
+    snapshot in `folder` (ours: verified, every worker's file): its step, and versions kept
+    unless the conf says otherwise. Returns that Snapshot, its files parsed (the workers load
+    from it, not from checkpoint_path), or None when there is none (a fresh start)."""
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
@@ -43,8 +44,6 @@ def resume_from(job, folder):
     job.step = snap.step
     if not job.HasField("reset_param_version"):
         job.reset_param_version = False
-    del job.checkpoint_path[:]
-    job.checkpoint_path.extend(snap.files[w] for w in sorted(snap.files))
     log.info("Resume from step %d", snap.step)
     return snap
 

@@ -299,10 +299,13 @@ class Worker:
             self.resumed_evaluated = state.evaluated
         if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
             owners = {p.name: p for p in self.owned}
-            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
-                                                    job.cluster.workspace, log.warning,
-                                                    job.cluster.nworkers_per_group, self.resume,
-                                                    job.checkpoint_keep_best or None)
+            if self.resume is not None:     # the snapshot's own parsed files, read once
+                files = [self.resume.readers[w] for w in sorted(self.resume.readers)]
+            else:
+                files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
+                                                        job.cluster.workspace, log.warning,
+                                                        job.cluster.nworkers_per_group,
+                                                        job.checkpoint_keep_best or None)
             loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
             self.init_fresh([p for p in self.owned if p.name not in loaded], set(loaded), job.step)
             for p in self.owned:

@@ -17,15 +17,12 @@ from singa.errors import CheckpointError
 from singa.param import cut
 
 
-def open_checkpoint_path(entries, workspace, log=None, nworkers=None, snapshot=None,
-                         monitor=None):
+def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=None):
     """`checkpoint_path` entries as CheckpointReaders, in order: "latest" / "best" become that
     snapshot's files in `<workspace>/checkpoint` (of workers below the job's `nworkers`; best by
     `monitor`, the job's checkpoint_keep_best, as retention ranks them); other entries resolve
-    against the SINGA home, `.bin` optional. A file of `snapshot` (the one a -resume continues
-    from) is its reader, not read again."""
+    against the SINGA home, `.bin` optional."""
     folder = os.path.join(resolve(workspace), "checkpoint")
-    opened = {} if snapshot is None else {r.path: r for r in snapshot.readers.values()}
     out = []
     for entry in entries:
         if entry == "latest":
@@ -33,8 +30,7 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, snapshot=N
         elif entry == "best":
             snap = best_snapshot(folder, monitor, nworkers=nworkers, log=log)
         else:
-            path = existing_file(resolve(entry))
-            out.append(opened.get(path) or CheckpointReader(path))
+            out.append(CheckpointReader(existing_file(resolve(entry))))
             continue
         if snap is None:
             what = "complete snapshot" if entry == "latest" else \

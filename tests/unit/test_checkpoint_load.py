@@ -6,32 +6,30 @@ import numpy as np
 import pytest
 
 import singa
-from checkpoint_helpers import FIX, FIX_NAMES, FIX_SHAPES, params, paths, snapshot
+from checkpoint_helpers import FIX, FIX_NAMES, FIX_SHAPES, paths, snapshot
 from singa import checkpoint as ckpt
+from singa import config, session
 from singa.checkpoint import format as ckpt_format
 from singa.errors import CheckpointError
 
 
-def test_the_chosen_snapshot_is_read_once_from_verifying_to_loading(tmp_path, monkeypatch):
-    ws = tmp_path / "ws"
-    folder = str(ws / "checkpoint")
-    os.makedirs(folder)
-    snapshot(folder, 100)
-    snapshot(folder, 200)
+def test_a_resume_reads_its_snapshot_once_from_verifying_to_loading(tmp_path, monkeypatch):
+    """-resume verifies the newest snapshot (newest first, older ones unread) and the workers
+    load from those parsed files, reading none again; nothing stays in memory afterwards."""
+    job = config.load_job(os.path.join(FIX, "job.conf"), check_paths=False)
+    for layer in job.neuralnet.layer:
+        layer.store_conf.path = singa.resolve(layer.store_conf.path)
+    job.cluster.workspace = str(tmp_path / "ws")
+    job.train_steps, job.checkpoint_freq, job.test_steps, job.seed = 20, 10, 0, 3
+    session.train(session.prepare(job), progress=False)
     loads = []
     load = ckpt_format._load
     monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
-    snap = ckpt.latest_snapshot(folder)
-    assert snap.step == 200 and loads == [snap.files[0]]     # newest first, older unread
-    files = ckpt.open_checkpoint_path([snap.files[0]], str(ws), snapshot=snap)
-    assert files == [snap.readers[0]] and files[0].state.step == 200
-    ps = net_params([("0#w1", (4, 3)), ("0#b1", (4,))])
-    ckpt.load_params(files, ps)
-    assert len(loads) == 1                                   # no second read
-    np.testing.assert_array_equal(ps["0#w1"].data, params(200)[0][1])
-    assert ckpt.open_checkpoint_path(["latest"], str(ws))[0].state.step == 200
-    assert len(loads) == 2                                   # no snapshot passed: read again
-    assert all(s.readers == {} for s in ckpt.list_snapshots(folder))   # none kept in memory
+    job.train_steps = 25
+    history = session.train(session.prepare(job), resume=True, progress=False)
+    assert loads == [str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin")]
+    assert history["train"][0][0] == 20
+    assert all(s.readers == {} for s in ckpt.list_snapshots(str(tmp_path / "ws" / "checkpoint")))
 
 
 def test_resolve_latest_best_prefix_and_missing(tmp_path):
