@@ -320,8 +320,8 @@ def read_meta(path):
                 _, name, *piece = line.split("\t")
                 axis, k, parts = map(int, piece)
                 meta["pieces"][name] = (axis, k, parts)
-            elif line.startswith("metric "):
-                _, name, value = line.split(" ")
+            elif line.startswith("metric "):     # names may hold spaces ("squared error")
+                name, value = line[len("metric "):].rsplit(" ", 1)
                 meta["metrics"][name] = float(value)
             else:
                 key, value = line.split(" ")
