@@ -1,23 +1,24 @@
 """Checkpoints: SINGA's `BlobProtos` snapshot files, ours crash-safe and checksummed.
 
-format: one file (wire reader/writer, CRC trailer, `.meta`, crash-safe write); state: what a
+format: one file (CRC trailer, crash-safe write, checked reading); wire: the BlobProtos
+bytes where the values are, by hand; meta: the `.meta` text beside a file; state: what a
 bit-exact resume needs besides values; snapshots: the files of a step, latest/best,
 retention; load: params by (name, piece) from `checkpoint_path`, joining and cutting the
 pieces of model-partitioned params; cli: ls/show/diff/merge.
 """
-from singa.checkpoint.format import (MAX_FILE_BYTES, MAX_STEP, META_SUFFIX, SUFFIX,
-                                     CheckpointReader, CheckpointWriter, existing_file,
-                                     meta_path, parse_step_worker, read_meta, snapshot_file,
-                                     write_file)
+from singa.checkpoint.format import (MAX_FILE_BYTES, MAX_STEP, CheckpointReader,
+                                     CheckpointWriter, existing_file, parse_step_worker,
+                                     snapshot_file, write_file)
+from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, read_meta
 from singa.checkpoint.load import Joined, load_params, open_checkpoint_path, sources, updater_state
 from singa.checkpoint.snapshots import (Snapshot, best_of, best_snapshot, latest_snapshot,
                                         list_snapshots, lower_is_better, parse_monitor, prune,
                                         ranked, recorded, remove_stale_temporaries)
 from singa.checkpoint.state import SnapshotState
 
-__all__ = ["MAX_FILE_BYTES", "MAX_STEP", "META_SUFFIX", "SUFFIX", "CheckpointReader",
-           "CheckpointWriter", "Joined", "Snapshot", "SnapshotState", "best_of", "best_snapshot",
-           "existing_file", "latest_snapshot", "list_snapshots", "load_params",
-           "lower_is_better", "meta_path", "open_checkpoint_path", "parse_monitor", "parse_step_worker", "prune", "ranked", "recorded",
-           "read_meta", "remove_stale_temporaries", "snapshot_file", "sources", "updater_state",
-           "write_file"]
+__all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "MAX_FILE_BYTES", "MAX_STEP",
+           "META_SUFFIX", "SUFFIX", "Snapshot", "SnapshotState", "best_of", "best_snapshot",
+           "existing_file", "latest_snapshot", "list_snapshots", "load_params", "lower_is_better",
+           "meta_path", "open_checkpoint_path", "parse_monitor", "parse_step_worker", "prune",
+           "ranked", "read_meta", "recorded", "remove_stale_temporaries", "snapshot_file",
+           "sources", "updater_state", "write_file"]

@@ -1,4 +1,5 @@
-"""One snapshot file: SINGA's `BlobProtos` wire format, our checksum and `.meta`, crash-safe writes.
+"""One snapshot file: SINGA's `BlobProtos`, our checksum, crash-safe writes, checked reads
+(the hand-framed values: `wire`; the `.meta` text: `meta`).
 
 A snapshot of step N is one file per group-0 worker W,
 `<workspace>/checkpoint/step<N>-worker<W>.bin` (SINGA 0.3 writes the same name without `.bin`).
@@ -31,11 +32,11 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from singa.checkpoint import state as _state
+from singa.checkpoint import wire
+from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, read_meta
 from singa.errors import CheckpointError
 from singa.proto import common_pb2
 
-SUFFIX = ".bin"
-META_SUFFIX = ".meta"
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
 MAX_FILE_BYTES = 2 << 30
 _CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
@@ -47,11 +48,6 @@ MAX_STEP = 2**31 - 1
 def snapshot_file(folder, step, worker):
     """Path of worker `worker`'s file of step `step` in `folder` (ours, with `.bin`)."""
     return os.path.join(folder, f"step{step}-worker{worker}{SUFFIX}")
-
-
-def meta_path(path):
-    """The `.meta` beside a snapshot file: `.bin` replaced, else appended."""
-    return (path[:-len(SUFFIX)] if path.endswith(SUFFIX) else path) + META_SUFFIX
 
 
 def parse_step_worker(filename):
@@ -126,12 +122,13 @@ class CheckpointWriter:
         tmps = [tmp_name(self.path), tmp_name(meta)]
         try:
             with open(tmps[0], "w+b") as f:
-                crc, size = _write_checksummed(f, self._pieces())
+                crc, size = _write_checksummed(
+                    f, wire.payload(self._msg, self._arrays, self._param_state))
                 f.write(_CRC_TAG + struct.pack("<I", crc))
                 f.flush()
                 os.fsync(f.fileno())
             with open(tmps[1], "wb") as f:
-                f.write(self._meta_text(size + 6, crc))
+                f.write(meta_text(self.path, self._msg, self._arrays, size + 6, crc))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmps[0], self.path)
@@ -144,48 +141,6 @@ class CheckpointWriter:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
         return self.path
-
-    def _pieces(self):
-        """The payload as bytes-like pieces, the values as views of the arrays.
-
-        The same bytes as `SerializeToString` of the whole message, which orders fields by
-        number: 3 and 4 (versions, names), 5 (blobs), 300, 301 (updater state), 302-308. The
-        parts without values are serialized by protobuf; blobs and ParamStates are framed by
-        hand (field tag, length varint) because protobuf encodes packed floats one by one.
-        """
-        m = self._msg
-        yield common_pb2.BlobProtos(version=m.version, name=m.name).SerializeToString()
-        for a in self._arrays:
-            yield from _blob_pieces(_BLOB_TAG, a)
-        if m.HasField("step"):
-            yield common_pb2.BlobProtos(step=m.step).SerializeToString()
-        for name, buffers in self._param_state:
-            head = common_pb2.ParamState(name=name).SerializeToString()
-            blobs = [list(_blob_pieces(_BUFFER_TAG, b)) for b in buffers]
-            size = len(head) + sum(len(p) if isinstance(p, bytes) else p.nbytes
-                                   for pieces in blobs for p in pieces)
-            yield _PARAM_STATE_TAG + _varint(size) + head
-            for pieces in blobs:
-                yield from pieces
-        rest = common_pb2.BlobProtos()
-        rest.CopyFrom(m)
-        for field in ("version", "name", "step"):
-            rest.ClearField(field)
-        yield rest.SerializeToString()
-
-    def _meta_text(self, size, crc):
-        m = self._msg
-        lines = ["# singa checkpoint meta: param lines are name, shape, dtype, version; "
-                 "piece lines name, axis, k, parts",
-                 f"file {os.path.basename(self.path)}", f"bytes {size}", f"crc32 {crc:08x}"]
-        for field in ("step", "nworkers", "lr_index"):
-            if m.HasField(field):
-                lines.append(f"{field} {getattr(m, field)}")
-        lines += [f"metric {n} {v!r}" for n, v in zip(m.metric_name, m.metric_value)]
-        lines += [f"param\t{n}\t{','.join(map(str, a.shape))}\tfloat32\t{v}"
-                  for n, v, a in zip(m.name, m.version, self._arrays)]
-        lines += [f"piece\t{p.name}\t{p.axis}\t{p.k}\t{p.parts}" for p in m.piece]
-        return ("\n".join(lines) + "\n").encode()
 
     def __enter__(self):
         return self
@@ -206,34 +161,11 @@ def write_file(path, params, state=None):
     return w.path
 
 
-_BLOB_TAG = b"\x2a"                 # BlobProtos.blob, field 5, length-delimited
-_BUFFER_TAG = b"\x12"               # ParamState.buffer, field 2, length-delimited
-_PARAM_STATE_TAG = b"\xea\x12"      # BlobProtos.param_state, field 301, length-delimited
 _CHUNK = 1 << 20
 
 
 def _float32(array):
     return np.ascontiguousarray(array, dtype="<f4")
-
-
-def _blob_pieces(tag, a):
-    """A BlobProto as a field `tag`: tag, length, shape varints (field 1), then the values
-    packed (field 2: 0x12, byte count, float32 LE) as a view of `a`, omitted when empty."""
-    head = b"".join(b"\x08" + _varint(d) for d in a.shape)
-    if a.size:
-        head += b"\x12" + _varint(a.nbytes)
-    yield tag + _varint(len(head) + a.nbytes) + head
-    if a.size:
-        yield memoryview(a.reshape(-1)).cast("B")
-
-
-def _varint(n):
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _write_checksummed(f, pieces):
@@ -297,41 +229,6 @@ def fsync_dir(folder):
 
 # ---------------------------------------------------------------------------------------------
 # Reading
-
-def read_meta(path):
-    """Parse a `.meta` file: dict with file, bytes, crc32, step, nworkers, lr_index, metrics,
-    params [(name, shape, dtype, version)], pieces {name: (axis, k, parts)}; missing keys are
-    absent."""
-    try:
-        with open(path, "rb") as f:   # at most 16 MiB, and never a buffer larger than the file
-            text = f.read(min(os.fstat(f.fileno()).st_size, 1 << 24)).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"cannot read checkpoint meta {path}: {e}") from None
-    meta = {"metrics": {}, "params": [], "pieces": {}}
-    for i, line in enumerate(text.splitlines(), 1):
-        try:
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("param\t"):
-                _, name, shape, dtype, version = line.split("\t")
-                meta["params"].append(
-                    (name, tuple(int(d) for d in shape.split(",") if d), dtype, int(version)))
-            elif line.startswith("piece\t"):
-                _, name, *piece = line.split("\t")
-                axis, k, parts = map(int, piece)
-                meta["pieces"][name] = (axis, k, parts)
-            elif line.startswith("metric "):     # names may hold spaces ("squared error")
-                name, value = line[len("metric "):].rsplit(" ", 1)
-                meta["metrics"][name] = float(value)
-            else:
-                key, value = line.split(" ")
-                meta[key] = (value if key == "file" else int(value, 16) if key == "crc32"
-                             else int(value))
-        except ValueError:
-            raise CheckpointError(f"{path}:{i}: not a checkpoint meta line: {line[:60]!r}") \
-                from None
-    return meta
-
 
 class CheckpointReader:
     """One snapshot file (`path`, or `path.bin` for a prefix), parsed and verified at open;
@@ -463,8 +360,8 @@ def _parse(path, data):
     if not crc_ok:
         _diagnose_by_meta(path, len(data))
     try:
-        msg, blobs, param_state = _split(data)
-    except (_Unusual, DecodeError):
+        msg, blobs, param_state = wire.split(data)
+    except (wire.Unusual, DecodeError):
         msg = common_pb2.BlobProtos()
         try:
             msg.ParseFromString(data)
@@ -483,88 +380,6 @@ def _parse(path, data):
                           for f in _state.FIELDS + ("piece",) if f != "param_state"):
         raise CheckpointError(f"checkpoint {path}: checksum missing (truncated)")
     return False, msg, blobs, param_state
-
-
-class _Unusual(Exception):
-    """Bytes that `_split` leaves to protobuf: malformed, or encoded otherwise than SINGA and
-    we write (groups, unpacked or split values, unknown blob fields)."""
-
-
-def _split(data):
-    """Parse `data` without copying values: blobs (field 5) and ParamStates (field 301) by
-    hand, every other field by protobuf. Raises _Unusual or DecodeError."""
-    mv = memoryview(data)
-    rest, blobs, param_state = [], [], []
-    for field, wire, start, value, end in _fields(data, 0, len(data)):
-        if field == 5 and wire == 2:
-            blobs.append(_blob(data, mv, value, end))
-        elif field == 301 and wire == 2:
-            param_state.append(_param_state(data, mv, value, end))
-        else:
-            rest.append(mv[start:end])
-    return common_pb2.BlobProtos.FromString(b"".join(rest)), blobs, param_state
-
-
-def _blob(data, mv, start, end):
-    """(shape, raw values) of the BlobProto in data[start:end]."""
-    shape, raw = [], mv[start:start]
-    for field, wire, _, value, stop in _fields(data, start, end):
-        if field == 1 and wire == 0:
-            d = _varint_at(data, value, stop)[0]
-            if d >= 1 << 31:
-                raise _Unusual()
-            shape.append(d)
-        elif field == 2 and wire == 2 and not raw and (stop - value) % 4 == 0:
-            raw = mv[value:stop]
-        else:
-            raise _Unusual()
-    return tuple(shape), raw
-
-
-def _param_state(data, mv, start, end):
-    """(name, [(shape, raw)]) of the ParamState in data[start:end]."""
-    name, buffers = None, []
-    for field, wire, first, value, stop in _fields(data, start, end):
-        if field == 1 and wire == 2 and name is None:
-            name = common_pb2.ParamState.FromString(bytes(mv[first:stop])).name
-        elif field == 2 and wire == 2:
-            buffers.append(_blob(data, mv, value, stop))
-        else:
-            raise _Unusual()
-    return name or "", buffers
-
-
-def _fields(data, pos, end):
-    """Yield (field, wire type, field start, value start, value end) of data[pos:end]."""
-    while pos < end:
-        key, value = _varint_at(data, pos, end)
-        wire = key & 7
-        if wire == 0:
-            stop = _varint_at(data, value, end)[1]
-        elif wire == 2:
-            n, value = _varint_at(data, value, end)
-            stop = value + n
-        elif wire in (1, 5):
-            stop = value + (8 if wire == 1 else 4)
-        else:
-            raise _Unusual()
-        if stop > end or key >> 3 == 0:
-            raise _Unusual()
-        yield key >> 3, wire, pos, value, stop
-        pos = stop
-
-
-def _varint_at(data, pos, end):
-    """(value, position after it) of the varint at data[pos]."""
-    value = shift = 0
-    while pos < end and shift < 64:
-        b = data[pos]
-        value |= (b & 0x7F) << shift
-        pos += 1
-        if b < 0x80:
-            return value, pos
-        shift += 7
-    raise _Unusual()
 
 
 def _diagnose_by_meta(path, size):

@@ -3,8 +3,9 @@ retention; temporaries left by killed writers."""
 import dataclasses
 import os
 
-from singa.checkpoint.format import (MAX_STEP, SUFFIX, CheckpointReader, meta_path,
-                                     parse_step_worker, snapshot_file, tmp_writer)
+from singa.checkpoint.format import (MAX_STEP, CheckpointReader, parse_step_worker,
+                                     snapshot_file, tmp_writer)
+from singa.checkpoint.meta import SUFFIX, meta_path
 from singa.errors import CheckpointError
 
 
