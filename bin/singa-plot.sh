@@ -5,5 +5,10 @@
 #
 # needs matplotlib (pip install 'singa[plot]'; the test extras have it).
 SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+PYTHON=${PYTHON:-$SINGA_HOME/.venv/bin/python}
+if [ ! -x "$PYTHON" ]; then
+  echo "singa: $PYTHON not found; run $SINGA_HOME/thirdparty/install.sh" >&2
+  exit 1
+fi
 export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-exec "$SINGA_HOME/.venv/bin/python" -m singa.plot "$@"
+exec "$PYTHON" -m singa.plot "$@"

@@ -8,6 +8,7 @@ one (a resumed job continues its curve; where runs repeat a step, the later row 
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
 import argparse
+import csv
 import math
 import os
 import sys
@@ -49,7 +50,7 @@ def figure(rows, title):
                 steps, values = zip(*data[name][phase])
                 ax.plot(steps, values, label=phase, color=COLORS[phase],
                         marker="o" if phase != "train" else None, markersize=3)
-        if name in LOG_SCALE:
+        if name in LOG_SCALE and any(v > 0 for line in data[name].values() for _, v in line):
             ax.set_yscale("log")
         ax.set_title(name)
         ax.set_xlabel("step")
@@ -73,17 +74,24 @@ def main(argv=None):
         path = os.path.join(args.workspace, metrics.FILE)
         if not os.path.isfile(path):
             raise SingaError(f"{path}: no metrics file (a job writes it in its workspace)")
-        rows = metrics.read_rows(path, args.job)
+        try:
+            rows = metrics.read_rows(path, args.job)
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise SingaError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+        of_job = f" of job {args.job}" if args.job is not None else ""
         if not rows:
-            raise SingaError(f"{path}: no rows" + (f" of job {args.job}" if args.job else ""))
+            raise SingaError(f"{path}: no rows{of_job}")
+        rows = [r for r in rows if r["group"] == 0]       # the curves are worker group 0's
+        if not rows:
+            raise SingaError(f"{path}: no rows of worker group 0{of_job}")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SingaError("singa-plot needs matplotlib: pip install 'singa[plot]'") from None
         out = args.out or os.path.join(args.workspace, "curves.png")
-        title = os.path.abspath(args.workspace) + (f" (job {args.job})" if args.job else "")
+        title = os.path.abspath(args.workspace) + (f" (job {args.job})" if of_job else "")
         try:
-            figure(rows, title).savefig(out)
+            figure(rows, title).savefig(out, format="png")
         except OSError as e:
             raise SingaError(f"cannot write {out}: {e.strerror or e}") from None
     except SingaError as e:

@@ -28,8 +28,9 @@ class EventWriter:
             return None
         return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER), flush_secs=10))
 
-    def scalars(self, group, step, phase, values, wall_time):
-        """{metric: value} of `phase` at `step` by worker group `group`."""
+    def scalars(self, group, step, phase, values, wall_time=None):
+        """{metric: value} of `phase` at `step` by worker group `group`, at `wall_time`
+        (seconds since the epoch; None: now)."""
         suffix = f"/group{group}" if group else ""
         for name, value in values.items():
             tag = f"{phase}/{name.lower().replace(' ', '_')}{suffix}"
