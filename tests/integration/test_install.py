@@ -1,12 +1,15 @@
-"""singa as a library: `pip install` of a copy of the source into a fresh venv in a temporary
-directory, then a `fit` run there on numpy data with a relative workspace (resolved against the
-current directory), reading nothing of this repository; and the wheel holds the package."""
+"""singa as a library: `pip install` of a copy of the source, or of the wheel built from it,
+into a fresh venv in a temporary directory, then a `fit` run there on numpy data with a
+relative workspace (resolved against the current directory), reading nothing of this
+repository."""
 import json
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
+
+import pytest
 
 import singa
 
@@ -33,7 +36,9 @@ print(json.dumps({"singa": singa.__file__, "snapshot": m.last_checkpoint_path,
 """
 
 
-def test_pip_install_into_a_fresh_venv_then_fit_there(tmp_path):
+@pytest.mark.parametrize("what", ["source", "wheel"])
+def test_pip_install_into_a_fresh_venv_then_fit_there(tmp_path, what):
+    """`pip install .` (a copy of the source) or of the wheel built from it."""
     src = tmp_path / "src"
     shutil.copytree(os.path.join(singa.HOME, "singa"), src / "singa",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -52,7 +57,8 @@ def test_pip_install_into_a_fresh_venv_then_fit_there(tmp_path):
     assert made.returncode == 0, made.stderr
     python = str(venv / "bin" / "python")
     pip = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          str(src)], capture_output=True, text=True, timeout=600)
+                          str(src if what == "source" else built)], capture_output=True,
+                         text=True, timeout=600)
     assert pip.returncode == 0, pip.stderr
     work = tmp_path / "work"
     work.mkdir()
