@@ -92,6 +92,14 @@ def cut(n, parts, k):
     return start, start + q + (k < r)
 
 
+def piece(whole, partition):
+    """The piece (axis, k, parts) of the `whole` values (`whole` itself for None)."""
+    if partition is None:
+        return whole
+    axis, k, parts = partition
+    return whole.take(range(*cut(whole.shape[axis], parts, k)), axis=axis)
+
+
 def fill(gen, shape, rng, name=""):
     """Values drawn per ParamGenProto `gen` (SINGA's ParamGenerator::Fill), as float32."""
     t = gen.type

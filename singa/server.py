@@ -1,14 +1,13 @@
 """Server: owns param slices and applies its own Updater to them (SINGA's src/server.cc).
 
-Messages in (from stubs), out (to the requesting worker's address):
-  kPut     [iffii: size, lr_scale, wd_scale, num_total, lr_index; values; updater state...]
-           creates the slice (values in-process alias the putting worker's array) -> kRPut
+Messages in (from stubs, laid out as `comm.param_msg` says), answers to the requesting stub:
+  kPut     creates the slice (values in-process alias the putting worker's array) -> kRPut
   kGet     answered kRGet [values] once the slice's version reaches the requested one
-  kUpdate  [i: num_local; gradient]: once `num_total` shares have arrived they are summed in
-           the order of their senders' addresses (deterministic), the update is applied with
-           grad_scale = 1/num_total, and every buffered request gets kRUpdate [values]. A
-           gradient frame is handed over: the updater may use it as scratch
-  kState   -> kRState [i: lr_index; a copy of each updater buffer] (for a snapshot)
+  kUpdate  once `num_total` shares have arrived they are summed in the order of their
+           senders' addresses (deterministic), the update is applied with grad_scale =
+           1/num_total, and every buffered request gets kRUpdate [values]. A gradient frame is
+           handed over: the updater may use it as scratch
+  kState   -> kRState [lr_index; a copy of each updater buffer] (for a snapshot)
   kSyncRequest   [delta] to the slice's master server (another server group, Distributed
            Hogwild): it adds the delta to its values and answers kSyncResponse [its values];
            the requester then sets cur = master + (cur - last_sync), last_sync = cur
@@ -21,6 +20,7 @@ import logging
 import numpy as np
 
 from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer
 from singa.errors import ClusterError
 from singa.updater import create_updater
@@ -115,9 +115,8 @@ class Server:
             self.handle_sync_response(sid, msg)
         elif t == m.kState:
             s = self.slice(sid)
-            frames = [m.format_frame("i", self.updater.lr_gen.get_state())]
-            frames += [m.array_frame(b.copy()) for b in s.state]
-            self.dealer.send(msg.reply(m.kRState, s.version, frames))
+            self.dealer.send(pm.state_reply(msg, s.version, self.updater.lr_gen.get_state(),
+                                            s.state))
         else:
             raise ClusterError(f"unexpected message type {t}")
 
@@ -128,14 +127,17 @@ class Server:
             raise ClusterError(f"no slice {sid} on this server") from None
 
     def handle_put(self, sid, msg):
-        if len(msg.frames) < 2:
-            raise ClusterError(f"Put of slice {sid} without values")
-        n, lr_scale, wd_scale, num_total, lr_index = m.parse_format_frame("iffii", msg.frames[0])
-        if not 1 <= len(msg.frames) - 1 <= 1 + self.updater.nstate or n < 0 or num_total < 1:
-            raise ClusterError(f"malformed Put of slice {sid}")
-        data = own(m.frame_array(msg.frames[1], n))
-        restored = [m.frame_array(f, n).copy() for f in msg.frames[2:]]
-        state = restored if len(restored) == self.updater.nstate else self.updater.new_state(n)
+        """Creates the slice; updater buffers other than the updater keeps (a snapshot of
+        another updater) are dropped: its state starts afresh."""
+        lr_scale, wd_scale, num_total, lr_index, values, buffers = pm.parse_slice_put(msg)
+        data = own(values)
+        nstate = self.updater.nstate
+        if buffers and len(buffers) != nstate:
+            log.warning("Server (group = %d, id = %d): param %d (slice %d) was put with %d "
+                        "updater buffers, the updater keeps %d: its state starts afresh",
+                        self.grp, self.id, m.param_id(msg.trgt_val), sid, len(buffers), nstate)
+        state = [b.copy() for b in buffers] if len(buffers) == nstate and buffers \
+            else self.updater.new_state(data.size)
         if lr_index >= 0:
             self.updater.lr_gen.set_state(lr_index)
         s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
@@ -154,22 +156,20 @@ class Server:
             if s is None or s.version < msg.trgt_version:
                 still.append(msg)
             else:
-                self.dealer.send(msg.reply(m.kRGet, s.version, [self.values(s)]))
+                self.dealer.send(pm.values_reply(msg, m.kRGet, s.version, self.reply_values(s)))
         self.waiting_gets = still
 
-    def values(self, s):
-        """The frame of slice `s`'s values for a reply."""
-        return m.array_frame(s.data.copy() if self.copy_replies else s.data)
+    def reply_values(self, s):
+        """Slice `s`'s values for a reply: a copy where they may change before it is read."""
+        return s.data.copy() if self.copy_replies else s.data
 
     def handle_update(self, sid, msg):
         s = self.slice(sid)
-        if len(msg.frames) != 2:
-            raise ClusterError(f"Update of slice {sid} without a gradient")
-        (num_local,) = m.parse_format_frame("i", msg.frames[0])
+        num_local, grad = pm.parse_slice_update(msg, s.data.size)
         if not 1 <= num_local <= s.num_total - s.num_shares:
             raise ClusterError(f"malformed Update of slice {sid}")
         s.pending.append(msg)
-        s.grads.add(msg.src, own(m.frame_array(msg.frames[1], s.data.size)))
+        s.grads.add(msg.src, own(grad))
         s.num_shares += num_local
         if s.num_shares < s.num_total:
             return
@@ -178,7 +178,7 @@ class Server:
                             s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
         for req in s.pending:
-            self.dealer.send(req.reply(m.kRUpdate, s.version, [self.values(s)]))
+            self.dealer.send(pm.values_reply(req, m.kRUpdate, s.version, self.reply_values(s)))
         s.pending = []
         s.num_shares = 0
         if s.last_sync is not None:
@@ -196,8 +196,8 @@ class Server:
         s.last_sync[:] = s.data
         s.n_updates = 0
         s.n_pending_sync += 1
-        self.dealer.send(m.Msg(self.address, self.masters[sid], m.kSyncRequest, msg.trgt_val,
-                               s.version, [m.array_frame(delta)]))
+        self.dealer.send(pm.sync(self.address, self.masters[sid], m.kSyncRequest, msg.trgt_val,
+                                 s.version, delta))
 
     def handle_sync_request(self, sid, msg):
         """On the master: cur += delta; kSyncResponse [a copy of cur]."""
@@ -207,19 +207,17 @@ class Server:
             self.early_syncs.append(msg)
             return
         s = self.slices[sid]
-        if len(msg.frames) != 1:
-            raise ClusterError(f"sync request of slice {sid} without its delta")
-        s.data += m.frame_array(msg.frames[0], s.data.size)
+        s.data += pm.parse_sync(msg, s.data.size)
         self.nsyncs[1] += 1
-        self.dealer.send(msg.reply(m.kSyncResponse, s.version, [m.array_frame(s.data.copy())]))
+        self.dealer.send(pm.sync(self.address, msg.src, m.kSyncResponse, msg.trgt_val, s.version,
+                                 s.data.copy()))
 
     def handle_sync_response(self, sid, msg):
         """On the requester: cur = master + (cur - last_sync); last_sync = cur."""
         s = self.slice(sid)
-        if s.last_sync is None or s.n_pending_sync < 1 or msg.src != self.masters[sid] \
-                or len(msg.frames) != 1:
+        if s.last_sync is None or s.n_pending_sync < 1 or msg.src != self.masters[sid]:
             raise ClusterError(f"unexpected sync response for slice {sid}")
-        master = m.frame_array(msg.frames[0], s.data.size)
+        master = pm.parse_sync(msg, s.data.size)
         s.data += np.subtract(master, s.last_sync, out=s.last_sync)
         s.last_sync[:] = s.data
         s.n_pending_sync -= 1

@@ -1,4 +1,5 @@
-"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / BPTTWorker / CDWorker, src/worker.cc).
+"""Worker: the training loop and TrainOneBatch algorithms (SINGA's BPWorker / BPTTWorker /
+CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
 servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
@@ -16,6 +17,7 @@ import numpy as np
 
 from singa import checkpoint, cluster, numerics, resolve
 from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.errors import ClusterError, SingaError
@@ -23,9 +25,8 @@ from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import format_duration, format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
-from singa.param import cut, fill
+from singa.param import fill, piece
 from singa.proto import job_pb2
-from singa.updater import create_updater
 
 log = logging.getLogger("singa")
 
@@ -86,7 +87,7 @@ class Worker:
                     if isinstance(layer, (BridgeSrcLayer, BridgeDstLayer)):
                         layer.channel = self.channel
         self.displays = 0           # display calls so far: the key of their metric messages
-        self.states = {}            # owner param id -> its updater state, while a snapshot is taken
+        self.updater_states = {}    # owner param id -> (lr index, updater buffers), for a snapshot
         self.last_test = None       # (step, metrics) of the latest test
         self.last_val = None        # (step, metrics) of the latest validation
         self.best = None            # the best value of checkpoint_keep_best so far
@@ -282,89 +283,101 @@ class Worker:
 
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
-        """Worker::InitNetParams: the first worker group of each server group loads
-        `checkpoint_path` by name, initialises the rest and Puts its owner params (with the
-        snapshot's updater state and LR index on a resume); every worker then Gets what it
-        lacks. On a resume a worker of group 0 restores its streams; other groups read other
-        data (random_skip), so theirs start afresh."""
-        job, net = self.job, self.train_net
-        # a worker beyond the snapshot's takes worker 0's file: dim-0 readers of every
-        # partition stand at the same place
-        own = None if self.resume is None else \
-            self.resume.readers.get(self.id, self.resume.readers.get(0))
-        state = own.snapshot_state(buffers=False) if own is not None else None
-        if state is not None and self.grp == 0:
-            self.restore_streams(state)
-            self.restore_recorded(state.metrics)
-            self.resumed_evaluated = state.evaluated
-        if self.grp % cluster.nworker_groups_per_server_group(job.cluster) == 0 and self.owned:
-            owners = {p.name: p for p in self.owned}
-            if self.resume is not None:     # the snapshot's own parsed files, read once
-                files = [self.resume.readers[w] for w in sorted(self.resume.readers)]
-            else:
-                files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
-                                                        job.cluster.workspace, log.warning,
-                                                        job.cluster.nworkers_per_group,
-                                                        job.checkpoint_keep_best or None)
-            loaded = checkpoint.load_params(files, owners, log=log.info) if files else {}
-            self.init_fresh([p for p in self.owned if p.name not in loaded], set(loaded), job.step)
+        """Worker::InitNetParams: the first worker group of each server group loads its owner
+        params (from the resumed snapshot or `checkpoint_path`, by name), initialises the rest
+        and Puts them (with the snapshot's updater state and LR index on a resume); every
+        worker then Gets what it lacks."""
+        resumed = self.resumed_state()
+        if self.grp % cluster.nworker_groups_per_server_group(self.job.cluster) == 0 \
+                and self.owned:
+            loaded = self.load_owned()
+            self.init_fresh([p for p in self.owned if p.name not in loaded], loaded)
+            lr_index = resumed.lr_index if resumed is not None else -1
             for p in self.owned:
-                if p.name in loaded:
-                    if job.reset_param_version:
-                        p.version = job.step
-                elif files:
-                    log.info("Param %s: freshly initialised (%s)", p.name,
-                             job_pb2.InitMethod.Name(p.proto.init.type))
-            lr_index = state.lr_index if state is not None else -1
-            nstate = create_updater(job.updater).nstate if state is not None else 0
-            for p in self.owned:
-                bufs = checkpoint.updater_state(self.resume, p) if state is not None else []
-                if len(bufs) not in (0, nstate):   # the conf's updater changed since the snapshot
-                    log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: "
-                                "its state starts afresh", p.name, own.path, len(bufs), nstate)
-                    bufs = []
+                bufs = checkpoint.updater_state(self.resume, p) if resumed is not None else []
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
         self.resume = None     # frees the snapshot's file bytes (once every worker is done)
-        for p in net.params:
-            self.get(job.warmup_steps, p)
+        for p in self.train_net.params:
+            self.get(self.job.warmup_steps, p)
 
-    def init_fresh(self, params, loaded, version):
-        """Draw the initial values of `params` (not `loaded`). With several partitions every
-        worker draws each param whole, in the graph's order, and keeps its piece, so the
-        group starts from the values one worker draws (SINGA draws each piece on its own)."""
+    def resumed_state(self):
+        """The SnapshotState of the resumed snapshot (None: a fresh start). A worker of group 0
+        restores its streams and recorded metrics from it; other groups read other data
+        (random_skip), so theirs start afresh. A worker beyond the snapshot's takes worker 0's
+        file: dim-0 readers of every partition stand at the same place."""
+        if self.resume is None:
+            return None
+        own = self.resume.readers.get(self.id, self.resume.readers.get(0))
+        snap = own.snapshot_state(buffers=False)
+        if self.grp == 0:
+            self.restore_streams(snap)
+            self.restore_recorded(snap.metrics)
+            self.resumed_evaluated = snap.evaluated
+        return snap
+
+    def load_owned(self):
+        """Load the owner params found in the resumed snapshot or `checkpoint_path`; returns
+        the names loaded."""
+        job = self.job
+        if self.resume is not None:     # the snapshot's own parsed files, read once
+            files = [self.resume.readers[w] for w in sorted(self.resume.readers)]
+        else:
+            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
+                                                    job.cluster.workspace, log.warning,
+                                                    job.cluster.nworkers_per_group,
+                                                    job.checkpoint_keep_best or None)
+        if not files:
+            return set()
+        loaded = set(checkpoint.load_params(files, {p.name: p for p in self.owned}, log=log.info))
+        for p in self.owned:
+            if p.name in loaded:
+                if job.reset_param_version:
+                    p.version = job.step
+            else:
+                log.info("Param %s: freshly initialised (%s)", p.name,
+                         job_pb2.InitMethod.Name(p.proto.init.type))
+        return loaded
+
+    def init_fresh(self, params, loaded):
+        """Draw the initial values of `params` (not `loaded`), at version `job.step`. With
+        several partitions every worker draws each param whole, in the graph's order, and
+        keeps its piece, so the group starts from the values one worker draws (SINGA draws
+        each piece on its own)."""
+        version = self.job.step
         if self.channel is None:
             for p in params:
                 p.init_values(self.init_rng, version)
             return
         mine = {p.name: p for p in params}
         graph = self.train_net.graph
-        drawn = set()
-        for q in graph.params:
-            if not q.is_owner or q.name in drawn or q.name in loaded:
+        for name in dict.fromkeys(q.name for q in graph.params if q.is_owner):
+            if name in loaded:
                 continue
-            drawn.add(q.name)
-            shape = list(q.shape)
-            if q.partition is not None:
-                axis = q.partition[0]
-                shape[axis] = sum(r.shape[axis] for r in graph.params
-                                  if r.name == q.name and r.is_owner)
-            values = fill(q.proto.init, shape, self.init_rng, q.name)
-            p = mine.get(q.name)
+            pieces = [q for q in graph.params if q.name == name and q.is_owner]
+            whole = pieces[0].shape if pieces[0].partition is None else \
+                checkpoint.joined_shape([q.shape for q in pieces], pieces[0].partition[0])
+            values = fill(pieces[0].proto.init, whole, self.init_rng, name)
+            p = mine.get(name)
             if p is not None:
-                if p.partition is not None:
-                    axis, k, n = p.partition
-                    values = values.take(range(*cut(shape[axis], n, k)), axis=axis)
-                p.data[...] = values
+                p.data[...] = piece(values, p.partition)
                 p.version = version
 
-    def restore_streams(self, state):
-        """Each of this worker's nets continues its streams from the snapshot's `state`."""
+    def streams(self):
+        """({net name: RNG state}, {"net/layer": reader position}) of this worker's nets."""
+        rng, reader = {}, {}
         for name, net in self.named_nets():
-            readers = {key.partition("/")[2]: at for key, at in state.reader.items()
+            rng[name], readers = net.streams()
+            reader.update({f"{name}/{layer}": at for layer, at in readers.items()})
+        return rng, reader
+
+    def restore_streams(self, snap):
+        """Each of this worker's nets continues its streams from SnapshotState `snap`."""
+        for name, net in self.named_nets():
+            readers = {key.partition("/")[2]: at for key, at in snap.reader.items()
                        if key.partition("/")[0] == name}
-            net.restore_streams(state.rng.get(name), readers)
+            net.restore_streams(snap.rng.get(name), readers)
 
     def named_nets(self):
         """The nets whose streams (RNG, readers) this worker saves: its own, test, validation."""
@@ -381,26 +394,23 @@ class Worker:
         one, at train_steps, does not."""
         owners = self.owned
         numerics.check_params(owners, step)
-        self.states = {}
+        self.updater_states = {}
         for p in owners:
-            self.dealer.send(m.Msg(self.address, m.STUB, m.kState, m.param_trgt(p.owner, 0), step))
-        self.wait(lambda: len(self.states) == len(owners), "the updater state of its params")
+            self.dealer.send(pm.request(self.address, m.STUB, m.kState, p.owner, step))
+        self.wait(lambda: len(self.updater_states) == len(owners),
+                  "the updater state of its params")
         param_state, lr_index = {}, 0
         for p in owners:
-            lr_index, param_state[p.name] = self.states[p.owner]
-        streams = {name: net.streams() for name, net in self.named_nets()}
-        state = checkpoint.SnapshotState(
-            step=step, param_state=param_state,
-            rng={name: rng for name, (rng, _) in streams.items()},
-            reader={f"{name}/{layer}": at for name, (_, readers) in streams.items()
-                    for layer, at in readers.items()},
-            lr_index=lr_index, nworkers=self.job.cluster.nworkers_per_group,
-            metrics=self.recorded_metrics(),
+            lr_index, param_state[p.name] = self.updater_states[p.owner]
+        rng, reader = self.streams()
+        snap = checkpoint.SnapshotState(
+            step=step, param_state=param_state, rng=rng, reader=reader, lr_index=lr_index,
+            nworkers=self.job.cluster.nworkers_per_group, metrics=self.recorded_metrics(),
             evaluated=not final)
         # a full disk: CheckpointError, the temporary file gone, older snapshots intact
         path = checkpoint.write_file(checkpoint.snapshot_file(self.folder, step, self.id),
                                      [(p.name, p.data, p.version, p.partition) for p in owners],
-                                     state)
+                                     snap)
         log.info("checkpoint to %s", path)
         if self.reporter is not None and self.id == 0:
             self.reporter.snapshot(step, path)
@@ -408,18 +418,16 @@ class Worker:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
                              self.job.checkpoint_keep_best, self.job.checkpoint_keep_best_k)
 
-    def put(self, p, state=(), lr_index=-1):
+    def put(self, p, buffers=(), lr_index=-1):
         """Send `p`'s values (and updater buffers) to its servers; `collect(p)` awaits the RPut."""
         p.last_version = p.version - 1
-        frames = [m.format_frame("ffi", p.lr_scale, p.wd_scale, lr_index), m.array_frame(p.data)]
-        frames += [m.array_frame(b) for b in state]
-        self.dealer.send(m.Msg(self.address, m.STUB, m.kPut, m.param_trgt(p.owner, 0), p.version,
-                               frames))
+        self.dealer.send(pm.put(self.address, m.STUB, p.owner, p.version, p.lr_scale, p.wd_scale,
+                                lr_index, p.data, buffers))
 
     def get(self, step, p):
         if p.version < step:
             p.last_version = p.version
-            self.dealer.send(m.Msg(self.address, m.STUB, m.kGet, m.param_trgt(p.owner, 0), step))
+            self.dealer.send(pm.request(self.address, m.STUB, m.kGet, p.owner, step))
 
     def update(self, step, p):
         if p.partition is not None:
@@ -428,8 +436,7 @@ class Worker:
             # copies by the server). SINGA leaves it K times larger.
             p.grad *= 1 / p.partition[2]
         p.last_version = p.version
-        self.dealer.send(m.Msg(self.address, m.STUB, m.kUpdate, m.param_trgt(p.owner, 0), step,
-                               [m.array_frame(p.grad)]))
+        self.dealer.send(pm.update(self.address, m.STUB, p.owner, step, p.grad))
 
     def collect(self, p):
         """Wait until an answer has brought `p` a version newer than its last request."""
@@ -465,44 +472,11 @@ class Worker:
             log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
             return
         if msg.type == m.kRState:
-            self.states[p.owner] = self.slice_state(p, msg.frames)
+            self.updater_states[p.owner] = pm.read_state(msg, p.shape, f"param '{p.name}'")
             return
         if msg.type != m.kRPut:
-            if not msg.frames:
-                raise ClusterError(f"answer for param '{p.name}' without values")
-            flat = p.data.reshape(-1)
-            offsets = m.parse_int_frame(msg.frames[0])
-            if len(offsets) != len(msg.frames) - 1:
-                raise ClusterError(f"answer for param '{p.name}' with a frame per slice missing")
-            for o, frame in zip(offsets, msg.frames[1:]):
-                values = m.frame_array(frame, len(frame) // 4)
-                if not 0 <= o <= flat.size - values.size:
-                    raise ClusterError(f"values for param '{p.name}' out of its bounds")
-                if not m.same_memory(values, flat[o:]):
-                    flat[o:o + values.size] = values
+            pm.read_values(msg, p.data.reshape(-1), f"param '{p.name}'")
         p.version = msg.trgt_version
-
-    @staticmethod
-    def slice_state(p, frames):
-        """(lr_index, [updater buffers shaped like p]) from a kRState: [offsets; per slice:
-        [i: lr_index], then its buffers]."""
-        if not frames:
-            raise ClusterError(f"updater state for param '{p.name}' without frames")
-        offsets = m.parse_int_frame(frames[0])
-        per = (len(frames) - 1) // max(1, len(offsets))
-        if per < 1 or len(frames) != 1 + per * len(offsets):
-            raise ClusterError(f"malformed updater state for param '{p.name}'")
-        bufs = [np.empty(p.size, np.float32) for _ in range(per - 1)]
-        lr_index = 0
-        for k, o in enumerate(offsets):
-            part = frames[1 + k * per:1 + (k + 1) * per]
-            (lr_index,) = m.parse_format_frame("i", part[0])
-            for buf, frame in zip(bufs, part[1:]):
-                values = m.frame_array(frame, len(frame) // 4)
-                if not 0 <= o <= p.size - values.size:
-                    raise ClusterError(f"updater state for param '{p.name}' out of its bounds")
-                buf[o:o + values.size] = values
-        return lr_index, [b.reshape(p.shape) for b in bufs]
 
 
 class CDWorker(Worker):

@@ -114,7 +114,7 @@ class Joined:
             self.axis = None
         else:
             axes = [a for a in range(len(shapes[0])) if _joins(shapes, a)
-                    and (target is None or _fits(_joined(shapes, a), target))]
+                    and (target is None or _fits(joined_shape(shapes, a), target))]
             if prefer in axes:
                 axes = [prefer]
             if len(axes) != 1:
@@ -122,7 +122,7 @@ class Joined:
                 expects = "" if target is None else f" into {_expected(target)}"
                 raise self._error(f": pieces join{expects} {why}")
             self.axis = axes[0]
-        self.shape = shapes[0] if self.axis is None else _joined(shapes, self.axis)
+        self.shape = shapes[0] if self.axis is None else joined_shape(shapes, self.axis)
         self.offsets, start = [], 0
         for s in shapes:
             self.offsets.append(start)
@@ -213,7 +213,8 @@ def _joins(shapes, axis):
         s[:axis] + s[axis + 1:] == shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes)
 
 
-def _joined(shapes, axis):
+def joined_shape(shapes, axis):
+    """The shape of pieces of `shapes` joined along `axis`."""
     return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
 
 

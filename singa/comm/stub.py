@@ -2,16 +2,19 @@
 
 It keeps a ParamEntry per (worker group, owner param): the local shares of that param (worker
 address, param id), how many shares the group has in all, and the param's slices on the
-servers. Workers' Put / Get / Update go through it (the gradients of local shares are summed
-first, in the order of their addresses); the servers' answers come back through it and, once
-every slice has answered, go to every local share as one message: [offsets; a frame per slice].
-A failure (kError) stops every local executor; `run` then returns it as (type name, message).
-Messages for an executor of another process go to that process's stub over tcp (`peers`).
+servers. Workers' Put / Get / Update / State requests go through it (the gradients of local
+shares are summed first, in the order of their addresses) to the servers, sent as the stub
+itself (`address(grp)`, SINGA's Addr(grp, procs_id, kStub)); the servers answer that address
+and, once every slice has answered, the stub gives each share one message (`comm.param_msg`).
+Everything is routed by its destination address: an executor's here or at its process's stub
+over tcp (`peers`), another stub's by the process id in it. A failure (kError) stops every
+local executor; `run` then returns it as (type name, message).
 """
 import logging
 import threading
 
 from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.errors import ClusterError
 
 log = logging.getLogger("singa")
@@ -30,6 +33,7 @@ class ParamEntry:
         self.grads = None           # the OrderedSum of the current step's gradients
         self.next_version = -1
         self.answers = {}           # message type -> {slice index: (version, frames)}
+        self.state_requests = []    # the workers waiting for the updater state
 
     def add_share(self, worker_addr, param_id):
         self.shares.append((worker_addr, param_id))
@@ -101,18 +105,31 @@ class Stub:
         else:
             self.peers(where).send(msg)
 
+    def address(self, grp):
+        """This stub's address for worker group `grp` (SINGA's Addr(grp, procs_id, kStub)):
+        where the servers answer its requests."""
+        return m.addr(grp, self.pid, m.kStub)
+
     def handle(self, msg):
+        """By address: an executor's message to its executor or to its process's stub, another
+        stub's answer to it; by type what is for this stub: its executors' requests and stops,
+        the servers' answers."""
+        dst = msg.dst
+        if m.addr_type(dst) != m.kStub:
+            self.send(msg)
+            return
+        if dst != m.STUB and m.addr_id(dst) != self.pid:
+            if self.peers is None:
+                raise ClusterError(f"message for the stub of process {m.addr_id(dst)}, "
+                                   f"in a job of one process")
+            self.peers(m.addr_id(dst)).send(msg)
+            return
         t = msg.type
-        if m.addr_type(msg.dst) != m.kStub and self.locate is not None and \
-                self.locate(msg.dst) != self.pid:
-            self.send(msg)     # a local server's answer to a remote worker, and the like
-            return
-        if m.addr_type(msg.dst) != m.kStub and t not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
-            self.router.send(msg)   # for a local executor: a remote stub's request, a farewell
-            return
-        if t == m.kStop:
-            if msg.src not in self.executors:
-                raise ClusterError("stop from an executor this process does not run")
+        if t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
+            self.handle_response(msg)
+        elif msg.src not in self.executors:
+            raise ClusterError(f"request of type {t} from an executor this process does not run")
+        elif t == m.kStop:
             self.executors.discard(msg.src)
             if m.addr_type(msg.src) == m.kServer:
                 self.servers -= 1
@@ -130,10 +147,8 @@ class Stub:
             self.handle_update(msg)
         elif t == m.kState:
             self.handle_state(msg)
-        elif t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
-            self.handle_response(msg)
         else:
-            self.send(msg)
+            raise ClusterError(f"unexpected message type {t} for the stub")
 
     def stop_local(self, entity):
         """kStop to the running local executors of one kind (kServer) or of every kind."""
@@ -159,52 +174,50 @@ class Stub:
         return self.entry(m.addr_grp(msg.src), m.param_id(msg.trgt_val))
 
     def handle_put(self, msg):
-        """[ffi: lr_scale, wd_scale, lr_index; values; updater state...] -> a Put per slice."""
+        """A worker's Put -> a Put per slice."""
         e = self.request_entry(msg)
-        if not msg.frames:
-            raise ClusterError("Put without values")
-        lr_scale, wd_scale, lr_index = m.parse_format_frame("ffi", msg.frames[0])
-        arrays = [m.frame_array(f, e.size) for f in msg.frames[1:]]
-        if not arrays:
-            raise ClusterError("Put without values")
+        lr_scale, wd_scale, lr_index, arrays = pm.parse_put(msg, e.size)
+        src = self.address(e.grp)
         for sid, server, o, n in e.slices:
-            head = m.format_frame("iffii", n, lr_scale, wd_scale, e.num_total, lr_index)
-            self.send(m.Msg(msg.src, server, m.kPut, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version, [head] + [a[o:o + n] for a in arrays]))
+            self.send(pm.slice_put(src, server, e.owner, sid, msg.trgt_version, lr_scale,
+                                   wd_scale, e.num_total, lr_index, [a[o:o + n] for a in arrays]))
 
     def handle_get(self, msg):
+        """The first Get of a version -> a Get per slice (the answer goes to every share)."""
         e = self.request_entry(msg)
         if msg.trgt_version <= e.next_version:
             return
         e.next_version = msg.trgt_version
         for sid, server, _, _ in e.slices:
-            self.send(m.Msg(msg.src, server, m.kGet, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version))
+            self.send(pm.request(self.address(e.grp), server, m.kGet, e.owner, msg.trgt_version,
+                                 sid))
 
     def handle_update(self, msg):
-        """[gradient]; once every local share has sent its own: the sum, a slice per server."""
+        """Once every local share has sent its gradient: their sum, a slice per server."""
         e = self.request_entry(msg)
-        if len(msg.frames) != 1:
-            raise ClusterError("Update without a gradient")
         if e.grads is None:
             e.grads = m.OrderedSum(e.size)
-        if e.grads.add(msg.src, m.frame_array(msg.frames[0], e.size)) < e.num_local:
+        if e.grads.add(msg.src, pm.parse_update(msg, e.size)) < e.num_local:
             return
         g = e.grads.take()
-        head = m.format_frame("i", e.num_local)
-        src = e.shares[0][0]
         for sid, server, o, n in e.slices:
-            self.send(m.Msg(src, server, m.kUpdate, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version, [head, g[o:o + n]]))
+            self.send(pm.slice_update(self.address(e.grp), server, e.owner, sid,
+                                      msg.trgt_version, e.num_local, g[o:o + n]))
 
     def handle_state(self, msg):
+        """A worker asks for the updater state (a snapshot): a kState per slice; the answer
+        goes to the workers that asked."""
         e = self.request_entry(msg)
+        e.state_requests.append(msg.src)
+        if len(e.state_requests) > 1:
+            return
         for sid, server, _, _ in e.slices:
-            self.send(m.Msg(msg.src, server, m.kState, m.param_trgt(e.owner, sid),
-                                   msg.trgt_version))
+            self.send(pm.request(self.address(e.grp), server, m.kState, e.owner,
+                                 msg.trgt_version, sid))
 
     def handle_response(self, msg):
-        """A slice answered; once every slice has, the local shares get one message each."""
+        """A slice answered; once every slice has, the shares get one message each: every
+        local share for values, the workers that asked for the updater state."""
         e = self.entry(m.addr_grp(msg.dst), m.param_id(msg.trgt_val))
         i = e.index.get(m.slice_id(msg.trgt_val))
         if i is None:
@@ -215,9 +228,12 @@ class Stub:
             return
         del e.answers[msg.type]
         version = min(v for v, _ in got.values())
-        head = m.int_frame([o for _, _, o, _ in e.slices])
-        frames = [head] + [f for i in range(len(e.slices)) for f in got[i][1]]
-        shares = [s for s in e.shares if s[0] == msg.dst] if msg.type == m.kRState else e.shares
+        offsets = [o for _, _, o, _ in e.slices]
+        answers = [got[k][1] for k in range(len(e.slices))]
+        shares = e.shares
+        if msg.type == m.kRState:
+            asked, e.state_requests = set(e.state_requests), []
+            shares = [s for s in e.shares if s[0] in asked]
         for worker, pid in shares:
-            self.router.send(m.Msg(msg.src, worker, msg.type, m.param_trgt(pid, 0), version,
-                                   frames))
+            self.router.send(pm.gathered(msg.dst, worker, msg.type, pid, version, offsets,
+                                         answers))

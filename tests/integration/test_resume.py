@@ -271,8 +271,8 @@ def test_resume_with_updater_state_of_another_updater_starts_it_afresh(mlp_job, 
         {name: bufs * 3 for name, bufs in st.param_state.items()}))
     r = run_driver(mlp_job(**dict(job, train_steps=30)), "-resume", timeout=60)
     assert r.returncode == 0, r.stderr
-    assert f"Param 0#weight1: {snap} holds 3 updater buffers, the updater keeps 1: its state " \
-           f"starts afresh" in r.stderr
+    assert "was put with 3 updater buffers, the updater keeps 1: its state starts afresh" \
+        in r.stderr
 
 
 @pytest.mark.parametrize("flags", [(), ("-test",)], ids=["train", "test"])
