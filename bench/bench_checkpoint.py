@@ -7,7 +7,7 @@
     six InnerProduct layers) vs writing the same bytes with numpy to a temporary name, then
     flush, fsync and rename. Target ours / numpy <= 1.3.
 (b) training overhead of `checkpoint_freq: 100`: `--train-steps` steps of the MLP through our
-    runtime calling the driver's hook `driver.checkpoint(worker, step)` at steps 0 and 100,
+    runtime calling the worker's own `Worker.checkpoint(step)` at steps 0 and 100,
     vs the same steps without, in A B / B A order. Target <= 3 %. Also printed: the checkpoint
     calls' own time as a share of the plain run. That share is far less noisy on a shared
     machine; the difference of runs also counts after-effects (write-back during training).

@@ -39,7 +39,7 @@ def server_side(workspace, conn):
     conn.send(transport.listen("127.0.0.1"))
     endpoints = conn.recv()
     process = Process(job, 1, peers=endpoints.__getitem__, transport=transport)
-    threading.Thread(target=lambda: (conn.recv(), process.stub.stop_servers.set()),
+    threading.Thread(target=lambda: (conn.recv(), process.stub.stop_servers()),
                      daemon=True).start()
     process.run()
 

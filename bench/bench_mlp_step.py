@@ -30,7 +30,6 @@ from singa import config, threads
 from singa.comm import msg as m
 from singa.proto import job_pb2
 from singa.runtime import Process, resume_from
-from singa.worker import STUB
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 MNIST_CONF = os.path.join(singa.HOME, "examples", "mnist", "job.conf")
@@ -89,7 +88,7 @@ class Runtime:
 
     def close(self):
         w = self.worker
-        w.dealer.send(m.Msg(w.address, STUB, m.kStop))   # the stub then stops the servers
+        w.dealer.send(m.Msg(w.address, m.STUB, m.kStop))   # the stub then stops the servers
         for t in self.threads:
             t.join(timeout=30)
             if t.is_alive():

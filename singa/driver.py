@@ -195,11 +195,11 @@ class Driver:
         def on_empty(g):
             emptied.add(g)
             if emptied == groups:
-                process.stub.stop_servers.set()
+                process.stub.stop_servers()
         for g in sorted(groups):
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
-            rt.watch_procs(lambda text: setattr(process.stub, "lost", text))
+            rt.watch_procs(process.stub.report_lost)
         process.run()
         if cluster.nprocs(cl) > 1:
             try:
@@ -224,12 +224,10 @@ class Driver:
         with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
             f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
-        files = checkpoint.open_checkpoint_path(list(job.checkpoint_path), self.workspace,
-                                                log.warning, job.cluster.nworkers_per_group,
-                                                monitor=job.checkpoint_keep_best or None)
+        files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
         if not files:
-            raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or 'best')")
-        loaded = checkpoint.load_params(files, owners, log=log.info)
+            raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or "
+                              "'best')")
         missing = [n for n in owners if n not in loaded]
         if missing:
             raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "

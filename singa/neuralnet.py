@@ -30,7 +30,6 @@ class NeuralNet:
         self.phase = phase
         self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
         self.rng = self.rngs[0]
-        self.partition_id = partition_id
         confs = filter_phase(net_conf, phase, partition_id, num_partitions)
         graph.sort(confs)   # names and sources checked before unrolling looks sources up
         confs = unroll(confs)
@@ -100,7 +99,7 @@ class NeuralNet:
         sources in other partitions are reached through bridge layers."""
         view = object.__new__(NeuralNet)
         view.__dict__.update(self.__dict__)
-        view.partition_id, view.rng, view.graph = k, self.rngs[k], self
+        view.rng, view.graph = self.rngs[k], self
         view.layers = [layer for layer in self.layers if layer.partition_id == k]
         view.params = [p for layer in view.layers for p in layer.params]
         view.owner_params = [p for p in view.params if p.is_owner]

@@ -119,14 +119,11 @@ def predict(job, x):
                 layer.type = job_pb2.kRecordInput
         net = NeuralNet(net_conf, job_pb2.kTest, seeds(job, 3)[1])
         owners = {p.name: p for p in net.owner_params}
-        files = list(job.checkpoint_path)
-        opened = checkpoint.open_checkpoint_path(files, job.cluster.workspace, log.warning,
-                                                 monitor=job.checkpoint_keep_best or None)
-        loaded = checkpoint.load_params(opened, owners)
+        _, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning)
         missing = [name for name in owners if name not in loaded]
         if missing:
             raise ConfigError(f"predict: params {', '.join(missing)} are in none of "
-                              f"{', '.join(files)}")
+                              f"{', '.join(job.checkpoint_path)}")
         out = None
         for start in range(0, n, batch):
             net.forward(job_pb2.kTest | job_pb2.kForward)

@@ -6,7 +6,6 @@ summed. Arithmetic follows SINGA's float32 expressions term by term (SGD and Nes
 decay fold grad_scale into lr, one rounding apart), and a step's result depends only on its
 inputs: same inputs, same bytes.
 """
-import threading
 
 import numpy as np
 
@@ -196,7 +195,7 @@ class Updater:
         self.delta = F32(proto.delta)
         self.clip = ((F32(proto.clip_low), F32(proto.clip_high))
                      if self.clips and proto.clip_high > proto.clip_low else None)
-        self._local = threading.local()  # one Updater may serve several server threads
+        self._buf = None            # scratch of the weight-decay term (each server owns its Updater)
 
     def new_state(self, shape):
         """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update)."""
@@ -222,10 +221,9 @@ class Updater:
         self._rule(data, grad, state, lr)
 
     def _scratch(self, like):
-        buf = getattr(self._local, "buf", None)
-        if buf is None or buf.size < like.size:
-            buf = self._local.buf = np.empty(like.size, np.float32)
-        return buf[:like.size].reshape(like.shape)
+        if self._buf is None or self._buf.size < like.size:
+            self._buf = np.empty(like.size, np.float32)
+        return self._buf[:like.size].reshape(like.shape)
 
 
 class SGDUpdater(Updater):

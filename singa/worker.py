@@ -320,17 +320,14 @@ class Worker:
     def load_owned(self):
         """Load the owner params found in the resumed snapshot or `checkpoint_path`; returns
         the names loaded."""
-        job = self.job
+        job, owners = self.job, {p.name: p for p in self.owned}
         if self.resume is not None:     # the snapshot's own parsed files, read once
             files = [self.resume.readers[w] for w in sorted(self.resume.readers)]
+            loaded = checkpoint.load_params(files, owners, log=log.info)
         else:
-            files = checkpoint.open_checkpoint_path(list(job.checkpoint_path),
-                                                    job.cluster.workspace, log.warning,
-                                                    job.cluster.nworkers_per_group,
-                                                    job.checkpoint_keep_best or None)
+            files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
         if not files:
             return set()
-        loaded = set(checkpoint.load_params(files, {p.name: p for p in self.owned}, log=log.info))
         for p in self.owned:
             if p.name in loaded:
                 if job.reset_param_version:
@@ -338,7 +335,7 @@ class Worker:
             else:
                 log.info("Param %s: freshly initialised (%s)", p.name,
                          job_pb2.InitMethod.Name(p.proto.init.type))
-        return loaded
+        return set(loaded)
 
     def init_fresh(self, params, loaded):
         """Draw the initial values of `params` (not `loaded`), at version `job.step`. With

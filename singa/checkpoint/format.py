@@ -14,9 +14,9 @@ file's size and CRC, the step, one line per param
 `param<TAB>name<TAB>shape<TAB>dtype<TAB>version` (shape as `64,784`) and one per piece
 `piece<TAB>name<TAB>axis<TAB>k<TAB>parts`.
 
-A file is only ever parsed as protobuf, after its size is checked (at most 2 GiB): the values
-(packed floats of blobs and updater buffers) are located by hand and viewed in place, with
-every length checked against the file; anything not encoded as SINGA and we write it goes to
+A file is read only after its size is checked (at most 2 GiB): `wire` locates the values
+(packed floats of blobs and updater buffers) and views them in place, every length checked
+against the file, and protobuf parses the rest; a file not framed as we write it goes to
 protobuf whole. Every array size is checked against its shape before anything is allocated.
 """
 import dataclasses

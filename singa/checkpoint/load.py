@@ -40,6 +40,15 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=No
     return out
 
 
+def load_checkpoint_path(job, params, warn=None, info=None):
+    """Load `params` ({name: Param}) by name from the job's `checkpoint_path` (files skipped:
+    `warn`; params loaded: `info`); returns (the readers opened, {name: paths that fed it})."""
+    files = open_checkpoint_path(list(job.checkpoint_path), job.cluster.workspace, warn,
+                                 job.cluster.nworkers_per_group,
+                                 job.checkpoint_keep_best or None)
+    return files, load_params(files, params, log=info) if files else {}
+
+
 def sources(files):
     """`files` (paths or CheckpointReaders) as sources in priority order: the files of one
     snapshot (one folder, one step, `step<N>-worker<W>`) are one source, in worker order, at

@@ -11,7 +11,7 @@ over tcp (`peers`), another stub's by the process id in it. A failure (kError) s
 local executor; `run` then returns it as (type name, message).
 """
 import logging
-import threading
+import queue
 
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
@@ -64,14 +64,22 @@ class Stub:
         self.workers = sum(m.addr_type(a) != m.kServer for a in self.executors)
         self.servers = len(self.executors) - self.workers
         self.poll_ms = poll_ms
-        self.stop_servers = threading.Event()   # set by the server group's membership watch
-        self.lost = None            # set (from another thread) to the text of a lost process
-        self.stop_requested = False             # set by stop()
+        self.requests = queue.SimpleQueue()     # (what, text) from other threads, for `run`
         self.error = None
 
     def stop(self):
-        """Have `run` stop every local executor (it only sets a flag: safe in a signal handler)."""
-        self.stop_requested = True
+        """Have `run` stop every local executor. Thread-safe, and safe in a signal handler."""
+        self.requests.put(("stop", None))
+
+    def stop_servers(self):
+        """Have `run` stop the local servers (their server groups have lost every worker).
+        Thread-safe."""
+        self.requests.put(("servers", None))
+
+    def report_lost(self, text):
+        """A process of the job was lost (`text` says which): `run` stops every local executor
+        and returns it as the failure. Thread-safe."""
+        self.requests.put(("lost", text))
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
@@ -83,19 +91,22 @@ class Stub:
                     self.handle(msg)
             except ClusterError as e:   # bad traffic: dropped, nothing changed
                 log.warning("Stub: dropped a message: %s", e)
-            if self.lost is not None and self.error is None:
-                self.error = ("ClusterError", self.lost)
-                log.error("%s; stopping", self.lost)
-                self.stop_local(None)
-            if self.stop_requested:
-                self.stop_requested = False
-                self.stop_local(None)
-            if self.stop_servers.is_set() or (self.stop_servers_with_workers and
-                                              self.workers == 0 and self.servers > 0):
-                self.stop_servers.clear()
+            while not self.requests.empty():
+                self.take_request(*self.requests.get())
+            if self.stop_servers_with_workers and self.workers == 0 and self.servers > 0:
                 self.stop_local(m.kServer)
         log.info("Stub in process stops")
         return self.error
+
+    def take_request(self, what, text):
+        """Carry out a request of `stop`, `stop_servers` or `report_lost`."""
+        if what == "servers":
+            self.stop_local(m.kServer)
+            return
+        if what == "lost" and self.error is None:
+            self.error = ("ClusterError", text)
+            log.error("%s; stopping", text)
+        self.stop_local(None)
 
     def send(self, msg):
         """To a local executor through the router, else to its process's stub."""
