@@ -29,12 +29,12 @@ log = logging.getLogger("singa")
 
 
 class Slice:
-    __slots__ = ("data", "lr_scale", "wd_scale", "num_total", "version", "state", "pending",
+    __slots__ = ("data", "lr_scale", "wd_scale", "num_total", "version", "buffers", "pending",
                  "num_shares", "grads", "last_sync", "n_updates", "n_pending_sync")
 
-    def __init__(self, data, lr_scale, wd_scale, num_total, version, state):
+    def __init__(self, data, lr_scale, wd_scale, num_total, version, buffers):
         self.data, self.lr_scale, self.wd_scale = data, lr_scale, wd_scale
-        self.num_total, self.version, self.state = num_total, version, state
+        self.num_total, self.version, self.buffers = num_total, version, buffers
         self.pending = []       # the Update requests waiting for the other shares
         self.num_shares = 0
         self.grads = m.OrderedSum(data.size)     # their gradients
@@ -115,8 +115,8 @@ class Server:
             self.handle_sync_response(sid, msg)
         elif t == m.kState:
             s = self.slice(sid)
-            self.dealer.send(pm.state_reply(msg, s.version, self.updater.lr_gen.get_state(),
-                                            s.state))
+            self.dealer.send(pm.state_reply(msg, s.version, self.updater.lr_gen.get_index(),
+                                            s.buffers))
         else:
             raise ClusterError(f"unexpected message type {t}")
 
@@ -136,11 +136,11 @@ class Server:
             log.warning("Server (group = %d, id = %d): param %d (slice %d) was put with %d "
                         "updater buffers, the updater keeps %d: its state starts afresh",
                         self.grp, self.id, m.param_id(msg.trgt_val), sid, len(buffers), nstate)
-        state = [b.copy() for b in buffers] if len(buffers) == nstate and buffers \
+        kept = [b.copy() for b in buffers] if len(buffers) == nstate and buffers \
             else self.updater.new_state(data.size)
         if lr_index >= 0:
-            self.updater.lr_gen.set_state(lr_index)
-        s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, state)
+            self.updater.lr_gen.set_index(lr_index)
+        s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, kept)
         if self.masters.get(sid, self.address) != self.address:
             s.last_sync = data.copy()
         self.dealer.send(msg.reply(m.kRPut, msg.trgt_version))
@@ -174,7 +174,7 @@ class Server:
         if s.num_shares < s.num_total:
             return
         g = s.grads.take()
-        self.updater.update(msg.trgt_version, s.data, g, s.state,
+        self.updater.update(msg.trgt_version, s.data, g, s.buffers,
                             s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
         for req in s.pending:

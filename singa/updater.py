@@ -44,18 +44,19 @@ def create_updater(proto):
 # SINGA computes each schedule in double from float fields and returns a C float; so do we.
 
 class LRGenerator:
-    """`gen(step) -> float` learning rate; `get_state`/`set_state` hold what a resume needs."""
+    """`gen(step) -> float` learning rate; `get_index`/`set_index`: the position in the
+    schedule a resume needs (the LR index of a snapshot)."""
 
     def __init__(self, proto):
         self.proto = proto
         self.base_lr = proto.base_lr
 
-    def get_state(self):
-        """Stateless schedules have nothing to save: 0."""
+    def get_index(self):
+        """Schedules of the step alone have no position: 0."""
         return 0
 
-    def set_state(self, state):
-        """Stateless schedules have nothing to restore."""
+    def set_index(self, index):
+        """Schedules of the step alone have nothing to restore."""
 
 
 class FixedLRGen(LRGenerator):
@@ -148,14 +149,14 @@ class FixedStepLRGen(LRGenerator):
             self.idx += 1
         return self.lrs[self.idx]
 
-    def get_state(self):
+    def get_index(self):
         return self.idx
 
-    def set_state(self, state):
-        if not 0 <= state < len(self.steps):
-            raise CheckpointError(f"kFixedStep learning-rate index {state} is outside the "
+    def set_index(self, index):
+        if not 0 <= index < len(self.steps):
+            raise CheckpointError(f"kFixedStep learning-rate index {index} is outside the "
                                   f"{len(self.steps)} steps of fixedstep_conf")
-        self.idx = int(state)
+        self.idx = int(index)
 
 
 _LR_GENERATORS = {

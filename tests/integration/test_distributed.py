@@ -263,12 +263,12 @@ def test_resume_in_one_process_gives_every_server_group_the_snapshots_updater_st
     table, _ = slice_table(job, owners)
     assert len(process.servers) == job.cluster.nserver_groups
     for server in process.servers:
-        assert server.updater.lr_gen.get_state() == 1, server.grp
+        assert server.updater.lr_gen.get_index() == 1, server.grp
         for p in owners:
             history = snapshot.param_state[p.name][0].ravel()
             assert history.any(), p.name
             for sid, offset, size in table[p.id]:
-                np.testing.assert_array_equal(server.slices[sid].state[0],
+                np.testing.assert_array_equal(server.slices[sid].buffers[0],
                                               history[offset:offset + size],
                                               err_msg=f"server group {server.grp}, {p.name}")
     readers = {w.grp: w.train_net.input_layers()[0] for w in process.workers}

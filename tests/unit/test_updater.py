@@ -285,7 +285,7 @@ def test_fixed_step_follows_steps_when_called_every_step():
     lrs = [gen(step) for step in range(400)]
     assert lrs[0] == lrs[99] == F(0.1) and lrs[100] == lrs[199] == F(0.01)
     assert lrs[200] == F(0.001) and lrs[300] == lrs[399] == F(0.0001)
-    assert gen.get_state() == 3
+    assert gen.get_index() == 3
 
 
 def test_fixed_step_fresh_generator_lags_one_index_per_call():
@@ -293,20 +293,20 @@ def test_fixed_step_fresh_generator_lags_one_index_per_call():
     assert [gen(350) for _ in range(4)] == [F(0.01), F(0.001), F(0.0001), F(0.0001)]
 
 
-def test_fixed_step_set_state_resumes_exactly():
+def test_fixed_step_set_index_resumes_exactly():
     straight = create_lr_generator(lr_proto(FIXEDSTEP))
     expected = [straight(step) for step in range(400)]
     first = create_lr_generator(lr_proto(FIXEDSTEP))
     got = [first(step) for step in range(250)]
     resumed = create_lr_generator(lr_proto(FIXEDSTEP))
-    resumed.set_state(first.get_state())
+    resumed.set_index(first.get_index())
     got += [resumed(step) for step in range(250, 400)]
     assert got == expected
 
 
 def test_fixed_step_bad_state_is_a_checkpoint_error():
     with pytest.raises(CheckpointError, match="index 4"):
-        create_lr_generator(lr_proto(FIXEDSTEP)).set_state(4)
+        create_lr_generator(lr_proto(FIXEDSTEP)).set_index(4)
 
 
 def test_updater_uses_the_schedule_times_lr_scale():
