@@ -75,6 +75,10 @@ print(config.load_job(sys.argv[1], check_paths=False, check_layers=False).max_re
   || max_restarts=0
 restarts=0
 while :; do
+  # a secret per run (singa/trust.py): the keys of the job's tcp traffic and of its znodes;
+  # processes here get it in their environment, those over ssh on their standard input
+  SINGA_JOB_SECRET=$("$PYTHON" -c 'from singa.trust import new_secret; print(new_secret())')
+  export SINGA_JOB_SECRET
   job_id=$(singatool create -confdir "$SINGA_CONF")
   echo "Unique JOB_ID is $job_id"
   log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
@@ -126,10 +130,10 @@ while :; do
       (exec "${cmd[@]}") &
       local_pids+=($!)
     else
-      remote="cd $(printf %q "$SINGA_HOME"); source $(printf %q "$SINGA_HOME/conf/profile"); $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
+      remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
       # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
       # shellcheck disable=SC2086
-      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "$host" "$remote" &
+      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
       remote_pids+=($!)
     fi
   done <"$log_dir/job.hosts"

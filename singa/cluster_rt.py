@@ -11,6 +11,7 @@ import threading
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from singa.errors import ClusterError
+from singa.job_manager import parse_proc
 from singa.zk import SHUTDOWN_TIMEOUT, job_path
 
 log = logging.getLogger("singa")
@@ -21,8 +22,13 @@ class ClusterRuntime:
 
     job_id = -1
 
-    def register_proc(self, endpoint, pid):
-        """Register this process (its stub's `endpoint`, OS `pid`); returns its procs id."""
+    def reserve_proc(self):
+        """This process's procs id in the job (before it has an endpoint)."""
+        raise NotImplementedError
+
+    def register_proc(self, endpoint, pid, procs_id=None):
+        """Register this process (its stub's `endpoint`, OS `pid`) as `procs_id` (None:
+        reserved now); returns its procs id."""
         raise NotImplementedError
 
     def proc_endpoint(self, procs_id, timeout=None):
@@ -65,7 +71,10 @@ class SPClusterRuntime(ClusterRuntime):
         self.members = {}       # sgroup -> {(gid, wid)}
         self.watches = {}       # sgroup -> on_empty
 
-    def register_proc(self, endpoint, pid):
+    def reserve_proc(self):
+        return 0
+
+    def register_proc(self, endpoint, pid, procs_id=None):
         self.endpoint = endpoint
         return 0
 
@@ -99,27 +108,45 @@ class SPClusterRuntime(ClusterRuntime):
 
 
 class ZKClusterRuntime(ClusterRuntime):
-    """Job `job_id`'s runtime in ZooKeeper, over the session `zk` (a `singa.zk.ZKService`)."""
+    """Job `job_id`'s runtime in ZooKeeper, over the session `zk` (a `singa.zk.ZKService`).
+    With a `trust` (`singa.trust.JobTrust`, the session authenticated with it) the job's nodes
+    carry its ACL, and a job node made without it is refused."""
 
-    def __init__(self, zk, job_id):
-        self.zk, self.job_id = zk, job_id
+    def __init__(self, zk, job_id, trust=None):
+        self.zk, self.job_id, self.trust = zk, job_id, trust
         self.path = job_path(job_id)
+        self.acl = trust.zk_acl if trust is not None else None
+        self.procs_id = None    # once registered
 
-    def register_proc(self, endpoint, pid):
+    def reserve_proc(self):
         """The rank of this process's proc-lock node is its procs id."""
         zk, job = self.zk, self.path
+        zk.ensure(job, acl=self.acl)
+        if self.trust is not None:
+            acl, _ = zk.wait(zk.client.get_acls_async(job), "read the ACL of " + job)
+            if not self.trust.owns(acl):
+                raise ClusterError(f"job {self.job_id}: its node {job} in ZooKeeper at "
+                                   f"{zk.hosts} was not made with this job's secret: not "
+                                   f"joining it")
         for sub in ("proc", "proc-lock", "group", "proc-done"):
-            zk.ensure(f"{job}/{sub}")
+            zk.ensure(f"{job}/{sub}", acl=self.acl)
         lock = zk.wait(zk.client.create_async(job + "/proc-lock/lock-", ephemeral=True,
-                                              sequence=True), "create proc lock")
+                                              sequence=True, acl=self.acl), "create proc lock")
         locks = sorted(zk.children(job + "/proc-lock"))
-        procs_id = locks.index(lock.rsplit("/", 1)[1])
+        return locks.index(lock.rsplit("/", 1)[1])
+
+    def register_proc(self, endpoint, pid, procs_id=None):
+        zk, job = self.zk, self.path
+        if procs_id is None:
+            procs_id = self.reserve_proc()
         try:
-            zk.wait(zk.client.create_async(f"{job}/proc/proc-{procs_id}", f"{endpoint}|{pid}".encode(),
-                                           ephemeral=True), "create proc node")
+            zk.wait(zk.client.create_async(f"{job}/proc/proc-{procs_id}",
+                                           f"{endpoint}|{pid}".encode(), ephemeral=True,
+                                           acl=self.acl), "create proc node")
         except NodeExistsError:
             raise ClusterError(f"procs id {procs_id} of job {self.job_id} is already registered "
                                f"in ZooKeeper at {zk.hosts}") from None
+        self.procs_id = procs_id
         return procs_id
 
     def proc_endpoint(self, procs_id, timeout=None):
@@ -127,12 +154,17 @@ class ZKClusterRuntime(ClusterRuntime):
         path = f"{self.path}/proc/proc-{procs_id}"
         timeout = zk.timeout if timeout is None else timeout
         registered = threading.Event()
-        if not zk.wait(zk.client.exists_async(path, watch=lambda event: registered.set()), "stat " + path):
+        if not zk.wait(zk.client.exists_async(path, watch=lambda event: registered.set()),
+                       "stat " + path):
             if not registered.wait(timeout):
                 raise ClusterError(f"process {procs_id} of job {self.job_id} did not register in "
                                    f"ZooKeeper at {zk.hosts} within {timeout:g} s")
         data, _ = zk.wait(zk.client.get_async(path), "read " + path)
-        return data.decode().rsplit("|", 1)[0]
+        proc = parse_proc(data)
+        if proc is None:
+            raise ClusterError(f"{path} in ZooKeeper at {zk.hosts} holds {bytes(data)[:40]!r}, "
+                               f"not <host>:<port>|<pid>")
+        return f"{proc[0]}:{proc[1]}"
 
     def watch_procs(self, on_lost):
         """Fires in kazoo's thread when a proc node ends and no proc-done node marks it."""
@@ -172,16 +204,17 @@ class ZKClusterRuntime(ClusterRuntime):
         if not zk.connected:
             raise ClusterError(f"ZooKeeper at {zk.hosts} is not connected (mark process done)")
         try:
-            zk.wait(zk.client.create_async(f"{self.path}/proc-done/proc-{procs_id}", makepath=True),
+            zk.wait(zk.client.create_async(f"{self.path}/proc-done/proc-{procs_id}",
+                                           acl=self.acl, makepath=True),
                     "mark process done", SHUTDOWN_TIMEOUT)
         except NodeExistsError:
             pass
 
     def join_sgroup(self, gid, wid, sgroup):
         group = self._sgroup(sgroup)
-        self.zk.ensure(group)
-        self.zk.wait(self.zk.client.create_async(f"{group}/g{gid}_w{wid}", ephemeral=True),
-                     "join server group")
+        self.zk.ensure(group, acl=self.acl)
+        self.zk.wait(self.zk.client.create_async(f"{group}/g{gid}_w{wid}", ephemeral=True,
+                                                 acl=self.acl), "join server group")
 
     def leave_sgroup(self, gid, wid, sgroup):
         """A lost session is a warning: the node ends with it."""
@@ -201,7 +234,7 @@ class ZKClusterRuntime(ClusterRuntime):
         """Fires only after a worker has joined: a member seen, or a change event (a worker
         that joined and left between two reads), followed by an empty child list."""
         group = self._sgroup(sgroup)
-        self.zk.ensure(group)
+        self.zk.ensure(group, acl=self.acl)
         joined = False
 
         def changed(children, event):
@@ -214,6 +247,27 @@ class ZKClusterRuntime(ClusterRuntime):
             return True
 
         self.zk.client.ChildrenWatch(group, changed, send_event=True)
+
+    def close(self):
+        """Leave the job: this process's proc node goes now (with no proc-done mark the others
+        see it lost at once); the last process to leave deletes the job's inner nodes, which
+        only the job's secret may, so the job stays listed without processes and `singatool
+        removeall` can delete it. On the way out: failures are warnings."""
+        zk = self.zk
+        if self.procs_id is None or not zk.connected:
+            return
+        try:
+            zk.wait(zk.client.delete_async(f"{self.path}/proc/proc-{self.procs_id}"),
+                    "delete proc node", SHUTDOWN_TIMEOUT)
+            self.procs_id = None
+            if not zk.wait(zk.client.get_children_async(f"{self.path}/proc"), "list procs",
+                           SHUTDOWN_TIMEOUT):
+                for sub in zk.children(self.path):
+                    zk.delete_tree(f"{self.path}/{sub}")
+        except NoNodeError:
+            pass
+        except ClusterError as e:
+            log.warning("process left job %d in ZooKeeper untidily: %s", self.job_id, e)
 
     def _sgroup(self, sgroup):
         return f"{self.path}/group/sg{sgroup}"

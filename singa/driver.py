@@ -25,6 +25,7 @@ from singa.metrics import Reporter
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.runtime import Process, Transport, resume_from, seeds
+from singa.trust import ENV, JobTrust, new_secret
 from singa.worker import worker_class
 from singa.zk import ZKService
 
@@ -72,12 +73,14 @@ def main(argv=None):
             return 0
         if not flags["test"]:
             check_runnable(job)
-        with ZKService(singa_conf.zookeeper_host) as zk:
+        trust = job_trust(job)
+        with ZKService(singa_conf.zookeeper_host, trust=trust) as zk:
             job_id = int(flags.get("singa_job", -1))
             if job_id < 0:
-                job_id = JobManager(zk).new_job_id()
-            driver = Driver(job, ZKClusterRuntime(zk, job_id), flags.get("host", "localhost"),
-                            flags["resume"], Reporter(singa.resolve(job.cluster.workspace), job_id))
+                job_id = JobManager(zk).new_job_id(trust)
+            driver = Driver(job, ZKClusterRuntime(zk, job_id, trust),
+                            flags.get("host", "localhost"), flags["resume"],
+                            Reporter(singa.resolve(job.cluster.workspace), job_id), trust)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, driver.on_signal)
             path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
@@ -102,6 +105,18 @@ def main(argv=None):
     return 0
 
 
+def job_trust(job):
+    """The JobTrust of the secret bin/singa-run.sh hands the job's processes; a job of one
+    process started on its own makes its own."""
+    trust = JobTrust.from_env()
+    if trust is None:
+        if cluster.nprocs(job.cluster) > 1:
+            raise ConfigError(f"{job.name}: a job of {cluster.nprocs(job.cluster)} processes "
+                              f"needs its secret in {ENV} (bin/singa-run.sh makes one per run)")
+        trust = JobTrust(new_secret())
+    return trust
+
+
 class Stopped(BaseException):
     """SIGINT or SIGTERM before the executors run: the driver leaves at once (a BaseException,
     like KeyboardInterrupt, so that no `except Exception` takes it for a failure)."""
@@ -112,8 +127,12 @@ class Driver:
     ClusterRuntime): trains (continuing from the newest snapshot when `resume`) or tests.
     `reporter` (a `singa.metrics.Reporter`, or None) receives what the workers display."""
 
-    def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None):
+    def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
+                 trust=None):
+        """`trust` (a `singa.trust.JobTrust`): the keys of the job's tcp traffic (None, or
+        the job's `cluster.trusted_network`: plain tcp)."""
         self.job = job
+        self.trust = None if job.cluster.trusted_network else trust
         self.cluster_rt = cluster_rt
         self.job_id = cluster_rt.job_id
         self.host = host
@@ -151,6 +170,7 @@ class Driver:
                     return self.test()
                 self.train()
             finally:
+                self.cluster_rt.close()
                 held.close()
                 if self.reporter is not None:
                     self.reporter.close()
@@ -169,18 +189,19 @@ class Driver:
                             "writes over those of the steps it reaches (-resume continues from "
                             "the newest instead)", self.folder, steps[0], steps[-1])
         cl, rt = self.job.cluster, self.cluster_rt
-        transport = Transport()
+        transport, process = Transport(self.trust), None
         try:
-            endpoint = f"{self.host}:0"
-            if cluster.nprocs(cl) > 1:
-                endpoint = transport.listen(self.host)
-            pid = self.register(endpoint)
-            for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
-                rt.proc_endpoint(other, timeout=REGISTER_TIMEOUT)
+            pid = rt.reserve_proc()
             process = Process(self.job, pid, resume, rt, peers=rt.proc_endpoint,
                               transport=transport, reporter=self.reporter)
+            endpoint = f"{self.host}:0"
+            if cluster.nprocs(cl) > 1:     # frames over the largest the job sends: refused
+                endpoint = transport.listen(self.host, 2 * process.largest_frame() + (1 << 20))
+            self.register(endpoint, pid)
+            for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
+                rt.proc_endpoint(other, timeout=REGISTER_TIMEOUT)
         except BaseException:
-            transport.close()
+            (transport if process is None else process).close()
             raise
         self.process = process
         del resume      # the workers hold the snapshot's parsed files only until they load them
@@ -207,9 +228,10 @@ class Driver:
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 
-    def register(self, endpoint):
-        """This process's procs id, by registration in the cluster runtime with `endpoint`."""
-        pid = self.cluster_rt.register_proc(endpoint, os.getpid())
+    def register(self, endpoint, procs_id=None):
+        """This process's procs id, by registration in the cluster runtime with `endpoint`
+        (as `procs_id` when reserved already)."""
+        pid = self.cluster_rt.register_proc(endpoint, os.getpid(), procs_id)
         log.info("proc #%d -> %s (pid = %d)", pid, endpoint, os.getpid())
         return pid
 

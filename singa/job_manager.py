@@ -1,9 +1,14 @@
 """Jobs in ZooKeeper as `singatool` sees them (SINGA's JobManager, src/utils/cluster_rt.cc):
 new job ids, the hosts of a job's processes, listing, removal and cleanup."""
-from kazoo.exceptions import BadVersionError, NoNodeError
+import logging
+import re
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from singa.errors import ClusterError, ConfigError
 from singa.zk import APP, HOST_IDX, JOB_LOCK, ROOT, job_path
+
+log = logging.getLogger("singa")
 
 KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once more newer jobs than this exist
 
@@ -14,12 +19,23 @@ class JobManager:
     def __init__(self, zk):
         self.zk = zk
 
-    def new_job_id(self):
-        """A new job id: the sequence number of a fresh /singa/sys/job-lock/lock- node."""
+    def new_job_id(self, trust=None):
+        """A new job id: the sequence number of a fresh /singa/sys/job-lock/lock- node. With
+        a `trust` (`singa.trust.JobTrust`) the job's node is made here with its ACL; an id
+        whose node exists already (made by another client) is passed over."""
         zk = self.zk
-        path = zk.wait(zk.client.create_async(JOB_LOCK + "/lock-", ephemeral=True, sequence=True),
-                       "create job lock")
-        return int(path[-10:])
+        while True:
+            path = zk.wait(zk.client.create_async(JOB_LOCK + "/lock-", ephemeral=True,
+                                                  sequence=True), "create job lock")
+            job_id = int(path[-10:])
+            if trust is None:
+                return job_id
+            try:
+                zk.wait(zk.client.create_async(job_path(job_id), acl=trust.zk_acl),
+                        "create the job's node")
+                return job_id
+            except NodeExistsError:
+                continue
 
     def gen_hosts(self, hostfile, nprocs):
         """`nprocs` hosts from `hostfile`, round-robin from host-idx, which moves on by nprocs."""
@@ -27,7 +43,7 @@ class JobManager:
         hosts = read_hostfile(hostfile)
         while True:
             data, stat = zk.wait(zk.client.get_async(HOST_IDX), "read host-idx")
-            start = int(data or b"0")
+            start = parse_index(data)
             try:
                 zk.wait(zk.client.set_async(HOST_IDX, str((start + nprocs) % len(hosts)).encode(),
                                             version=stat.version), "write host-idx")
@@ -57,34 +73,68 @@ class JobManager:
         """["host|pid"] of the job's registered processes, by procs id (the ":port" is cut)."""
         zk = self.zk
         out = []
-        for name in sorted(self._procs(job_id), key=lambda n: int(n[len("proc-"):])):
+        for name in sorted(self._procs(job_id), key=lambda n: (len(n), n)):
             try:
-                data, _ = zk.wait(zk.client.get_async(f"{job_path(job_id)}/proc/{name}"), "read " + name)
+                data, _ = zk.wait(zk.client.get_async(f"{job_path(job_id)}/proc/{name}"),
+                                  "read " + name)
             except NoNodeError:     # the process ended while we listed
                 continue
-            endpoint, pid = data.decode().rsplit("|", 1)
-            out.append(f"{endpoint.rsplit(':', 1)[0]}|{pid}")
+            proc = parse_proc(data)
+            if proc is None:
+                log.warning("%s/proc/%s holds %r, not <host>:<port>|<pid>: skipped",
+                            job_path(job_id), name, data[:40])
+                continue
+            out.append(f"{proc[0]}|{proc[2]}")
         return out
 
     def remove_job(self, job_id):
-        """Delete the job's proc nodes (its processes count as gone)."""
+        """Delete the job's proc nodes (its processes count as gone); returns the nodes left,
+        as `remove_all`."""
+        left = []
         for name in self._procs(job_id):
-            self.zk.delete_tree(f"{job_path(job_id)}/proc/{name}")
+            left += self.zk.delete_tree(f"{job_path(job_id)}/proc/{name}")
+        return left
 
     def remove_all(self):
-        """Delete every job under /singa/app (job ids keep increasing)."""
+        """Delete every job under /singa/app (job ids keep increasing); returns the nodes left
+        because they belong to a job whose secret we do not hold."""
+        left = []
         for name in self.zk.children(APP):
-            self.zk.delete_tree(f"{APP}/{name}")
+            left += self.zk.delete_tree(f"{APP}/{name}")
+        return left
 
     def cleanup(self):
-        """Delete /singa entirely (job ids start again from 0)."""
-        self.zk.delete_tree(ROOT)
+        """Delete /singa entirely (job ids start again from 0); returns the nodes left, as
+        `remove_all`."""
+        return self.zk.delete_tree(ROOT)
 
     def _procs(self, job_id):
+        """Names of the job's proc nodes ([] for a job all of whose processes have left)."""
         try:
             return self.zk.children(job_path(job_id) + "/proc")
         except NoNodeError:
-            raise ClusterError(f"job {job_id} does not exist in ZooKeeper at {self.zk.hosts}") from None
+            if self.zk.wait(self.zk.client.exists_async(job_path(job_id)), "stat the job"):
+                return []
+            raise ClusterError(f"job {job_id} does not exist in ZooKeeper at "
+                               f"{self.zk.hosts}") from None
+
+
+def parse_index(data):
+    """The host index in /singa/sys/host-idx: anything but a small number counts as 0 (the
+    node is shared by every job, and anyone may write it)."""
+    text = bytes(data or b"0")[:12].decode("ascii", "replace")
+    if not text.isdigit():
+        log.warning("%s holds %r, not a number: hosts are taken from the first", HOST_IDX,
+                    bytes(data)[:40])
+        return 0
+    return int(text)
+
+
+def parse_proc(data):
+    """(host, port, pid) of a proc node's "<host>:<port>|<pid>", or None when malformed."""
+    m = re.fullmatch(r"([^|:\s]+):(\d{1,5})\|(\d{1,10})", bytes(data or b"")[:300]
+                     .decode("ascii", "replace"))
+    return (m[1], int(m[2]), int(m[3])) if m else None
 
 
 def read_hostfile(path):

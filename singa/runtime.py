@@ -12,6 +12,7 @@ import threading
 
 import numpy as np
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
 
 from singa import checkpoint, cluster, errors
 from singa.comm import msg as m
@@ -180,6 +181,22 @@ class Process:
                          farewells=farewells)
         self.peers, self.connect = {}, peers
 
+    def largest_frame(self):
+        """Bytes of the largest array this process's executors may send another process: a
+        param's values or a layer's blob (bridge layers) of any of its nets; a server-only
+        process builds a train net to know its params."""
+        nets = [self.train_graph] + [n for by in self.eval_nets.values() for n in by.values()]
+        nets = [n for n in nets if n is not None] or \
+            [NeuralNet(self.job.neuralnet, job_pb2.kTrain, seeds(self.job, 1)[0])]
+        largest = 0
+        for net in nets:
+            for layer in getattr(net, "graph", net).layers:
+                for a in [getattr(layer, "data", None), getattr(layer, "grad", None)] + \
+                        [p.data for p in layer.params]:
+                    if isinstance(a, np.ndarray):
+                        largest = max(largest, a.nbytes)
+        return largest
+
     def locate(self, address):
         """The process of the executor at `address`."""
         cl = self.job.cluster
@@ -193,7 +210,7 @@ class Process:
 
     def peer(self, pid):
         if pid not in self.peers:
-            self.peers[pid] = Peer(self.ctx, "tcp://" + self.connect(pid))
+            self.peers[pid] = self.transport.peer(self.connect(pid))
         return self.peers[pid]
 
     def run(self):
@@ -223,24 +240,52 @@ class Process:
 
 
 class Transport:
-    """A process's ZeroMQ context and its stub's Router (`inproc://`, plus tcp for peers)."""
+    """A process's ZeroMQ context and its stub's Router (`inproc://`, plus tcp for peers).
 
-    def __init__(self):
+    With a `trust` (`singa.trust.JobTrust`) tcp is CURVE: the Router is the server of the
+    job's keys, a ZAP handler admits the job's client key only, and Peers are its clients."""
+
+    def __init__(self, trust=None):
         self.ctx = zmq.Context()
+        self.trust = trust
+        self.auth = None
         self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
 
-    def listen(self, host):
-        """Accept other processes' messages on `tcp://<host's address>:<free port>`; returns
-        "address:port", the endpoint to register in ZooKeeper. Never every interface."""
+    def listen(self, host, max_frame=-1):
+        """Accept other processes' messages on `tcp://<host's address>:<free port>`, frames
+        of at most `max_frame` bytes (-1: any); returns "address:port", the endpoint to
+        register in ZooKeeper. Never every interface."""
         try:
             address = socket.gethostbyname(host)
         except OSError as e:
             raise ClusterError(f"host {host}: cannot resolve its address: {e}") from None
-        return self.router.bind(f"tcp://{address}:*").removeprefix("tcp://")
+        if self.trust is not None and self.auth is None:
+            self.auth = ThreadAuthenticator(self.ctx, log=log.getChild("zap"))
+            self.auth.start()
+            self.auth.configure_curve_callback("*", credentials_provider=_Admit(
+                self.trust.client_public))
+        return self.router.bind(f"tcp://{address}:*", self.trust, max_frame) \
+            .removeprefix("tcp://")
+
+    def peer(self, endpoint):
+        """A Peer connected to another process's stub at tcp `endpoint` ("address:port")."""
+        return Peer(self.ctx, "tcp://" + endpoint, self.trust)
 
     def close(self):
         self.router.close()
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
+
+
+class _Admit:
+    """The ZAP handler's rule: a CURVE client is admitted when its key is the job's."""
+
+    def __init__(self, key):
+        self.key = key
+
+    def callback(self, domain, key):
+        return key == self.key
 
 
 def failure_error(kind, text):

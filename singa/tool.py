@@ -15,13 +15,15 @@ from singa.errors import SingaError
 from singa.log import format_metrics
 from singa.proto import job_pb2
 from singa.textproto import read_text
+from singa.trust import ENV, JobTrust
 from singa.job_manager import JobManager
 from singa.zk import ZKService
 
 USAGE = """\
 Usage: singatool <command> [args] [-confdir <dir>]
   getlogdir          print log_dir of singa.conf
-  create             print a new unique job id
+  create             print a new unique job id (and make its node, guarded by the job's
+                     secret, when $SINGA_JOB_SECRET is set)
   genhost [JOB_CONF] print the hosts of the job's processes, one per line
   list               list running jobs
   listall            list all jobs
@@ -70,10 +72,11 @@ def run(cmd, rest, confdir):
         print("\n".join(progress(int(rest[0]), conf.log_dir)))
         return
     n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
-    with ZKService(conf.zookeeper_host) as service:
+    trust = JobTrust.from_env()
+    with ZKService(conf.zookeeper_host, trust=trust) as service:
         jobs = JobManager(service)
         if cmd == "create":
-            print(jobs.new_job_id())
+            print(jobs.new_job_id(trust))
         elif cmd == "genhost":
             print("\n".join(jobs.gen_hosts(os.path.join(confdir, "hostfile"), n)))
         elif cmd in ("list", "listall"):
@@ -84,12 +87,12 @@ def run(cmd, rest, confdir):
         elif cmd == "view":
             for proc in jobs.job_procs(int(rest[0])):
                 print(proc)
-        elif cmd == "remove":
-            jobs.remove_job(int(rest[0]))
-        elif cmd == "removeall":
-            jobs.remove_all()
-        elif cmd == "cleanup":
-            jobs.cleanup()
+        elif cmd in ("remove", "removeall", "cleanup"):
+            left = jobs.remove_job(int(rest[0])) if cmd == "remove" else \
+                jobs.remove_all() if cmd == "removeall" else jobs.cleanup()
+            if left:
+                print(f"singatool: {cmd}: {len(left)} nodes left, which belong to jobs whose "
+                      f"secret {ENV} does not hold (e.g. {left[0]})", file=sys.stderr)
 
 
 def progress(job_id, log_dir):

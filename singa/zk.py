@@ -14,7 +14,8 @@ import logging
 import socket
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (BadVersionError, KazooException, NoAuthError, NodeExistsError,
+                              NoNodeError)
 from kazoo.handlers.threading import KazooTimeoutError
 
 from singa.errors import ClusterError, ConfigError
@@ -30,6 +31,10 @@ SHUTDOWN_TIMEOUT = 3.0     # seconds a call on the way out may wait (its ephemer
 log = logging.getLogger("singa")
 # kazoo warns on every failed connection attempt; our errors say it in one line instead.
 logging.getLogger("kazoo").addHandler(logging.NullHandler())
+
+
+class ProtectedNode(ClusterError):
+    """ZooKeeper refused a change: the node belongs to a job whose secret we do not hold."""
 
 
 def job_path(job_id):
@@ -54,10 +59,12 @@ class ZKService:
     ZooKeeper's own errors (NoNode, NodeExists, BadVersion) pass through.
     """
 
-    def __init__(self, hosts, timeout=15):
+    def __init__(self, hosts, timeout=15, trust=None):
+        """`trust` (a `singa.trust.JobTrust`): the session authenticates as that job, and may
+        then change the job's nodes."""
         self.hosts = hosts
         self.timeout = timeout
-        self.client = _connect(hosts, timeout)
+        self.client = _connect(hosts, timeout, trust.zk_auth if trust is not None else None)
         try:
             for path in (ROOT, SYS, JOB_LOCK, APP):
                 self.ensure(path)
@@ -85,10 +92,12 @@ class ZKService:
     def connected(self):
         return self.client.connected
 
-    def ensure(self, path, value=b""):
-        """Create a persistent node (and its parents); an existing node counts as success."""
+    def ensure(self, path, value=b"", acl=None):
+        """Create a persistent node (and its parents, with the same `acl`; None: open to
+        all); an existing node counts as success."""
         try:
-            self.wait(self.client.create_async(path, value, makepath=True), "create " + path)
+            self.wait(self.client.create_async(path, value, acl=acl, makepath=True),
+                      "create " + path)
         except NodeExistsError:
             pass
 
@@ -96,13 +105,19 @@ class ZKService:
         return self.wait(self.client.get_children_async(path), "list " + path)
 
     def delete_tree(self, path):
-        """Delete `path` and everything below it; a node gone already counts as deleted."""
+        """Delete `path` and everything below it; a node gone already counts as deleted.
+        Returns the nodes left because they belong to a job (`ProtectedNode`)."""
+        left = []
         try:
             for child in self.children(path):
-                self.delete_tree(f"{path}/{child}")
-            self.wait(self.client.delete_async(path), "delete " + path)
+                left += self.delete_tree(f"{path}/{child}")
+            if not left:
+                self.wait(self.client.delete_async(path), "delete " + path)
         except NoNodeError:
             pass
+        except ProtectedNode:
+            left.append(path)
+        return left
 
     def wait(self, result, what, timeout=None):
         """The value of a kazoo async call within `timeout` (default self.timeout) seconds;
@@ -112,6 +127,9 @@ class ZKService:
             return result.get(timeout=timeout)
         except (NoNodeError, NodeExistsError, BadVersionError):
             raise
+        except NoAuthError:
+            raise ProtectedNode(f"ZooKeeper at {self.hosts} refused to {what}: the node belongs "
+                                f"to a job whose secret this process does not hold") from None
         except KazooTimeoutError:
             raise ClusterError(f"ZooKeeper at {self.hosts} did not answer within "
                                f"{timeout:g} s ({what})") from None
@@ -119,10 +137,11 @@ class ZKService:
             raise ClusterError(f"ZooKeeper at {self.hosts} failed ({what}): {type(e).__name__}") from None
 
 
-def _connect(hosts, timeout):
-    """A started KazooClient, or ClusterError within `timeout` seconds."""
+def _connect(hosts, timeout, auth=None):
+    """A started KazooClient (authenticated with `auth`, kazoo's auth_data), or ClusterError
+    within `timeout` seconds."""
     _probe(hosts, timeout)
-    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT,
+    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, auth_data=auth,
                          connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1})
     try:
         client.start(timeout=timeout)

@@ -39,12 +39,17 @@ class Dealer:
 
 
 class Peer:
-    """A send-only connection to another process's stub (its Router's tcp endpoint)."""
+    """A send-only connection to another process's stub (its Router's tcp endpoint); with a
+    `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys."""
 
-    def __init__(self, ctx, endpoint):
+    def __init__(self, ctx, endpoint, trust=None):
         self.endpoint = endpoint
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if trust is not None:
+            self.sock.curve_serverkey = trust.server_public
+            self.sock.curve_publickey = trust.client_public
+            self.sock.curve_secretkey = trust.client_secret
         self.sock.connect(endpoint)
 
     def send(self, msg):
@@ -67,8 +72,16 @@ class Router:
             raise ClusterError(f"cannot bind {endpoint}: {e}") from None
         self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
-    def bind(self, endpoint):
-        """Also listen on `endpoint` (e.g. `tcp://10.0.0.2:*`); returns the bound endpoint."""
+    def bind(self, endpoint, trust=None, max_frame=-1):
+        """Also listen on `endpoint` (e.g. `tcp://10.0.0.2:*`); returns the bound endpoint.
+        With a `trust` (`singa.trust.JobTrust`) as the CURVE server of the job's keys, which
+        only its clients pass (the context's ZAP handler must admit them); a peer sending a
+        frame over `max_frame` bytes (-1: no limit) is disconnected before it is received."""
+        if trust is not None:
+            self.sock.curve_server = True
+            self.sock.curve_publickey = trust.server_public
+            self.sock.curve_secretkey = trust.server_secret
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
         try:
             self.sock.bind(endpoint)
         except zmq.ZMQError as e:

@@ -9,7 +9,10 @@ from google.protobuf import text_format
 
 import singa
 from singa import config
+from singa.job_manager import JobManager
 from singa.proto import job_pb2
+from singa.trust import ENV, JobTrust, new_secret
+from singa.zk import ZKService
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
@@ -18,6 +21,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def new_job(zk_server):
+    """A job id made as bin/singa-run.sh makes one: a secret of its own, in the environment
+    returned for the job's processes, and the job's node in ZooKeeper guarded by it. Returns
+    (job id, environment, JobTrust)."""
+    secret = new_secret()
+    trust = JobTrust(secret)
+    with ZKService(zk_server, trust=trust) as zk:
+        job_id = JobManager(zk).new_job_id(trust)
+    return job_id, dict(os.environ, **{ENV: secret}), trust
 
 
 @pytest.fixture(scope="session")
@@ -130,10 +144,11 @@ def fixture_job(tmp_path):
 def run_driver(singa_conf, tmp_path):
     """Run `python -m singa.driver -conf CONF [flags] -singa_conf <fixture singa.conf>` (no -conf
     when CONF is None) from a directory other than the SINGA home; returns the CompletedProcess."""
-    def run(conf, *flags, conf_file=singa_conf, timeout=180):
+    def run(conf, *flags, conf_file=singa_conf, timeout=180, env=None):
         job = ["-conf", str(conf)] if conf is not None else []
-        return subprocess.run([PYTHON, "-m", "singa.driver", *job, *flags, "-singa_conf", str(conf_file)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run([PYTHON, "-m", "singa.driver", *job, *flags, "-singa_conf",
+                               str(conf_file)], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=timeout, env=dict(os.environ, **(env or {})))
     return run
 
 

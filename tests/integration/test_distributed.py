@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import PYTHON
+from conftest import PYTHON, new_job
 from singa.checkpoint import CheckpointReader
 from singa.config import parse_job
 from singa.runtime import Process, resume_from, slice_table
 from singa.cluster_rt import ZKClusterRuntime
-from singa.job_manager import JobManager
 from singa.zk import ZKService
 
 # SINGA's frameworks scaled to this machine (docs/distributed.md), each in several processes
@@ -36,10 +35,9 @@ def job_text(fixture_job, tmp_path, name, layout, steps=60):
 
 def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
     """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order."""
-    with ZKService(zk_server) as zk:
-        job_id = JobManager(zk).new_job_id()
+    job_id, env, _ = new_job(zk_server)
     procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
-                               str(singa_conf), "-singa_job", str(job_id), *flags],
+                               str(singa_conf), "-singa_job", str(job_id), *flags], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for _ in range(nprocs)]
     out = []
@@ -82,14 +80,14 @@ def test_synchronous_frameworks_in_processes_train_as_in_one(framework, fixture_
 def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, singa_conf,
                                                                   zk_server, tmp_path):
     conf = job_text(fixture_job, tmp_path, "killed", LAYOUTS["allreduce"], steps=100000)
-    with ZKService(zk_server) as zk:
-        job_id = JobManager(zk).new_job_id()
+    job_id, env, _ = new_job(zk_server)
     logs = [tmp_path / f"proc{i}.log" for i in range(2)]
     procs = []
     for log in logs:
         with open(log, "w") as out:
             procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job", str(job_id)],
+                                           "-singa_conf", str(singa_conf), "-singa_job",
+                                           str(job_id)], env=env,
                                           stdout=out, stderr=subprocess.STDOUT))
     try:
         deadline = time.monotonic() + 120
@@ -123,16 +121,18 @@ GARBAGE = [
 ]
 
 
-def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf, zk_server,
-                                                         tmp_path):
+def test_garbage_frames_from_a_peer_of_the_job_change_nothing(fixture_job, singa_conf,
+                                                              zk_server, tmp_path):
+    """Malformed frames from a peer holding the job's keys (a process of the job gone wrong)
+    are dropped with a line; the job ends as an unattacked one."""
     clean = run_job(job_text(fixture_job, tmp_path, "clean", LAYOUTS["allreduce"]), singa_conf,
                     zk_server, 2)
     assert all(rc == 0 for rc, _ in clean)
     conf = job_text(fixture_job, tmp_path, "attacked", LAYOUTS["allreduce"])
+    job_id, env, trust = new_job(zk_server)
     with ZKService(zk_server) as zk:
-        job_id = JobManager(zk).new_job_id()
         procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
-                                   str(singa_conf), "-singa_job", str(job_id)],
+                                   str(singa_conf), "-singa_job", str(job_id)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for _ in range(2)]
         try:
@@ -140,6 +140,8 @@ def test_garbage_frames_to_a_live_process_change_nothing(fixture_job, singa_conf
             for pid in range(2):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.LINGER, 1000)
+                sock.curve_serverkey = trust.server_public
+                sock.curve_publickey, sock.curve_secretkey = trust.client_public, trust.client_secret
                 sock.connect("tcp://" + ZKClusterRuntime(zk, job_id).proc_endpoint(pid, timeout=60))
                 for frames in GARBAGE:
                     sock.send_multipart(frames)

@@ -11,6 +11,7 @@ import pytest
 from conftest import PYTHON, ZK_SERVICE, free_port
 from singa import checkpoint
 from singa.job_manager import JobManager
+from singa.trust import ENV, new_secret
 from singa.zk import ZKService
 
 LONG = {"train_steps": 1_000_000, "test_freq": 0, "checkpoint_freq": 0, "disp_freq": 100}
@@ -171,11 +172,12 @@ def test_a_job_of_several_processes_ends_when_zookeeper_stops_mid_run(mlp_job, o
                                      setattr(job.cluster, "server_worker_separate", True)))
     logs = [tmp_path / f"run{i}.log" for i in range(3)]
     procs = []
+    env = dict(os.environ, **{ENV: new_secret()})      # the job's secret, as singa-run.sh's
     for log in logs:
         with open(log, "w") as out:
             procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
                                            "-singa_conf", str(singa_conf), "-singa_job", "7"],
-                                          stdout=out, stderr=subprocess.STDOUT))
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
     try:
         deadline = time.monotonic() + 120
         while "Train @ step 100" not in "".join(log.read_text() for log in logs):

@@ -9,6 +9,7 @@ import pytest
 
 import singa
 from singa import checkpoint
+from singa.trust import ENV, new_secret
 from conftest import PYTHON
 
 CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")
@@ -120,6 +121,9 @@ def test_cd_without_rbm_layers_is_refused(fixture_job, run_driver):
 def test_a_process_whose_job_partners_never_start_stops_with_one_line(fixture_job, run_driver):
     conf = fixture_job(edits={"nworker_groups: 1": "nworker_groups: 2"})    # 2 processes
     r = run_driver(conf)
+    assert r.returncode == 2 and r.stderr == "singa: fixture-mlp: a job of 2 processes needs " \
+        "its secret in SINGA_JOB_SECRET (bin/singa-run.sh makes one per run)\n", r.stderr
+    r = run_driver(conf, env={ENV: new_secret()})
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert re.search(r"^singa: process 1 of job \d+ did not register in ZooKeeper at \S+ within "
                      r"20 s$", r.stderr, re.M), r.stderr
