@@ -94,8 +94,9 @@ while :; do
   # pids in ZooKeeper (singa-console.sh kill, again while their ssh runs: a process may register
   # late); whatever still runs after the grace period gets SIGKILL.
   stop_job() {
-    trap '' INT TERM
+    trap '' INT TERM HUP
     echo "singa-run: $1: stopping job $job_id" >&2
+    [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
     kill -TERM "${local_pids[@]}" 2>/dev/null || true
     local deadline=$((SECONDS + grace)) killer="" alive pid
     while :; do
@@ -118,9 +119,10 @@ while :; do
     singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
     exit "$2"
   }
-  local_pids=(); remote_pids=()
+  local_pids=(); remote_pids=(); remote_hosts=(); watcher=""
   trap 'stop_job SIGINT 130' INT
   trap 'stop_job SIGTERM 143' TERM
+  trap 'stop_job SIGHUP 129' HUP       # a terminal hangup: nothing may train on as an orphan
 
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
   while read -r host _; do
@@ -133,19 +135,59 @@ while :; do
       remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
       # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
       # shellcheck disable=SC2086
-      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
-      remote_pids+=($!)
+      # keep-alives: a host that stops answering ends its ssh within 15 s
+      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet \
+          -oServerAliveInterval=5 -oServerAliveCountMax=3 -oConnectTimeout=10 ${SINGA_SSH_OPTS:-} \
+          -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
+      remote_pids+=($!); remote_hosts+=("$host")
     fi
   done <"$log_dir/job.hosts"
 
   sleep 2
   singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true
 
+  # The job is over when every process has ended, or once ZooKeeper has none of them left
+  # (each done or lost): then an ssh to a host that went away is not waited for.
+  if [ ${#remote_pids[@]} -gt 0 ]; then
+    singatool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
+    watcher=$!
+  fi
+  over=""; closed=()
+  while :; do
+    alive=0
+    for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
+    [ $alive -eq 1 ] || break
+    if [ -n "$watcher" ] && [ -z "$over" ] && ! kill -0 "$watcher" 2>/dev/null; then
+      over=$SECONDS     # every process has left ZooKeeper: ssh clients get 5 s to end
+    fi
+    if [ -n "$over" ] && [ $((SECONDS - over)) -ge 5 ]; then
+      for i in "${!remote_pids[@]}"; do
+        if kill -0 "${remote_pids[$i]}" 2>/dev/null; then
+          echo "singa-run: host ${remote_hosts[$i]}: its process left job $job_id but its ssh session does not end; closing it" >&2
+          kill -TERM "${remote_pids[$i]}" 2>/dev/null || true
+          closed[$i]=1
+        fi
+      done
+      over=$((SECONDS + 3600))
+    fi
+    sleep 0.5
+  done
+  [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
   status=0
-  for pid in "${local_pids[@]}" "${remote_pids[@]}"; do
+  for pid in "${local_pids[@]}"; do
     wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
   done
-  case $status in 0|2|130|143) break ;; esac    # done, bad input, or stopped by the user
+  for i in "${!remote_pids[@]}"; do
+    rc=0; wait "${remote_pids[$i]}" || rc=$?
+    if [ $rc -eq 255 ] || [ -n "${closed[$i]:-}" ]; then
+      echo "singa-run: lost host ${remote_hosts[$i]}: its ssh session ended (exit $rc) without its process's status" >&2
+      rc=1
+    fi
+    [ $status -ne 0 ] || status=$rc
+  done
+  # done or bad input end here; a process stopped by a signal that was not sent to this
+  # launcher (which stop_job handles) is a failure: max_restarts applies
+  case $status in 0|2) break ;; esac
   [ $restarts -lt "$max_restarts" ] || break
   restarts=$((restarts + 1))
   echo "singa-run: job $job_id failed (exit $status); restart $restarts of $max_restarts from its newest complete snapshot" >&2

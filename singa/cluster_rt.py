@@ -39,8 +39,9 @@ class ClusterRuntime:
         """Call `on_lost(text)` once when a process of the job goes away without `proc_done`."""
         raise NotImplementedError
 
-    def proc_done(self, procs_id):
-        """Mark process `procs_id` as ended normally (before it leaves)."""
+    def proc_done(self, procs_id, stopped_by=""):
+        """Mark process `procs_id` as ended (before it leaves): normally, or `stopped_by` a
+        signal (its name), which the others take for a failure."""
         raise NotImplementedError
 
     def join_sgroup(self, gid, wid, sgroup):
@@ -87,7 +88,7 @@ class SPClusterRuntime(ClusterRuntime):
     def watch_procs(self, on_lost):
         pass    # no other process to lose
 
-    def proc_done(self, procs_id):
+    def proc_done(self, procs_id, stopped_by=""):
         pass
 
     def join_sgroup(self, gid, wid, sgroup):
@@ -184,28 +185,32 @@ class ZKClusterRuntime(ClusterRuntime):
             for name in set(seen) - set(children):
                 value = seen.pop(name)
                 try:
-                    done = client.exists(f"{job}/proc-done/{name}") is not None
+                    mark = client.get(f"{job}/proc-done/{name}")[0]
+                except NoNodeError:
+                    mark = None
                 except KazooException:
-                    done = False
-                if not done:
+                    mark = None
+                if mark != b"":
                     fired = True
                     host, _, pid = value.rpartition("|")
+                    how = "was lost" if mark is None else \
+                        f"was stopped by {mark[:20].decode('ascii', 'replace')}"
                     on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
-                            f"({host or '?'}, pid {pid}) was lost")
+                            f"({host or '?'}, pid {pid}) {how}")
                     return False
             return True
 
         client.ChildrenWatch(f"{job}/proc", changed)
 
-    def proc_done(self, procs_id):
+    def proc_done(self, procs_id, stopped_by=""):
         """On the way out: ClusterError at once when not connected, within SHUTDOWN_TIMEOUT
-        otherwise."""
+        otherwise. The mark holds the signal's name, if any."""
         zk = self.zk
         if not zk.connected:
             raise ClusterError(f"ZooKeeper at {zk.hosts} is not connected (mark process done)")
         try:
             zk.wait(zk.client.create_async(f"{self.path}/proc-done/proc-{procs_id}",
-                                           acl=self.acl, makepath=True),
+                                           stopped_by.encode(), acl=self.acl, makepath=True),
                     "mark process done", SHUTDOWN_TIMEOUT)
         except NodeExistsError:
             pass

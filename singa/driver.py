@@ -224,7 +224,7 @@ class Driver:
         process.run()
         if cluster.nprocs(cl) > 1:
             try:
-                rt.proc_done(pid)
+                rt.proc_done(pid, signal.Signals(self.signal).name if self.signal else "")
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 

@@ -2,6 +2,7 @@
 new job ids, the hosts of a job's processes, listing, removal and cleanup."""
 import logging
 import re
+import time
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
@@ -86,6 +87,20 @@ class JobManager:
                 continue
             out.append(f"{proc[0]}|{proc[2]}")
         return out
+
+    def wait_ended(self, job_id, poll=0.5):
+        """Return once job `job_id` has had processes and has none left: every one of them
+        ended or was lost (its session expired). ClusterError when ZooKeeper goes away."""
+        proc, seen = job_path(job_id) + "/proc", False
+        while True:
+            try:
+                children = self.zk.children(proc)
+            except NoNodeError:     # not made yet, or deleted by the last process to leave
+                children = []
+            seen = seen or bool(children)
+            if seen and not children:
+                return
+            time.sleep(poll)
 
     def remove_job(self, job_id):
         """Delete the job's proc nodes (its processes count as gone); returns the nodes left,

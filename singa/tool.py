@@ -30,13 +30,14 @@ Usage: singatool <command> [args] [-confdir <dir>]
   view ID            print the processes of job ID as host|pid
   progress ID        print job ID's latest train step and metrics (from its metrics.csv)
   remove ID          remove job ID's processes from ZooKeeper
+  wait ID            return once job ID has had processes and has none left (done or lost)
   removeall          remove all jobs from ZooKeeper
   cleanup            remove all of SINGA's data from ZooKeeper
   -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
 
 # command -> number of arguments it takes (genhost: the job conf is optional)
 ARITY = {"getlogdir": (0,), "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,),
-         "view": (1,), "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,)}
+         "view": (1,), "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,), "wait": (1,)}
 
 
 def main(argv=None):
@@ -53,7 +54,7 @@ def main(argv=None):
     cmd, rest = args[0], args[1:]
     if len(rest) not in ARITY[cmd]:
         return usage(f"{cmd}: wrong number of arguments")
-    if cmd in ("view", "progress", "remove") and not rest[0].isdigit():
+    if cmd in ("view", "progress", "remove", "wait") and not rest[0].isdigit():
         return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
     try:
         run(cmd, rest, confdir)
@@ -84,6 +85,8 @@ def run(cmd, rest, confdir):
             print("----------|-----------")
             for job_id, n in jobs.list_jobs(all=cmd == "listall"):
                 print("%-10d|%-10d" % (job_id, n))
+        elif cmd == "wait":
+            jobs.wait_ended(int(rest[0]))
         elif cmd == "view":
             for proc in jobs.job_procs(int(rest[0])):
                 print(proc)
