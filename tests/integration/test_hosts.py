@@ -166,3 +166,65 @@ def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, t
     finally:
         subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
                        capture_output=True)
+
+
+def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, tmp_path, fixture_job):
+    """One host's link goes down and its process dies: singa-run.sh returns within 30 s,
+    non-zero, naming the lost host (not waiting on its ssh); with max_restarts: 1 it tries
+    again and says why it cannot go on."""
+    port = random.randint(20000, 30000)
+    zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
+                  ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
+    started = subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "start"], env=zk_env,
+                             capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    try:
+        conf_dir = tmp_path / "conf"
+        conf_dir.mkdir()
+        (conf_dir / "hostfile").write_text("".join(a + "\n" for a in hosts.addresses))
+        (conf_dir / "singa.conf").write_text(f'zookeeper_host: "{hosts.net}.1:{port}"\n'
+                                             f'log_dir: "{tmp_path / "log"}/"\n')
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_")}
+        env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
+        for restarts in (0, 1):
+            conf = fixture_job(f"dead{restarts}.conf", head=f"max_restarts: {restarts}\n",
+                               workspace=tmp_path / f"ws{restarts}", edits={
+                "cluster { nworker_groups: 1 nserver_groups: 1":
+                    "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
+                    "nservers_per_group: 3", "train_steps: 200": "train_steps: 100000"})
+            log = tmp_path / f"dead{restarts}.log"
+            with open(log, "w") as out:
+                run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)],
+                                       env=env, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            dead_ns, dead = hosts.namespaces[2], hosts.addresses[2]
+            veth = f"sgv3-{os.getpid() % 10000}"
+            try:
+                deadline = time.monotonic() + 120
+                while "Train @ step 20 " not in log.read_text():
+                    assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+                    time.sleep(0.3)
+                sh("ip", "link", "set", veth, "down")
+                for pid in sh("ip", "netns", "pids", dead_ns, check=False).stdout.split():
+                    try:
+                        if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
+                            os.kill(int(pid), signal.SIGKILL)
+                    except (FileNotFoundError, ProcessLookupError):
+                        pass
+                died = time.monotonic()
+                rc = run.wait(timeout=120)
+                took = time.monotonic() - died
+            finally:
+                if run.poll() is None:
+                    os.killpg(run.pid, signal.SIGKILL)
+                sh("ip", "link", "set", veth, "up")
+            text = log.read_text()
+            assert rc != 0 and "Traceback" not in text, text
+            assert f"singa-run: lost host {dead}" in text, text
+            if restarts == 0:
+                assert took <= 30, (took, text)
+            else:
+                assert "restart 1 of 1" in text, text
+    finally:
+        subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
+                       capture_output=True)

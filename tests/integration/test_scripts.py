@@ -243,7 +243,45 @@ def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, 
     assert (tmp_path / "ws" / "checkpoint" / "step3000-worker1.bin").is_file()
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to singa-run.sh", "Ctrl-C"])
+def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
+                                                                     tmp_path):
+    """An admin's kill of one process is a failure, not a user's stop: the other process stops
+    within 15 s naming it, and max_restarts restarts the job, which finishes."""
+    conf = fixture_job(head="max_restarts: 1\n", edits={
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
+            "nservers_per_group: 2",
+        "train_steps: 200": "train_steps: 3000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "step50-worker1.bin" not in log.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+            time.sleep(0.2)
+        drivers = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver"],
+                                 capture_output=True, text=True).stdout.split()
+        assert len(drivers) == 2
+        os.kill(int(drivers[0]), signal.SIGTERM)
+        signalled = time.monotonic()
+        while "restart 1 of 1" not in log.read_text():
+            assert time.monotonic() < signalled + 60 and run.poll() is None, log.read_text()
+            time.sleep(0.1)
+        stopped_in = time.monotonic() - signalled
+        rc = run.wait(timeout=300)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 0 and stopped_in <= 15, (stopped_in, text)
+    assert re.search(rf"process \d of job \d+ \(127\.0\.0\.1:\d+, pid {drivers[0]}\) was "
+                     rf"stopped by SIGTERM", text), text
+    assert (tmp_path / "ws" / "checkpoint" / "step3000-worker1.bin").is_file()
+
+
+@pytest.mark.parametrize("how", ["SIGTERM to singa-run.sh", "Ctrl-C", "SIGHUP to singa-run.sh"])
 def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
     job = long_job()
     n = job.wait_listed()
@@ -251,6 +289,9 @@ def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
     if how == "Ctrl-C":     # the terminal signals the whole foreground process group
         os.killpg(job.proc.pid, signal.SIGINT)
         expected = 128 + signal.SIGINT
+    elif how == "SIGHUP to singa-run.sh":      # a terminal hangup
+        job.proc.send_signal(signal.SIGHUP)
+        expected = 128 + signal.SIGHUP
     else:
         job.proc.send_signal(signal.SIGTERM)
         expected = 128 + signal.SIGTERM
