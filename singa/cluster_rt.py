@@ -60,6 +60,11 @@ class ClusterRuntime:
     def close(self):
         """Leave the runtime (ZooKeeper ends this process's ephemeral nodes)."""
 
+    @property
+    def connected(self):
+        """Whether the runtime can tell this process about the others (ZooKeeper reachable)."""
+        return True
+
 
 class SPClusterRuntime(ClusterRuntime):
     """The runtime of a job that runs whole in this process: no ZooKeeper, no other process
@@ -252,6 +257,10 @@ class ZKClusterRuntime(ClusterRuntime):
             return True
 
         self.zk.client.ChildrenWatch(group, changed, send_event=True)
+
+    @property
+    def connected(self):
+        return self.zk.connected
 
     def close(self):
         """Leave the job: this process's proc node goes now (with no proc-done mark the others

@@ -4,8 +4,8 @@
           [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
-job through the same Driver with the in-process runtime), holds the workspace, has `runtime.Process` build this process's
-executors and run them (a thread per Server and per Worker, talking to the Stub in the main
+job through the same Driver with the in-process runtime), holds the workspace, has
+`runtime.Process` build this process's executors and run them (a thread per Server and per Worker, talking to the Stub in the main
 thread over ZeroMQ), and reports user mistakes as one line on stderr with exit code 2.
 SIGINT or SIGTERM stops the executors; the exit code is then 128 + the signal's number.
 `-check` only checks the conf and the processes per host (`singa.launch`) and exits.
@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 
 import singa
 from singa import checkpoint, cluster, config, launch, threads, workspace
@@ -32,6 +33,7 @@ from singa.zk import ZKService
 log = logging.getLogger("singa")
 
 REGISTER_TIMEOUT = 20.0    # seconds a process waits for the other processes of its job
+SILENCE_TIMEOUT = 60.0     # seconds without a message, ZooKeeper unreachable: the others are lost
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
          "[-resume|-test] [-check [-oversubscribe]] [-user_proto FILE.proto]... "
          "[-user_layers FILE.py]...")
@@ -142,6 +144,7 @@ class Driver:
         self.folder = os.path.join(self.workspace, "checkpoint")
         self.signal = None          # SIGINT or SIGTERM received
         self.process = None         # the executors, once built
+        self.stopped = threading.Event()    # set once the executors have stopped
 
     def on_signal(self, signum, frame=None):
         """SIGINT/SIGTERM: the stub stops the executors (at their next message); before they
@@ -221,12 +224,27 @@ class Driver:
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
             rt.watch_procs(process.stub.report_lost)
-        process.run()
+            threading.Thread(target=self.watch_silence, args=(process.stub,), daemon=True,
+                             name="silence").start()
+        try:
+            process.run()
+        finally:
+            self.stopped.set()
         if cluster.nprocs(cl) > 1:
             try:
                 rt.proc_done(pid, signal.Signals(self.signal).name if self.signal else "")
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
+
+    def watch_silence(self, stub):
+        """With ZooKeeper unreachable nothing reports a lost process: one that has heard no
+        message for SILENCE_TIMEOUT seconds then gives up (a server whose workers died)."""
+        while not self.stopped.wait(1):
+            if not self.cluster_rt.connected and stub.silent_for() > SILENCE_TIMEOUT:
+                stub.report_lost(f"ZooKeeper is unreachable and no message came for "
+                                 f"{SILENCE_TIMEOUT:.0f} s: the other processes of job "
+                                 f"{self.job_id} are taken for lost")
+                return
 
     def register(self, endpoint, procs_id=None):
         """This process's procs id, by registration in the cluster runtime with `endpoint`

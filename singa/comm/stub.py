@@ -12,6 +12,7 @@ local executor; `run` then returns it as (type name, message).
 """
 import logging
 import queue
+import time
 
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
@@ -66,6 +67,7 @@ class Stub:
         self.poll_ms = poll_ms
         self.requests = queue.SimpleQueue()     # (what, text) from other threads, for `run`
         self.error = None
+        self.heard = time.monotonic()           # when the last message arrived
 
     def stop(self):
         """Have `run` stop every local executor. Thread-safe, and safe in a signal handler."""
@@ -88,6 +90,7 @@ class Stub:
             try:
                 msg = self.router.receive(self.poll_ms)
                 if msg is not None:
+                    self.heard = time.monotonic()
                     self.handle(msg)
             except ClusterError as e:   # bad traffic: dropped, nothing changed
                 log.warning("Stub: dropped a message: %s", e)
@@ -97,6 +100,10 @@ class Stub:
                 self.stop_local(m.kServer)
         log.info("Stub in process stops")
         return self.error
+
+    def silent_for(self):
+        """Seconds since the last message arrived (for any executor here, or this stub)."""
+        return time.monotonic() - self.heard
 
     def take_request(self, what, text):
         """Carry out a request of `stop`, `stop_servers` or `report_lost`."""

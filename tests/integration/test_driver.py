@@ -198,3 +198,42 @@ def test_a_job_of_several_processes_ends_when_zookeeper_stops_mid_run(mlp_job, o
     assert "Traceback" not in text
     for w in (0, 1):
         assert (tmp_path / "ws" / "checkpoint" / f"step3000-worker{w}.bin").is_file()
+
+
+def test_zookeeper_gone_and_a_downpour_worker_process_killed_every_process_exits(
+        mlp_job, own_zookeeper, tmp_path):
+    """Downpour (two worker groups, their server group in a process of its own): ZooKeeper
+    stops, then one worker process is killed. Nothing can tell the others through ZooKeeper;
+    every process still exits within the bound, non-zero where its job failed."""
+    singa_conf, stop_zookeeper = own_zookeeper
+    conf = mlp_job(train_steps=3000, test_freq=0, checkpoint_freq=0, disp_freq=100,
+                   edit=lambda job: (setattr(job.cluster, "nworker_groups", 2),
+                                     setattr(job.cluster, "server_worker_separate", True)))
+    logs = [tmp_path / f"run{i}.log" for i in range(3)]
+    procs = []
+    env = dict(os.environ, **{ENV: new_secret()})
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job", "9"],
+                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 100" not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        stop_zookeeper()
+        workers = [p for p, log in zip(procs, logs) if "Worker (group" in log.read_text()]
+        workers[-1].kill()
+        killed = time.monotonic()
+        status = [p.wait(timeout=180) for p in procs]
+        took = time.monotonic() - killed
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process hangs:\n" + "\n".join(log.read_text()[-2000:] for log in logs))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    text = "\n".join(log.read_text() for log in logs)
+    assert "Traceback" not in text and took <= 150, (took, text)
+    assert "ZooKeeper is unreachable and no message came for 60 s" in text, text
