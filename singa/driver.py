@@ -5,8 +5,9 @@
 
 Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
 job through the same Driver with the in-process runtime), holds the workspace, has
-`runtime.Process` build this process's executors and run them (a thread per Server and per Worker, talking to the Stub in the main
-thread over ZeroMQ), and reports user mistakes as one line on stderr with exit code 2.
+`runtime.Process` build this process's executors and run them (a thread per Server and per
+Worker, talking to the Stub in the main thread over ZeroMQ), and reports user mistakes as one
+line on stderr with exit code 2. The job's secret (`singa.trust`) comes in SINGA_JOB_SECRET.
 SIGINT or SIGTERM stops the executors; the exit code is then 128 + the signal's number.
 `-check` only checks the conf and the processes per host (`singa.launch`) and exits.
 """
