@@ -198,6 +198,11 @@ class ZKClusterRuntime(ClusterRuntime):
                 if mark != b"":
                     fired = True
                     host, _, pid = value.rpartition("|")
+                    if name == f"proc-{self.procs_id}":     # our own session expired
+                        on_lost(f"this process ({name.removeprefix('proc-')} of job "
+                                f"{self.job_id}) lost its ZooKeeper session at {self.zk.hosts}: "
+                                f"the others take it for lost")
+                        return False
                     how = "was lost" if mark is None else \
                         f"was stopped by {mark[:20].decode('ascii', 'replace')}"
                     on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "

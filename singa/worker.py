@@ -459,7 +459,21 @@ class Worker:
                                 self.grp, self.id, msg, e)
             elif time.monotonic() > deadline:
                 raise ClusterError(f"worker ({self.grp}, {self.id}): no answer for {what} from "
-                                   f"its servers in {self.response_timeout:.0f} s")
+                                   f"its servers ({self.servers_where()}) in "
+                                   f"{self.response_timeout:.0f} s")
+
+    def servers_where(self):
+        """Where this worker's servers run: 'process P at host:port' each (for an error)."""
+        cl, places = self.job.cluster, []
+        for pid in sorted({cluster.server_procs(cl, self.sgroup, s)
+                           for s in range(cl.nservers_per_group)}):
+            try:
+                endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1) \
+                    if self.cluster_rt is not None and cluster.nprocs(cl) > 1 else "this process"
+            except SingaError:
+                endpoint = "an endpoint ZooKeeper cannot tell"
+            places.append(f"process {pid} at {endpoint}")
+        return ", ".join(places)
 
     def handle(self, msg):
         if msg.type == m.kStop:

@@ -118,3 +118,15 @@ def test_one_process_two_workers_two_servers_train_to_the_end(tmp_path):
     assert set(reader.names) == {p.name for p in process.train_net.owner_params}
     np.testing.assert_array_equal(reader.param(w.name), w.data)
     assert w.data.std() > 0.1 and not np.allclose(reader.param(b.name), 0.5)     # it trained
+
+
+def test_a_worker_that_hears_nothing_names_where_its_servers_run(tmp_path):
+    process = Process(make_job(tmp_path, nservers_per_group=2, nservers_per_procs=2))
+    try:
+        worker = process.workers[0]
+        worker.response_timeout = 0.3
+        with pytest.raises(errors.ClusterError, match=r"^worker \(0, 0\): no answer for the test "
+                           r"from its servers \(process 0 at this process\) in 0 s$"):
+            worker.wait(lambda: False, "the test")
+    finally:
+        process.close()
