@@ -193,7 +193,7 @@ class Driver:
                             "writes over those of the steps it reaches (-resume continues from "
                             "the newest instead)", self.folder, steps[0], steps[-1])
         cl, rt = self.job.cluster, self.cluster_rt
-        transport, process = Transport(self.trust), None
+        transport, process = Transport(self.trust, self.job_id), None
         try:
             pid = rt.reserve_proc()
             process = Process(self.job, pid, resume, rt, peers=rt.proc_endpoint,

@@ -245,11 +245,12 @@ class Transport:
     With a `trust` (`singa.trust.JobTrust`) tcp is CURVE: the Router is the server of the
     job's keys, a ZAP handler admits the job's client key only, and Peers are its clients."""
 
-    def __init__(self, trust=None):
+    def __init__(self, trust=None, job=-1):
+        """`job`: the job's id, in every message to another process and checked in theirs."""
         self.ctx = zmq.Context()
-        self.trust = trust
+        self.trust, self.job = trust, job
         self.auth = None
-        self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}")
+        self.router = Router(self.ctx, f"inproc://singa-stub-{os.getpid()}-{id(self)}", job)
 
     def listen(self, host, max_frame=-1):
         """Accept other processes' messages on `tcp://<host's address>:<free port>`, frames
@@ -269,7 +270,7 @@ class Transport:
 
     def peer(self, endpoint):
         """A Peer connected to another process's stub at tcp `endpoint` ("address:port")."""
-        return Peer(self.ctx, "tcp://" + endpoint, self.trust)
+        return Peer(self.ctx, "tcp://" + endpoint, self.trust, self.job)
 
     def close(self):
         self.router.close()

@@ -40,10 +40,12 @@ class Dealer:
 
 class Peer:
     """A send-only connection to another process's stub (its Router's tcp endpoint); with a
-    `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys."""
+    `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys. Every message starts
+    with a frame of the job's id, which the Router checks."""
 
-    def __init__(self, ctx, endpoint, trust=None):
+    def __init__(self, ctx, endpoint, trust=None, job=-1):
         self.endpoint = endpoint
+        self.job = b"%d" % job
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if trust is not None:
@@ -53,7 +55,7 @@ class Peer:
         self.sock.connect(endpoint)
 
     def send(self, msg):
-        self.sock.send_multipart([msg.header(), *msg.frames], copy=False)
+        self.sock.send_multipart([self.job, msg.header(), *msg.frames], copy=False)
 
     def close(self):
         self.sock.close(0)
@@ -62,7 +64,10 @@ class Peer:
 class Router:
     """The stub's socket: receives from every Dealer, sends to a Dealer by its address."""
 
-    def __init__(self, ctx, endpoint):
+    def __init__(self, ctx, endpoint, job=-1):
+        """`job`: the id a Peer's messages must carry (those of another job or an earlier run
+        are dropped)."""
+        self.job = b"%d" % job
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -98,6 +103,12 @@ class Router:
         if not self.sock.poll(timeout_ms):
             return None
         frames = self.sock.recv_multipart(copy=False)
+        if frames[0].bytes[:1] == b"\0":     # ZeroMQ's own identity: a Peer, over tcp
+            if len(frames) < 2 or frames[1].bytes != self.job:
+                got = frames[1].bytes[:20] if len(frames) > 1 else b""
+                raise ClusterError(f"a message of another job ({got!r}), not of job "
+                                   f"{self.job.decode()}")
+            return Msg.from_frames(frames[2:])
         return Msg.from_frames(frames[1:])
 
     def close(self):

@@ -5,7 +5,7 @@ import pytest
 import zmq
 
 from singa.comm import msg as m
-from singa.errors import ConfigError
+from singa.errors import ClusterError, ConfigError
 from singa.runtime import Transport
 from singa.trust import JobTrust, new_secret
 
@@ -86,3 +86,25 @@ def test_a_frame_over_the_bound_is_refused_before_it_is_received(listening):
         assert got is not None and bytes(got.frames[0]) == b"small"
     finally:
         peer.close()
+
+
+def test_a_peer_of_another_job_or_run_is_refused_by_its_job_id():
+    """With the transport trusted (no CURVE), the job id in every message still keeps a stray
+    peer of another job, or of an earlier run, out."""
+    ours, earlier, same = Transport(job=12), Transport(job=11), Transport(job=12)
+    try:
+        endpoint = ours.listen("127.0.0.1")
+        stray, peer = earlier.peer(endpoint), same.peer(endpoint)
+        stray.send(m.Msg(m.addr(0, 0, m.kWorkerParam), m.STUB, m.kStop, frames=[b"stray"]))
+        with pytest.raises(ClusterError, match=r"a message of another job \(b'11'\), not of "
+                                               r"job 12"):
+            while ours.router.receive(3000) is None:
+                pass
+        peer.send(m.Msg(m.addr(0, 0, m.kWorkerParam), m.STUB, m.kStop, frames=[b"ours"]))
+        got = ours.router.receive(3000)
+        assert got is not None and bytes(got.frames[0]) == b"ours"
+        stray.close()
+        peer.close()
+    finally:
+        for t in (ours, earlier, same):
+            t.close()
