@@ -235,5 +235,6 @@ def test_zookeeper_gone_and_a_downpour_worker_process_killed_every_process_exits
             if p.poll() is None:
                 p.kill()
     text = "\n".join(log.read_text() for log in logs)
+    print(f"ZooKeeper gone, a Downpour worker process killed: all ended {took:.1f} s later")
     assert "Traceback" not in text and took <= 150, (took, text)
     assert "ZooKeeper is unreachable and no message came for 60 s" in text, text

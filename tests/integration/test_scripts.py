@@ -275,6 +275,7 @@ def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_jo
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     text = log.read_text()
+    print(f"SIGTERM to one process: the job stopped {stopped_in:.1f} s later")
     assert rc == 0 and stopped_in <= 15, (stopped_in, text)
     assert re.search(rf"process \d of job \d+ \(127\.0\.0\.1:\d+, pid {drivers[0]}\) was "
                      rf"stopped by SIGTERM", text), text
