@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Stop process PID of SINGA job JOB_ID on this host:
 #
-#   singa-kill-proc.sh JOB_ID PID [GRACE]
+#   singa-kill-proc.sh JOB_ID PID [GRACE [USR1]]
 #
 # Only a process whose arguments hold "-singa_job JOB_ID" (as singa-run.sh starts them) is
 # signalled: SIGTERM, then SIGKILL if it still runs GRACE seconds later (default
-# $SINGA_KILL_GRACE, else 10). Needs nothing else of SINGA, so a remote host runs it as
+# $SINGA_KILL_GRACE, else 10); with USR1, SIGUSR1 once (a snapshot, then the job stops).
+# Needs nothing else of SINGA, so a remote host runs it as
 # `ssh HOST bash -s -- JOB_ID PID GRACE < singa-kill-proc.sh`.
 # Exit status: 0 stopped (or gone already), 2 refused (bad arguments, not the job's process).
 set -uo pipefail
 
-job=${1:-} pid=${2:-} grace=${3:-${SINGA_KILL_GRACE:-10}}
-if ! [[ $job =~ ^[0-9]+$ && $pid =~ ^[1-9][0-9]*$ && $grace =~ ^[0-9]+$ ]]; then
-  echo "singa-kill-proc: usage: singa-kill-proc.sh JOB_ID PID [GRACE] (numbers; PID > 0)" >&2
+job=${1:-} pid=${2:-} grace=${3:-${SINGA_KILL_GRACE:-10}} sig=${4:-TERM}
+if ! [[ $job =~ ^[0-9]+$ && $pid =~ ^[1-9][0-9]*$ && $grace =~ ^[0-9]+$ && $sig =~ ^(TERM|USR1)$ ]]; then
+  echo "singa-kill-proc: usage: singa-kill-proc.sh JOB_ID PID [GRACE [USR1]] (numbers; PID > 0)" >&2
   exit 2
 fi
 
@@ -31,6 +32,10 @@ if ! of_job; then
     echo "singa-kill-proc: pid $pid on $(hostname) is not a process of job $job; not signalled" >&2
     exit 2
   fi
+  exit 0
+fi
+if [ "$sig" = USR1 ]; then
+  kill -USR1 "$pid" 2>/dev/null || true
   exit 0
 fi
 kill -TERM "$pid" 2>/dev/null || exit 0

@@ -12,8 +12,10 @@
 # puts on each host (`<program> -check`; -oversubscribe allows more than 4 per core), starts
 # the local ZooKeeper when conf/singa.conf names a local one that does not answer, gets a job
 # id, and starts one process per host of the job (ssh for remote hosts). Other arguments go to
-# the program. SIGINT or SIGTERM stops every process of the job (SIGKILL for those still
-# running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal.
+# the program. SIGINT, SIGTERM or SIGHUP stops every process of the job (SIGKILL for those
+# still running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal;
+# SIGUSR1 has the job write a snapshot a step or two later and stop there (exit 138), so
+# that -resume loses nothing.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
@@ -119,10 +121,26 @@ while :; do
     singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
     exit "$2"
   }
-  local_pids=(); remote_pids=(); remote_hosts=(); watcher=""
+  # SIGUSR1: a snapshot, then the job stops (one process told is enough: its stub tells the
+  # others); here a local process, else the first registered one over ssh
+  snapshot_job() {
+    echo "singa-run: SIGUSR1: job $job_id stops after a snapshot" >&2
+    snapshot=1
+    if [ ${#local_pids[@]} -gt 0 ]; then
+      kill -USR1 "${local_pids[@]}" 2>/dev/null || true
+    else
+      local proc
+      proc=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null | head -n 1)
+      [ -z "$proc" ] || ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null \
+        -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "${proc%|*}" bash -s -- "$job_id" "${proc##*|}" \
+        0 USR1 <"$SINGA_BIN/singa-kill-proc.sh" || true
+    fi
+  }
+  local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""
   trap 'stop_job SIGINT 130' INT
   trap 'stop_job SIGTERM 143' TERM
   trap 'stop_job SIGHUP 129' HUP       # a terminal hangup: nothing may train on as an orphan
+  trap 'snapshot_job' USR1
 
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
   while read -r host _; do
@@ -188,6 +206,7 @@ while :; do
   # done or bad input end here; a process stopped by a signal that was not sent to this
   # launcher (which stop_job handles) is a failure: max_restarts applies
   case $status in 0|2) break ;; esac
+  [ -z "$snapshot" ] || break      # stopped after a snapshot, as asked (SIGUSR1)
   [ $restarts -lt "$max_restarts" ] || break
   restarts=$((restarts + 1))
   echo "singa-run: job $job_id failed (exit $status); restart $restarts of $max_restarts from its newest complete snapshot" >&2

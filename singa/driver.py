@@ -84,7 +84,7 @@ def main(argv=None):
             driver = Driver(job, ZKClusterRuntime(zk, job_id, trust),
                             flags.get("host", "localhost"), flags["resume"],
                             Reporter(singa.resolve(job.cluster.workspace), job_id), trust)
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(sig, driver.on_signal)
             path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
             if path:
@@ -103,7 +103,8 @@ def main(argv=None):
     except Stopped:
         pass
     if driver is not None and driver.signal:
-        print(f"singa: stopped by {signal.Signals(driver.signal).name}", file=sys.stderr)
+        after = " after a snapshot" if driver.snapshot else ""
+        print(f"singa: stopped by {signal.Signals(driver.signal).name}{after}", file=sys.stderr)
         return 128 + driver.signal
     return 0
 
@@ -143,20 +144,31 @@ class Driver:
         self.reporter = reporter
         self.workspace = singa.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
-        self.signal = None          # SIGINT or SIGTERM received
+        self.signal = None          # SIGINT, SIGTERM or SIGUSR1 received
+        self.snapshot = False       # the signal asks for a snapshot before the job stops
         self.process = None         # the executors, once built
         self.stopped = threading.Event()    # set once the executors have stopped
 
     def on_signal(self, signum, frame=None):
-        """SIGINT/SIGTERM: the stub stops the executors (at their next message); before they
-        exist, the driver leaves at once. Repeats change nothing."""
+        """SIGINT/SIGTERM: the stub stops the executors (at their next message). SIGUSR1 (and
+        SIGTERM inside a Slurm allocation, its preemption and time limit): every worker of
+        the job stops a step or two later, group 0 after writing a snapshot there. Before the
+        executors exist, the driver leaves at once. Repeats change nothing."""
         if self.signal:
             return
         self.signal = signum
-        log.warning("%s: stopping", signal.Signals(signum).name)
+        self.snapshot = signum == signal.SIGUSR1 or (signum == signal.SIGTERM and
+                                                     "SLURM_JOB_ID" in os.environ)
+        name = signal.Signals(signum).name
         if self.process is None:
+            log.warning("%s: stopping", name)
             raise Stopped()
-        self.process.stub.stop()
+        if self.snapshot:
+            log.warning("%s: a snapshot in a step or two, then the job stops", name)
+            self.process.stub.request_snapshot()
+        else:
+            log.warning("%s: stopping", name)
+            self.process.stub.stop()
 
     def run(self, test=False):
         """Hold the workspace, then train (or test) with the job's compute threads."""
@@ -233,7 +245,10 @@ class Driver:
             self.stopped.set()
         if cluster.nprocs(cl) > 1:
             try:
-                rt.proc_done(pid, signal.Signals(self.signal).name if self.signal else "")
+                # a signal is a failure for the others, unless the job stops for a snapshot
+                stopped_by = signal.Signals(self.signal).name \
+                    if self.signal and not self.snapshot else ""
+                rt.proc_done(pid, stopped_by)
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 

@@ -178,7 +178,7 @@ class Process:
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
                          None if single else self.peer, stop_servers_with_workers=single,
-                         farewells=farewells)
+                         farewells=farewells, nprocs=cluster.nprocs(cl))
         self.peers, self.connect = {}, peers
 
     def largest_frame(self):

@@ -91,6 +91,7 @@ class Worker:
         self.last_test = None       # (step, metrics) of the latest test
         self.last_val = None        # (step, metrics) of the latest validation
         self.best = None            # the best value of checkpoint_keep_best so far
+        self.snapshot_at = None     # a snapshot on signal: the step to stop at after it
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
 
@@ -103,7 +104,7 @@ class Worker:
                 self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
             self.started = (time.monotonic(), self.step)
-            while self.step < job.train_steps:
+            while self.drain() < self.last_step():
                 s = self.step
                 evaluate = not (self.resumed_evaluated and s == job.step)
                 if evaluate and self.val_net and job.validate_steps > 0 \
@@ -134,6 +135,9 @@ class Worker:
                         log.info("Progress @ step %d: %s", s, self.pace(s))
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
+            if self.step < job.train_steps:
+                log.info("Worker (group = %d, id = %d): stopping at step %d after a snapshot, "
+                         "as asked", self.grp, self.id, self.step)
             if self.grp == 0:
                 self.checkpoint(self.step, final=True)
         except AbortedError:
@@ -475,9 +479,28 @@ class Worker:
             places.append(f"process {pid} at {endpoint}")
         return ", ".join(places)
 
+    def drain(self):
+        """Handle the messages waiting (a snapshot on signal among them); returns the step."""
+        while (msg := self.dealer.receive(0)) is not None:
+            try:
+                self.handle(msg)
+            except ClusterError as e:   # bad traffic: dropped
+                log.warning("Worker (group = %d, id = %d): dropped %r: %s",
+                            self.grp, self.id, msg, e)
+        return self.step
+
+    def last_step(self):
+        """The step the loop ends before: train_steps, or the step of a snapshot on signal."""
+        if self.snapshot_at is None:
+            return self.job.train_steps
+        return min(self.job.train_steps, max(self.snapshot_at, self.step))
+
     def handle(self, msg):
         if msg.type == m.kStop:
             raise AbortedError()
+        if msg.type == m.kSnapshot:
+            self.snapshot_at = max(self.snapshot_at or 0, msg.trgt_version)
+            return
         p = self.params_by_id.get(m.param_id(msg.trgt_val))
         if p is None or msg.type not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)

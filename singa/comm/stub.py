@@ -11,6 +11,7 @@ over tcp (`peers`), another stub's by the process id in it. A failure (kError) s
 local executor; `run` then returns it as (type name, message).
 """
 import logging
+import math
 import queue
 import time
 
@@ -19,6 +20,10 @@ from singa.comm import param_msg as pm
 from singa.errors import ClusterError
 
 log = logging.getLogger("singa")
+
+#: a snapshot on signal is taken some 0.25 s of steps (at least 3) after the newest step seen,
+#: so that every worker of the job hears of it before it gets there
+SNAPSHOT_LEAD_SECONDS, SNAPSHOT_MIN_LEAD = 0.25, 3
 
 
 class ParamEntry:
@@ -52,10 +57,15 @@ class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
     def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
-                 stop_servers_with_workers=True, farewells=None):
+                 stop_servers_with_workers=True, farewells=None, nprocs=1):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
-        the Peer connection to another process's stub; `farewells` maps a local worker to the
-        servers told (kStop from it) when it stops."""
+        the Peer connection to another process's stub (of `nprocs`); `farewells` maps a local
+        worker to the servers told (kStop from it) when it stops."""
+        self.nprocs = nprocs
+        self.latest = 0             # the newest step an Update passing here was of
+        self.latest_at = None       # when it was seen
+        self.step_seconds = None    # a running mean of the time a step takes
+        self.snapshot_at = None     # the step every worker stops at after a snapshot
         self.farewells = farewells or {}
         self.router = router
         self.pid, self.locate, self.peers = pid, locate, peers
@@ -77,6 +87,12 @@ class Stub:
         """Have `run` stop the local servers (their server groups have lost every worker).
         Thread-safe."""
         self.requests.put(("servers", None))
+
+    def request_snapshot(self):
+        """Have every worker of the job stop after a snapshot, a step or two from now: the step
+        goes to this process's workers and the other processes' stubs. Thread-safe, and safe
+        in a signal handler."""
+        self.requests.put(("snapshot", None))
 
     def report_lost(self, text):
         """A process of the job was lost (`text` says which): `run` stops every local executor
@@ -110,6 +126,9 @@ class Stub:
         if what == "servers":
             self.stop_local(m.kServer)
             return
+        if what == "snapshot":
+            self.spread_snapshot(self.latest + self.lead())
+            return
         if what == "lost" and self.error is None:
             self.error = ("ClusterError", text)
             log.error("%s; stopping", text)
@@ -133,6 +152,8 @@ class Stub:
         stub's answer to it; by type what is for this stub: its executors' requests and stops,
         the servers' answers."""
         dst = msg.dst
+        if msg.type == m.kUpdate:
+            self.note_step(msg.trgt_version)
         if m.addr_type(dst) != m.kStub:
             self.send(msg)
             return
@@ -145,6 +166,9 @@ class Stub:
         t = msg.type
         if t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             self.handle_response(msg)
+        elif t == m.kSnapshot:     # from another process: later, if ours are there already
+            step = msg.trgt_version
+            self.spread_snapshot(step if step > self.latest + 1 else self.latest + self.lead())
         elif msg.src not in self.executors:
             raise ClusterError(f"request of type {t} from an executor this process does not run")
         elif t == m.kStop:
@@ -167,6 +191,38 @@ class Stub:
             self.handle_state(msg)
         else:
             raise ClusterError(f"unexpected message type {t} for the stub")
+
+    def note_step(self, step):
+        """An Update of `step` passed: the newest step and the time a step takes."""
+        if step <= self.latest:
+            return
+        now = time.monotonic()
+        if self.latest_at is not None:
+            dt = (now - self.latest_at) / (step - self.latest)
+            self.step_seconds = dt if self.step_seconds is None else \
+                0.9 * self.step_seconds + 0.1 * dt
+        self.latest, self.latest_at = step, now
+
+    def lead(self):
+        """How many steps ahead a snapshot on signal is set."""
+        if not self.step_seconds:
+            return SNAPSHOT_MIN_LEAD
+        return max(SNAPSHOT_MIN_LEAD, math.ceil(SNAPSHOT_LEAD_SECONDS / self.step_seconds))
+
+    def spread_snapshot(self, step):
+        """Workers stop after a snapshot at `step` (the latest one asked for wins): told here
+        and, the first time or when later, every other process's stub."""
+        if self.snapshot_at is not None and step <= self.snapshot_at:
+            return
+        self.snapshot_at = step
+        log.info("Stub: a snapshot at step %d, then the job stops", step)
+        for a in sorted(self.executors):
+            if m.addr_type(a) != m.kServer:
+                self.router.send(m.Msg(m.STUB, a, m.kSnapshot, 0, step))
+        for pid in range(self.nprocs):
+            if pid != self.pid:
+                self.peers(pid).send(m.Msg(self.address(0), m.addr(0, pid, m.kStub),
+                                           m.kSnapshot, 0, step))
 
     def stop_local(self, entity):
         """kStop to the running local executors of one kind (kServer) or of every kind."""

@@ -1,8 +1,10 @@
 """Jobs across processes: real `singa` processes on this machine, real ZooKeeper, real tcp;
 and asynchronous worker groups resumed in one `runtime.Process`, whose servers a test reads."""
+import os
 import re
 import signal
 import subprocess
+import tempfile
 import time
 
 import numpy as np
@@ -34,21 +36,29 @@ def job_text(fixture_job, tmp_path, name, layout, steps=60):
 
 
 def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
-    """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order."""
+    """Start `nprocs` drivers of one job id; returns [(returncode, log)] in start order. Logs
+    go to files: a pipe nobody reads while another process is awaited fills up and blocks its
+    writer, which stalls the whole job."""
     job_id, env, _ = new_job(zk_server)
-    procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
-                               str(singa_conf), "-singa_job", str(job_id), *flags], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(nprocs)]
-    out = []
-    for p in procs:
+    with tempfile.TemporaryDirectory() as folder:
+        logs = [open(os.path.join(folder, f"proc{i}.log"), "w+") for i in range(nprocs)]
+        procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                   "-singa_conf", str(singa_conf), "-singa_job", str(job_id),
+                                   *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
+                 for log in logs]
+        deadline = time.monotonic() + timeout
         try:
-            log, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        out.append((p.returncode, log))
+            for p in procs:
+                p.wait(timeout=max(1, deadline - time.monotonic()))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+        out = []
+        for p, log in zip(procs, logs):
+            log.seek(0)
+            out.append((p.returncode, log.read()))
+            log.close()
     return out
 
 
@@ -276,3 +286,55 @@ def test_resume_in_one_process_gives_every_server_group_the_snapshots_updater_st
     readers = {w.grp: w.train_net.input_layers()[0] for w in process.workers}
     assert readers[0].get_state()["offset"] == snapshot.reader[f"train/{readers[0].name}"][0]
     assert readers[1].get_state()["offset"] == 0
+
+
+def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is_exact(
+        fixture_job, singa_conf, zk_server, tmp_path):
+    """SIGUSR1 to one process of a Sandblaster job: every worker stops some 0.25 s of steps
+    later, both writing their files of that step (a complete snapshot there, wherever the
+    last checkpoint_freq step was), and the processes end; -resume from it ends with the
+    params of an uninterrupted run."""
+    whole = run_job(job_text(fixture_job, tmp_path, "whole", LAYOUTS["sandblaster"], steps=3000),
+                    singa_conf, zk_server, 3)
+    assert all(rc == 0 for rc, _ in whole), whole
+    conf = job_text(fixture_job, tmp_path, "signalled", LAYOUTS["sandblaster"], steps=3000)
+    job_id, env, _ = new_job(zk_server)
+    logs = [tmp_path / f"usr1-{i}.log" for i in range(3)]
+    procs = []
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job",
+                                           str(job_id)], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 1000 " not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        procs[0].send_signal(signal.SIGUSR1)
+        status = [p.wait(timeout=60) for p in procs]
+    except subprocess.TimeoutExpired:
+        pytest.fail("\n".join(log.read_text()[-3000:] for log in logs))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    text = "\n".join(log.read_text() for log in logs)
+    assert status[0] == 128 + signal.SIGUSR1 and status[1:] == [0, 0], (status, text)
+    assert "singa: stopped by SIGUSR1 after a snapshot" in text and "Traceback" not in text
+    steps = {int(s) for s in re.findall(r"stopping at step (\d+) after a snapshot", text)}
+    assert len(steps) == 1, text
+    (step,) = steps
+    assert 1000 < step < 3000, step      # a step or two (0.25 s of steps) after the signal
+    folder = tmp_path / "signalled" / "checkpoint"
+    assert {p.name for p in folder.glob(f"step{step}-worker*.bin")} == \
+        {f"step{step}-worker0.bin", f"step{step}-worker1.bin"}
+    resumed = run_job(conf, singa_conf, zk_server, 3, flags=("-resume",))
+    assert all(rc == 0 for rc, _ in resumed), resumed
+    assert f"Resume from step {step}" in "".join(log for _, log in resumed)
+    for w in (0, 1):
+        ours = CheckpointReader(str(folder / f"step3000-worker{w}.bin"))
+        ref = CheckpointReader(str(tmp_path / "whole" / "checkpoint" / f"step3000-worker{w}.bin"))
+        for name in ref.names:
+            np.testing.assert_array_equal(ours.param(name), ref.param(name), err_msg=name)

@@ -34,22 +34,31 @@ def job_conf(fixture_job, tmp_path, name, steps=60, layout=SANDBLASTER):
 
 
 def start(conf, singa_conf, zk_server, nprocs=3):
+    """The job's processes, each logging to `<conf>.<i>.log` (a file: an unread pipe would
+    fill up and stall the job)."""
     job_id, env, trust = new_job(zk_server)
-    procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-singa_conf",
-                               str(singa_conf), "-singa_job", str(job_id)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(nprocs)]
+    procs = []
+    for i in range(nprocs):
+        with open(f"{conf}.{i}.log", "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job",
+                                           str(job_id)], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
+        procs[-1].log = f"{conf}.{i}.log"
     return job_id, trust, procs
 
 
 def finish(procs, timeout=300):
+    """The processes' logs once they have ended."""
     try:
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            p.wait(timeout=max(1, deadline - time.monotonic()))
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    return outs
+    return [open(p.log).read() for p in procs]
 
 
 def forgeries():

@@ -89,7 +89,8 @@ def _singa_protos():
     return json.loads(SINGA_PROTOS.read_text())
 
 
-ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300}  # our fields and values start here
+# our fields and values start here
+ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300}
 
 
 def _label(f):
