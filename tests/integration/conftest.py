@@ -34,6 +34,19 @@ def new_job(zk_server):
     return job_id, dict(os.environ, **{ENV: secret}), trust
 
 
+def start_drivers(conf, singa_conf, job_id, env, logs, flags=()):
+    """A `singa` driver of job `job_id` per path of `logs`, each logging to its file (a file:
+    an unread pipe fills up and stalls the job)."""
+    procs = []
+    for log in logs:
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
+                                           "-singa_conf", str(singa_conf), "-singa_job",
+                                           str(job_id), *flags], env=env, stdout=out,
+                                          stderr=subprocess.STDOUT))
+    return procs
+
+
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory):
     """A ZooKeeper server of its own (bin/zk-service.sh, free port, tmp data); yields "127.0.0.1:<port>"."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zmq
 
-from conftest import PYTHON, new_job
+from conftest import PYTHON, new_job, start_drivers
 from singa.checkpoint import CheckpointReader
 from singa.config import parse_job
 from singa.runtime import Process, resume_from, slice_table
@@ -41,11 +41,8 @@ def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
     writer, which stalls the whole job."""
     job_id, env, _ = new_job(zk_server)
     with tempfile.TemporaryDirectory() as folder:
-        logs = [open(os.path.join(folder, f"proc{i}.log"), "w+") for i in range(nprocs)]
-        procs = [subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                   "-singa_conf", str(singa_conf), "-singa_job", str(job_id),
-                                   *flags], env=env, stdout=log, stderr=subprocess.STDOUT)
-                 for log in logs]
+        logs = [os.path.join(folder, f"proc{i}.log") for i in range(nprocs)]
+        procs = start_drivers(conf, singa_conf, job_id, env, logs, flags)
         deadline = time.monotonic() + timeout
         try:
             for p in procs:
@@ -54,12 +51,7 @@ def run_job(conf, singa_conf, zk_server, nprocs, timeout=240, flags=()):
             for p in procs:
                 if p.poll() is None:
                     p.kill()
-        out = []
-        for p, log in zip(procs, logs):
-            log.seek(0)
-            out.append((p.returncode, log.read()))
-            log.close()
-    return out
+        return [(p.returncode, open(log).read()) for p, log in zip(procs, logs)]
 
 
 def losses(log):
@@ -92,13 +84,7 @@ def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, si
     conf = job_text(fixture_job, tmp_path, "killed", LAYOUTS["allreduce"], steps=100000)
     job_id, env, _ = new_job(zk_server)
     logs = [tmp_path / f"proc{i}.log" for i in range(2)]
-    procs = []
-    for log in logs:
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job",
-                                           str(job_id)], env=env,
-                                          stdout=out, stderr=subprocess.STDOUT))
+    procs = start_drivers(conf, singa_conf, job_id, env, logs)
     try:
         deadline = time.monotonic() + 120
         while "Train @ step 20 " not in "".join(log.read_text() for log in logs):
@@ -300,13 +286,7 @@ def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is
     conf = job_text(fixture_job, tmp_path, "signalled", LAYOUTS["sandblaster"], steps=3000)
     job_id, env, _ = new_job(zk_server)
     logs = [tmp_path / f"usr1-{i}.log" for i in range(3)]
-    procs = []
-    for log in logs:
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job",
-                                           str(job_id)], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT))
+    procs = start_drivers(conf, singa_conf, job_id, env, logs)
     try:
         deadline = time.monotonic() + 120
         while "Train @ step 1000 " not in "".join(log.read_text() for log in logs):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ZK_SERVICE, free_port
+from conftest import PYTHON, ZK_SERVICE, free_port, start_drivers
 from singa import checkpoint
 from singa.job_manager import JobManager
 from singa.trust import ENV, new_secret
@@ -171,13 +171,8 @@ def test_a_job_of_several_processes_ends_when_zookeeper_stops_mid_run(mlp_job, o
                    edit=lambda job: (setattr(job.cluster, "nworkers_per_group", 2),
                                      setattr(job.cluster, "server_worker_separate", True)))
     logs = [tmp_path / f"run{i}.log" for i in range(3)]
-    procs = []
     env = dict(os.environ, **{ENV: new_secret()})      # the job's secret, as singa-run.sh's
-    for log in logs:
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job", "7"],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+    procs = start_drivers(conf, singa_conf, 7, env, logs)
     try:
         deadline = time.monotonic() + 120
         while "Train @ step 100" not in "".join(log.read_text() for log in logs):
@@ -210,13 +205,7 @@ def test_zookeeper_gone_and_a_downpour_worker_process_killed_every_process_exits
                    edit=lambda job: (setattr(job.cluster, "nworker_groups", 2),
                                      setattr(job.cluster, "server_worker_separate", True)))
     logs = [tmp_path / f"run{i}.log" for i in range(3)]
-    procs = []
-    env = dict(os.environ, **{ENV: new_secret()})
-    for log in logs:
-        with open(log, "w") as out:
-            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job", "9"],
-                                          env=env, stdout=out, stderr=subprocess.STDOUT))
+    procs = start_drivers(conf, singa_conf, 9, dict(os.environ, **{ENV: new_secret()}), logs)
     try:
         deadline = time.monotonic() + 120
         while "Train @ step 100" not in "".join(log.read_text() for log in logs):
@@ -238,3 +227,4 @@ def test_zookeeper_gone_and_a_downpour_worker_process_killed_every_process_exits
     print(f"ZooKeeper gone, a Downpour worker process killed: all ended {took:.1f} s later")
     assert "Traceback" not in text and took <= 150, (took, text)
     assert "ZooKeeper is unreachable and no message came for 60 s" in text, text
+    assert -9 in status and 1 in status, status        # the killed one; one that gave up

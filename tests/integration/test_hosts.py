@@ -103,8 +103,10 @@ def hosts(tmp_path):
         made.close()
 
 
-def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, tmp_path,
-                                                                         fixture_job):
+@pytest.fixture
+def cluster(hosts, tmp_path):
+    """ZooKeeper on the bridge address and a SINGA conf dir whose hostfile lists the hosts:
+    yields (the environment for bin/ scripts, "address:port" of ZooKeeper)."""
     port = random.randint(20000, 30000)
     zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
                   ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
@@ -119,113 +121,106 @@ def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, t
                                              f'log_dir: "{tmp_path / "log"}/"\n')
         env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_")}
         env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
-        conf = fixture_job(edits={
-            "cluster { nworker_groups: 1 nserver_groups: 1":
-                "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
-                "nservers_per_group: 3",
-            "train_steps: 200": "train_steps: 100000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
-        log = tmp_path / "run.log"
-        with open(log, "w") as out:
-            run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 180
-            while "step100-worker2.bin" not in log.read_text():
-                assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-                time.sleep(0.5)
-            text = log.read_text()
-            for address in hosts.addresses:       # one process per host, bound to its address
-                assert re.search(rf"proc #\d -> {re.escape(address)}:\d+", text), text
-            listed = subprocess.run([os.path.join(BIN, "singa-console.sh"), "list"], env=env,
-                                    capture_output=True, text=True)
-            assert re.search(r"^\s*\d+\s*\|\s*3\s*$", listed.stdout, re.M), listed.stdout
-            # the job is killed: every process on every host
-            os.killpg(run.pid, signal.SIGKILL)
-            for ns in hosts.namespaces:
-                for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                    try:
-                        if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
-                            os.kill(int(pid), signal.SIGKILL)
-                    except (FileNotFoundError, ProcessLookupError):
-                        pass        # ended by itself meanwhile
-        finally:
-            if run.poll() is None:
-                os.killpg(run.pid, signal.SIGKILL)
-        with ZKService(f"{hosts.net}.1:{port}") as zk:         # the killed job's sessions expire
-            deadline = time.monotonic() + 60
-            while any(procs for _, procs in JobManager(zk).list_jobs()):
-                assert time.monotonic() < deadline
-                time.sleep(1)
-        conf.write_text(conf.read_text().replace("train_steps: 100000", "train_steps: 250"))
-        resumed = subprocess.run([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf), "-resume"],
-                                 env=env, capture_output=True, text=True, timeout=300)
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert re.search(r"Resume from step [1-9]\d*", resumed.stderr), resumed.stderr
-        for w in range(3):
-            assert (tmp_path / "ws" / "checkpoint" / f"step250-worker{w}.bin").is_file()
+        yield env, f"{hosts.net}.1:{port}"
     finally:
         subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
                        capture_output=True)
 
 
-def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, tmp_path, fixture_job):
+def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, cluster, tmp_path,
+                                                                         fixture_job):
+    env, zk_hosts = cluster
+    conf = fixture_job(edits={
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
+            "nservers_per_group: 3",
+        "train_steps: 200": "train_steps: 100000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "step100-worker2.bin" not in log.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+            time.sleep(0.5)
+        text = log.read_text()
+        for address in hosts.addresses:       # one process per host, bound to its address
+            assert re.search(rf"proc #\d -> {re.escape(address)}:\d+", text), text
+        listed = subprocess.run([os.path.join(BIN, "singa-console.sh"), "list"], env=env,
+                                capture_output=True, text=True)
+        assert re.search(r"^\s*\d+\s*\|\s*3\s*$", listed.stdout, re.M), listed.stdout
+        # the job is killed: every process on every host
+        os.killpg(run.pid, signal.SIGKILL)
+        for ns in hosts.namespaces:
+            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+                try:
+                    if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (FileNotFoundError, ProcessLookupError):
+                    pass        # ended by itself meanwhile
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    with ZKService(zk_hosts) as zk:         # the killed job's sessions expire
+        deadline = time.monotonic() + 60
+        while any(procs for _, procs in JobManager(zk).list_jobs()):
+            assert time.monotonic() < deadline
+            time.sleep(1)
+    conf.write_text(conf.read_text().replace("train_steps: 100000", "train_steps: 250"))
+    resumed = subprocess.run([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf), "-resume"],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert re.search(r"Resume from step [1-9]\d*", resumed.stderr), resumed.stderr
+    for w in range(3):
+        assert (tmp_path / "ws" / "checkpoint" / f"step250-worker{w}.bin").is_file()
+
+
+
+def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_path,
+                                                            fixture_job):
     """One host's link goes down and its process dies: singa-run.sh returns within 30 s,
     non-zero, naming the lost host (not waiting on its ssh); with max_restarts: 1 it tries
     again and says why it cannot go on."""
-    port = random.randint(20000, 30000)
-    zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
-                  ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
-    started = subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "start"], env=zk_env,
-                             capture_output=True, text=True)
-    assert started.returncode == 0, started.stderr
-    try:
-        conf_dir = tmp_path / "conf"
-        conf_dir.mkdir()
-        (conf_dir / "hostfile").write_text("".join(a + "\n" for a in hosts.addresses))
-        (conf_dir / "singa.conf").write_text(f'zookeeper_host: "{hosts.net}.1:{port}"\n'
-                                             f'log_dir: "{tmp_path / "log"}/"\n')
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_")}
-        env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
-        for restarts in (0, 1):
-            conf = fixture_job(f"dead{restarts}.conf", head=f"max_restarts: {restarts}\n",
-                               workspace=tmp_path / f"ws{restarts}", edits={
-                "cluster { nworker_groups: 1 nserver_groups: 1":
-                    "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
-                    "nservers_per_group: 3", "train_steps: 200": "train_steps: 100000"})
-            log = tmp_path / f"dead{restarts}.log"
-            with open(log, "w") as out:
-                run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)],
-                                       env=env, stdout=out, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
-            dead_ns, dead = hosts.namespaces[2], hosts.addresses[2]
-            veth = f"sgv3-{os.getpid() % 10000}"
-            try:
-                deadline = time.monotonic() + 120
-                while "Train @ step 20 " not in log.read_text():
-                    assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-                    time.sleep(0.3)
-                sh("ip", "link", "set", veth, "down")
-                for pid in sh("ip", "netns", "pids", dead_ns, check=False).stdout.split():
-                    try:
-                        if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
-                            os.kill(int(pid), signal.SIGKILL)
-                    except (FileNotFoundError, ProcessLookupError):
-                        pass
-                died = time.monotonic()
-                rc = run.wait(timeout=120)
-                took = time.monotonic() - died
-            finally:
-                if run.poll() is None:
-                    os.killpg(run.pid, signal.SIGKILL)
-                sh("ip", "link", "set", veth, "up")
-            text = log.read_text()
-            assert rc != 0 and "Traceback" not in text, text
-            assert f"singa-run: lost host {dead}" in text, text
-            print(f"dead host, max_restarts {restarts}: singa-run.sh returned {took:.1f} s later")
-            if restarts == 0:
-                assert took <= 30, (took, text)
-            else:
-                assert "restart 1 of 1" in text, text
-    finally:
-        subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
-                       capture_output=True)
+    env, _ = cluster
+    for restarts in (0, 1):
+        conf = fixture_job(f"dead{restarts}.conf", head=f"max_restarts: {restarts}\n",
+                           workspace=tmp_path / f"ws{restarts}", edits={
+            "cluster { nworker_groups: 1 nserver_groups: 1":
+                "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
+                "nservers_per_group: 3", "train_steps: 200": "train_steps: 100000"})
+        log = tmp_path / f"dead{restarts}.log"
+        with open(log, "w") as out:
+            run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)],
+                                   env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        dead_ns, dead = hosts.namespaces[2], hosts.addresses[2]
+        veth = f"sgv3-{os.getpid() % 10000}"
+        try:
+            deadline = time.monotonic() + 120
+            while "Train @ step 20 " not in log.read_text():
+                assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+                time.sleep(0.3)
+            sh("ip", "link", "set", veth, "down")
+            for pid in sh("ip", "netns", "pids", dead_ns, check=False).stdout.split():
+                try:
+                    if "singa.driver" in open(f"/proc/{pid}/cmdline").read():
+                        os.kill(int(pid), signal.SIGKILL)
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+            died = time.monotonic()
+            rc = run.wait(timeout=120)
+            took = time.monotonic() - died
+        finally:
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+            sh("ip", "link", "set", veth, "up")
+        text = log.read_text()
+        assert rc != 0 and "Traceback" not in text, text
+        assert f"singa-run: lost host {dead}" in text, text
+        print(f"dead host, max_restarts {restarts}: singa-run.sh returned {took:.1f} s later")
+        if restarts == 0:
+            assert took <= 30, (took, text)
+        else:
+            assert "restart 1 of 1" in text, text
+

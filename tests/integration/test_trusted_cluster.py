@@ -11,7 +11,7 @@ import zmq
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 
-from conftest import PYTHON, new_job
+from conftest import PYTHON, new_job, start_drivers
 from singa.checkpoint import CheckpointReader
 from singa.cluster_rt import ZKClusterRuntime
 from singa.comm import msg as m
@@ -37,14 +37,10 @@ def start(conf, singa_conf, zk_server, nprocs=3):
     """The job's processes, each logging to `<conf>.<i>.log` (a file: an unread pipe would
     fill up and stall the job)."""
     job_id, env, trust = new_job(zk_server)
-    procs = []
-    for i in range(nprocs):
-        with open(f"{conf}.{i}.log", "w") as out:
-            procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
-                                           "-singa_conf", str(singa_conf), "-singa_job",
-                                           str(job_id)], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT))
-        procs[-1].log = f"{conf}.{i}.log"
+    logs = [f"{conf}.{i}.log" for i in range(nprocs)]
+    procs = start_drivers(conf, singa_conf, job_id, env, logs)
+    for p, log in zip(procs, logs):
+        p.log = log
     return job_id, trust, procs
 
 
