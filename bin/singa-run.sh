@@ -99,7 +99,7 @@ while :; do
     trap '' INT TERM HUP
     echo "singa-run: $1: stopping job $job_id" >&2
     [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
-    kill -TERM "${local_pids[@]}" 2>/dev/null || true
+    if [ -n "$slurm_step" ]; then signal_step TERM; else kill -TERM "${local_pids[@]}" 2>/dev/null || true; fi
     local deadline=$((SECONDS + grace)) killer="" alive pid
     while :; do
       alive=()
@@ -121,12 +121,21 @@ while :; do
     singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
     exit "$2"
   }
+  # Slurm: srun itself must not be signalled (it would kill the tasks at once): the step is
+  signal_step() {
+    local step
+    for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o "%i %j" 2>/dev/null | awk -v n="$slurm_step" '$2 == n {print $1}'); do
+      scancel --signal="$1" "$step" 2>/dev/null || true
+    done
+  }
   # SIGUSR1: a snapshot, then the job stops (one process told is enough: its stub tells the
   # others); here a local process, else the first registered one over ssh
   snapshot_job() {
     echo "singa-run: SIGUSR1: job $job_id stops after a snapshot" >&2
     snapshot=1
-    if [ ${#local_pids[@]} -gt 0 ]; then
+    if [ -n "$slurm_step" ]; then
+      signal_step USR1
+    elif [ ${#local_pids[@]} -gt 0 ]; then
       kill -USR1 "${local_pids[@]}" 2>/dev/null || true
     else
       local proc
@@ -136,14 +145,28 @@ while :; do
         0 USR1 <"$SINGA_BIN/singa-kill-proc.sh" || true
     fi
   }
-  local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""
+  local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
   trap 'stop_job SIGINT 130' INT
   trap 'stop_job SIGTERM 143' TERM
   trap 'stop_job SIGHUP 129' HUP       # a terminal hangup: nothing may train on as an orphan
   trap 'snapshot_job' USR1
 
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
-  while read -r host _; do
+  slurm_step=""
+  if [ -n "${SLURM_JOB_ID:-}" ]; then
+    # inside a Slurm allocation: one srun step, a task per process, each listening on the
+    # address of its node on the route to ZooKeeper
+    nprocs=$(grep -c . "$log_dir/job.hosts")
+    if [ "${SLURM_NTASKS:-}" != "$nprocs" ]; then
+      echo "singa-run: $conf runs $nprocs processes but Slurm job $SLURM_JOB_ID has ${SLURM_NTASKS:-no} tasks (--ntasks=$nprocs; bin/singa-sbatch.sh works it out)" >&2
+      exit 2
+    fi
+    slurm_step="singa-$job_id"
+    echo "Executing : srun --ntasks=$nprocs ${cmd[*]} -host auto"
+    srun --ntasks="$nprocs" --job-name="$slurm_step" --kill-on-bad-exit=0 "${cmd[@]}" -host auto &
+    local_pids+=($!)
+  fi
+  while [ -z "$slurm_step" ] && read -r host _; do
     [ -n "$host" ] || continue
     if [ "$host" = localhost ]; then
       echo "Executing : ${cmd[*]}"

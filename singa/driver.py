@@ -1,6 +1,7 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
-    singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] [-resume|-test]
+    singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST|auto]
+          [-resume|-test]
           [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
@@ -29,7 +30,7 @@ from singa.proto import job_pb2
 from singa.runtime import Process, Transport, resume_from, seeds
 from singa.trust import ENV, JobTrust, new_secret
 from singa.worker import worker_class
-from singa.zk import ZKService
+from singa.zk import ZKService, route_address
 
 log = logging.getLogger("singa")
 
@@ -82,7 +83,8 @@ def main(argv=None):
             if job_id < 0:
                 job_id = JobManager(zk).new_job_id(trust)
             driver = Driver(job, ZKClusterRuntime(zk, job_id, trust),
-                            flags.get("host", "localhost"), flags["resume"],
+                            process_host(flags.get("host"), singa_conf.zookeeper_host),
+                            flags["resume"],
                             Reporter(singa.resolve(job.cluster.workspace), job_id), trust)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
                 signal.signal(sig, driver.on_signal)
@@ -107,6 +109,14 @@ def main(argv=None):
         print(f"singa: stopped by {signal.Signals(driver.signal).name}{after}", file=sys.stderr)
         return 128 + driver.signal
     return 0
+
+
+def process_host(flag, zookeeper_host):
+    """The host (or address) this process listens on: `-host`, `auto` meaning the address on
+    the route to ZooKeeper (a Slurm task on its node); localhost when not given."""
+    if flag == "auto":
+        return route_address(zookeeper_host)
+    return flag or "localhost"
 
 
 def job_trust(job):

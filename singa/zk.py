@@ -150,6 +150,18 @@ def _connect(hosts, timeout, auth=None):
     return client
 
 
+def route_address(hosts):
+    """This host's address on the route to the first ZooKeeper of `hosts` (a UDP socket's
+    connect picks it and sends nothing): the address the others reach this process at."""
+    host, port = _addresses(hosts)[0]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, port))
+            return s.getsockname()[0]
+    except OSError as e:
+        raise ClusterError(f"no route to ZooKeeper at {host}:{port}: {e.strerror}") from None
+
+
 def _probe(hosts, timeout):
     """Fail at once when no host of `hosts` accepts TCP (kazoo would retry until `timeout`)."""
     reasons = []

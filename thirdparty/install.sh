@@ -9,7 +9,7 @@ TESTS=
 for arg in "$@"; do
   case $arg in
     --quiet) QUIET=1 ;;
-    --tests) TESTS=1 ;;     # also what the tests use: sshd for the hosts made of namespaces
+    --tests) TESTS=1 ;;     # also what the tests use: sshd, iproute2, Slurm
     *) echo "Usage: install.sh [--quiet] [--tests]" >&2; exit 1 ;;
   esac
 done
@@ -27,6 +27,11 @@ pkgs=()
 compgen -G "/usr/share/datasets/fashion-mnist/*.gz" >/dev/null || pkgs+=(dataset-fashion-mnist)
 [ -z "$TESTS" ] || [ -x /usr/sbin/sshd ] || pkgs+=(openssh-server)
 [ -z "$TESTS" ] || command -v ip >/dev/null || pkgs+=(iproute2)    # hosts of network namespaces
+if [ -n "$TESTS" ]; then     # a Slurm cluster of the tests' own (tests/integration/test_slurm.py)
+  for d in slurmctld slurmd munged srun; do
+    command -v "$d" >/dev/null || { pkgs+=(slurmctld slurmd slurm-client munge); break; }
+  done
+fi
 if [ ! -x "$VENV/bin/python" ] && ! "$PY" -c 'import ensurepip' 2>/dev/null; then
   pkgs+=(python3-venv)   # Debian's python3 makes venvs only with this package
 fi
@@ -40,7 +45,7 @@ if [ ${#pkgs[@]} -gt 0 ]; then
   say "apt-get update"
   $SUDO apt-get update -qq >/dev/null || die "apt-get update failed"
   say "apt-get install ${pkgs[*]}"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${pkgs[@]}" >/dev/null \
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null \
     || die "apt-get install ${pkgs[*]} failed"
 fi
 
