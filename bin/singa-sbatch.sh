@@ -46,7 +46,8 @@ batch=$(mktemp "$SINGA_LOG/slurm/singa-batch-XXXXXX.sh")
 cat >"$batch" <<EOF
 #!/usr/bin/env bash
 trap 'asked=1; [ -z "\$run" ] || kill -USR1 "\$run" 2>/dev/null' USR1   # first: a warning may come early
-trap 'asked=1' TERM     # preemption: the tasks have SIGTERM too and take their snapshot
+# preemption: the tasks have SIGTERM too and take their snapshot; a user's scancel is no request
+trap 'case \$(scontrol show job "\$SLURM_JOB_ID" 2>/dev/null | grep -o "JobState=[A-Z]*") in JobState=CANCELLED) ;; *) asked=1 ;; esac' TERM
 asked=""; run=""
 # ours: SINGA job '$name' ($ntasks processes), from bin/singa-sbatch.sh
 export SINGA_CONF=$(printf %q "$SINGA_CONF") SINGA_LOG=$(printf %q "$SINGA_LOG")
