@@ -307,15 +307,16 @@ class Worker:
             self.get(self.job.warmup_steps, p)
 
     def resumed_state(self):
-        """The SnapshotState of the resumed snapshot (None: a fresh start). A worker of group 0
+        """The SnapshotState of the resumed snapshot (None: a fresh start, or a snapshot SINGA
+        wrote, which holds values and versions only). A worker of group 0
         restores its streams and recorded metrics from it; other groups read other data
         (random_skip), so theirs start afresh. A worker beyond the snapshot's takes worker 0's
         file: dim-0 readers of every partition stand at the same place."""
         if self.resume is None:
             return None
         own = self.resume.readers.get(self.id, self.resume.readers.get(0))
-        snap = own.snapshot_state(buffers=False)
-        if self.grp == 0:
+        snap = own.snapshot_state(buffers=False)     # None for SINGA's own files
+        if snap is not None and self.grp == 0:
             self.restore_streams(snap)
             self.restore_recorded(snap.metrics)
             self.resumed_evaluated = snap.evaluated
