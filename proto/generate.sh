@@ -1,5 +1,6 @@
 #!/bin/sh
-# Regenerate singa/proto/*_pb2.py from proto/*.proto (needs grpcio-tools).
+# Regenerate singa/proto/*_pb2.py from proto/*.proto (needs grpcio-tools); caffe.proto is
+# Caffe's own schema (package caffe), read by bin/singa-import.sh.
 # Usage: proto/generate.sh [OUTDIR] [PYTHON]   (defaults: singa/proto, python3)
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
@@ -7,7 +8,7 @@ out=${1:-$here/../singa/proto}
 py=${2:-${PYTHON:-python3}}
 mkdir -p "$out"
 "$py" -m grpc_tools.protoc -I "$here" --python_out="$out" \
-    "$here/common.proto" "$here/job.proto" "$here/singa.proto"
+    "$here/common.proto" "$here/job.proto" "$here/singa.proto" "$here/caffe.proto"
 # protoc writes `import common_pb2`; inside the singa.proto package the import must be absolute.
 for f in "$out"/*_pb2.py; do
     sed -i 's/^import \([a-z_]*_pb2\) as /from singa.proto import \1 as /' "$f"
