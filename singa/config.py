@@ -45,7 +45,7 @@ _MINIMUM = {
     "CharRNNProto": {"unroll_len": 1, "batchsize": 1},
     "DataProto": {"batchsize": 1, "random_skip": 0},
     "ConvolutionProto": dict(dict.fromkeys(("num_filters", "kernel", "kernel_x", "kernel_y",
-                                            "stride", "stride_x", "stride_y"), 1),
+                                            "stride", "stride_x", "stride_y", "group"), 1),
                              pad=0, pad_x=0, pad_y=0),
     "PoolingProto": dict(dict.fromkeys(("kernel", "kernel_x", "kernel_y", "stride", "stride_x",
                                         "stride_y"), 1), pad_x=0, pad_y=0),

@@ -40,6 +40,27 @@ def out_size(layer, size, k, p, s):
     return o
 
 
+def ceil_out_size(layer, size, k, p, s):
+    """Caffe's pooling output size: ceil((size + 2p − k)/s) + 1, less one when p > 0 and the
+    last window would start at or past size + p (src/caffe/layers/pooling_layer.cpp)."""
+    out_size(layer, size, k, p, s)          # the same checks
+    o = -(-(size + 2 * p - k) // s) + 1
+    if p > 0 and (o - 1) * s >= size + p:
+        o -= 1
+    if (o - 1) * s - p >= size:     # stride > kernel: Caffe pools an empty window there
+        raise ConfigError(f"layer '{layer.name}': with ceil_mode the last window (kernel {k}, "
+                          f"pad {p}, stride {s}) starts past the input of size {size}")
+    return o
+
+
+def _matmul(a, b, out):
+    """out[g] = a[g]·b[g] for each group g (first axis); one plain GEMM when there is one."""
+    if len(a) == 1:
+        np.matmul(a[0], b[0], out=out[0])
+    else:
+        np.matmul(a, b, out=out)
+
+
 def _taps(kh, kw, sh, sw, oh, ow):
     """For every kernel offset (i, j): the strided (row, col) slices of the padded input it sees."""
     return [(i, j, slice(i, i + sh * (oh - 1) + 1, sh), slice(j, j + sw * (ow - 1) + 1, sw))
@@ -47,9 +68,9 @@ def _taps(kh, kw, sh, sw, oh, ow):
 
 
 def _padded(x, buf, pad):
-    """x copied into the interior of `buf` (its border holds the padding value); x if no pad."""
+    """x copied into `buf` at offset `pad` (its border holds the padding value); x if no buf."""
     ph, pw = pad
-    if ph == 0 and pw == 0:
+    if buf is None:
         return x
     buf[:, :, ph:ph + x.shape[2], pw:pw + x.shape[3]] = x
     return buf
@@ -65,7 +86,10 @@ KEEP_COL_BYTES = 1 << 27
 class ConvolutionLayer(Layer):
     """y[n] = W·col(x[n]) + b; gW = Σ_n g[n]·col[n]ᵀ; gb = Σ_{n,h,w} g; gx = col2im(Wᵀ·g[n]).
 
-    W is (F, C·kh·kw), col rows in (channel, row, column) order like Caffe's im2col. A chunk of
+    W is (F, C·kh·kw), col rows in (channel, row, column) order like Caffe's im2col. With
+    `group` G (ours, Caffe's group convolution) channels and filters are cut in G equal blocks
+    and filter block i sees channel block i only: W is (F, C/G·kh·kw), every product above is
+    one per block (y_i = W_i·col_i), i.e. W block-diagonal in the (F, C·kh·kw) layout. A chunk of
     b samples is one GEMM on col (C·kh·kw, b·oh·ow); gW sums the chunks' products in chunk
     order. With stride 1 and pad < kernel, gx is computed as the convolution of g, padded by
     k−1−p, with W flipped (the transposed convolution), a GEMM instead of kh·kw scatter-adds,
@@ -85,12 +109,13 @@ class ConvolutionLayer(Layer):
         f = partitioned(self, self.conf.convolution_conf.num_filters, "num_filters")
         if f <= 0:
             raise ConfigError(f"layer '{self.name}': convolution_conf.num_filters must be > 0")
+        g = self.group = self._group(c)
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.kernel, self.stride = (c, h, w), (ph, pw), (kh, kw), (sh, sw)
         self.taps = _taps(kh, kw, sh, sw, oh, ow)
         k = c * kh * kw
         self.weight, self.bias = self.params = make_params(
-            self, {"weight": (f, k), "bias": (f,)})
+            self, {"weight": (f, k // g), "bias": (f,)})
         mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
@@ -101,15 +126,33 @@ class ConvolutionLayer(Layer):
             flat = np.empty(n * k * oh * ow, np.float32)
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
-        self._gws = np.empty((len(self.chunks), f, k), np.float32)
+        self._gws = np.empty((len(self.chunks), f, k // g), np.float32)
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
         if self.transposed:
-            self._wflip = np.empty((c, f, kh, kw), np.float32)
+            self._wflip = np.empty((g, c // g, f // g, kh, kw), np.float32)
         else:
             self._gpad = np.zeros_like(self._xpad) if ph or pw else None
         self._scratch = threads.Scratch(self._make_scratch)
+
+    def _group(self, c):
+        """convolution_conf.group, checked: it divides the channels and the filters and the
+        layer is not cut on its filters (a piece would need other channel blocks)."""
+        conf = self.conf
+        g, f = conf.convolution_conf.group, conf.convolution_conf.num_filters
+        if g < 1 or c % g or f % g:
+            raise ConfigError(f"layer '{self.name}': convolution_conf.group {g} must divide "
+                              f"both the input channels ({c}) and num_filters ({f})")
+        if g > 1 and conf.partition_dim > 0 and conf.num_partitions > 1:
+            raise ConfigError(f"layer '{self.name}': a grouped convolution (group {g}) cannot "
+                              f"be cut on its filters (partition_dim 1); give it "
+                              f"partition_dim: 0")
+        return g
+
+    def _gw(self):
+        """W as (G, F/G, C/G·kh·kw)."""
+        return self.weight.data.reshape(self.group, -1, self.weight.shape[1])
 
     def _make_scratch(self, key):
         """A compute thread's buffers for chunks of b samples: key (slot, b)."""
@@ -136,9 +179,9 @@ class ConvolutionLayer(Layer):
     def _forward(self, x, i, slot):
         rows = self.chunks[i]
         col = self._col(x, i, slot)
-        f, b = self.data.shape[1], col.shape[3]
+        f, b, g = self.data.shape[1], col.shape[3], self.group
         out = self._scratch[slot, b]["gt"]
-        np.matmul(self.weight.data, col.reshape(self._gws.shape[2], -1), out=out.reshape(f, -1))
+        _matmul(self._gw(), col.reshape(g, self._gws.shape[2], -1), out.reshape(g, f // g, -1))
         np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
 
     def _col(self, x, i, slot):
@@ -160,8 +203,8 @@ class ConvolutionLayer(Layer):
         gx = None if gsrc is None else gsrc.reshape((n,) + self.chw)
         if gx is not None and self.transposed:
             kh, kw = self.kernel
-            flipped = self.weight.data.reshape(f, -1, kh, kw)[:, :, ::-1, ::-1]
-            np.copyto(self._wflip, flipped.transpose(1, 0, 2, 3))
+            flipped = self.weight.data.reshape(self.group, f // self.group, -1, kh, kw)
+            np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
         threads.run(lambda i, slot: self._backward(x, gx, i, slot), len(self.chunks))
         if flag & job_pb2.kAggGrad:
             self.weight.grad += self._gws.sum(axis=0)
@@ -173,11 +216,12 @@ class ConvolutionLayer(Layer):
         rows = self.chunks[i]
         # with kept cols, chunk i's still holds the forward's
         col = self._cols[i] if self._cols is not None else self._col(x, i, slot)
-        f, b, k = self.data.shape[1], col.shape[3], self._gws.shape[2]
+        f, b, k, g = self.data.shape[1], col.shape[3], self._gws.shape[2], self.group
         s = self._scratch[slot, b]
         gt = s["gt"]
         np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
-        np.matmul(gt.reshape(f, -1), col.reshape(k, -1).T, out=self._gws[i])
+        _matmul(gt.reshape(g, f // g, -1), col.reshape(g, k, -1).transpose(0, 2, 1),
+                self._gws[i].reshape(g, f // g, k))
         if gx is None:
             return
         if self.transposed:
@@ -189,7 +233,8 @@ class ConvolutionLayer(Layer):
             self._col2im_wide(gt, gp, s)
         else:
             # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
-            np.matmul(self.weight.data.T, gt.reshape(f, -1), out=col.reshape(k, -1))
+            _matmul(self._gw().transpose(0, 2, 1), gt.reshape(g, f // g, -1),
+                    col.reshape(g, k, -1))
             for ti, tj, r, c in self.taps:
                 gp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
         if self._gpad is not None:
@@ -205,8 +250,9 @@ class ConvolutionLayer(Layer):
         gwide, colwide = s["gwide"], s["colwide"]
         wp = gwide.shape[3]
         gwide[:, :, :, :ow] = gt
-        np.matmul(self.weight.data.T, gwide.reshape(f, -1),
-                  out=colwide.reshape(self._gws.shape[2], -1))
+        g = self.group
+        _matmul(self._gw().transpose(0, 2, 1), gwide.reshape(g, f // g, -1),
+                colwide.reshape(g, self._gws.shape[2], -1))
         flat, run = gp.reshape(b, gp.shape[1], -1), (oh - 1) * wp + ow
         for ti, tj, _, _ in self.taps:
             start = ti * wp + tj
@@ -216,15 +262,16 @@ class ConvolutionLayer(Layer):
         return srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
 
     def _transposed_conv(self, gt, gx, s):
-        """gx (b, C, H, W) = Σ_{f,i,j} Wflip[c,f,i,j]·gpad[f, n, y+i, x+j], gt (F, b, oh, ow)."""
-        (kh, kw), (oh, ow) = self.kernel, gt.shape[2:]
+        """gx (b, C, H, W) = Σ_{f,i,j} Wflip[c,f,i,j]·gpad[f, n, y+i, x+j], gt (F, b, oh, ow);
+        f over c's group only."""
+        (kh, kw), (oh, ow), g = self.kernel, gt.shape[2:], self.group
         qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
         gtpad = s["gtpad"]
         gtpad[:, :, qh:qh + oh, qw:qw + ow] = gt
         gcol = _im2col(gtpad, self.kernel, (1, 1), s["gcol"], channel_axis=0)
-        out = s["gx"]
-        np.matmul(self._wflip.reshape(len(out), -1), gcol.reshape(self._wflip[0].size, -1),
-                  out=out.reshape(len(out), -1))
+        out, wflip = s["gx"], self._wflip
+        _matmul(wflip.reshape(g, wflip.shape[1], -1), gcol.reshape(g, wflip[0, 0].size, -1),
+                out.reshape(g, wflip.shape[1], -1))
         np.copyto(gx, out.transpose(1, 0, 2, 3))
 
 
@@ -243,10 +290,14 @@ def _im2col(x, kernel, stride, col, channel_axis=1):
 class PoolingLayer(Layer):
     """MAX: y = max over the window (padding never wins), g routed to the first argmax (Caffe).
 
-    AVG: y = Σ window / size, where size is k_h·k_w (Caffe clips the window to the padded
-    image, which floor output sizes never pass; mshadow) or, for kCudnnPool, the window
-    clipped to the image (cuDNN excludes padding).
-    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1). MAX copies the k_h·k_w strided
+    AVG: y = Σ window / size, the sum over real pixels, where size is the window clipped at
+    H + p, W + p (Caffe: a window [o·s − p, o·s − p + k) counts its padding cells inside
+    [−p, H + p), not those beyond), which is k_h·k_w for floor output sizes (mshadow's
+    divisor) or, for kCudnnPool, the window clipped to the image (cuDNN excludes padding).
+    Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1), or with `ceil_mode` (ours)
+    Caffe's ceil((H+2p−k)/s)+1, less one if the last window starts at or past H + p (every
+    window keeps a real pixel); the padded buffer then reaches the last window's end, its
+    cells beyond H + p padding too. MAX copies the k_h·k_w strided
     taps into one contiguous (k_h·k_w, N, C, oh, ow) array, reduces it over its first axis and,
     in training, keeps the first argmax's tap; its backward adds g at the flat indices of the
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
@@ -265,14 +316,17 @@ class PoolingLayer(Layer):
         if ph >= kh or pw >= kw:
             raise ConfigError(f"layer '{self.name}': pooling pad ({ph}, {pw}) must be smaller "
                               f"than the kernel ({kh}, {kw})")
-        oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
+        size = ceil_out_size if conf.ceil_mode else out_size
+        oh, ow = size(self, h, kh, ph, sh), size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
         self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4)
         self.data = np.zeros((n, c, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None
-        hp, wp = h + 2 * ph, w + 2 * pw
-        if ph or pw:
+        # the padded input reaches the end of the last window (past H + 2p in ceil mode)
+        hp = ph + h + max(ph, (oh - 1) * sh + kh - ph - h)
+        wp = pw + w + max(pw, (ow - 1) * sw + kw - pw - w)
+        if (hp, wp) != (h, w):
             self._xpad = np.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
             self._gpad = np.zeros_like(self._xpad)
         if self.is_max:
@@ -295,12 +349,12 @@ class PoolingLayer(Layer):
 
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
         """Window sizes (oh, ow) by which AVG divides; see the class docstring."""
-        if self.conf.type != job_pb2.kCudnnPool:
-            return np.full((oh, ow), kh * kw, np.float32)
+        cudnn = self.conf.type == job_pb2.kCudnnPool
         sizes = []
         for size, o, k, p, s in ((h, oh, kh, ph, sh), (w, ow, kw, pw, sw)):
             start = np.arange(o) * s - p
-            sizes.append(np.minimum(start + k, size) - np.maximum(start, 0))
+            sizes.append(np.minimum(start + k, size) - np.maximum(start, 0) if cudnn
+                         else np.minimum(start + k, size + p) - start)
         return np.outer(sizes[0], sizes[1]).astype(np.float32)
 
     def compute_feature(self, flag, srclayers):

@@ -255,3 +255,259 @@ def test_pooling_on_two_threads_matches_one(monkeypatch, pool, reduce):
     np.testing.assert_allclose(results[0][0], want, rtol=1e-5, atol=1e-6)
     for a, b in zip(*results):
         assert np.array_equal(a, b)
+
+
+# ---- group convolution (ours: Caffe's `group`) ----
+
+def direct_group_conv(x, w, b, group, kh, kw, ph, pw, sh, sw):
+    """Group convolution in float64: filter block i on channel block i, by direct loops."""
+    x, w, b = (np.asarray(a, np.float64) for a in (x, w, b))
+    cg, fg = x.shape[1] // group, w.shape[0] // group
+    return np.concatenate([direct_conv(x[:, i * cg:(i + 1) * cg], w[i * fg:(i + 1) * fg],
+                                       b[i * fg:(i + 1) * fg], kh, kw, ph, pw, sh, sw)
+                           for i in range(group)], axis=1)
+
+
+@pytest.mark.parametrize("layer_type", ["kConvolution", "kCConvolution", "kCudnnConv"])
+@pytest.mark.parametrize("group, window", [(2, dict(kernel=3, pad=1)),
+                                           (2, dict(kernel=3, pad=1, stride=2)),
+                                           (3, dict(kernel_x=3, kernel_y=2, pad_x=1, stride_y=2))])
+def test_group_convolution_matches_direct_loops_per_block(layer_type, group, window):
+    src = Source(np.random.default_rng(0).standard_normal((2, 6, 7, 6)))
+    layer = make_layer(conv_conf(layer_type, num_filters=6, group=group, **window), [src])
+    layer.compute_feature(FORWARD, [src])
+    kh = window.get("kernel", window.get("kernel_y", 3))
+    kw = window.get("kernel", window.get("kernel_x", 3))
+    w, b = layer.params
+    assert w.shape == (6, 6 // group * kh * kw)     # Caffe's (F, C/group, kh, kw) row-major
+    want = direct_group_conv(src.data, w.data, b.data, group, kh, kw,
+                             window.get("pad", window.get("pad_y", 0)),
+                             window.get("pad", window.get("pad_x", 0)),
+                             window.get("stride", window.get("stride_y", 1)),
+                             window.get("stride", window.get("stride_x", 1)))
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+
+
+def test_group_convolution_equals_a_block_diagonal_weight():
+    src = Source(np.random.default_rng(0).standard_normal((2, 4, 5, 5)))
+    grouped = make_layer(conv_conf(num_filters=4, group=2, kernel=3, pad=1), [src])
+    whole = make_layer(conv_conf(num_filters=4, kernel=3, pad=1), [src])
+    w = grouped.params[0].data.reshape(2, 2, 2 * 9)
+    whole.params[0].data[...] = 0
+    for i in range(2):
+        whole.params[0].data[2 * i:2 * i + 2, 18 * i:18 * i + 18] = w[i]
+    whole.params[1].data[...] = grouped.params[1].data
+    for layer in (grouped, whole):
+        layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(grouped.data, whole.data, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("num_filters, window", [
+    (12, dict(kernel=3)), (12, dict(kernel=3, pad=1)), (12, dict(kernel=3, pad=1, stride=2)),
+    (12, dict(kernel_x=3, kernel_y=2, pad_x=1)),
+    (2, dict(kernel=3, pad=1)), (2, dict(kernel_x=3, kernel_y=2, pad_x=2, pad_y=1))])
+def test_group_convolution_gradients(num_filters, window):
+    # 12 filters on 4 channels: col2im (long runs at stride 1); 2 filters: transposed convolution
+    src = Source(np.random.default_rng(0).standard_normal((2, 4, 5, 6)))
+    layer = make_layer(conv_conf(num_filters=num_filters, group=2, **window), [src])
+    assert layer.transposed == (num_filters == 2)
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3, pad=1, stride=2)])
+@pytest.mark.parametrize("keep", [True, False])
+@pytest.mark.parametrize("nthreads", [1, 2, 3])
+def test_group_convolution_in_chunks_of_samples(monkeypatch, window, keep, nthreads):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.setattr(threads, "MIN_CHUNKS", 3)
+    if not keep:
+        monkeypatch.setattr(conv, "KEEP_COL_BYTES", 0)
+    src = Source(np.random.default_rng(0).standard_normal((5, 4, 5, 5)))
+    layer = make_layer(conv_conf(num_filters=4, group=2, **window), [src])
+    assert len(layer.chunks) >= 3
+    with threads.limit(nthreads):
+        layer.compute_feature(FORWARD, [src])
+        w, b = layer.params
+        s = window.get("stride", 1)
+        want = direct_group_conv(src.data, w.data, b.data, 2, 3, 3, 1, 1, s, s)
+        np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+        check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("num_filters", [4, 14])    # transposed convolution, col2im
+def test_group_convolution_results_do_not_depend_on_the_thread_count(monkeypatch, num_filters):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(np.random.default_rng(0).standard_normal((20, 6, 8, 8)))
+    results = []
+    for nthreads in (1, 2, 3):
+        layer = make_layer(conv_conf(num_filters=num_filters, group=2, kernel=3, pad=1), [src])
+        assert len(layer.chunks) == 7 and layer.transposed == (num_filters == 4)
+        layer.params[0].data[...] = np.random.default_rng(1).standard_normal((num_filters, 27))
+        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), layer.params[0].grad.copy(), src.grad.copy()])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("channels, num_filters, what", [(5, 4, r"input channels \(5\)"),
+                                                         (4, 3, r"num_filters \(3\)")])
+def test_group_convolution_refuses_blocks_that_do_not_divide(channels, num_filters, what):
+    with pytest.raises(ConfigError, match=f"layer 'conv': convolution_conf.group 2 must divide "
+                                          f"both .*{what}"):
+        make_layer(conv_conf(num_filters=num_filters, group=2, kernel=3),
+                   [Source(np.zeros((1, channels, 5, 5)))])
+
+
+def test_group_convolution_refuses_a_cut_on_its_filters():
+    conf = conv_conf(num_filters=4, group=2, kernel=3) + \
+        " partition_dim: 1 num_partitions: 2 partition_id: 0"
+    with pytest.raises(ConfigError, match=r"layer 'conv': a grouped convolution \(group 2\) "
+                                          r"cannot be cut on its filters"):
+        make_layer(conf, [Source(np.zeros((1, 4, 5, 5)))])
+    # cut on the batch it runs
+    conf = conv_conf(num_filters=4, group=2, kernel=3) + \
+        " partition_dim: 0 num_partitions: 2 partition_id: 0"
+    assert make_layer(conf, [Source(np.zeros((1, 4, 5, 5)))]).params[0].shape == (4, 18)
+
+
+# ---- ceil_mode pooling (ours: Caffe's output size and AVG divisor) ----
+
+def caffe_pool(x, pool, kh, kw, ph, pw, sh, sw):
+    """Caffe's pooling (round_mode CEIL) in float64 by loops over windows, from its definition:
+    out = ceil((H + 2p − k)/s) + 1, less one if (out − 1)·s ≥ H + p when p > 0; window rows
+    [o·s − p, min(o·s − p + k, H + p)); AVG sums the real pixels and divides by that window's
+    area, MAX takes the largest real pixel."""
+    def size(n, k, p, s):
+        o = int(np.ceil((n + 2 * p - k) / s)) + 1
+        return o - 1 if p > 0 and (o - 1) * s >= n + p else o
+    n, c, h, w = x.shape
+    oh, ow = size(h, kh, ph, sh), size(w, kw, pw, sw)
+    y = np.empty((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, c0 = i * sh - ph, j * sw - pw
+            r1, c1 = min(r0 + kh, h + ph), min(c0 + kw, w + pw)
+            real = x[:, :, max(r0, 0):min(r1, h), max(c0, 0):min(c1, w)].astype(np.float64)
+            y[:, :, i, j] = real.max(axis=(2, 3)) if pool == "MAX" else \
+                real.sum(axis=(2, 3)) / ((r1 - r0) * (c1 - c0))
+    return y
+
+
+def test_ceil_avg_pooling_reproduces_caffes_pool2_divisors():
+    # the fixture README's pool2: 4x4, AVE k3 s2 p1 -> 3x3, windows [-1,2), [1,4), [3,5)
+    src = Source(np.ones((1, 1, 4, 4)))
+    layer = make_layer(pool_conf(pool="AVG", kernel=3, stride=2, pad=1, ceil_mode="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    real = np.array([2, 3, 1])
+    divisors = np.array([[9, 9, 6], [9, 9, 6], [6, 6, 4]])
+    np.testing.assert_allclose(layer.data[0, 0], np.outer(real, real) / divisors, rtol=1e-7)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    src = Source(x)
+    layer = make_layer(pool_conf(pool="AVG", kernel=3, stride=2, pad=1, ceil_mode="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data, caffe_pool(x, "AVG", 3, 3, 1, 1, 2, 2), rtol=1e-6)
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kPooling"])
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+@pytest.mark.parametrize("shape, window, out", [
+    ((8, 8), dict(kernel=3, stride=2), (4, 4)),             # pool1: ceil 4 vs floor 3
+    ((4, 4), dict(kernel=3, stride=2, pad=1), (3, 3)),      # pool2: ceil 3 vs floor 2
+    ((5, 5), dict(kernel=2, stride=2, pad=1), (3, 3)),      # ceil 4, last window at H + p: 3
+    ((7, 6), dict(kernel_x=3, kernel_y=3, stride_x=2, stride_y=2, pad_y=1), (4, 3)),
+    ((6, 6), dict(kernel=2, stride=2), (3, 3))])            # exact fit: ceil = floor
+def test_ceil_pooling_matches_caffe(layer_type, pool, shape, window, out):
+    x = distinct((2, 3) + shape) - 30           # negative values: padding must never win MAX
+    src = Source(x)
+    layer = make_layer(pool_conf(layer_type, pool, ceil_mode="true", **window), [src])
+    layer.compute_feature(FORWARD, [src])
+    kh = window.get("kernel", window.get("kernel_y"))
+    kw = window.get("kernel", window.get("kernel_x"))
+    ph = window.get("pad", window.get("pad_y", 0))
+    pw = window.get("pad", window.get("pad_x", 0))
+    sh = window.get("stride", window.get("stride_y"))
+    sw = window.get("stride", window.get("stride_x"))
+    assert layer.data.shape[2:] == out
+    np.testing.assert_allclose(layer.data, caffe_pool(x, pool, kh, kw, ph, pw, sh, sw),
+                               rtol=1e-6)
+
+
+def test_ceil_pooling_refuses_a_last_window_past_the_input():
+    # stride 3 > kernel 2 on 6: ceil(4/3) + 1 = 3 windows, the last at [6, 8): Caffe pools
+    # nothing there (MAX -FLT_MAX, AVG 0/0)
+    with pytest.raises(ConfigError, match=r"layer 'pool': with ceil_mode the last window "
+                                          r"\(kernel 2, pad 0, stride 3\) starts past the input "
+                                          r"of size 6"):
+        make_layer(pool_conf(kernel=2, stride=3, ceil_mode="true"),
+                   [Source(np.zeros((1, 1, 6, 6)))])
+
+
+def test_ceil_mode_off_keeps_singas_floor_size():
+    layer = make_layer(pool_conf(kernel=3, stride=2), [Source(np.zeros((1, 1, 8, 8)))])
+    assert layer.data.shape == (1, 1, 3, 3)
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+@pytest.mark.parametrize("window", [dict(kernel=3, stride=2), dict(kernel=3, stride=2, pad=1),
+                                    dict(kernel=2, stride=2, pad=1),
+                                    dict(kernel_x=2, kernel_y=3, stride_x=2, stride_y=2, pad_y=1)])
+def test_ceil_pooling_gradients(layer_type, pool, window):
+    src = Source(distinct((2, 2, 6, 7)))
+    layer = make_layer(pool_conf(layer_type, pool, ceil_mode="true", **window), [src])
+    check_gradients(layer, [src])
+
+
+def test_ceil_pooling_on_cudnn_divides_by_the_real_pixels():
+    src = Source(np.ones((1, 1, 4, 4)))
+    layer = make_layer(pool_conf("kCudnnPool", "AVG", kernel=3, stride=2, pad=1,
+                                 ceil_mode="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data[0, 0], np.ones((3, 3)), rtol=1e-7)
+
+
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+@pytest.mark.parametrize("window", [dict(kernel=3, stride=2), dict(kernel=3, stride=2, pad=1)])
+def test_ceil_pooling_results_do_not_depend_on_the_thread_count(monkeypatch, pool, window):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(np.random.default_rng(0).standard_normal((20, 3, 8, 8)))
+    results = []
+    for nthreads in (1, 2, 3):
+        layer = make_layer(pool_conf(pool=pool, ceil_mode="true", **window), [src])
+        assert len(layer.chunks) > 2
+        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy()])
+    want = caffe_pool(src.data, pool, 3, 3, window.get("pad", 0), window.get("pad", 0), 2, 2)
+    np.testing.assert_allclose(results[0][0], want, rtol=1e-5, atol=1e-6)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+def test_a_net_cut_on_a_grouped_convolutions_filters_is_one_line():
+    from google.protobuf import text_format
+    from singa.neuralnet import NeuralNet
+    text = """
+    layer { name: "data" type: kRecordInput partition_dim: 0
+      store_conf { backend: "kvfile" path: "tests/fixtures/singa-0.3/train-1000.bin"
+                   batchsize: 4 shape: 4 shape: 7 shape: 28 std_value: 255 } }
+    layer { name: "conv" type: kCConvolution srclayers: "data" partition_dim: PDIM
+      convolution_conf { num_filters: 4 kernel: 3 group: 2 }
+      param { name: "w" } param { name: "b" } }
+    """
+
+    def make(pdim):
+        conf = text_format.Parse(text.replace("PDIM", str(pdim)), job_pb2.NetProto())
+        return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, 0, 2)
+    with pytest.raises(ConfigError, match=r"layer '\S*conv@\d': a grouped convolution \(group 2\) "
+                                          r"cannot be cut on its filters \(partition_dim 1\); "
+                                          r"give it partition_dim: 0"):
+        make(1)
+    make(0)

@@ -58,7 +58,8 @@ def test_additions_stay_outside_singa_extension_ranges():
                                      "lr_index": 304, "nworkers": 305, "metric_name": 306,
                                      "metric_value": 307, "piece": 309, "crc32": 310},
              job_pb2.JobProto: {"seed": 300, "checkpoint_keep_newest": 301, "max_restarts": 310,
-                                "checkpoint_keep_best": 302}}
+                                "checkpoint_keep_best": 302},
+             job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300}}
     for msg, fields in added.items():
         for name, number in fields.items():
             assert _field(msg, name).number == number
@@ -90,7 +91,8 @@ def _singa_protos():
 
 
 # our fields and values start here
-ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300}
+ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300,
+         "ConvolutionProto": 300, "PoolingProto": 300}
 
 
 def _label(f):
