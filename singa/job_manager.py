@@ -12,6 +12,7 @@ from singa.zk import APP, HOST_IDX, JOB_LOCK, ROOT, job_path
 log = logging.getLogger("singa")
 
 KEEP_IDLE_JOBS = 10        # jobs without processes are deleted once more newer jobs than this exist
+JOB_NAME = re.compile(r"job-(\d{10})")     # a job's node under /singa/app (zk.job_path)
 
 
 class JobManager:
@@ -26,8 +27,11 @@ class JobManager:
         whose node exists already (made by another client) is passed over."""
         zk = self.zk
         while True:
-            path = zk.wait(zk.client.create_async(JOB_LOCK + "/lock-", ephemeral=True,
-                                                  sequence=True), "create job lock")
+            try:
+                path = zk.wait(zk.client.create_async(JOB_LOCK + "/lock-", ephemeral=True,
+                                                      sequence=True), "create job lock")
+            except NoNodeError:
+                raise _deleted(zk, JOB_LOCK) from None
             job_id = int(path[-10:])
             if trust is None:
                 return job_id
@@ -37,26 +41,34 @@ class JobManager:
                 return job_id
             except NodeExistsError:
                 continue
+            except NoNodeError:
+                raise _deleted(zk, APP) from None
 
     def gen_hosts(self, hostfile, nprocs):
         """`nprocs` hosts from `hostfile`, round-robin from host-idx, which moves on by nprocs."""
         zk = self.zk
         hosts = read_hostfile(hostfile)
         while True:
-            data, stat = zk.wait(zk.client.get_async(HOST_IDX), "read host-idx")
-            start = parse_index(data)
             try:
+                data, stat = zk.wait(zk.client.get_async(HOST_IDX), "read host-idx")
+                start = parse_index(data)
                 zk.wait(zk.client.set_async(HOST_IDX, str((start + nprocs) % len(hosts)).encode(),
                                             version=stat.version), "write host-idx")
                 break
             except BadVersionError:     # another job took hosts meanwhile; read again
                 continue
+            except NoNodeError:
+                raise _deleted(zk, HOST_IDX) from None
         return [hosts[(start + i) % len(hosts)] for i in range(nprocs)]
 
     def list_jobs(self, all=False):
         """[(job id, number of registered processes)] sorted by id; with all=False only running
-        jobs. Jobs without processes are deleted once more than KEEP_IDLE_JOBS newer jobs exist."""
-        names = sorted(self.zk.children(APP))
+        jobs. Jobs without processes are deleted once more than KEEP_IDLE_JOBS newer jobs exist.
+        Other nodes under /singa/app (anyone may create them) are passed over."""
+        try:
+            names = sorted(n for n in self.zk.children(APP) if JOB_NAME.fullmatch(n))
+        except NoNodeError:     # /singa deleted meanwhile (singatool cleanup)
+            return []
         jobs = []
         for i, name in enumerate(names):
             try:
@@ -90,13 +102,23 @@ class JobManager:
 
     def wait_ended(self, job_id, poll=0.5):
         """Return once job `job_id` has had processes and has none left: every one of them
-        ended or was lost (its session expired). ClusterError when ZooKeeper goes away."""
-        proc, seen = job_path(job_id) + "/proc", False
+        ended or was lost (its session expired). A ZooKeeper outage is ridden through: the
+        session reconnects by itself (a new one once the old has expired) and the wait goes on;
+        the caller bounds it by the job's own end (bin/singa-run.sh ends it with the job), since
+        only ZooKeeper can say the job is over."""
+        proc, seen, down = job_path(job_id) + "/proc", False, False
         while True:
             try:
                 children = self.zk.children(proc)
             except NoNodeError:     # not made yet, or deleted by the last process to leave
                 children = []
+            except ClusterError as e:      # ZooKeeper away, or our session lost: ask again
+                if not down:
+                    log.warning("%s: still waiting for job %d", e, job_id)
+                down = True
+                time.sleep(poll)
+                continue
+            down = False
             seen = seen or bool(children)
             if seen and not children:
                 return
@@ -132,6 +154,13 @@ class JobManager:
                 return []
             raise ClusterError(f"job {job_id} does not exist in ZooKeeper at "
                                f"{self.zk.hosts}") from None
+
+
+def _deleted(zk, path):
+    """The error of a shared node deleted under a launch (a `singatool cleanup` meanwhile, or
+    a stranger: anyone may delete it)."""
+    return ClusterError(f"{path} in ZooKeeper at {zk.hosts} was deleted during the launch "
+                        f"(by singatool cleanup?); launch again")
 
 
 def parse_index(data):
