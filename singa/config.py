@@ -246,7 +246,8 @@ def _check_job(conf, job, check_layers):
 
 def _check_monitor(conf, job, check_layers):
     """checkpoint_keep_best: "[test/|validation/]<metric>" of a phase that runs, a metric its
-    net's layers produce (unless a user layer's are unknown); its companions need it."""
+    net's layers produce (unless a user layer leaves its METRICS undeclared: then the worker
+    checks at the phase's first event); its companions need it."""
     if not job.checkpoint_keep_best:
         if job.checkpoint_on_improvement:
             conf.fail(conf.line("checkpoint_on_improvement"), "checkpoint_on_improvement needs "

@@ -2,11 +2,16 @@
 
 metrics.csv has a header and one row per metric of each display, test and validation event:
 `job,group,step,phase,metric,value,wall_time` (phase: train, validation or test; wall_time:
-seconds since the epoch). Rows are appended and flushed as they happen, so a resumed job
-continues the file and other processes (the Python API's launcher) read it while it grows.
+seconds since the epoch). Worker 0 of each worker group writes its group's rows (train
+rows: groups other than 0 train asynchronously, Downpour/Hogwild; only group 0 tests and
+validates); the log, the plot, the console and History show group 0's. Rows are appended and
+flushed as they happen, so a resumed job continues the file and other processes (the Python
+API's launcher) read it while it grows; the processes of one job on one host share the file,
+each write under an exclusive lock (one header, whole rows).
 The same events go to TensorBoard event files (`singa.tensorboard`) when tensorboardX is there.
 """
 import csv
+import fcntl
 import io
 import logging
 import os
@@ -47,15 +52,18 @@ class Reporter:
         now = time.time()
         with self.lock:
             if self.file is None:
-                new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
                 self.file = open(self.path, "a", newline="")
-                if new:
-                    csv.writer(self.file).writerow(FIELDS)
                 self.events = EventWriter.open(self.workspace, logging.getLogger("singa").info)
             rows = [(self.job_id, group, step, phase, name.lower(), repr(float(value)),
                      f"{now:.3f}") for name, value in values.items()]
-            csv.writer(self.file).writerows(rows)
-            self.file.flush()
+            fcntl.flock(self.file, fcntl.LOCK_EX)
+            try:
+                if os.fstat(self.file.fileno()).st_size == 0:
+                    rows.insert(0, FIELDS)
+                csv.writer(self.file).writerows(rows)
+                self.file.flush()
+            finally:
+                fcntl.flock(self.file, fcntl.LOCK_UN)
             if self.events is not None:
                 self.events.scalars(group, step, phase, values, now)
         if group != 0:

@@ -20,7 +20,7 @@ from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
-from singa.errors import ClusterError, SingaError
+from singa.errors import ClusterError, ConfigError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import format_duration, format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
@@ -91,6 +91,7 @@ class Worker:
         self.last_test = None       # (step, metrics) of the latest test
         self.last_val = None        # (step, metrics) of the latest validation
         self.best = None            # the best value of checkpoint_keep_best so far
+        self.monitor_checked = False    # whether its phase's first event produced it
         self.snapshot_at = None     # a snapshot on signal: the step to stop at after it
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
@@ -113,6 +114,7 @@ class Worker:
                     if self.id == 0:
                         log.info("Validation @ step %d", s)
                     self.last_val = (s, self.test(job.validate_steps, kVal, self.val_net))
+                    self.check_monitored("validation", self.last_val[1])
                     self.report(s, "validation", self.last_val[1])
                 if evaluate and self.test_net and job.test_steps > 0 \
                         and every(job.test_freq, job.test_after, s):
@@ -120,6 +122,7 @@ class Worker:
                     if self.id == 0:
                         log.info("Test @ step %d", s)
                     self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
+                    self.check_monitored("test", self.last_test[1])
                     self.report(s, "test", self.last_test[1])
                 due = every(job.checkpoint_freq, job.checkpoint_after, s)
                 if evaluate and self.grp == 0 and (self.improved(s) or due):
@@ -127,11 +130,10 @@ class Worker:
                     self.checkpoint(s)
                 self.train_one_batch(s)
                 numerics.check_loss(self.train_net, s)
-                if self.grp == 0 and (self.id == 0 or self.channel) \
-                        and every(job.disp_freq, job.disp_after, s):
+                if (self.id == 0 or self.channel) and every(job.disp_freq, job.disp_after, s):
                     self.report(s, "train", self.display(kTrain | kForward | kBackward,
                                                          f"Train @ step {s}", self.train_net))
-                    if self.id == 0:
+                    if self.id == 0 and self.grp == 0:
                         log.info("Progress @ step %d: %s", s, self.pace(s))
                 self.step += 1
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
@@ -197,8 +199,25 @@ class Worker:
                           if k.startswith(phase + "/")}
                 setattr(self, attr, (int(recorded[f"{phase}@step"]), values))
 
+    def check_monitored(self, phase, metrics):
+        """At the first event of checkpoint_keep_best's phase, stop the job (ConfigError) if
+        no layer produced its metric: the conf check cannot know a user layer's that declares
+        no METRICS."""
+        monitor = self.job.checkpoint_keep_best
+        if not monitor or self.id != 0 or self.monitor_checked:
+            return
+        watched, metric = checkpoint.parse_monitor(monitor)
+        if watched != phase:
+            return
+        self.monitor_checked = True
+        if metric not in metrics:
+            raise ConfigError(f'checkpoint_keep_best "{monitor}": the {phase} net\'s layers '
+                              f'produce {", ".join(sorted(metrics)) or "no metrics"}')
+
     def report(self, step, phase, metrics):
-        if self.reporter is not None and metrics:
+        """Worker 0 of each group reports (its group's metrics, averaged over the partitions);
+        the others hold a copy of its averages, or nothing."""
+        if self.reporter is not None and self.id == 0 and metrics:
             self.reporter.metrics(self.grp, step, phase, metrics)
 
     def train_one_batch(self, step):
@@ -236,13 +255,15 @@ class Worker:
         return f"{rate:.3g} steps/s, {left} left"
 
     def display(self, flag, prefix, net):
-        """Log `prefix  <metrics>` per layer with metrics; return {metric name: value}.
+        """Log `prefix  <metrics>` per layer with metrics (group 0 only, as SINGA: the other
+        groups' reach metrics.csv alone); return {metric name: value}.
 
         In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
         each metric averaged over the partitions (each a mean over its equal part of the
         batch, so together the whole batch's) and returns them; the others return {}, or, for
         a test or validation under checkpoint_on_improvement, the averages worker 0 sends back."""
         rows = self.metric_rows(flag, net)
+        shown = self.grp == 0
         if self.channel is not None:
             self.displays += 1
             shared = self.job.checkpoint_on_improvement and not flag & kTrain
@@ -261,7 +282,8 @@ class Worker:
                                       m.metric_frames(rows))
         metrics = {}
         for values in rows:
-            log.info("%s  %s", prefix, format_metrics(values))
+            if shown:
+                log.info("%s  %s", prefix, format_metrics(values))
             metrics.update((k.lower(), v) for k, v in values.items())
         return metrics
 

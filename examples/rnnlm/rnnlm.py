@@ -34,6 +34,7 @@ class DataLayer(Layer):
     read; `window` = the number read. data (max_window + 1, 4); wraps at the store's end."""
 
     one_to_many = True
+    METRICS = ()    # none: the conf check of checkpoint_keep_best then knows every name
 
     def setup(self, srclayers):
         conf = self.conf.Extensions[rnnlm.data_conf]
@@ -70,6 +71,8 @@ class EmbeddingLayer(Layer):
     """data[t] = W[word_index of row t] for t < window; W (vocab_size, word_dim);
     gW[v] = Σ_{t: word t is v} g[t]."""
 
+    METRICS = ()
+
     def setup(self, srclayers):
         self.source = srclayers[0]
         conf = self.conf.Extensions[rnnlm.embedding_conf]
@@ -96,6 +99,8 @@ class EmbeddingLayer(Layer):
 class HiddenLayer(Layer):
     """h[0] = σ(x[0]), h[t] = σ(h[t−1]·W + x[t]) for t < window; W (dim, dim). Backward through
     the window: d[t] = (g[t] + d[t+1]·Wᵀ) ⊙ h[t](1 − h[t]); gW = Σ_t h[t−1]ᵀ d[t]; gx = d."""
+
+    METRICS = ()
 
     def setup(self, srclayers):
         self.source = srclayers[0]
@@ -185,6 +190,8 @@ class LossLayer(Layer):
 @register("kLabel")
 class LabelLayer(Layer):
     """SINGA 0.1's rnnlm label layer: its source's word rows, unchanged (it aliases them)."""
+
+    METRICS = ()
 
     def setup(self, srclayers):
         self.data = srclayers[0].data_for(self)

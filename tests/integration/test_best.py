@@ -2,11 +2,25 @@
 checkpoint_on_improvement writes one whenever the monitored metric betters; retention spares
 the top K by the same rule that `checkpoint_path: "best"` loads by. Jobs run in this process
 (singa.session), SINGA's fixture MLP on its fixture data."""
+import os
+import re
+import subprocess
+
 import pytest
 
-from conftest import fixture_proto
+import singa
+from conftest import PYTHON, fixture_proto
 from singa import checkpoint, metrics, session
+from singa.errors import ConfigError
+from singa.layers.base import register
+from singa.layers.neuron import SigmoidLayer
 from singa.proto import job_pb2
+
+
+@register("kUndeclaredSigmoid")
+class UndeclaredSigmoid(SigmoidLayer):
+    """A user layer that does not declare its METRICS: the conf check cannot know them."""
+    METRICS = None
 
 
 def test_a_snapshot_records_the_latest_test_so_best_exists_without_checkpoint_freq(tmp_path):
@@ -50,3 +64,62 @@ def test_on_improvement_snapshots_and_top_k_retention_by_validation_accuracy(tmp
     assert best_files[0].step == top2[0]
     assert best_files[0].metrics["validation/accuracy"] == \
         pytest.approx(dict(curve)[top2[0]]["accuracy"], rel=1e-6)
+
+
+def test_check_refuses_a_monitor_the_rnnlm_layers_do_not_produce(tmp_path):
+    """rnnlm's user layers declare their METRICS (the loss layer's loss and ppl, the others
+    none), so -check knows what its validation net produces: a typo is one line, exit 2."""
+    (tmp_path / "hostfile").write_text("localhost\n")
+    (tmp_path / "singa.conf").write_text('zookeeper_host: "127.0.0.1:1"\n')   # never asked
+    with open(os.path.join(singa.HOME, "examples", "rnnlm", "job.conf")) as f:
+        text = f.read()
+    for monitor, rc in (("validation/pp", 2), ("validation/ppl", 0)):
+        conf = tmp_path / "rnnlm.conf"
+        conf.write_text(text.replace("validate_steps:683\n", "validate_steps:683\n"
+                                     f'checkpoint_keep_best: "{monitor}"\n', 1))
+        r = subprocess.run([PYTHON, "-m", "singa.driver", "-conf", str(conf), "-check",
+                            "-user_proto", "rnnlm.proto", "-user_layers", "rnnlm.py",
+                            "-singa_conf", str(tmp_path / "singa.conf")],
+                           cwd=os.path.join(singa.HOME, "examples", "rnnlm"),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == rc, r.stderr
+        if rc:
+            line = text.splitlines().index("validate_steps:683") + 2
+            assert r.stderr == (f'singa: {conf}:{line}: checkpoint_keep_best "{monitor}": the '
+                                f"validation net's layers produce loss, ppl\n")
+
+
+def test_a_monitor_no_layer_produced_stops_the_job_at_its_first_test(tmp_path):
+    """A user layer without METRICS leaves the conf check blind; the first test tells: one
+    line naming the field and what the layers produced, before any snapshot."""
+    job = fixture_proto(tmp_path / "ws", train_steps=40, test_freq=20, seed=2,
+                        checkpoint_keep_best="test/acc")
+    sig = job.neuralnet.layer[3]
+    sig.ClearField("type")
+    sig.user_type = "kUndeclaredSigmoid"
+    job = session.prepare(job)          # the conf check cannot tell
+    with pytest.raises(ConfigError) as e:
+        session.train(job, progress=False)
+    assert str(e.value) == ('checkpoint_keep_best "test/acc": the test net\'s layers produce '
+                            'accuracy, loss')
+    assert not checkpoint.list_snapshots(str(tmp_path / "ws" / "checkpoint"))
+    assert [r["phase"] for r in metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))] == []
+
+
+def test_best_for_test_follows_the_jobs_own_monitor_lower_loss_is_better(tmp_path):
+    """-test with `checkpoint_path: "best"` loads the snapshot of the lowest recorded test
+    loss when the job monitors "loss", whatever accuracy says."""
+    job = fixture_proto(tmp_path / "ws", train_steps=100, test_freq=10, checkpoint_freq=10,
+                        seed=5, checkpoint_keep_best="loss")
+    job.updater.learning_rate.base_lr = 0.5     # a noisy curve
+    history = session.train(session.prepare(job), progress=False)
+    losses = {s: v["loss"] for s, v in history["test"] if s % 10 == 0}
+    want = min(losses, key=lambda s: (losses[s], -s))
+    job.checkpoint_path.append("best")
+    job.train_steps = 0
+    session.test(session.prepare(job))
+    text = (tmp_path / "ws" / f"{job.name}.log").read_text()
+    assert re.findall(r"\] Test @ step (\d+)", text)[-1] == str(want), (losses, text[-2000:])
+    assert [r["value"] for r in metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
+            if r["step"] == want and r["metric"] == "loss"][-1] == pytest.approx(losses[want],
+                                                                                 rel=1e-5)

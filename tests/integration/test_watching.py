@@ -110,3 +110,42 @@ def test_without_tensorboardx_one_log_line_says_how_to_get_it(tmp_path, monkeypa
     assert text.count("TensorBoard event files need tensorboardX: pip install "
                       "'singa[tensorboard]'") == 1
     assert not (tmp_path / "ws" / "tensorboard").exists()
+
+
+def test_two_workers_of_a_group_write_each_test_and_validation_row_once(tmp_path):
+    """Model partitioning under checkpoint_on_improvement: worker 1 gets worker 0's averages
+    back (it decides on snapshots alike), but only worker 0 reports them."""
+    job = fixture_proto(tmp_path / "ws", train_steps=40, test_freq=20, validate_steps=2,
+                        validate_freq=20, checkpoint_freq=0, seed=4,
+                        checkpoint_keep_best="validation/loss", checkpoint_on_improvement=True)
+    job.cluster.nworkers_per_group = job.cluster.nworkers_per_procs = 2
+    job.neuralnet.layer[1].include.append(job_pb2.kVal)
+    history = session.train(session.prepare(job), progress=False)
+    rows = metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
+    keys = [(r["phase"], r["step"], r["metric"]) for r in rows]
+    assert sorted(keys) == sorted(set(keys))
+    assert sorted({(p, s) for p, s, _ in keys}) == sorted(
+        [("train", s) for s in (0, 20)] + [(p, s) for p in ("test", "validation")
+                                           for s in (0, 20)])
+    assert [s for s, _ in history["validation"]] == [0, 20]
+    assert [s for s, _ in history["test"]] == [0, 20]
+
+
+def test_each_downpour_group_writes_its_train_rows_the_log_shows_group_0(tmp_path):
+    """Two asynchronous worker groups in one process (Downpour: one server group): group 1's
+    worker 0 writes its train rows with its group number; tests, the log lines and History
+    are group 0's."""
+    job = fixture_proto(tmp_path / "ws", train_steps=60, test_freq=30, checkpoint_freq=0,
+                        seed=4)
+    job.cluster.nworker_groups = job.cluster.nworkers_per_procs = 2
+    history = session.train(session.prepare(job), progress=False)
+    rows = metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
+    events = {}
+    for r in rows:
+        events.setdefault((r["group"], r["phase"]), set()).add(r["step"])
+    assert events == {(0, "train"): {0, 20, 40}, (1, "train"): {0, 20, 40},
+                      (0, "test"): {0, 30}}
+    assert {r["metric"] for r in rows if r["group"] == 1} == {"loss", "accuracy"}
+    assert [s for s, _ in history["train"]] == [0, 20, 40]
+    text = (tmp_path / "ws" / f"{job.name}.log").read_text()
+    assert len(re.findall(r"\] Train @ step \d+  ", text)) == 3
