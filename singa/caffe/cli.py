@@ -1,0 +1,191 @@
+"""bin/singa-import.sh caffe: a Caffe net (and weights, solver, solver state) as a SINGA job.
+
+    singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver SOLVER.prototxt]
+                    [-solverstate FILE.solverstate] [-input_shape C,H,W] -o DIR
+
+NET may be the solver itself (its `net` names the net, relative to the solver's folder).
+Writes DIR/job.conf and, with weights, DIR/checkpoint/step<iter>-worker0.bin and its .meta
+(iter from the solver state, else 0); data files DIR/data/*.kvfile (the mean image; the
+records themselves the user writes there). Exit 2 with one line for anything refused.
+"""
+import os
+import sys
+
+from google.protobuf import text_format
+
+from singa import config
+from singa.caffe import netdef
+from singa.caffe.blobs import CaffeFile
+from singa.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snapshot_state
+from singa.caffe.translate import translate
+from singa.checkpoint import SnapshotState, snapshot_file, write_file
+from singa.errors import ConfigError, DataError, run_command
+from singa.io.kvfile import KVFile
+from singa.proto import caffe_pb2, job_pb2
+
+__all__ = ["main", "import_caffe"]
+
+USAGE = ("usage: singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver FILE] "
+         "[-solverstate FILE] [-input_shape C,H,W] -o DIR")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    return run_command(lambda: import_caffe(**_args(argv)))
+
+
+def _args(argv):
+    if not argv or argv[0] != "caffe":
+        raise ConfigError(USAGE + (f" (format '{argv[0]}' is not known)" if argv else ""))
+    out = {"net": None, "weights": None, "solver": None, "solverstate": None,
+           "input_shape": None, "out": None}
+    flags = {"-o": "out", "-solver": "solver", "-solverstate": "solverstate",
+             "-input_shape": "input_shape"}
+    rest, i = argv[1:], 0
+    positional = []
+    while i < len(rest):
+        a = rest[i]
+        if a in flags:
+            if i + 1 == len(rest):
+                raise ConfigError(f"{a} needs a value; {USAGE}")
+            out[flags[a]] = rest[i + 1]
+            i += 2
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option {a}; {USAGE}")
+        else:
+            positional.append(a)
+            i += 1
+    if not 1 <= len(positional) <= 2 or out["out"] is None:
+        raise ConfigError(USAGE)
+    out["net"] = positional[0]
+    out["weights"] = positional[1] if len(positional) == 2 else None
+    if out["input_shape"] is not None:
+        try:
+            out["input_shape"] = tuple(int(v) for v in out["input_shape"].split(","))
+            assert all(v > 0 for v in out["input_shape"])
+        except (ValueError, AssertionError):
+            raise ConfigError(f"-input_shape {out['input_shape']}: give positive sizes C,H,W")
+    return out
+
+
+def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_shape=None,
+                 print=print):
+    """Import as the module docstring says; returns the path of the job.conf written."""
+    out = os.path.abspath(out)
+    solver_msg, solver_path = None, solver
+    if solver is not None:
+        solver_msg = _read_solver(solver)
+    elif _is_solver(net):
+        solver_msg, solver_path = _read_solver(net), net
+    if solver_msg is not None and solver is None:
+        net = None
+    net_msg, net_path = _net_of(net, solver_msg, solver_path)
+
+    state, history, state_file = None, [], None
+    if solverstate is not None:
+        if solver_msg is None:
+            raise ConfigError(f"{solverstate}: a solver state needs its solver (-solver FILE, "
+                              f"or the solver as NET) for the learning-rate policy")
+        state_file = CaffeFile(solverstate)
+        state, history = state_file.solver_state()
+        if weights is None and state.learned_net:
+            weights = netdef.relative_to(solverstate, state.learned_net)
+    model = CaffeFile(weights) if weights is not None else None
+    try:
+        blobs = None
+        if model is not None:
+            _, blobs = model.net()
+        t = translate(net_msg, net_path, blobs, weights, os.path.join(out, "data"), input_shape)
+        job = _job(net_msg, t, out, solver_msg, solver_path)
+        step = state.iter if state is not None else 0
+        if model is not None:
+            job.checkpoint_path.append(snapshot_file(os.path.join(out, "checkpoint"), step, 0))
+        text = text_format.MessageToString(job)
+        config.parse_job(text, os.path.join(out, "job.conf"), check_paths=False)
+        os.makedirs(os.path.join(out, "data"), exist_ok=True)
+        for path, tuples in t.files.items():
+            with KVFile(path, "create") as f:
+                for key, value in tuples:
+                    f.insert(key, value)
+        if model is not None:
+            snap = SnapshotState(step=step, nworkers=1)
+            if state is not None:
+                snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
+                if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
+                    snap.param_state = {}
+                snap.param_state = {f"0#{k}": v for k, v in snap.param_state.items()}
+            _write_checkpoint(job.checkpoint_path[0], t.params, blobs, step, snap)
+        conf_path = os.path.join(out, "job.conf")
+        tmp = conf_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"# imported from Caffe by bin/singa-import.sh: {net_path}"
+                    f"{' + ' + weights if weights else ''}"
+                    f"{' + ' + solverstate if solverstate else ''}\n" + text)
+        os.replace(tmp, conf_path)
+    except OSError as e:
+        raise DataError(f"cannot write {e.filename or out}: {e.strerror}") from None
+    finally:
+        if model is not None:
+            model.close()
+        if state_file is not None:
+            state_file.close()
+    for line in dict.fromkeys(t.notes):
+        print(line)
+    if state is not None:
+        print(DATA_POSITION_NOTE)
+    if solver_msg is None:
+        print("no solver: job.conf has no updater and train_steps 0; add them to train "
+              "(or import with -solver)")
+    print(f"wrote {conf_path}" + (f" and {job.checkpoint_path[0]}" if model else ""))
+    return conf_path
+
+
+def _is_solver(path):
+    try:
+        msg = netdef.read_text(path, caffe_pb2.SolverParameter())
+    except ConfigError:
+        return False
+    return bool(msg.net or msg.train_net or msg.HasField("net_param") or
+                msg.HasField("train_net_param"))
+
+
+def _read_solver(path):
+    return netdef.read_text(path, caffe_pb2.SolverParameter())
+
+
+def _net_of(net, solver, solver_path):
+    """(NetParameter, path) of NET, or of the solver's net when NET is the solver."""
+    if net is not None:
+        return netdef.read_net(net), net
+    for field in ("net_param", "train_net_param"):
+        if solver.HasField(field):
+            return netdef.upgrade(getattr(solver, field), solver_path), solver_path
+    name = solver.net or solver.train_net
+    if solver.test_net:
+        raise ConfigError(f"{solver_path}: separate test_net files are not supported; use one "
+                          f"net with TRAIN and TEST phases")
+    path = netdef.relative_to(solver_path, name)
+    if not os.path.exists(path) and os.path.exists(name):
+        path = name
+    return netdef.read_net(path), path
+
+
+def _job(net, t, out, solver, solver_path):
+    job = job_pb2.JobProto(name=net.name or "caffe")
+    job.train_one_batch.alg = job_pb2.kBP
+    job.neuralnet.layer.extend(t.layers)
+    job.cluster.workspace = out
+    if solver is not None:
+        job_fields(job, solver, solver_path)
+    else:
+        job.train_steps = 0
+    return job
+
+
+def _write_checkpoint(path, params, blobs, step, snap):
+    """Our snapshot file (crash-safe, checksummed, with .meta): values viewed in the mapped
+    weights, written as they are (float32, row-major, SINGA's shapes)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_file(path, [(f"0#{p.name}", (p.values if p.blob is None else
+                                       blobs[p.layer][p.blob].values).reshape(p.shape), step)
+                      for p in params], snap)

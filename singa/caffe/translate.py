@@ -1,0 +1,578 @@
+"""Caffe layers → SINGA JobProto layers, with each param's values taken from the weights.
+
+Caffe nets are graphs of blobs: a layer reads bottom blobs and writes top blobs, and ReLU or
+Dropout often write their input blob in place. A SINGA net is a graph of layers, one output
+each: every Caffe layer becomes a SINGA layer of its name whose sources are the layers that
+last wrote its bottoms, so Caffe's blob `conv1` after the in-place relu1 is SINGA's layer
+`relu1`. Each phase (TRAIN, TEST) is translated on its own, as Caffe filters the net per
+phase, and the two are merged: a layer the same in both has no `include`, others have
+`include: kTrain` / `include: kTest`.
+
+Only exact equivalents are translated; a Caffe layer or setting that SINGA would compute
+differently is refused (`Refused`: one line naming the file, the layer and its type), never
+approximated. Params are named `<layer>_weight` and `<layer>_bias`.
+"""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from singa.caffe.blobs import read_blob_file
+from singa.caffe.netdef import TEST, TRAIN, in_phase, relative_to
+from singa.errors import ConfigError
+from singa.proto import caffe_pb2, common_pb2, job_pb2
+
+__all__ = ["Refused", "Param", "Translation", "translate"]
+
+C = caffe_pb2
+
+
+class Refused(ConfigError):
+    """A Caffe net or setting without an exact SINGA equivalent."""
+
+
+@dataclass
+class Param:
+    """A SINGA param: `name` (without SINGA's `0#`), its `shape`, and where its values come
+    from: blob `blob` of Caffe layer `layer` (None: made here, `values` set, e.g. the zero
+    bias of a layer with bias_term false, which Caffe does not learn)."""
+    name: str
+    shape: tuple
+    layer: str
+    blob: int = None
+    values: np.ndarray = None
+
+
+@dataclass
+class Translation:
+    layers: list                                 # LayerProto, in Caffe's order
+    params: list                                 # Param, in the TRAIN net's learnable order
+    notes: list = field(default_factory=list)    # lines for the user
+    files: dict = field(default_factory=dict)    # path -> kvfile tuples (key, value) to write
+
+
+def translate(net, net_path, weights=None, weights_path=None, data_dir="data",
+              input_shape=None):
+    """The Translation of NetParameter `net` (V2 layers, see netdef.upgrade) read from
+    `net_path`; `weights` = {layer name: [Blob]} of `weights_path`; `data_dir`: where data
+    files go (kvfiles the user provides, the mean file written here); `input_shape`: the
+    (C, H, W) of data layers, whose records Caffe's prototxt does not describe."""
+    t = _Translator(net, net_path, weights, weights_path, data_dir, input_shape)
+    return t.run()
+
+
+_POW2 = {2.0 ** k for k in range(-60, 61)}
+
+
+class _Translator:
+    def __init__(self, net, path, weights, weights_path, data_dir, input_shape):
+        self.net, self.path, self.weights = net, path, weights
+        self.weights_path = weights_path
+        self.data_dir, self.input_shape = data_dir, input_shape
+        self.params = {}        # singa name -> Param
+        self.order = []         # TRAIN's learnable order
+        self.notes, self.files = [], {}
+
+    def run(self):
+        layers = self.net.layer
+        if not layers:
+            raise Refused(f"{self.path}: the net has no layers")
+        per_phase = {}
+        for phase in (TRAIN, TEST):
+            self.phase = phase
+            self.tops = {}          # blob -> SINGA layer writing it last
+            self.labels = {}        # label blob -> SINGA input layer
+            self.scores_of_loss = {}
+            per_phase[phase] = [self._layer(layer) if in_phase(layer, phase) else None
+                                for layer in layers]
+        out = []
+        for train, test in zip(per_phase[TRAIN], per_phase[TEST]):
+            if train is not None and test is not None and \
+                    [c.SerializeToString() for c in train] == [c.SerializeToString() for c in test]:
+                out += train
+                continue
+            for confs, phase in ((train, job_pb2.kTrain), (test, job_pb2.kTest)):
+                for c in confs or ():
+                    c.include.append(phase)
+                    out.append(c)
+        self._check_unused_weights()
+        params = [self.params[n] for n in self.order] + \
+            [p for n, p in self.params.items() if n not in self.order]
+        return Translation(out, params, self.notes, self.files)
+
+    # --- one Caffe layer ----------------------------------------------------------------------
+    def _layer(self, layer):
+        """The SINGA layers of `layer` in the current phase ([] for one that only renames)."""
+        kind = layer.type
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            self.refuse(layer, "has no SINGA equivalent")
+        return handler(self, layer)
+
+    def refuse(self, layer, why):
+        raise Refused(f"{self.path}: layer '{layer.name}' of type {layer.type or '(none)'} {why}")
+
+    def src(self, layer, n=None):
+        """The SINGA layers writing `layer`'s bottoms (n of them, checked)."""
+        if n is not None and len(layer.bottom) != n:
+            self.refuse(layer, f"has {len(layer.bottom)} bottoms, expected {n}")
+        out = []
+        for b in layer.bottom:
+            if b not in self.tops:
+                self.refuse(layer, f"reads blob '{b}', which no earlier layer writes")
+            out.append(self.tops[b])
+        return out
+
+    def new(self, layer, type_, srcs, name=None):
+        conf = job_pb2.LayerProto(name=name or layer.name, type=type_, srclayers=srcs)
+        return conf
+
+    def one_top(self, layer, conf):
+        if len(layer.top) != 1:
+            self.refuse(layer, f"has {len(layer.top)} tops, expected 1")
+        self.tops[layer.top[0]] = conf.name
+        return [conf]
+
+    # --- params ---------------------------------------------------------------------------
+    def blobs(self, layer):
+        if self.weights is None:
+            return None
+        return self.weights.get(layer.name)
+
+    def add_params(self, layer, conf, shapes):
+        """conf.param entries `<layer>_<role>` with lr/decay multipliers and init, for
+        `shapes` = [(role, shape, blob index or None, filler)]. `shape` is the SINGA shape, or
+        a function of the blob's shape giving it (or a text of what it must be); a blob that
+        does not fit stops the import. Index None: a zero bias made here (bias_term: false),
+        never learned."""
+        blobs = self.blobs(layer)
+        learnable = [s for s in shapes if s[2] is not None]
+        if blobs is not None and len(blobs) != len(learnable):
+            raise ConfigError(f"{self.weights_path}: layer '{layer.name}' has {len(blobs)} "
+                              f"blobs, its {layer.type} needs {len(learnable)}")
+        for role, shape, index, filler in shapes:
+            name = f"{layer.name}_{role}"
+            p = conf.param.add(name=name)
+            if index is None:
+                p.init.type, p.init.value = job_pb2.kConstant, 0
+                p.lr_scale = p.wd_scale = 0
+                if name not in self.params:
+                    self.params[name] = Param(name, shape, layer.name, None,
+                                              np.zeros(shape, np.float32))
+                continue
+            if index < len(layer.param):
+                spec = layer.param[index]
+                if spec.name:
+                    self.refuse(layer, f"shares param '{spec.name}' by name (not supported)")
+                p.lr_scale, p.wd_scale = spec.lr_mult, spec.decay_mult
+            _init(p.init, filler, layer, self)
+            if blobs is not None:
+                b = blobs[index]
+                if callable(shape):
+                    want = shape(b.shape)
+                    ok = not isinstance(want, str)
+                else:
+                    want = shape
+                    ok = (_strip_legacy(b.shape, len(want)) if b.legacy else b.shape) == want
+                if not ok:
+                    raise ConfigError(
+                        f"{self.weights_path}: layer '{layer.name}' blob {index} has shape "
+                        f"{'x'.join(map(str, b.shape))}, the {layer.type} needs "
+                        f"{want if isinstance(want, str) else 'x'.join(map(str, want))}")
+                shape = tuple(want)
+            if name not in self.params:
+                self.params[name] = Param(name, None if callable(shape) else shape,
+                                          layer.name, index)
+                if self.phase == TRAIN:
+                    self.order.append(name)
+
+    def _check_unused_weights(self):
+        if self.weights is None:
+            return
+        used = {p.layer for p in self.params.values()}
+        for name, blobs in self.weights.items():
+            if blobs and name not in used:
+                self.notes.append(f"{self.weights_path}: layer '{name}' is not in the net; its "
+                                  f"{len(blobs)} blobs are not imported (as Caffe ignores them)")
+
+    # --- data -----------------------------------------------------------------------------
+    def data_path(self, layer):
+        """The kvfile a data layer reads: one per phase for Data/HDF5Data, one for Input."""
+        if layer.type == "Input":
+            return f"{self.data_dir}/{layer.name}.kvfile"
+        phase = "train" if self.phase == TRAIN else "test"
+        return f"{self.data_dir}/{layer.name}-{phase}.kvfile"
+
+    def data_shape(self, layer, mean_shape):
+        if self.input_shape:
+            return tuple(self.input_shape)
+        if mean_shape:
+            return tuple(mean_shape)
+        # the first InnerProduct that reads the blob flattens it: its weights give the size
+        first = next((l for l in self.net.layer if l.type == "InnerProduct" and
+                      layer.top[0] in l.bottom), None)
+        blobs = self.blobs(first) if first is not None else None
+        if blobs:
+            w = blobs[0]
+            shape = _strip_legacy(w.shape, 2) if w.legacy else w.shape
+            return (shape[0] if first.inner_product_param.transpose else shape[-1],)
+        self.refuse(layer, "reads records whose shape is not in the prototxt; give "
+                    "-input_shape C,H,W")
+
+    def store_input(self, layer, batch, source, skip=0):
+        """kRecordInput over the kvfile the user provides, with Caffe's transform_param."""
+        tops = list(layer.top)
+        if not 1 <= len(tops) <= 2:
+            self.refuse(layer, f"has {len(tops)} tops, expected data and label")
+        t = layer.transform_param
+        for f in ("force_color", "force_gray"):
+            if getattr(t, f):
+                self.refuse(layer, f"sets transform_param.{f} (not supported)")
+        conf = self.new(layer, job_pb2.kRecordInput, [])
+        sc = conf.store_conf
+        sc.backend, sc.path = "kvfile", self.data_path(layer)
+        sc.batchsize.append(batch)
+        if skip:
+            sc.random_skip = skip
+        mean = None
+        if t.HasField("mean_file"):
+            if t.mean_value:
+                self.refuse(layer, "sets both mean_file and mean_value")
+            mean = self.mean_file(layer, relative_to(self.path, t.mean_file))
+        shape = self.data_shape(layer, None if mean is None else mean.shape)
+        sc.shape.extend(shape)
+        if mean is not None:
+            if mean.shape != shape:
+                self.refuse(layer, f"has a mean of shape {mean.shape} for records of shape {shape}")
+            sc.mean_file = self.write_mean(mean)
+        elif len(t.mean_value) == 1:
+            sc.mean_value = t.mean_value[0]
+        elif t.mean_value:
+            if len(shape) != 3 or shape[0] != len(t.mean_value):
+                self.refuse(layer, f"has {len(t.mean_value)} mean_value for records of shape "
+                            f"{shape}")
+            sc.mean_file = self.write_mean(np.broadcast_to(
+                np.array(t.mean_value, np.float32)[:, None, None], shape))
+        scale = t.scale
+        preprocess = None
+        if t.crop_size or t.mirror or (scale != 1 and scale not in _POW2):
+            if self.phase == TEST and (t.crop_size or t.mirror):
+                self.refuse(layer, "crops or mirrors in TEST: Caffe takes the centre crop (and "
+                            "mirrors at random), SINGA's kImagePreprocess the top-left corner")
+            preprocess = self.new(layer, job_pb2.kImagePreprocess, [conf.name],
+                                  name=f"{layer.name}_transform")
+            rc = preprocess.rgbimage_conf
+            rc.scale, rc.cropsize, rc.mirror = scale, t.crop_size, t.mirror
+        elif scale != 1:
+            sc.std_value = 1 / scale     # a power of two: x / (1/s) == x·s exactly
+        self.notes.append(f"layer '{layer.name}' ({layer.type}, {source}) reads the kvfile "
+                          f"{sc.path}: write it with RecordProto records of shape "
+                          f"{list(shape)} (pixel bytes or float data) and their labels")
+        self.tops[tops[0]] = (preprocess or conf).name
+        if len(tops) == 2:
+            self.tops[tops[1]] = conf.name
+            self.labels[tops[1]] = conf.name
+        return [conf] + ([preprocess] if preprocess else [])
+
+    def mean_file(self, layer, path):
+        blob = read_blob_file(path)
+        shape = blob.shape
+        while len(shape) > 3 and shape[0] == 1:
+            shape = shape[1:]
+        return blob.values.reshape(shape)
+
+    def write_mean(self, mean):
+        path = f"{self.data_dir}/mean.kvfile"
+        rec = common_pb2.RecordProto(shape=mean.shape, data=np.ravel(mean).tolist())
+        old = self.files.get(path)
+        if old is not None and old[0][1] != rec.SerializeToString():
+            path = f"{self.data_dir}/mean{len(self.files)}.kvfile"
+        self.files[path] = [(b"mean", rec.SerializeToString())]
+        return path
+
+
+# --- the layer types ------------------------------------------------------------------------
+
+def _input(t, layer):
+    if len(layer.top) != 1 or len(layer.input_param.shape) > 1:
+        t.refuse(layer, "has several tops; one input is supported")
+    dims = list(layer.input_param.shape[0].dim) if layer.input_param.shape else []
+    if len(dims) < 2:
+        t.refuse(layer, "has no shape (N, ...) of its input")
+    conf = t.new(layer, job_pb2.kRecordInput, [])
+    sc = conf.store_conf
+    sc.backend, sc.path = "kvfile", t.data_path(layer)
+    sc.batchsize.append(dims[0])
+    sc.shape.extend(dims[1:])
+    t.notes.append(f"layer '{layer.name}' (Input) reads the kvfile {sc.path}: write it with "
+                   f"RecordProto records of shape {dims[1:]} (or use the Python API's predict)")
+    return t.one_top(layer, conf)
+
+
+def _data(t, layer):
+    p = layer.data_param
+    if p.backend not in (C.DataParameter.LMDB, C.DataParameter.LEVELDB):
+        t.refuse(layer, "has an unknown backend")
+    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip)
+
+
+def _hdf5(t, layer):
+    p = layer.hdf5_data_param
+    if p.shuffle:
+        t.notes.append(f"layer '{layer.name}': Caffe shuffles its HDF5 files; SINGA reads the "
+                       f"kvfile in order")
+    return t.store_input(layer, p.batch_size, f"source {p.source}")
+
+
+def _conv(t, layer):
+    p = layer.convolution_param
+    if p.axis != 1 or p.force_nd_im2col:
+        t.refuse(layer, "convolves on an axis other than 1 (not supported)")
+    if any(d != 1 for d in p.dilation):
+        t.refuse(layer, "is dilated (not supported)")
+    kh, kw = _pair(t, layer, p.kernel_size, p, "kernel", None)
+    ph, pw = _pair(t, layer, p.pad, p, "pad", 0)
+    sh, sw = _pair(t, layer, p.stride, p, "stride", 1)
+    conf = t.new(layer, job_pb2.kConvolution, t.src(layer, 1))
+    c = conf.convolution_conf
+    c.num_filters = p.num_output
+    _window(c, kh, kw, ph, pw, sh, sw)
+    if p.group != 1:
+        c.group = p.group
+    f = p.num_output
+
+    def weight(shape):
+        if len(shape) != 4 or shape[0] != f or tuple(shape[2:]) != (kh, kw):
+            return f"{f}x(C/{p.group})x{kh}x{kw}"
+        return (f, math.prod(shape[1:]))
+    shapes = [("weight", weight, 0, p.weight_filler)]
+    shapes.append(("bias", (f,), 1, p.bias_filler) if p.bias_term else ("bias", (f,), None, None))
+    t.add_params(layer, conf, shapes)
+    return t.one_top(layer, conf)
+
+
+def _inner_product(t, layer):
+    p = layer.inner_product_param
+    if p.axis != 1:
+        t.refuse(layer, f"flattens from axis {p.axis} (only 1 is supported)")
+    conf = t.new(layer, job_pb2.kInnerProduct, t.src(layer, 1))
+    conf.innerproduct_conf.num_output = p.num_output
+    n = p.num_output
+    if p.transpose:
+        # Caffe stores K x N and computes x·W: SINGA's transpose does the same on the same bytes
+        conf.innerproduct_conf.transpose = True
+
+    def weight(shape):
+        s = _strip_legacy(shape, 2)
+        if len(s) != 2 or s[1 if p.transpose else 0] != n:
+            return f"Kx{n} (transpose)" if p.transpose else f"{n}xK"
+        return tuple(s)
+    shapes = [("weight", weight, 0, p.weight_filler)]
+    shapes.append(("bias", (n,), 1, p.bias_filler) if p.bias_term else ("bias", (n,), None, None))
+    t.add_params(layer, conf, shapes)
+    return t.one_top(layer, conf)
+
+
+def _pooling(t, layer):
+    p = layer.pooling_param
+    if p.pool == C.PoolingParameter.STOCHASTIC:
+        t.refuse(layer, "pools STOCHASTIC (not supported)")
+    if p.global_pooling:
+        t.refuse(layer, "pools globally (give kernel_size: the input's size)")
+    if not (p.HasField("kernel_size") or p.HasField("kernel_h")):
+        t.refuse(layer, "has no kernel_size")
+    kh, kw = (p.kernel_h, p.kernel_w) if p.HasField("kernel_h") else (p.kernel_size,) * 2
+    ph, pw = (p.pad_h, p.pad_w) if p.HasField("pad_h") else (p.pad,) * 2
+    sh, sw = (p.stride_h, p.stride_w) if p.HasField("stride_h") else (p.stride,) * 2
+    conf = t.new(layer, job_pb2.kPooling, t.src(layer, 1))
+    c = conf.pooling_conf
+    c.pool = job_pb2.PoolingProto.MAX if p.pool == C.PoolingParameter.MAX else \
+        job_pb2.PoolingProto.AVG
+    _window(c, kh, kw, ph, pw, sh, sw)
+    if p.round_mode == C.PoolingParameter.CEIL:
+        c.ceil_mode = True
+    return t.one_top(layer, conf)
+
+
+def _lrn(t, layer):
+    p = layer.lrn_param
+    if p.norm_region != C.LRNParameter.ACROSS_CHANNELS:
+        t.refuse(layer, "normalises WITHIN_CHANNEL (SINGA's LRN is across channels)")
+    conf = t.new(layer, job_pb2.kLRN, t.src(layer, 1))
+    c = conf.lrn_conf
+    c.local_size, c.alpha, c.beta, c.knorm = p.local_size, p.alpha, p.beta, p.k
+    return t.one_top(layer, conf)
+
+
+def _relu(t, layer):
+    if layer.relu_param.negative_slope != 0:
+        t.refuse(layer, "has negative_slope (SINGA's ReLU ignores it)")
+    return t.one_top(layer, t.new(layer, job_pb2.kReLU, t.src(layer, 1)))
+
+
+def _sigmoid(t, layer):
+    return t.one_top(layer, t.new(layer, job_pb2.kSigmoid, t.src(layer, 1)))
+
+
+def _tanh(t, layer):
+    conf = t.new(layer, job_pb2.kActivation, t.src(layer, 1))
+    conf.activation_conf.type = job_pb2.TANH        # kSTanh is the scaled 1.7159·tanh(2x/3)
+    return t.one_top(layer, conf)
+
+
+def _dropout(t, layer):
+    conf = t.new(layer, job_pb2.kDropout, t.src(layer, 1))
+    conf.dropout_conf.dropout_ratio = layer.dropout_param.dropout_ratio
+    return t.one_top(layer, conf)
+
+
+def _softmax(t, layer):
+    if layer.softmax_param.axis != 1:
+        t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
+    return t.one_top(layer, t.new(layer, job_pb2.kSoftmax, t.src(layer, 1)))
+
+
+def _softmax_loss(t, layer):
+    scores, labels = _scores_and_labels(t, layer)
+    lp = layer.loss_param
+    if lp.HasField("ignore_label"):
+        t.refuse(layer, "has ignore_label (not supported)")
+    if lp.HasField("normalization") and lp.normalization == C.LossParameter.NONE or \
+            lp.HasField("normalize") and not lp.normalize:
+        t.refuse(layer, "does not normalise by the batch (SINGA's loss is the batch mean)")
+    if any(w != 1 for w in layer.loss_weight):
+        t.refuse(layer, "has a loss_weight other than 1")
+    if layer.softmax_param.axis != 1:
+        t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
+    conf = t.new(layer, job_pb2.kSoftmaxLoss, [scores, labels])
+    t.scores_of_loss[tuple(layer.bottom)] = conf
+    if len(layer.top) > 1:
+        t.refuse(layer, "has several tops")
+    if layer.top:
+        t.tops[layer.top[0]] = conf.name
+    return [conf]
+
+
+def _accuracy(t, layer):
+    scores, labels = _scores_and_labels(t, layer)
+    p = layer.accuracy_param
+    if p.HasField("ignore_label") or p.axis != 1:
+        t.refuse(layer, "has ignore_label or an axis other than 1 (not supported)")
+    loss = next((l for l in t.net.layer if l.type == "SoftmaxWithLoss" and
+                 list(l.bottom) == list(layer.bottom) and in_phase(l, t.phase)), None)
+    if loss is not None:
+        # SINGA's softmax loss reports the accuracy of its scores itself
+        if p.top_k != 1:
+            t.refuse(layer, f"counts the top {p.top_k} beside a SoftmaxWithLoss "
+                     f"(SINGA's loss reports top-1 accuracy; drop one of the two)")
+        note = (f"layer '{layer.name}' (Accuracy): the accuracy is reported by SINGA's softmax "
+                f"loss '{loss.name}'")
+        if note not in t.notes:
+            t.notes.append(note)
+        return []
+    conf = t.new(layer, job_pb2.kAccuracy, [scores, labels])
+    conf.argsort_conf.topk = p.top_k
+    return [conf]
+
+
+def _scores_and_labels(t, layer):
+    if len(layer.bottom) != 2:
+        t.refuse(layer, f"has {len(layer.bottom)} bottoms, expected scores and labels")
+    scores, labels = t.src(layer, 2)
+    if layer.bottom[1] not in t.labels:
+        t.refuse(layer, f"reads labels '{layer.bottom[1]}' that no data layer writes")
+    return scores, labels
+
+
+def _concat(t, layer):
+    p = layer.concat_param
+    axis = p.concat_dim if p.HasField("concat_dim") else p.axis
+    conf = t.new(layer, job_pb2.kConcate, t.src(layer))
+    conf.concate_conf.concate_dim = axis
+    conf.concate_conf.num_concates = len(layer.bottom)
+    return t.one_top(layer, conf)
+
+
+def _rename(t, layer):
+    """Flatten (axis 1 to the end) and Split: SINGA's layers read their sources by count and
+    add split layers themselves, so the blob is the bottom's layer under another name."""
+    if layer.type == "Flatten" and (layer.flatten_param.axis != 1 or
+                                    layer.flatten_param.end_axis != -1):
+        t.refuse(layer, "flattens other axes than 1 to the end (not supported)")
+    (src,) = t.src(layer, 1)
+    for top in layer.top:
+        t.tops[top] = src
+    return []
+
+
+def _silence(t, layer):
+    t.src(layer)
+    return []
+
+
+_HANDLERS = {
+    "Input": _input, "Data": _data, "HDF5Data": _hdf5, "Convolution": _conv,
+    "InnerProduct": _inner_product, "Pooling": _pooling, "LRN": _lrn, "ReLU": _relu,
+    "Sigmoid": _sigmoid, "TanH": _tanh, "Dropout": _dropout, "Softmax": _softmax,
+    "SoftmaxWithLoss": _softmax_loss, "Accuracy": _accuracy, "Concat": _concat,
+    "Flatten": _rename, "Split": _rename, "Silence": _silence,
+}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def _pair(t, layer, values, p, what, default):
+    """(h, w) of a ConvolutionParameter's repeated `what` or its what_h/what_w."""
+    if p.HasField(f"{what}_h") or p.HasField(f"{what}_w"):
+        return getattr(p, f"{what}_h"), getattr(p, f"{what}_w")
+    values = list(values)
+    if len(values) == 0 and default is not None:
+        return default, default
+    if len(values) == 1:
+        return values[0], values[0]
+    if len(values) == 2:
+        return values[0], values[1]
+    t.refuse(layer, f"has {len(values)} {what} values (2-D convolution only)")
+
+
+def _window(c, kh, kw, ph, pw, sh, sw):
+    """SINGA's kernel/pad/stride fields: one value when square, else the _y/_x pair."""
+    for name, (y, x) in (("kernel", (kh, kw)), ("pad", (ph, pw)), ("stride", (sh, sw))):
+        if y == x:
+            setattr(c, name, y)
+        else:
+            setattr(c, f"{name}_y", y)
+            setattr(c, f"{name}_x", x)
+
+
+def _strip_legacy(shape, ndim):
+    """A legacy num/channels/height/width shape padded at the front with 1s, cut to `ndim`."""
+    shape = tuple(shape)
+    while len(shape) > ndim and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _init(gen, filler, layer, t):
+    """SINGA's ParamGenProto for a Caffe filler (fresh values only: imported ones win)."""
+    kind = filler.type      # Caffe's default filler: constant 0
+    if kind == "constant":
+        gen.type, gen.value = job_pb2.kConstant, filler.value
+    elif kind == "gaussian":
+        gen.type, gen.mean, gen.std = job_pb2.kGaussian, filler.mean, filler.std
+    elif kind == "uniform":
+        gen.type, gen.low, gen.high = job_pb2.kUniform, filler.min, filler.max
+    elif kind in ("xavier", "msra") and filler.variance_norm == C.FillerParameter.FAN_IN:
+        # SINGA's *SqrtFanIn divide by sqrt(shape[1]): Caffe's fan-in for a conv or an
+        # untransposed InnerProduct weight
+        if kind == "xavier":
+            gen.type, gen.low, gen.high = job_pb2.kUniformSqrtFanIn, -1, 1
+        else:
+            gen.type, gen.mean, gen.std = job_pb2.kGaussianSqrtFanIn, 0, math.sqrt(2)
+        if layer.type == "InnerProduct" and layer.inner_product_param.transpose:
+            t.notes.append(f"layer '{layer.name}': fresh values of its transposed weight "
+                           f"scale by the fan-out, not Caffe's fan-in ({kind} filler)")
+    else:
+        gen.type, gen.mean, gen.std = job_pb2.kGaussian, 0, 0.01
+        t.notes.append(f"layer '{layer.name}': filler '{kind}' has no SINGA init; fresh values "
+                       f"would be gaussian std 0.01 (imported values are unaffected)")
