@@ -1,0 +1,51 @@
+"""singa-export onnx|caffe JOB.conf SNAPSHOT -o OUT: a job's test net with a snapshot's values
+as an ONNX model or a Caffe deploy net + weights."""
+import argparse
+import os
+import sys
+
+from singa.errors import ConfigError, SingaError
+from singa.export import graph
+
+__all__ = ["main"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(
+        prog="singa-export", description="Export a job's test net with a snapshot's values.")
+    ap.add_argument("format", choices=["onnx", "caffe"])
+    ap.add_argument("conf", metavar="JOB.conf")
+    ap.add_argument("snapshot", metavar="SNAPSHOT",
+                    help="a snapshot file, a checkpoint folder or workspace (its newest complete "
+                         "snapshot, as -resume finds it), or <checkpoint folder>/step<N>")
+    ap.add_argument("-o", dest="out", required=True,
+                    help="onnx: the .onnx file; caffe: a folder for deploy.prototxt and "
+                         "model.caffemodel")
+    ap.add_argument("-batch", type=int, default=0,
+                    help="the inputs' batch size (default: onnx symbolic N; caffe the conf's)")
+    args = ap.parse_args(argv)
+    try:
+        if not os.path.isfile(args.conf):
+            raise ConfigError(f"{args.conf}: no such job conf")
+        if args.batch < 0:
+            raise ConfigError(f"-batch {args.batch}: must be positive")
+        target = "ONNX" if args.format == "onnx" else "Caffe"
+        model = graph.read(args.conf, args.snapshot, target)
+        if args.format == "onnx":
+            from singa.export import onnx
+            onnx.write(model, args.out, args.batch or None)
+            written = [args.out]
+        else:
+            from singa.export import caffe
+            written = caffe.write(model, args.out, args.batch or None)
+    except SingaError as e:
+        print(f"singa-export: {e}", file=sys.stderr)
+        return e.exit_code
+    except OSError as e:
+        print(f"singa-export: cannot write {e.filename or args.out}: {e.strerror}",
+              file=sys.stderr)
+        return 2
+    print(f"{args.format}: {', '.join(written)} (step {model.step}; inputs "
+          f"{', '.join(f'{op.name} {list(op.shape[1:])}' for op in model.inputs)}; outputs "
+          f"{', '.join(model.outputs)})")
+    return 0

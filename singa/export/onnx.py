@@ -1,0 +1,203 @@
+"""A job's test net with a snapshot's values as an ONNX model (opset 17, standard ops only).
+
+Each op of `graph.read` becomes nodes whose outputs onnxruntime computes as our layers do:
+Convolution → Conv (W as (F, C/group, kh, kw)); Pooling → MaxPool / AveragePool with our
+output size (`ceil_mode`) and divisor (kPooling/kCPooling: the window clipped at H + p, i.e.
+count_include_pad 1; kCudnnPool: the real pixels, count_include_pad 0); InnerProduct → Gemm
+(transB unless `transpose`), a Flatten before it; LRN → LRN (both divide alpha by the window
+size: the conf's alpha as is, bias = knorm); STanh → Mul, Tanh, Mul (A·tanh(B·x)); Dropout →
+Identity; Softmax → Softmax over the flattened features; Concat; Crop (kImagePreprocess at
+test: the top-left crop, times scale) → Slice, Mul. Graph inputs are the input layers' data
+(after their mean/std) with a symbolic batch `N` unless one is given; outputs are the ops
+nothing reads (the loss layer's probabilities).
+"""
+import numpy as np
+
+from singa.errors import ConfigError
+from singa.export.graph import type_name
+from singa.layers.conv import window
+from singa.layers.neuron import STANH_A, STANH_B
+from singa.proto import job_pb2
+
+__all__ = ["OPSET", "to_onnx", "write"]
+
+OPSET = 17
+
+
+def _onnx():
+    try:
+        import onnx
+    except ImportError:
+        raise ConfigError("ONNX export needs the onnx package: pip install 'singa[onnx]' "
+                          "(or pip install onnx)") from None
+    return onnx
+
+
+def write(model, path, batch=None):
+    """Write `model` (a graph.Model) to `path` as .onnx, checked by onnx.checker."""
+    onnx = _onnx()
+    proto = to_onnx(model, batch)
+    onnx.checker.check_model(proto, full_check=True)
+    onnx.save(proto, path)
+    return proto
+
+
+def to_onnx(model, batch=None, extra_outputs=()):
+    """The ModelProto of `model`; `batch` fixes the batch size (default: symbolic `N`);
+    `extra_outputs`: names of further ops to output (to compare layer by layer)."""
+    onnx = _onnx()
+    b = _Builder(onnx, model.conf_path)
+    for op in model.ops:
+        _OPS[op.type](b, op)
+    n = batch if batch else "N"
+    inputs = [onnx.helper.make_tensor_value_info(op.name, onnx.TensorProto.FLOAT,
+                                                 [n] + list(op.shape[1:])) for op in model.inputs]
+    shapes = {op.name: op.shape for op in model.ops}
+    outputs = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT,
+                                                  [n] + list(shapes[name][1:]))
+               for name in list(model.outputs) + [x for x in extra_outputs
+                                                  if x not in model.outputs]]
+    graph = onnx.helper.make_graph(b.nodes, model.name or "singa", inputs, outputs,
+                                   b.initializers)
+    proto = onnx.helper.make_model(graph, producer_name="singa", producer_version="0.3",
+                                   opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+                                   doc_string=f"{model.conf_path}, snapshot step {model.step}")
+    proto.ir_version = 8        # opset 17's; onnxruntime reads it
+    return proto
+
+
+class _Builder:
+    """Nodes and initializers under construction; names unique per op."""
+
+    def __init__(self, onnx, conf_path):
+        self.onnx, self.conf_path = onnx, conf_path
+        self.nodes, self.initializers, self._names = [], [], set()
+
+    def const(self, name, array):
+        name = self._unique(name)
+        self.initializers.append(self.onnx.numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, kind, inputs, output, **attrs):
+        self.nodes.append(self.onnx.helper.make_node(kind, inputs, [output],
+                                                     name=self._unique(output), **attrs))
+        return output
+
+    def _unique(self, name):
+        base, i = name, 1
+        while name in self._names:
+            name, i = f"{base}_{i}", i + 1
+        self._names.add(name)
+        return name
+
+    def refuse(self, op, why):
+        raise ConfigError(f"{self.conf_path}: layer '{op.name}' ({type_name(op.conf)}): {why}")
+
+
+def _params(b, op):
+    return [b.const(n, a) for n, a in zip(op.param_names, op.params)]
+
+
+def _four_d(b, op):
+    """The op's source as (N, C, H, W): a 3-D (N, H, W) source gets C = 1 (our layers')."""
+    x, shape = op.inputs[0], op.in_shapes[0]
+    if len(shape) == 4:
+        return x
+    shape4 = b.const(f"{op.name}_in_shape", np.array([0, 1] + list(shape[1:]), np.int64))
+    return b.node("Reshape", [x, shape4], f"{op.name}_in")
+
+
+def _convolution(b, op):
+    kh, kw, ph, pw, sh, sw = window(op.conf.convolution_conf)
+    w, bias = op.params
+    f, group = w.shape[0], op.conf.convolution_conf.group
+    c = op.in_shapes[0][1] if len(op.in_shapes[0]) == 4 else 1
+    names = [b.const(op.param_names[0], w.reshape(f, c // group, kh, kw)),
+             b.const(op.param_names[1], bias)]
+    b.node("Conv", [_four_d(b, op)] + names, op.name, kernel_shape=[kh, kw],
+           pads=[ph, pw, ph, pw], strides=[sh, sw], group=group)
+
+
+def _pooling(b, op):
+    pc = op.conf.pooling_conf
+    kh, kw, ph, pw, sh, sw = window(pc)
+    attrs = dict(kernel_shape=[kh, kw], pads=[ph, pw, ph, pw], strides=[sh, sw],
+                 ceil_mode=int(pc.ceil_mode))
+    if pc.pool == job_pb2.PoolingProto.MAX:
+        b.node("MaxPool", [_four_d(b, op)], op.name, **attrs)
+    else:
+        # ours: the window clipped at H + p (k·k in floor mode), or for kCudnnPool the real
+        # pixels alone: count_include_pad 1 and 0 (onnxruntime clips at H + p as Caffe does)
+        b.node("AveragePool", [_four_d(b, op)], op.name,
+               count_include_pad=int(op.conf.type != job_pb2.kCudnnPool), **attrs)
+
+
+def _inner_product(b, op):
+    x = op.inputs[0]
+    if len(op.in_shapes[0]) != 2:
+        x = b.node("Flatten", [x], f"{op.name}_in", axis=1)
+    b.node("Gemm", [x] + _params(b, op), op.name,
+           transB=int(not op.conf.innerproduct_conf.transpose))
+
+
+def _elementwise(kind):
+    def build(b, op):
+        b.node(kind, op.inputs, op.name)
+    return build
+
+
+def _stanh(b, op):
+    """A·tanh(B·x), SINGA's scaled tanh, with our float32 A and B."""
+    scaled = b.node("Mul", [op.inputs[0], b.const(f"{op.name}_B", np.array(STANH_B))],
+                    f"{op.name}_Bx")
+    t = b.node("Tanh", [scaled], f"{op.name}_tanh")
+    b.node("Mul", [t, b.const(f"{op.name}_A", np.array(STANH_A))], op.name)
+
+
+def _lrn(b, op):
+    lc = op.conf.lrn_conf
+    if len(op.in_shapes[0]) != 4:
+        b.refuse(op, "LRN needs a 4-D source")
+    # both: y = x·(knorm + (alpha/n)·Σ_window x²)^(−beta), window of n centred on c
+    b.node("LRN", op.inputs, op.name, size=lc.local_size, alpha=lc.alpha, beta=lc.beta,
+           bias=lc.knorm)
+
+
+def _softmax(b, op):
+    shape = op.in_shapes[0]
+    if len(shape) == 2:
+        b.node("Softmax", op.inputs, op.name, axis=1)
+        return
+    flat = b.node("Flatten", op.inputs, f"{op.name}_in", axis=1)
+    if len(op.shape) == 2:          # a loss layer's probabilities are (N, D)
+        b.node("Softmax", [flat], op.name, axis=1)
+        return
+    p = b.node("Softmax", [flat], f"{op.name}_flat", axis=1)
+    back = b.const(f"{op.name}_shape", np.array([0] + list(op.shape[1:]), np.int64))
+    b.node("Reshape", [p, back], op.name)
+
+
+def _concat(b, op):
+    b.node("Concat", op.inputs, op.name, axis=op.conf.concate_conf.concate_dim)
+
+
+def _crop(b, op):
+    """kImagePreprocess outside training: the top-left crop, times scale."""
+    crop, scale = op.shape[2], np.float32(op.conf.rgbimage_conf.scale)
+    out = op.name if scale == 1 else f"{op.name}_crop"
+    b.node("Slice", [op.inputs[0], b.const(f"{op.name}_starts", np.array([0, 0], np.int64)),
+                     b.const(f"{op.name}_ends", np.array([crop, crop], np.int64)),
+                     b.const(f"{op.name}_axes", np.array([2, 3], np.int64))], out)
+    if scale != 1:
+        b.node("Mul", [out, b.const(f"{op.name}_scale", np.array(scale))], op.name)
+
+
+def _input(b, op):
+    pass
+
+
+_OPS = {"Input": _input, "Convolution": _convolution, "Pooling": _pooling,
+        "InnerProduct": _inner_product, "ReLU": _elementwise("Relu"),
+        "Sigmoid": _elementwise("Sigmoid"), "Tanh": _elementwise("Tanh"), "STanh": _stanh,
+        "Dropout": _elementwise("Identity"), "LRN": _lrn, "Softmax": _softmax,
+        "Concat": _concat, "Crop": _crop}

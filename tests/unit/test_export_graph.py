@@ -1,0 +1,114 @@
+"""Reading a job's test net for export: which snapshot SNAPSHOT names, what becomes an op,
+and the one-line refusals of the CLI (exit 2, no traceback)."""
+import os
+
+import numpy as np
+import pytest
+
+from export_helpers import fresh_snapshot
+from singa.checkpoint.format import CheckpointReader, write_file
+from singa.errors import CheckpointError
+from singa.export import cli, graph
+
+LENET = "examples/mnist/conv.conf"
+
+
+def stored(path):
+    """{name: (values, version)} of a snapshot file."""
+    r = CheckpointReader(path)
+    return {n: (r.param(n), r.version(n)) for n in r.names}
+
+
+def test_lenet_reads_as_a_sequence_of_ops(tmp_path):
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    model = graph.read(LENET, str(tmp_path))
+    assert [(op.name, op.type, op.inputs) for op in model.ops] == [
+        ("data", "Input", []), ("conv1", "Convolution", ["data"]),
+        ("pool1", "Pooling", ["conv1"]), ("conv2", "Convolution", ["pool1"]),
+        ("pool2", "Pooling", ["conv2"]), ("ip1", "InnerProduct", ["pool2"]),
+        ("relu1", "ReLU", ["ip1"]), ("ip2", "InnerProduct", ["relu1"]),
+        ("loss", "Softmax", ["ip2"])]      # the label source and the split are gone
+    assert model.outputs == ["loss"] and model.step == 5
+    assert model.inputs[0].shape == (100, 1, 28, 28)
+    conv1 = model.ops[1]
+    assert conv1.param_names == ["w1", "b1"] and conv1.params[0].shape == (20, 25)
+
+
+def test_snapshot_is_a_file_a_folder_or_a_step(tmp_path):
+    folder = tmp_path / "checkpoint"
+    fresh_snapshot(LENET, folder, step=5, seed=1)
+    fresh_snapshot(LENET, folder, step=9, seed=2)
+    w1 = {}
+    for what in (str(tmp_path), str(folder), str(folder / "step5"),
+                 str(folder / "step5-worker0.bin")):
+        w1[what] = graph.read(LENET, what).ops[1].params[0]
+    # a workspace and its checkpoint folder: the newest complete snapshot, as -resume
+    assert graph.read(LENET, str(tmp_path)).step == 9
+    np.testing.assert_array_equal(w1[str(tmp_path)], w1[str(folder)])
+    np.testing.assert_array_equal(w1[str(folder / "step5")], w1[str(folder / "step5-worker0.bin")])
+    assert not np.array_equal(w1[str(tmp_path)], w1[str(folder / "step5")])
+
+
+def test_the_newest_torn_snapshot_is_passed_over(tmp_path):
+    folder = tmp_path / "checkpoint"
+    fresh_snapshot(LENET, folder, step=5)
+    fresh_snapshot(LENET, folder, step=9)
+    with open(folder / "step9-worker0.bin", "r+b") as f:       # torn: cut short
+        f.truncate(100)
+    assert graph.read(LENET, str(folder)).step == 5
+
+
+def test_a_snapshot_of_two_workers_is_read_whole(tmp_path):
+    """A model-partitioned snapshot: the pieces of each param in two worker files, joined."""
+    fresh_snapshot(LENET, tmp_path / "one")
+    whole = stored(str(tmp_path / "one" / "step5-worker0.bin"))
+    folder = tmp_path / "two"
+    os.makedirs(folder)
+    for k in range(2):
+        entries = []
+        for name, (values, version) in whole.items():
+            half = len(values) // 2
+            entries.append((name, values[half * k:half * (k + 1) if k == 0 else None], version,
+                            (0, k, 2)))
+        with_nworkers = write_file(str(folder / f"step5-worker{k}"), entries)
+        assert with_nworkers
+    model = graph.read(LENET, str(folder / "step5-worker1.bin"))
+    np.testing.assert_array_equal(model.ops[1].params[0], whole["0#w1"][0])
+
+
+@pytest.mark.parametrize("snapshot, message", [
+    ("nowhere", "{tmp}/nowhere: no such snapshot file or checkpoint folder"),
+    ("empty", "{tmp}/empty: no complete snapshot"),
+])
+def test_a_missing_snapshot_is_one_line(tmp_path, capsys, snapshot, message):
+    os.makedirs(tmp_path / "empty")
+    out = tmp_path / "x.onnx"
+    assert cli.main(["onnx", LENET, str(tmp_path / snapshot), "-o", str(out)]) == 2
+    assert capsys.readouterr().err == f"singa-export: {message.format(tmp=tmp_path)}\n"
+    assert not out.exists()
+
+
+def test_a_snapshot_of_another_net_is_one_line(tmp_path, capsys):
+    fresh_snapshot("examples/mnist/job.conf", tmp_path / "checkpoint")
+    assert cli.main(["onnx", LENET, str(tmp_path), "-o", str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step5-worker0.bin" in err and "0#w1" in err
+    assert "has shape (784, 2500)" in err or "has shape (2500, 784)" in err
+
+
+def test_a_snapshot_without_a_param_is_one_line(tmp_path):
+    folder = tmp_path / "checkpoint"
+    path = fresh_snapshot(LENET, folder)
+    params = stored(path)
+    os.unlink(path)
+    write_file(str(folder / "step5-worker0"),
+               [(n, v, ver) for n, (v, ver) in params.items() if n != "0#b3"])
+    with pytest.raises(CheckpointError, match=r"step5-worker0.bin: no param 'b3' for "
+                                              r"examples/mnist/conv.conf$"):
+        graph.read(LENET, str(folder))
+
+
+def test_a_missing_conf_is_one_line(tmp_path, capsys):
+    assert cli.main(["caffe", str(tmp_path / "job.conf"), str(tmp_path), "-o",
+                     str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == f"singa-export: {tmp_path}/job.conf: no such job conf\n"

@@ -1,0 +1,185 @@
+"""ONNX export: onnx.checker passes and onnxruntime computes what our layers compute, net by
+net (LeNet, the cifar10 net, the MNIST MLP) and layer by layer (Caffe's rules: group
+convolution, ceil pooling, padded AVG divisors, LRN, transposed InnerProduct); refusals."""
+import numpy as np
+import pytest
+
+from singa.export import cli, graph
+from singa.export import onnx as export_onnx
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+from export_helpers import fresh_snapshot, write_conf  # noqa: E402
+
+TOLERANCE = 1e-5
+
+# The Caffe fixture's convnet (tests/fixtures/caffe README): stride-2 padded conv, MAX ceil
+# pooling, LRN, group convolution, padded AVG ceil pooling, transposed InnerProduct, Dropout.
+CONVNET = """
+name: "convnet20"
+train_steps: 1
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.01 } }
+cluster { workspace: "WORKSPACE" }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "nowhere.bin" batchsize: 8 shape: 3 shape: 20 shape: 20 } }
+  layer { name: "conv1" type: kCConvolution srclayers: "data"
+    convolution_conf { num_filters: 12 kernel: 7 pad: 1 stride: 2 }
+    param { name: "conv1_w" init { type: kGaussian std: 0.05 } }
+    param { name: "conv1_b" init { type: kConstant value: 0.1 } } }
+  layer { name: "relu1" type: kReLU srclayers: "conv1" }
+  layer { name: "pool1" type: kCPooling srclayers: "relu1"
+    pooling_conf { pool: MAX kernel: 3 stride: 2 ceil_mode: true } }
+  layer { name: "norm1" type: kLRN srclayers: "pool1"
+    lrn_conf { local_size: 5 alpha: 0.5 beta: 0.75 knorm: 1.5 } }
+  layer { name: "conv2" type: kCConvolution srclayers: "norm1"
+    convolution_conf { num_filters: 16 kernel: 3 pad: 1 group: 2 }
+    param { name: "conv2_w" init { type: kGaussian std: 0.05 } }
+    param { name: "conv2_b" init { type: kConstant value: 0.1 } } }
+  layer { name: "relu2" type: kReLU srclayers: "conv2" }
+  layer { name: "pool2" type: POOLTYPE srclayers: "relu2"
+    pooling_conf { pool: AVG kernel: 3 stride: 2 pad: 1 CEIL } }
+  layer { name: "ip1" type: kInnerProduct srclayers: "pool2"
+    innerproduct_conf { num_output: 32 transpose: true }
+    param { name: "ip1_w" init { type: kGaussian std: 0.05 } }
+    param { name: "ip1_b" init { type: kConstant value: 0.1 } } }
+  layer { name: "relu3" type: kReLU srclayers: "ip1" }
+  layer { name: "drop1" type: kDropout srclayers: "relu3" dropout_conf { dropout_ratio: 0.3 } }
+  layer { name: "ip2" type: kInnerProduct srclayers: "drop1" innerproduct_conf { num_output: 8 }
+    param { name: "ip2_w" init { type: kGaussian std: 0.1 } }
+    param { name: "ip2_b" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip2" srclayers: "data" }
+}
+"""
+
+# Activations, Concat, a 3-D input into a convolution, Softmax of a 4-D blob, and an output
+# layer that is left out.
+BRANCHES = """
+name: "branches"
+train_steps: 1
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.01 } }
+cluster { workspace: "WORKSPACE" }
+neuralnet {
+  layer { name: "data" type: kCSVInput
+    store_conf { path: "nowhere.csv" batchsize: 4 shape: 9 shape: 9 } }
+  layer { name: "conv" type: kConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 3 }
+    param { name: "cw" init { type: kGaussian std: 0.3 } }
+    param { name: "cb" init { type: kConstant value: 0.1 } } }
+  layer { name: "a_stanh" type: kSTanh srclayers: "conv" }
+  layer { name: "a_sigmoid" type: kActivation srclayers: "conv" activation_conf { type: SIGMOID } }
+  layer { name: "a_tanh" type: kActivation srclayers: "conv" activation_conf { type: TANH } }
+  layer { name: "a_stanh2" type: kActivation srclayers: "conv" activation_conf { type: STANH } }
+  layer { name: "cat" type: kConcate srclayers: "a_stanh" srclayers: "a_sigmoid"
+    srclayers: "a_tanh" srclayers: "a_stanh2" concate_conf { concate_dim: 1 num_concates: 4 } }
+  layer { name: "pool" type: kCudnnPool srclayers: "cat"
+    pooling_conf { pool: AVG kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
+  layer { name: "sm" type: kSoftmax srclayers: "pool" }
+  layer { name: "ip" type: kInnerProduct srclayers: "sm" innerproduct_conf { num_output: 5 }
+    param { name: "w" init { type: kGaussian std: 0.3 } }
+    param { name: "b" init { type: kConstant value: 0.1 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+  layer { name: "acc" type: kAccuracy srclayers: "ip" srclayers: "data" }
+}
+"""
+
+
+def compare(conf, snapshot, tmp_path, batch=None, inputs=None):
+    """Export through the CLI, check the model, run it in onnxruntime with every op as an
+    output, and return {op name: max |ours − onnxruntime|} (asserting shapes agree)."""
+    out = tmp_path / "model.onnx"
+    assert cli.main(["onnx", str(conf), str(snapshot), "-o", str(out)]) == 0
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    model = graph.read(str(conf), str(snapshot))
+    proto = export_onnx.to_onnx(model, extra_outputs=[op.name for op in model.ops
+                                                      if op.type != "Input"])
+    rng = np.random.default_rng(7)
+    feeds = inputs or {op.name: rng.random(op.shape, dtype=np.float32) for op in model.inputs}
+    ours = model.forward(feeds)
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = sess.run(None, feeds)
+    diffs = {}
+    for meta, value in zip(sess.get_outputs(), got):
+        assert value.shape == ours[meta.name].shape, meta.name
+        diffs[meta.name] = float(np.abs(value.astype(np.float64) - ours[meta.name]).max())
+    return model, diffs
+
+
+@pytest.mark.parametrize("conf", ["examples/mnist/conv.conf", "examples/cifar10/job.conf",
+                                  "examples/mnist/job.conf"])
+def test_example_nets_run_in_onnxruntime_as_in_singa(conf, tmp_path):
+    snapshot = fresh_snapshot(conf, tmp_path / "checkpoint")
+    model, diffs = compare(conf, tmp_path / "checkpoint", tmp_path)
+    print(conf, "max |diff| of the outputs", {k: diffs[k] for k in model.outputs},
+          "of any layer", max(diffs.values()))
+    assert model.outputs == ["loss"]
+    assert max(diffs.values()) < TOLERANCE, diffs
+    assert snapshot.endswith(".bin")
+
+
+@pytest.mark.parametrize("pool_type, ceil", [("kCPooling", "ceil_mode: true"),
+                                             ("kPooling", "ceil_mode: true"),
+                                             ("kCudnnPool", "ceil_mode: true"),
+                                             ("kCPooling", ""), ("kCudnnPool", "")])
+def test_caffes_rules_carry_over_layer_by_layer(pool_type, ceil, tmp_path):
+    conf = write_conf(tmp_path, CONVNET.replace("POOLTYPE", pool_type).replace("CEIL", ceil))
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    model, diffs = compare(conf, tmp_path / "checkpoint", tmp_path)
+    shapes = {op.name: op.shape for op in model.ops}
+    assert shapes["pool1"] == (8, 12, 4, 4)
+    assert shapes["pool2"] == ((8, 16, 3, 3) if ceil else (8, 16, 2, 2))
+    assert max(diffs.values()) < TOLERANCE, diffs
+
+
+def test_activations_concat_and_softmax_of_a_4d_blob(tmp_path):
+    conf = write_conf(tmp_path, BRANCHES)
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    model, diffs = compare(conf, tmp_path / "checkpoint", tmp_path)
+    assert [op.type for op in model.ops if op.name.startswith("a_")] == \
+        ["STanh", "Sigmoid", "Tanh", "STanh"]
+    assert model.outputs == ["loss"]            # kAccuracy left out
+    assert max(diffs.values()) < TOLERANCE, diffs
+
+
+def test_the_batch_is_symbolic_unless_given(tmp_path):
+    conf = "examples/mnist/conv.conf"
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    model = graph.read(conf, str(tmp_path / "checkpoint"))
+    x = np.random.default_rng(0).random(model.inputs[0].shape, dtype=np.float32)
+    ours = model.forward({"data": x})["loss"]
+    proto = export_onnx.to_onnx(model)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "N"
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    p = sess.run(None, {"data": x[:3]})[0]
+    np.testing.assert_allclose(p, ours[:3], atol=TOLERANCE)
+    fixed = export_onnx.to_onnx(model, batch=5)
+    assert fixed.graph.input[0].type.tensor_type.shape.dim[0].dim_value == 5
+
+
+def test_params_are_the_snapshots_values(tmp_path):
+    conf = write_conf(tmp_path, CONVNET.replace("POOLTYPE", "kCPooling")
+                      .replace("CEIL", "ceil_mode: true"))
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    model = graph.read(conf, str(tmp_path / "checkpoint"))
+    proto = export_onnx.to_onnx(model)
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    from singa.checkpoint.format import CheckpointReader
+    stored = CheckpointReader(str(tmp_path / "checkpoint" / "step5-worker0.bin"))
+    assert init["conv2_w"].shape == (16, 6, 3, 3)
+    np.testing.assert_array_equal(init["conv2_w"].reshape(16, -1), stored.param("0#conv2_w"))
+    assert init["ip1_w"].shape == (144, 32)     # transposed: Gemm without transB
+    np.testing.assert_array_equal(init["ip1_w"], stored.param("0#ip1_w"))
+
+
+def test_unsupported_layer_is_one_line_naming_it(tmp_path, capsys):
+    conf = write_conf(tmp_path, BRANCHES.replace('type: kSoftmax srclayers: "pool"',
+                                                 'type: kBM srclayers: "pool" param { name: "s" } '
+                                                 'param { name: "t" } param { name: "u" } '
+                                                 'param { name: "v" }'))
+    assert cli.main(["onnx", conf, str(tmp_path), "-o", str(tmp_path / "x.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"singa-export: {conf}: layer 'sm' (kBM) has no ONNX equivalent\n"
+    assert not (tmp_path / "x.onnx").exists()
