@@ -9,7 +9,8 @@ job through the same Driver with the in-process runtime), holds the workspace, h
 `runtime.Process` build this process's executors and run them (a thread per Server and per
 Worker, talking to the Stub in the main thread over ZeroMQ), and reports user mistakes as one
 line on stderr with exit code 2. The job's secret (`singa.trust`) comes in SINGA_JOB_SECRET.
-SIGINT or SIGTERM stops the executors; the exit code is then 128 + the signal's number.
+SIGINT, SIGTERM or SIGHUP (a terminal hangup) stops the executors; the exit code is then 128 +
+the signal's number.
 `-check` only checks the conf and the processes per host (`singa.launch`) and exits.
 """
 import logging
@@ -86,7 +87,7 @@ def main(argv=None):
                             process_host(flags.get("host"), singa_conf.zookeeper_host),
                             flags["resume"],
                             Reporter(singa.resolve(job.cluster.workspace), job_id), trust)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
                 signal.signal(sig, driver.on_signal)
             path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
             if path:
@@ -132,8 +133,9 @@ def job_trust(job):
 
 
 class Stopped(BaseException):
-    """SIGINT or SIGTERM before the executors run: the driver leaves at once (a BaseException,
-    like KeyboardInterrupt, so that no `except Exception` takes it for a failure)."""
+    """SIGINT, SIGTERM or SIGHUP before the executors run: the driver leaves at once (a
+    BaseException, like KeyboardInterrupt, so that no `except Exception` takes it for a
+    failure)."""
 
 
 class Driver:
@@ -154,13 +156,13 @@ class Driver:
         self.reporter = reporter
         self.workspace = singa.resolve(job.cluster.workspace)
         self.folder = os.path.join(self.workspace, "checkpoint")
-        self.signal = None          # SIGINT, SIGTERM or SIGUSR1 received
+        self.signal = None          # SIGINT, SIGTERM, SIGHUP or SIGUSR1 received
         self.snapshot = False       # the signal asks for a snapshot before the job stops
         self.process = None         # the executors, once built
         self.stopped = threading.Event()    # set once the executors have stopped
 
     def on_signal(self, signum, frame=None):
-        """SIGINT/SIGTERM: the stub stops the executors (at their next message). SIGUSR1 (and
+        """SIGINT/SIGTERM/SIGHUP: the stub stops the executors (at their next message). SIGUSR1 (and
         SIGTERM inside a Slurm allocation, its preemption and time limit): every worker of
         the job stops a step or two later, group 0 after writing a snapshot there. Before the
         executors exist, the driver leaves at once. Repeats change nothing."""

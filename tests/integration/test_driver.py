@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ZK_SERVICE, free_port, start_drivers
+from conftest import PYTHON, ZK_SERVICE, free_port, new_job, start_drivers
 from singa import checkpoint
 from singa.job_manager import JobManager
 from singa.trust import ENV, new_secret
@@ -52,7 +52,7 @@ def stop_after(singa_popen):
         proc.wait()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_stops_the_driver_with_its_znodes_and_the_newest_snapshot_intact(
         sig, mlp_job, stop_after, zk_server, tmp_path):
     folder = tmp_path / "ws" / "checkpoint"
@@ -83,6 +83,36 @@ def own_zookeeper(tmp_path):
         subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
     yield conf, stop
     stop()
+
+
+def test_sighup_to_one_process_is_a_stop_the_others_name(mlp_job, singa_conf, zk_server, tmp_path):
+    """A terminal hangup to one process of a job is handled like SIGTERM: it stops with exit
+    129 and its mark in ZooKeeper, so the other process stops at once naming the signal (not
+    'was lost', nor 120 s later)."""
+    conf = mlp_job(**dict(LONG, checkpoint_freq=0), edit=lambda job: (
+        setattr(job.cluster, "nworkers_per_group", 2),
+        setattr(job.cluster, "nservers_per_group", 2)))     # a worker and a server in each
+    logs = [tmp_path / f"hup{i}.log" for i in range(2)]
+    job_id, env, _ = new_job(zk_server)
+    procs = start_drivers(conf, singa_conf, job_id, env, logs)
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 100" not in "".join(log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+            time.sleep(0.05)
+        procs[0].send_signal(signal.SIGHUP)
+        hung_up = time.monotonic()
+        status = [p.wait(timeout=60) for p in procs]
+        took = time.monotonic() - hung_up
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = [log.read_text() for log in logs]
+    assert status[0] == 128 + signal.SIGHUP and "singa: stopped by SIGHUP" in texts[0], texts[0]
+    assert status[1] != 0 and re.search(r"process \d of job \d+ \(.*\) was stopped by SIGHUP",
+                                        texts[1]), texts[1]
+    assert "Traceback" not in "".join(texts) and took < 20, (took, texts)
 
 
 def test_driver_ends_with_a_warning_when_zookeeper_stops_mid_run(mlp_job, own_zookeeper, tmp_path):
