@@ -1,0 +1,220 @@
+"""bin/singa-import.sh caffe against outputs of real Caffe (tests/fixtures/caffe): forward
+outputs layer by layer, `caffe test`'s accuracy and loss, Caffe's own resume from a
+`.solverstate`, legacy V1 files, and one-line refusals."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import singa
+from singa import checkpoint, config, session
+from singa.caffe.blobs import CaffeFile
+from singa.io import memory
+from singa.io.kvfile import KVFile
+from singa.neuralnet import NeuralNet
+from singa.proto import common_pb2, job_pb2
+
+FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
+IMPORT = os.path.join(singa.HOME, "bin", "singa-import.sh")
+TOL = 1e-5
+
+
+def fx(*parts):
+    return os.path.join(FX, *parts)
+
+
+def run_import(*args):
+    return subprocess.run([IMPORT, "caffe", *map(str, args)], capture_output=True, text=True)
+
+
+def imported(out, *args):
+    """The job.conf bin/singa-import.sh writes for `args` (the command must succeed)."""
+    r = run_import(*args, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    return r.stdout
+
+
+def write_kvfile(path, x, y):
+    """Records as a user makes them for an imported job: pixel bytes for uint8 images, float
+    data otherwise, with their labels."""
+    with KVFile(str(path), "create") as f:
+        for i in range(len(x)):
+            rec = common_pb2.RecordProto(shape=x.shape[1:], label=int(y[i]))
+            if x.dtype == np.uint8:
+                rec.pixel = x[i].tobytes()
+            else:
+                rec.data.extend(x[i].ravel().tolist())
+            f.insert(b"%08d" % i, rec.SerializeToString())
+
+
+def feed(out, name, phases=("train", "test")):
+    for phase in phases:
+        x = np.load(fx(name, "data", f"{phase}_x.npy"))
+        y = np.load(fx(name, "data", f"{phase}_y.npy"))
+        write_kvfile(os.path.join(out, "data", f"data-{phase}.kvfile"), x, y)
+
+
+def forward(conf, x):
+    """{layer name: output} of the kTest net of job `conf` on the samples `x`, its params
+    loaded from checkpoint_path (as session.predict does, keeping every layer)."""
+    job = config.load_job(str(conf), check_paths=False)
+    path = memory.register(np.ascontiguousarray(x, np.float32))
+    try:
+        net_conf = job_pb2.NetProto()
+        net_conf.CopyFrom(job.neuralnet)
+        for layer in net_conf.layer:
+            if layer.type == job_pb2.kRecordInput:
+                sc = layer.store_conf
+                sc.backend, sc.path = "memory", path
+                del sc.batchsize[:]
+                sc.batchsize.append(len(x))
+        net = NeuralNet(net_conf, job_pb2.kTest, np.random.default_rng(0))
+        owners = {p.name: p for p in net.owner_params}
+        _, loaded = checkpoint.load_checkpoint_path(job, owners)
+        assert sorted(loaded) == sorted(owners)
+        net.forward(job_pb2.kTest | job_pb2.kForward)
+        return {layer.name.partition("#")[2] or layer.name: layer.data.copy()
+                for layer in net.layers}
+    finally:
+        memory.release(path)
+
+
+def max_diff_to_caffe(outputs, caffe_layers):
+    """Largest |ours − Caffe's| over the layers both have; every Caffe layer but the input
+    must be there."""
+    worst = 0.0
+    for name in caffe_layers.files:
+        if name in ("data", "input"):
+            continue
+        assert name in outputs, f"no layer {name}"
+        ours, theirs = outputs[name], caffe_layers[name]
+        assert ours.size == theirs.size, name
+        worst = max(worst, float(np.abs(ours.reshape(theirs.shape) - theirs).max()))
+    return worst
+
+
+# --- forward -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("deploy, weights", [
+    ("mlp/mlp_deploy.prototxt", "mlp/mlp_iter_40.caffemodel"),
+    ("legacy/mlp_v1_deploy.prototxt", "legacy/mlp_v1.caffemodel"),
+    ("legacy/mlp_v1_deploy_upgraded.prototxt", "legacy/mlp_v1_upgraded.caffemodel"),
+    ("mlp/mlp_deploy.prototxt", "legacy/mlp_v1.caffemodel"),
+    ("legacy/mlp_v1_deploy.prototxt", "mlp/mlp_iter_40.caffemodel"),
+])
+def test_mlp_forward_matches_caffe_layer_by_layer(tmp_path, deploy, weights):
+    imported(tmp_path, fx(deploy), fx(weights))
+    out = forward(tmp_path / "job.conf", np.load(fx("mlp", "input.npy")))
+    worst = max_diff_to_caffe(out, np.load(fx("mlp", "layers.npz")))
+    prob = np.abs(out["prob"] - np.load(fx("mlp", "prob.npy"))).max()
+    print(f"{deploy} + {weights}: max |Δ| {worst:.3g} over layers, {prob:.3g} on prob")
+    assert worst < TOL and prob < TOL
+
+
+def test_convnet_forward_matches_caffe_layer_by_layer(tmp_path):
+    """Stride-2 padded conv, ceil MAX and padded ceil AVE pooling, LRN, group conv,
+    transposed InnerProduct, in-place ReLU and Dropout."""
+    imported(tmp_path, fx("convnet", "convnet_deploy.prototxt"),
+             fx("convnet", "convnet_iter_60.caffemodel"))
+    out = forward(tmp_path / "job.conf", np.load(fx("convnet", "input.npy")))
+    layers = np.load(fx("convnet", "layers.npz"))
+    worst = max_diff_to_caffe(out, layers)
+    print(f"convnet: max |Δ| {worst:.3g} over layers")
+    assert worst < TOL
+    assert out["pool1"].shape == (8, 12, 4, 4) and out["pool2"].shape == (8, 16, 3, 3)
+
+
+def test_convnet_data_layer_transform_is_caffes(tmp_path):
+    """Data + transform_param {scale 1/64, mean_file}: the records' pixels come out of our
+    input layer as the data blob Caffe fed its net (input.npy), bit for bit."""
+    imported(tmp_path, fx("convnet", "convnet_solver.prototxt"),
+             fx("convnet", "convnet_iter_60.caffemodel"))
+    feed(str(tmp_path), "convnet", ("test",))
+    job = config.load_job(str(tmp_path / "job.conf"), check_paths=False)
+    net = NeuralNet(job.neuralnet, job_pb2.kTest, np.random.default_rng(0))
+    data = next(layer for layer in net.layers if layer.conf.type == job_pb2.kRecordInput)
+    data.compute_feature(job_pb2.kTest, [])
+    caffe_input = np.load(fx("convnet", "input.npy"))
+    assert np.array_equal(data.data[:8], caffe_input)
+
+
+# --- caffe test ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, weights, accuracy, loss", [
+    ("mlp", "mlp/mlp_iter_40.caffemodel", 0.75, 0.925811),
+    ("mlp", "legacy/mlp_v1.caffemodel", 0.75, 0.925811),
+    ("mlp", "legacy/mlp_v1_upgraded.caffemodel", 0.75, 0.925811),
+    ("mlp", "mlp/mlp_iter_20.caffemodel", 0.42, 1.86083),
+    ("convnet", "convnet/convnet_iter_60.caffemodel", 0.83125, 1.62963),
+])
+def test_test_reproduces_caffe_test(tmp_path, name, weights, accuracy, loss):
+    """The solver's net, weights and the test data as a kvfile: -test gives `caffe test`'s
+    accuracy and loss (test_iter batches of the TEST data layer)."""
+    imported(tmp_path, fx(name, f"{name}_solver.prototxt"), fx(weights))
+    feed(str(tmp_path), name, ("test",))   # the TRAIN data is not needed to test
+    job = config.load_job(str(tmp_path / "job.conf"), check_paths=False)
+    metrics = session.test(job)
+    print(f"{weights}: {metrics}")
+    assert metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert metrics["loss"] == pytest.approx(loss, abs=1e-5)
+
+
+# --- resume ----------------------------------------------------------------------------------
+
+def curve(path):
+    rows = [line.split("\t") for line in open(path) if line.startswith("train\t")]
+    return {int(k): (float(lr), float(loss)) for _, k, lr, loss in rows}
+
+
+def test_resume_from_solverstate_continues_like_caffe(tmp_path):
+    """mlp_iter_20.solverstate (+ its learned_net): -resume starts at step 20 with Caffe's
+    momentum history and rate; like `caffe train -snapshot` it reads the data from the start,
+    so every loss of 20…39 and the final weights are those of Caffe's own resume."""
+    out = imported(tmp_path, fx("mlp", "mlp_solver.prototxt"), "-solverstate",
+                   fx("mlp", "mlp_iter_20.solverstate"))
+    assert "data layers' positions" in out
+    assert os.path.isfile(tmp_path / "checkpoint" / "step20-worker0.meta")
+    feed(str(tmp_path), "mlp")
+    job = config.load_job(str(tmp_path / "job.conf"))
+    history = session.train(job, resume=True, progress=False)
+    losses = dict((step, m["loss"]) for step, m in history["train"])
+    caffe = curve(fx("mlp", "train_resumed_curve.txt"))
+    assert sorted(losses) == sorted(caffe) == list(range(20, 40))
+    assert losses[20] == pytest.approx(1.73531, abs=1e-5)
+    for k, (_, loss) in caffe.items():
+        assert losses[k] == pytest.approx(loss, abs=1e-5), k
+    final = checkpoint.CheckpointReader(str(tmp_path / "checkpoint" / "step40-worker0.bin"))
+    with CaffeFile(fx("mlp", "mlp_resumed_iter_40.caffemodel")) as f:
+        _, blobs = f.net()
+        worst = max(np.abs(final.param(f"0#{layer}_{role}").ravel() - blobs[layer][i].values).max()
+                    for layer in ("ip1", "ip2") for i, role in enumerate(("weight", "bias")))
+    print(f"resumed params at step 40 vs Caffe's mlp_resumed_iter_40: max |Δ| {worst:.3g}")
+    assert worst < 1e-6
+
+
+# --- refusals and bad input ------------------------------------------------------------------
+
+def test_refusal_is_one_line_exit_2(tmp_path):
+    net = tmp_path / "res.prototxt"
+    net.write_text('name: "r" input: "data" input_dim: 1 input_dim: 3 input_dim: 4 '
+                   'input_dim: 4\nlayer { name: "c" type: "Convolution" bottom: "data" '
+                   'top: "c" convolution_param { num_output: 3 kernel_size: 1 } }\n'
+                   'layer { name: "sum" type: "Eltwise" bottom: "data" bottom: "c" top: "s" }\n')
+    r = run_import(net, "-o", tmp_path / "out")
+    assert r.returncode == 2
+    assert r.stderr == f"{net}: layer 'sum' of type Eltwise has no SINGA equivalent\n"
+    assert not os.path.exists(tmp_path / "out" / "job.conf")
+
+
+def test_bad_files_are_one_line_exit_2(tmp_path):
+    bad = tmp_path / "bad.caffemodel"
+    bad.write_bytes(open(fx("mlp", "mlp_iter_40.caffemodel"), "rb").read()[:5000])
+    r = run_import(fx("mlp", "mlp_deploy.prototxt"), bad, "-o", tmp_path / "out")
+    assert r.returncode == 2 and str(bad) in r.stderr and r.stderr.count("\n") == 1
+    assert "Traceback" not in r.stderr
+    text = tmp_path / "t.prototxt"
+    text.write_text('name: "x"\nlayer { name: "a" typo: 1 }\n')
+    r = run_import(text, "-o", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.startswith(f"{text}:2:") and r.stderr.count("\n") == 1
