@@ -11,6 +11,8 @@ test: the top-left crop, times scale) → Slice, Mul. Graph inputs are the input
 (after their mean/std) with a symbolic batch `N` unless one is given; outputs are the ops
 nothing reads (the loss layer's probabilities).
 """
+import os
+
 import numpy as np
 
 from singa.errors import ConfigError
@@ -38,7 +40,12 @@ def write(model, path, batch=None):
     onnx = _onnx()
     proto = to_onnx(model, batch)
     onnx.checker.check_model(proto, full_check=True)
-    onnx.save(proto, path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(proto.SerializeToString())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
     return proto
 
 

@@ -1,0 +1,195 @@
+"""A job's test net with a snapshot's values as Caffe's deploy net (`deploy.prototxt`: an Input
+layer, the layers, a Softmax) and weights (`model.caffemodel`: a binary NetParameter with V2
+layers and blobs with `shape`), which `singa-import.sh caffe` reads back to the same values.
+
+Each op of `graph.read` becomes one Caffe layer of its name whose top is its name:
+Convolution (weight (F, C/group, kh, kw), group), Pooling (round_mode CEIL with `ceil_mode`,
+else FLOOR; Caffe's AVE divisor is ours: the window clipped at H + p), InnerProduct (with
+`transpose` the K x N bytes as they are), LRN ACROSS_CHANNELS (both divide alpha by the
+window), ReLU, Sigmoid, TanH, STanh as Power (scale B), TanH, Power (scale A), Dropout
+(the identity in TEST), Softmax (after a Flatten for a blob of more than 2 axes: ours
+normalises over all features), Concat. A 3-D input (N, H, W) read by a convolution or a
+pooling is declared (N, 1, H, W), as our layers see it.
+"""
+import os
+
+import numpy as np
+from google.protobuf import text_format
+
+from singa.errors import ConfigError
+from singa.export.graph import type_name
+from singa.layers.conv import window
+from singa.layers.neuron import STANH_A, STANH_B
+from singa.proto import caffe_pb2, job_pb2
+
+__all__ = ["to_caffe", "write", "DEPLOY", "WEIGHTS"]
+
+DEPLOY, WEIGHTS = "deploy.prototxt", "model.caffemodel"
+C = caffe_pb2
+
+
+def write(model, folder, batch=None):
+    """Write `folder`/deploy.prototxt and `folder`/model.caffemodel; their paths."""
+    deploy, weights = to_caffe(model, batch)
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, DEPLOY), os.path.join(folder, WEIGHTS)]
+    for path, data in zip(paths, (text_format.MessageToString(deploy).encode(),
+                                  weights.SerializeToString())):
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return paths
+
+
+def to_caffe(model, batch=None):
+    """(deploy NetParameter without blobs, weights NetParameter with them) of `model`."""
+    net = C.NetParameter(name=model.name or "singa")
+    four_d = {i for op in model.ops if op.type in ("Convolution", "Pooling") for i in op.inputs}
+    blobs = {}
+    for op in model.ops:
+        layers = _LAYERS[op.type](op, model, batch, op.name in four_d)
+        for layer, values in layers:
+            net.layer.append(layer)
+            if values:
+                blobs[layer.name] = values
+    weights = C.NetParameter()
+    weights.CopyFrom(net)
+    for layer in weights.layer:
+        for values in blobs.get(layer.name, ()):
+            b = layer.blobs.add()
+            b.shape.dim.extend(values.shape)
+            b.data.extend(np.ravel(values).astype(np.float32))
+    return net, weights
+
+
+def _refuse(model, op, why):
+    raise ConfigError(f"{model.conf_path}: layer '{op.name}' ({type_name(op.conf)}) {why}")
+
+
+def _layer(op, kind, bottoms=None, name=None, top=None):
+    layer = C.LayerParameter(name=name or op.name, type=kind)
+    layer.bottom.extend(op.inputs if bottoms is None else bottoms)
+    layer.top.append(top or name or op.name)
+    return layer
+
+
+def _input(op, model, batch, four_d):
+    layer = _layer(op, "Input", [])
+    shape = list(op.shape)
+    if four_d and len(shape) == 3:
+        shape = shape[:1] + [1] + shape[1:]
+    layer.input_param.shape.add().dim.extend([batch or shape[0]] + shape[1:])
+    return [(layer, None)]
+
+
+def _window(p, conf, repeated):
+    """Caffe's kernel/pad/stride of our conf: the plain field when square (repeated in a
+    ConvolutionParameter), else the _h/_w pair."""
+    kh, kw, ph, pw, sh, sw = window(conf)
+    for name, (y, x) in (("kernel", (kh, kw)), ("pad", (ph, pw)), ("stride", (sh, sw))):
+        plain = "kernel_size" if name == "kernel" else name
+        if y != x:
+            setattr(p, f"{name}_h", y)
+            setattr(p, f"{name}_w", x)
+        elif repeated:
+            getattr(p, plain).append(y)
+        else:
+            setattr(p, plain, y)
+
+
+def _convolution(op, model, batch, four_d):
+    layer = _layer(op, "Convolution")
+    p = layer.convolution_param
+    kh, kw = window(op.conf.convolution_conf)[:2]
+    w, b = op.params
+    group = op.conf.convolution_conf.group
+    p.num_output = w.shape[0]
+    if group != 1:
+        p.group = group
+    _window(p, op.conf.convolution_conf, repeated=True)
+    return [(layer, [w.reshape(w.shape[0], -1, kh, kw), b])]
+
+
+def _pooling(op, model, batch, four_d):
+    pc = op.conf.pooling_conf
+    kh, kw, ph, pw, sh, sw = window(pc)
+    avg = pc.pool == job_pb2.PoolingProto.AVG
+    if avg and op.conf.type == job_pb2.kCudnnPool and (ph or pw):
+        _refuse(model, op, "divides by the real pixels of a padded window (cuDNN); Caffe's "
+                "AVE counts the padding")
+    layer = _layer(op, "Pooling")
+    p = layer.pooling_param
+    p.pool = C.PoolingParameter.AVE if avg else C.PoolingParameter.MAX
+    _window(p, pc, repeated=False)
+    p.round_mode = C.PoolingParameter.CEIL if pc.ceil_mode else C.PoolingParameter.FLOOR
+    return [(layer, None)]
+
+
+def _inner_product(op, model, batch, four_d):
+    layer = _layer(op, "InnerProduct")
+    w, b = op.params
+    transpose = op.conf.innerproduct_conf.transpose
+    layer.inner_product_param.num_output = w.shape[1] if transpose else w.shape[0]
+    if transpose:
+        layer.inner_product_param.transpose = True
+    return [(layer, [w, b])]
+
+
+def _plain(kind):
+    def build(op, model, batch, four_d):
+        return [(_layer(op, kind), None)]
+    return build
+
+
+def _stanh(op, model, batch, four_d):
+    """A·tanh(B·x) as Power (scale B), TanH, Power (scale A)."""
+    first = _layer(op, "Power", name=f"{op.name}_Bx")
+    first.power_param.scale = float(STANH_B)
+    tanh = _layer(op, "TanH", [first.name], name=f"{op.name}_tanh")
+    last = _layer(op, "Power", [tanh.name])
+    last.power_param.scale = float(STANH_A)
+    return [(first, None), (tanh, None), (last, None)]
+
+
+def _dropout(op, model, batch, four_d):
+    layer = _layer(op, "Dropout")
+    layer.dropout_param.dropout_ratio = op.conf.dropout_conf.dropout_ratio
+    return [(layer, None)]
+
+
+def _lrn(op, model, batch, four_d):
+    layer = _layer(op, "LRN")
+    lc, p = op.conf.lrn_conf, layer.lrn_param
+    p.local_size, p.alpha, p.beta, p.k = lc.local_size, lc.alpha, lc.beta, lc.knorm
+    return [(layer, None)]
+
+
+def _softmax(op, model, batch, four_d):
+    if len(op.in_shapes[0]) == 2:
+        return [(_layer(op, "Softmax"), None)]
+    flat = _layer(op, "Flatten", name=f"{op.name}_flat")
+    return [(flat, None), (_layer(op, "Softmax", [flat.name]), None)]
+
+
+def _concat(op, model, batch, four_d):
+    layer = _layer(op, "Concat")
+    layer.concat_param.axis = op.conf.concate_conf.concate_dim
+    return [(layer, None)]
+
+
+def _crop(op, model, batch, four_d):
+    if op.shape[2:] != op.in_shapes[0][2:]:
+        _refuse(model, op, "crops the top-left corner; Caffe's test-time crop is the centre")
+    layer = _layer(op, "Power")
+    layer.power_param.scale = op.conf.rgbimage_conf.scale
+    return [(layer, None)]
+
+
+_LAYERS = {"Input": _input, "Convolution": _convolution, "Pooling": _pooling,
+           "InnerProduct": _inner_product, "ReLU": _plain("ReLU"),
+           "Sigmoid": _plain("Sigmoid"), "Tanh": _plain("TanH"), "STanh": _stanh,
+           "Dropout": _dropout, "LRN": _lrn, "Softmax": _softmax, "Concat": _concat,
+           "Crop": _crop}

@@ -1,0 +1,140 @@
+"""Caffe export: deploy.prototxt + model.caffemodel that the Caffe importer reads back to the
+same values (import ∘ export is the identity, bit for bit), and an imported Caffe model
+exported again gives back Caffe's own weights; ONNX of an imported Caffe model reproduces
+Caffe's outputs. Real Caffe is never needed."""
+import os
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from export_helpers import fresh_snapshot, write_conf
+from singa.errors import ConfigError
+from singa.export import caffe, cli, graph
+from singa.proto import caffe_pb2
+from test_export_onnx import BRANCHES, CONVNET
+
+caffe_cli = pytest.importorskip("singa.caffe.cli")
+FIXTURES = "tests/fixtures/caffe"
+
+
+def import_caffe(deploy, weights, out):
+    """`singa-import.sh caffe deploy weights -o out`; the imported job.conf."""
+    assert caffe_cli.main(["caffe", str(deploy), str(weights), "-o", str(out)]) == 0
+    return os.path.join(out, "job.conf")
+
+
+def export_caffe(conf, snapshot, out):
+    assert cli.main(["caffe", str(conf), str(snapshot), "-o", str(out)]) == 0
+    return os.path.join(out, caffe.DEPLOY), os.path.join(out, caffe.WEIGHTS)
+
+
+def caffemodel_blobs(path):
+    """{layer name: [array of its blob's shape]} of a V2 .caffemodel."""
+    net = caffe_pb2.NetParameter()
+    with open(path, "rb") as f:
+        net.ParseFromString(f.read())
+    return {layer.name: [np.array(b.data, np.float32).reshape(tuple(b.shape.dim))
+                         for b in layer.blobs] for layer in net.layer if layer.blobs}
+
+
+@pytest.mark.parametrize("conf_text", [
+    CONVNET.replace("POOLTYPE", "kCPooling").replace("CEIL", "ceil_mode: true"),
+    CONVNET.replace("POOLTYPE", "kPooling").replace("CEIL", ""),
+    None])                                          # LeNet
+def test_import_of_an_export_is_the_identity(conf_text, tmp_path):
+    conf = write_conf(tmp_path, conf_text) if conf_text else "examples/mnist/conv.conf"
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    deploy, weights = export_caffe(conf, tmp_path / "checkpoint", tmp_path / "caffe")
+    back = import_caffe(deploy, weights, tmp_path / "back")
+    ours = graph.read(conf, str(tmp_path / "checkpoint"))
+    theirs = graph.read(back, str(tmp_path / "back"))
+    assert [(op.name, op.type) for op in ours.ops] == [(op.name, op.type) for op in theirs.ops]
+    for a, b in zip(ours.ops, theirs.ops):
+        assert len(a.params) == len(b.params)
+        for x, y in zip(a.params, b.params):
+            assert x.shape == y.shape and np.array_equal(x, y), a.name
+        if a.type == "Pooling":
+            assert a.conf.pooling_conf.ceil_mode == b.conf.pooling_conf.ceil_mode
+        if a.type == "Convolution":
+            assert a.conf.convolution_conf.group == b.conf.convolution_conf.group
+    x = np.random.default_rng(0).random(ours.inputs[0].shape, dtype=np.float32)
+    want, got = ours.forward({"data": x}), theirs.forward({"data": x})
+    assert ours.outputs == theirs.outputs == ["loss"]
+    assert np.array_equal(want["loss"], got["loss"])
+
+
+@pytest.mark.parametrize("net, deploy, weights", [
+    ("convnet", "convnet_deploy.prototxt", "convnet_iter_60.caffemodel"),
+    ("mlp", "mlp_deploy.prototxt", "mlp_iter_40.caffemodel")])
+def test_export_of_an_imported_caffe_model_gives_back_caffes_weights(net, deploy, weights,
+                                                                     tmp_path):
+    folder = os.path.join(FIXTURES, net)
+    back = import_caffe(os.path.join(folder, deploy), os.path.join(folder, weights),
+                        tmp_path / "imported")
+    new_deploy, new_weights = export_caffe(back, tmp_path / "imported", tmp_path / "caffe")
+    want, got = caffemodel_blobs(os.path.join(folder, weights)), caffemodel_blobs(new_weights)
+    assert sorted(want) == sorted(got)
+    for name in want:
+        for a, b in zip(want[name], got[name]):
+            assert a.shape == b.shape and np.array_equal(a, b), name
+    # the deploy net is Caffe's, in-place ReLU/Dropout written as their own tops
+    ours = text_format.Parse(open(new_deploy).read(), caffe_pb2.NetParameter())
+    theirs = text_format.Parse(open(os.path.join(folder, deploy)).read(),
+                               caffe_pb2.NetParameter())
+    assert [(l.name, l.type) for l in ours.layer] == [(l.name, l.type) for l in theirs.layer]
+    for a, b in zip(ours.layer, theirs.layer):
+        if a.type == "Pooling":
+            assert a.pooling_param.pool == b.pooling_param.pool
+            assert a.pooling_param.round_mode == caffe_pb2.PoolingParameter.CEIL
+        if a.type == "Convolution":
+            assert a.convolution_param.group == b.convolution_param.group
+        if a.type == "LRN":
+            assert (a.lrn_param.local_size, a.lrn_param.alpha, a.lrn_param.k) == \
+                (b.lrn_param.local_size, b.lrn_param.alpha, b.lrn_param.k)
+
+
+@pytest.mark.parametrize("net, deploy, weights", [
+    ("convnet", "convnet_deploy.prototxt", "convnet_iter_60.caffemodel"),
+    ("mlp", "mlp_deploy.prototxt", "mlp_iter_40.caffemodel")])
+def test_onnx_of_an_imported_caffe_model_gives_caffes_outputs(net, deploy, weights, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    folder = os.path.join(FIXTURES, net)
+    back = import_caffe(os.path.join(folder, deploy), os.path.join(folder, weights),
+                        tmp_path / "imported")
+    out = tmp_path / "model.onnx"
+    assert cli.main(["onnx", back, str(tmp_path / "imported"), "-o", str(out)]) == 0
+    x = np.load(os.path.join(folder, "input.npy"))
+    prob = np.load(os.path.join(folder, "prob.npy"))
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    print(net, "max |onnxruntime − Caffe| of prob", np.abs(got - prob).max())
+    assert got.shape == prob.shape
+    assert np.abs(got - prob).max() < 1e-5
+
+
+def test_stanh_becomes_power_tanh_power(tmp_path):
+    conf = write_conf(tmp_path, BRANCHES.replace(
+        'layer { name: "pool" type: kCudnnPool', 'layer { name: "pool" type: kCPooling'))
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    deploy, _ = caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+    layers = {l.name: l for l in deploy.layer}
+    assert [layers[n].type for n in ("a_stanh_Bx", "a_stanh_tanh", "a_stanh")] == \
+        ["Power", "TanH", "Power"]
+    assert layers["a_stanh"].bottom == ["a_stanh_tanh"]
+    assert np.float32(layers["a_stanh"].power_param.scale) == np.float32(1.7159047)
+    # the 3-D input read by a convolution is declared with its one channel
+    assert list(layers["data"].input_param.shape[0].dim) == [4, 1, 9, 9]
+    assert layers["sm"].bottom == ["sm_flat"] and layers["sm_flat"].type == "Flatten"
+
+
+def test_a_padded_cudnn_avg_pooling_is_refused_in_one_line(tmp_path, capsys):
+    conf = write_conf(tmp_path, BRANCHES)
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    assert cli.main(["caffe", conf, str(tmp_path), "-o", str(tmp_path / "caffe")]) == 2
+    assert capsys.readouterr().err == (
+        f"singa-export: {conf}: layer 'pool' (kCudnnPool) divides by the real pixels of a "
+        f"padded window (cuDNN); Caffe's AVE counts the padding\n")
+    assert not os.path.exists(tmp_path / "caffe")
+    with pytest.raises(ConfigError):
+        caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
