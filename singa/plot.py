@@ -15,6 +15,7 @@ import sys
 
 from singa import metrics
 from singa.errors import SingaError
+from singa.tensorboard import pip_install
 
 #: pixels: the figure is WIDTH wide and ROW_HEIGHT per row of two panels
 WIDTH, ROW_HEIGHT, DPI = 1200, 400, 100
@@ -87,7 +88,7 @@ def main(argv=None):
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise SingaError("singa-plot needs matplotlib: pip install 'singa[plot]'") from None
+            raise SingaError(f"singa-plot needs matplotlib: {pip_install('plot')}") from None
         out = args.out or os.path.join(args.workspace, "curves.png")
         title = os.path.abspath(args.workspace) + (f" (job {args.job})" if of_job else "")
         try:

@@ -7,8 +7,24 @@ worker groups other than 0 add `/group<g>`), at the event's step and wall time.
 """
 import os
 
-HINT = "TensorBoard event files need tensorboardX: pip install 'singa[tensorboard]'"
+import singa
+
 FOLDER = "tensorboard"
+
+
+def hint():
+    """The one log line a job without tensorboardX writes."""
+    return f"TensorBoard event files need tensorboardX: {pip_install('tensorboard')}"
+
+
+def pip_install(extra):
+    """The command that installs singa's optional extra `extra` (tensorboard, plot) where this
+    singa runs: run from a checkout (the SINGA home has pyproject.toml), into it, with the
+    venv thirdparty/install.sh made there; else from the package index."""
+    if not os.path.isfile(os.path.join(singa.HOME, "pyproject.toml")):
+        return f"pip install 'singa[{extra}]'"
+    pip = os.path.join(singa.HOME, ".venv", "bin", "pip")
+    return f"{pip if os.path.exists(pip) else 'pip'} install -e '{singa.HOME}[{extra}]'"
 
 
 class EventWriter:
@@ -20,11 +36,11 @@ class EventWriter:
 
     @classmethod
     def open(cls, workspace, log):
-        """A writer, or None (after `log(HINT)`) when tensorboardX is not installed."""
+        """A writer, or None (after `log(hint())`) when tensorboardX is not installed."""
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            log(HINT)
+            log(hint())
             return None
         return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER), flush_secs=10))
 

@@ -9,8 +9,8 @@ import pytest
 import singa
 from singa import plot
 from singa.metrics import Reporter, read_rows
-from singa.tensorboard import HINT, EventWriter
-from test_plot import png_size, run
+from singa.tensorboard import EventWriter
+from test_plot import png_size, run, write_metrics
 
 HEADER = "job,group,step,phase,metric,value,wall_time\n"
 
@@ -59,13 +59,40 @@ def test_a_reporter_writes_each_metrics_csv_row_as_a_scalar(tmp_path):
         assert value == pytest.approx(row["value"], rel=1e-6)
 
 
-def test_without_tensorboardx_open_is_none_after_one_log_line(tmp_path, monkeypatch):
+def home(tmp_path, monkeypatch, checkout):
+    """singa.HOME at <tmp>/home: a checkout (pyproject.toml, .venv/bin/pip) or an installed
+    package's folder; returns the pip command the hints should name."""
+    path = tmp_path / "home"
+    (path / ".venv" / "bin").mkdir(parents=True)
+    if checkout:
+        (path / "pyproject.toml").write_text("")
+        (path / ".venv" / "bin" / "pip").write_text("")
+    monkeypatch.setattr(singa, "HOME", str(path))
+    return (lambda extra: f"{path}/.venv/bin/pip install -e '{path}[{extra}]'") if checkout \
+        else (lambda extra: f"pip install 'singa[{extra}]'")
+
+
+@pytest.mark.parametrize("checkout", [True, False])
+def test_without_tensorboardx_open_is_none_after_one_log_line_naming_the_install(
+        tmp_path, monkeypatch, checkout):
+    install = home(tmp_path, monkeypatch, checkout)
     monkeypatch.setitem(sys.modules, "tensorboardX", None)
     lines = []
     assert EventWriter.open(str(tmp_path), lines.append) is None
-    assert lines == ["TensorBoard event files need tensorboardX: pip install "
-                     "'singa[tensorboard]'"] == [HINT]
+    assert lines == [f"TensorBoard event files need tensorboardX: {install('tensorboard')}"]
     assert not (tmp_path / "tensorboard").exists()
+
+
+@pytest.mark.parametrize("checkout", [True, False])
+def test_without_matplotlib_the_plot_names_the_install(tmp_path, monkeypatch, capsys,
+                                                        checkout):
+    install = home(tmp_path, monkeypatch, checkout)
+    write_metrics(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert plot.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"singa-plot: singa-plot needs matplotlib: " \
+                                      f"{install('plot')}\n"
+    assert not (tmp_path / "curves.png").exists()
 
 
 def test_job_0_any_extension_and_a_perplexity_without_positive_values(tmp_path):

@@ -58,7 +58,8 @@ def test_additions_stay_outside_singa_extension_ranges():
                                      "lr_index": 304, "nworkers": 305, "metric_name": 306,
                                      "metric_value": 307, "piece": 309, "crc32": 310},
              job_pb2.JobProto: {"seed": 300, "checkpoint_keep_newest": 301, "max_restarts": 310,
-                                "checkpoint_keep_best": 302},
+                                "checkpoint_keep_best": 302, "checkpoint_keep_best_k": 303,
+                                "checkpoint_on_improvement": 304},
              job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300}}
     for msg, fields in added.items():
         for name, number in fields.items():
