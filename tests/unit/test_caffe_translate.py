@@ -1,0 +1,152 @@
+"""singa.caffe.translate: Caffe layers → SINGA layers (exact equivalents only)."""
+import os
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+import singa
+from singa.caffe.blobs import Blob
+from singa.caffe.netdef import read_net, upgrade
+from singa.caffe.translate import Refused, translate
+from singa.errors import ConfigError
+from singa.proto import caffe_pb2, job_pb2
+
+FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
+HEAD = 'input: "data" input_dim: 2 input_dim: 4 input_dim: 8 input_dim: 8\n'
+
+
+def net_of(text):
+    return upgrade(text_format.Parse(HEAD + text, caffe_pb2.NetParameter()), "n.prototxt")
+
+
+def layers(t):
+    return {layer.name: layer for layer in t.layers}
+
+
+def test_in_place_layers_become_one_layer_per_output():
+    t = translate(read_net(os.path.join(FX, "convnet", "convnet_deploy.prototxt")),
+                  "convnet_deploy.prototxt")
+    by = layers(t)
+    assert list(by["relu1"].srclayers) == ["conv1"]
+    assert list(by["pool1"].srclayers) == ["relu1"]       # Caffe's blob conv1 after relu1
+    assert list(by["drop1"].srclayers) == ["relu3"]
+    assert list(by["ip2"].srclayers) == ["drop1"]
+    assert by["conv2"].convolution_conf.group == 2
+    assert by["pool1"].pooling_conf.ceil_mode and by["pool2"].pooling_conf.ceil_mode
+    assert by["pool2"].pooling_conf.pool == job_pb2.PoolingProto.AVG
+    assert by["pool2"].pooling_conf.stride == 2 and by["pool2"].pooling_conf.pad == 1
+    assert by["ip1"].innerproduct_conf.transpose
+    assert (by["norm1"].lrn_conf.alpha, by["norm1"].lrn_conf.knorm) == (0.5, 1.5)
+    assert not any(layer.include for layer in t.layers)     # a deploy net: no phase rules
+
+
+def test_train_test_net_merges_phases_and_feeds_the_loss_labels():
+    t = translate(read_net(os.path.join(FX, "mlp", "mlp_train_test.prototxt")), "n",
+                  data_dir="/d", input_shape=(1, 8, 8))
+    data = [layer for layer in t.layers if layer.name == "data"]
+    assert [list(d.include) for d in data] == [[job_pb2.kTrain], [job_pb2.kTest]]
+    assert [d.store_conf.batchsize[0] for d in data] == [32, 50]
+    assert [d.store_conf.path for d in data] == ["/d/data-train.kvfile", "/d/data-test.kvfile"]
+    loss = layers(t)["loss"]
+    assert loss.type == job_pb2.kSoftmaxLoss and list(loss.srclayers) == ["ip2", "data"]
+    assert "accuracy" not in layers(t)      # SINGA's softmax loss reports it
+    ip1 = layers(t)["ip1"]
+    assert [(p.name, p.lr_scale, p.wd_scale) for p in ip1.param] == [
+        ("ip1_weight", 1, 1), ("ip1_bias", 2, 0)]
+    assert (ip1.param[0].init.type, ip1.param[0].init.std) == (job_pb2.kGaussian,
+                                                               pytest.approx(0.1))
+
+
+def test_param_shapes_from_the_weights():
+    w = {"c": [Blob(np.zeros(6 * 2 * 9, np.float32), (6, 2, 3, 3), False),
+               Blob(np.zeros(6, np.float32), (6,), False)],
+         "ip": [Blob(np.zeros(5 * 6 * 64, np.float32), (1, 1, 5, 384), True),
+                Blob(np.zeros(5, np.float32), (1, 1, 1, 5), True)]}
+    t = translate(net_of(
+        'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { '
+        'num_output: 6 kernel_size: 3 pad: 1 group: 2 } }\n'
+        'layer { name: "ip" type: "InnerProduct" bottom: "c" top: "ip" inner_product_param { '
+        'num_output: 5 } }\n'), "n", w, "w.caffemodel")
+    assert [(p.name, p.shape) for p in t.params] == [
+        ("c_weight", (6, 18)), ("c_bias", (6,)), ("ip_weight", (5, 384)), ("ip_bias", (5,))]
+
+
+def test_a_blob_of_the_wrong_shape_is_one_line():
+    w = {"ip": [Blob(np.zeros(12, np.float32), (4, 3), False),
+                Blob(np.zeros(4, np.float32), (4,), False)]}
+    with pytest.raises(ConfigError) as e:
+        translate(net_of('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+                         'inner_product_param { num_output: 5 } }'), "n", w, "w.caffemodel")
+    assert str(e.value) == ("w.caffemodel: layer 'ip' blob 0 has shape 4x3, the InnerProduct "
+                            "needs 5xK")
+
+
+def test_no_bias_term_gets_a_zero_bias_never_learned():
+    w = {"ip": [Blob(np.ones(15, np.float32), (5, 3), False)]}
+    t = translate(net_of('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+                         'inner_product_param { num_output: 5 bias_term: false } }'),
+                  "n", w, "w")
+    bias = layers(t)["ip"].param[1]
+    assert (bias.lr_scale, bias.wd_scale) == (0, 0)
+    p = t.params[1]
+    assert p.blob is None and np.array_equal(p.values, np.zeros(5, np.float32))
+
+
+@pytest.mark.parametrize("layer, why", [
+    ('type: "Eltwise" bottom: "data" bottom: "data" top: "e"', "has no SINGA equivalent"),
+    ('type: "BatchNorm" bottom: "data" top: "b"', "has no SINGA equivalent"),
+    ('type: "Scale" bottom: "data" top: "s"', "has no SINGA equivalent"),
+    ('type: "Deconvolution" bottom: "data" top: "d"', "has no SINGA equivalent"),
+    ('type: "LRN" bottom: "data" top: "n" lrn_param { norm_region: WITHIN_CHANNEL }',
+     "normalises WITHIN_CHANNEL"),
+    ('type: "ReLU" bottom: "data" top: "r" relu_param { negative_slope: 0.1 }', "negative_slope"),
+    ('type: "Pooling" bottom: "data" top: "p" pooling_param { pool: STOCHASTIC kernel_size: 2 }',
+     "STOCHASTIC"),
+    ('type: "Convolution" bottom: "data" top: "c" convolution_param { num_output: 2 '
+     'kernel_size: 3 dilation: 2 }', "dilated"),
+    ('type: "ReLU" bottom: "nothing" top: "r"', "reads blob 'nothing'"),
+])
+def test_refusals_name_the_file_the_layer_and_its_type(layer, why):
+    with pytest.raises(Refused) as e:
+        translate(net_of(f'layer {{ name: "x" {layer} }}'), "n.prototxt")
+    msg = str(e.value)
+    kind = layer.split('"')[1]
+    assert msg.startswith(f"n.prototxt: layer 'x' of type {kind} ") and why in msg
+    assert "\n" not in msg
+
+
+def test_test_phase_crop_is_refused():
+    net = upgrade(text_format.Parse(
+        'layer { name: "d" type: "Data" top: "data" top: "label" transform_param { crop_size: 4 } '
+        'data_param { source: "s" batch_size: 2 } }', caffe_pb2.NetParameter()), "n")
+    with pytest.raises(Refused, match="centre crop"):
+        translate(net, "n", input_shape=(3, 8, 8))
+
+
+def test_data_shape_must_be_known():
+    net = upgrade(text_format.Parse(
+        'layer { name: "d" type: "Data" top: "data" top: "label" data_param { source: "s" '
+        'batch_size: 2 } }\nlayer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+        'convolution_param { num_output: 2 kernel_size: 3 } }', caffe_pb2.NetParameter()), "n")
+    with pytest.raises(Refused, match="-input_shape"):
+        translate(net, "n")
+    t = translate(net, "n", input_shape=(3, 8, 8))
+    assert list(t.layers[0].store_conf.shape) == [3, 8, 8]
+
+
+def test_scale_not_a_power_of_two_goes_to_image_preprocess():
+    net = upgrade(text_format.Parse(
+        'layer { name: "d" type: "Data" top: "data" top: "label" include { phase: TRAIN } '
+        'transform_param { scale: 0.00390625 mirror: true crop_size: 6 } data_param { '
+        'source: "s" batch_size: 2 } }\nlayer { name: "d" type: "Data" top: "data" '
+        'top: "label" include { phase: TEST } transform_param { scale: 0.017 } data_param { '
+        'source: "s" batch_size: 2 } }\nlayer { name: "c" type: "Convolution" bottom: "data" '
+        'top: "c" convolution_param { num_output: 2 kernel_size: 3 } }', caffe_pb2.NetParameter()),
+        "n")
+    by = {(layer.name, tuple(layer.include)): layer for layer in
+          translate(net, "n", input_shape=(3, 8, 8)).layers}
+    train = by["d_transform", (job_pb2.kTrain,)].rgbimage_conf
+    assert (train.cropsize, train.mirror, train.scale) == (6, True, 0.00390625)
+    assert by["d_transform", (job_pb2.kTest,)].rgbimage_conf.scale == pytest.approx(0.017)
+    assert list(by["c", ()].srclayers) == ["d_transform"]     # the same in both phases
