@@ -29,40 +29,76 @@ C = caffe_pb2
 
 
 def write(model, folder, batch=None):
-    """Write `folder`/deploy.prototxt and `folder`/model.caffemodel; their paths."""
-    deploy, weights = to_caffe(model, batch)
+    """Write `folder`/deploy.prototxt and `folder`/model.caffemodel (each by a temporary name,
+    then renamed); their paths."""
+    deploy, blobs = to_caffe(model, batch)
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, DEPLOY), os.path.join(folder, WEIGHTS)]
-    for path, data in zip(paths, (text_format.MessageToString(deploy).encode(),
-                                  weights.SerializeToString())):
+    for path, fill in ((paths[0], lambda f: f.write(text_format.MessageToString(deploy)
+                                                    .encode())),
+                       (paths[1], lambda f: write_caffemodel(f, deploy, blobs))):
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                fill(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return paths
 
 
 def to_caffe(model, batch=None):
-    """(deploy NetParameter without blobs, weights NetParameter with them) of `model`."""
+    """(the deploy NetParameter, {layer name: [its blobs as arrays of Caffe's shapes]})."""
     net = C.NetParameter(name=model.name or "singa")
     four_d = {i for op in model.ops if op.type in ("Convolution", "Pooling") for i in op.inputs}
     blobs = {}
     for op in model.ops:
-        layers = _LAYERS[op.type](op, model, batch, op.name in four_d)
-        for layer, values in layers:
+        for layer, values in _LAYERS[op.type](op, model, batch, op.name in four_d):
             net.layer.append(layer)
             if values:
                 blobs[layer.name] = values
-    weights = C.NetParameter()
-    weights.CopyFrom(net)
-    for layer in weights.layer:
+    return net, blobs
+
+
+def write_caffemodel(f, net, blobs):
+    """The binary NetParameter of `net` with `blobs` written to file `f` layer by layer: each
+    BlobProto's packed `data` goes out as the array's bytes, never as a message holding them
+    (a VGG-16 is 138 M floats)."""
+    header = C.NetParameter(name=net.name)
+    f.write(header.SerializeToString())
+    for layer in net.layer:
+        head = layer.SerializeToString()
+        parts = []          # (bytes before the values, values) per blob
         for values in blobs.get(layer.name, ()):
-            b = layer.blobs.add()
-            b.shape.dim.extend(values.shape)
-            b.data.extend(np.ravel(values).astype(np.float32))
-    return net, weights
+            data = np.ascontiguousarray(values, "<f4")
+            shape = C.BlobShape(dim=data.shape).SerializeToString()
+            blob_head = _key(7, 2) + _varint(len(shape)) + shape + \
+                _key(5, 2) + _varint(data.nbytes)
+            parts.append((blob_head, data))
+        sizes = [len(h) + d.nbytes for h, d in parts]
+        body = len(head) + sum(_key(7, 2).__len__() + len(_varint(n)) + n for n in sizes)
+        f.write(_key(100, 2) + _varint(body) + head)
+        for (blob_head, data), n in zip(parts, sizes):
+            f.write(_key(7, 2) + _varint(n) + blob_head)
+            f.write(memoryview(data).cast("B"))
+
+
+def _key(field, wire_type):
+    return _varint(field << 3 | wire_type)
+
+
+def _varint(n):
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
 
 
 def _refuse(model, op, why):

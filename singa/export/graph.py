@@ -96,6 +96,7 @@ def read(conf_path, snapshot, target="ONNX"):
     `snapshot_readers`); an unsupported layer (named for `target`) or a conf/snapshot
     mismatch is a one-line SingaError."""
     job = config.load_job(os.path.abspath(conf_path), check_paths=False)
+    _check_types(job.neuralnet, conf_path, target)
     net = NeuralNet(deploy_net(job.neuralnet, conf_path), job_pb2.kTest,
                     np.random.default_rng(0))
     ops, alias = [], {}
@@ -113,7 +114,7 @@ def read(conf_path, snapshot, target="ONNX"):
                               + (f" ({len(missing) - 1} more missing)" if len(missing) > 1
                                  else ""))
     for op in ops:
-        op.params = [np.array(p.data, np.float32) for p in op.layer_params]
+        op.params = [np.asarray(p.data, np.float32) for p in op.layer_params]   # no copy
     read_by = {i for op in ops for i in op.inputs}
     ops = [op for op in ops if op.type != "Input" or op.name in read_by]
     outputs = [op.name for op in ops if op.name not in read_by and op.type != "Input"]
@@ -167,6 +168,20 @@ def deploy_net(net_conf, conf_path):
         layer.dummy_conf.input = True
         layer.dummy_conf.shape.extend(shape)
     return out
+
+
+def _check_types(net_conf, conf_path, target):
+    """Refuse a test-net layer of a type without export before the net is built (building
+    one may read files, e.g. kCharRNN's vocabulary)."""
+    known = set(OP_TYPES) | set(INPUTS) | set(OUTPUT_LAYERS) | {
+        job_pb2.kDummy, job_pb2.kSplit, job_pb2.kEuclideanLoss, job_pb2.kActivation,
+        job_pb2.kCudnnActivation}
+    for conf in net_conf.layer:
+        in_test = job_pb2.kTest not in conf.exclude and \
+            (not conf.include or job_pb2.kTest in conf.include)
+        if in_test and (conf.HasField("user_type") or conf.type not in known):
+            raise ConfigError(f"{conf_path}: layer '{conf.name}' ({type_name(conf)}) has no "
+                              f"{target} equivalent")
 
 
 def _short(name):

@@ -138,3 +138,23 @@ def test_a_padded_cudnn_avg_pooling_is_refused_in_one_line(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "caffe")
     with pytest.raises(ConfigError):
         caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+
+
+def test_the_streamed_caffemodel_is_the_message_protobuf_would_write(tmp_path):
+    conf = write_conf(tmp_path, CONVNET.replace("POOLTYPE", "kCPooling")
+                      .replace("CEIL", "ceil_mode: true"))
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    deploy, blobs = caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+    want = caffe_pb2.NetParameter()
+    want.CopyFrom(deploy)
+    for layer in want.layer:
+        for values in blobs.get(layer.name, ()):
+            b = layer.blobs.add()
+            b.shape.dim.extend(values.shape)
+            b.data.extend(values.ravel())
+    path = tmp_path / "m.caffemodel"
+    with open(path, "wb") as f:
+        caffe.write_caffemodel(f, deploy, blobs)
+    got = caffe_pb2.NetParameter.FromString(path.read_bytes())
+    assert got == want
+    assert [len(layer.blobs) for layer in got.layer if layer.blobs] == [2, 2, 2, 2]
