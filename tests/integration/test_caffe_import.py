@@ -161,6 +161,39 @@ def test_test_reproduces_caffe_test(tmp_path, name, weights, accuracy, loss):
     assert metrics["loss"] == pytest.approx(loss, abs=1e-5)
 
 
+def test_driver_test_flag_prints_caffe_tests_figures(tmp_path, run_driver):
+    """The job as a user runs it: `singa -conf DIR/job.conf -test` (ZooKeeper, the driver
+    process) loads the imported snapshot and prints Caffe's figures."""
+    imported(tmp_path, fx("mlp", "mlp_solver.prototxt"), fx("mlp", "mlp_iter_40.caffemodel"))
+    feed(str(tmp_path), "mlp")
+    r = run_driver(tmp_path / "job.conf", "-test")
+    assert r.returncode == 0, r.stderr
+    assert "Loss = 0.925811, accuracy = 0.750000" in r.stderr
+
+
+def test_fine_tuning_loads_caffes_params_by_name(tmp_path):
+    """A new top layer: training from the imported job's checkpoint_path loads ip1 from
+    Caffe's weights and initialises only the new layer's params."""
+    imported(tmp_path, fx("mlp", "mlp_solver.prototxt"), fx("mlp", "mlp_iter_40.caffemodel"))
+    feed(str(tmp_path), "mlp")
+    conf = (tmp_path / "job.conf").read_text()
+    conf = conf.replace('"ip2', '"head').replace("test_freq: 20", "test_freq: 0")
+    conf = conf.replace("train_steps: 40", "train_steps: 1").replace("checkpoint_freq: 20",
+                                                                     "checkpoint_freq: 0")
+    (tmp_path / "job.conf").write_text(conf)
+    job = config.load_job(str(tmp_path / "job.conf"))
+    session.train(job, progress=False)
+    log = open(tmp_path / "mlp8x8.log").read()
+    assert "Param 0#head_weight: freshly initialised" in log
+    assert "Param 0#ip1_weight: freshly initialised" not in log
+    # one SGD step from Caffe's ip1: close to it, not equal
+    ip1 = checkpoint.CheckpointReader(str(tmp_path / "checkpoint" / "step1-worker0.bin"))
+    with CaffeFile(fx("mlp", "mlp_iter_40.caffemodel")) as f:
+        caffe = f.net()[1]["ip1"][0].values.reshape(64, 64)
+        moved = np.abs(ip1.param("0#ip1_weight") - caffe).max()
+    assert 0 < moved < 0.05
+
+
 # --- resume ----------------------------------------------------------------------------------
 
 def curve(path):
