@@ -23,7 +23,7 @@ from singa.errors import CheckpointError, ConfigError
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
-__all__ = ["Op", "Model", "read", "snapshot_readers", "type_name"]
+__all__ = ["Op", "Model", "read", "snapshot_readers", "deploy_net", "type_name"]
 
 INPUTS = (job_pb2.kRecordInput, job_pb2.kCSVInput)
 OUTPUT_LAYERS = (job_pb2.kAccuracy, job_pb2.kArgSort, job_pb2.kCSVOutput, job_pb2.kRecordOutput)
@@ -57,7 +57,7 @@ class Op:
     in_shapes: list
     params: list = dataclasses.field(default_factory=list)
     param_names: list = dataclasses.field(default_factory=list)
-    layer_params: list = dataclasses.field(default_factory=list, repr=False)   # our Params
+    layer: object = dataclasses.field(default=None, repr=False)     # our Layer
 
 
 @dataclasses.dataclass
@@ -74,17 +74,14 @@ class Model:
 
     def forward(self, feeds):
         """{op name: our layer's output} for {input name: batch} (the net's batch size)."""
-        n = 0
         for op in self.inputs:
-            layer = self.net.by_name[_layer_name(self.net, op.name)]
-            layer.feed(feeds[op.name])
-            n = len(layer.data)
+            op.layer.feed(feeds[op.name])
+        n = len(self.inputs[0].layer.data) if self.inputs else 0
         for layer in self.net.layers:       # label providers of loss layers
             if layer.conf.type in (job_pb2.kDummy, job_pb2.kSplit):
                 layer.aux_data = np.zeros(n, np.int32)
         self.net.forward(job_pb2.kTest)
-        return {op.name: self.net.by_name[_layer_name(self.net, op.name)].data.copy()
-                for op in self.ops}
+        return {op.name: op.layer.data.copy() for op in self.ops}
 
 
 def type_name(conf):
@@ -114,7 +111,7 @@ def read(conf_path, snapshot, target="ONNX"):
                               + (f" ({len(missing) - 1} more missing)" if len(missing) > 1
                                  else ""))
     for op in ops:
-        op.params = [np.asarray(p.data, np.float32) for p in op.layer_params]   # no copy
+        op.params = [np.asarray(p.data, np.float32) for p in op.layer.params]   # no copy
     read_by = {i for op in ops for i in op.inputs}
     ops = [op for op in ops if op.type != "Input" or op.name in read_by]
     outputs = [op.name for op in ops if op.name not in read_by and op.type != "Input"]
@@ -180,16 +177,16 @@ def _check_types(net_conf, conf_path, target):
         in_test = job_pb2.kTest not in conf.exclude and \
             (not conf.include or job_pb2.kTest in conf.include)
         if in_test and (conf.HasField("user_type") or conf.type not in known):
-            raise ConfigError(f"{conf_path}: layer '{conf.name}' ({type_name(conf)}) has no "
-                              f"{target} equivalent")
+            raise _no_equivalent(conf_path, conf, target)
+
+
+def _no_equivalent(conf_path, conf, target):
+    return ConfigError(f"{conf_path}: layer '{_short(conf.name)}' ({type_name(conf)}) has no "
+                       f"{target} equivalent")
 
 
 def _short(name):
     return name.partition("#")[2] or name
-
-
-def _layer_name(net, op_name):
-    return next(layer.name for layer in net.layers if _short(layer.name) == op_name)
 
 
 def _op(net, layer, alias, conf_path, target):
@@ -197,7 +194,6 @@ def _op(net, layer, alias, conf_path, target):
     conf, name = layer.conf, _short(layer.name)
     srcs = [alias.get(_short(s.name), _short(s.name)) for s in net.srclayers[layer.name]]
     in_shapes = [s.data_for(layer).shape for s in net.srclayers[layer.name]]
-    kind = type_name(conf)
     if conf.HasField("user_type"):
         kind = None
     elif conf.type == job_pb2.kDummy:
@@ -214,9 +210,8 @@ def _op(net, layer, alias, conf_path, target):
     else:
         kind = OP_TYPES.get(conf.type)
     if kind is None:
-        raise ConfigError(f"{conf_path}: layer '{name}' ({type_name(conf)}) has no {target} "
-                          f"equivalent")
+        raise _no_equivalent(conf_path, conf, target)
     if kind == "Softmax" and conf.type in (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss):
         srcs, in_shapes = srcs[:1], in_shapes[:1]       # the second source gives labels
     return Op(name, kind, srcs, conf, tuple(layer.data.shape), in_shapes,
-              param_names=[_short(p.name) for p in layer.params], layer_params=layer.params)
+              param_names=[_short(p.name) for p in layer.params], layer=layer)
