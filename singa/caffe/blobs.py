@@ -56,6 +56,10 @@ class CaffeFile:
         except OSError as e:
             raise DataError(f"cannot read {path}: {e.strerror}") from None
         self._views = []
+        if self._mm[:4] == b"\x89HDF":
+            self.close()
+            raise DataError(f"{path}: an HDF5 snapshot (snapshot_format: HDF5); import the "
+                            f"BINARYPROTO format (Caffe's default)")
 
     def close(self):
         if isinstance(self._mm, mmap.mmap):

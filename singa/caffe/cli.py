@@ -90,6 +90,9 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         state, history = state_file.solver_state()
         if weights is None and state.learned_net:
             weights = netdef.relative_to(solverstate, state.learned_net)
+        if weights is None:
+            raise ConfigError(f"{solverstate}: names no learned_net; give the weights "
+                              f"(WEIGHTS.caffemodel) it goes with")
     model = CaffeFile(weights) if weights is not None else None
     try:
         blobs = None

@@ -92,7 +92,7 @@ def snapshot_state(state, history, params, updater_type, path):
     """SnapshotState of SolverState `state` with its `history` ([Blob], Caffe's learnable
     params in order) for `params` (translate.Param, the same order first); the history of
     each param goes to the updater state, negated for SGD."""
-    learned = [p for p in params if p.blob is not None]
+    learned = [p for p in params if p.trained]
     if history and len(history) != len(learned):
         raise DataError(f"{path}: {len(history)} history blobs for the net's {len(learned)} "
                         f"learnable params")

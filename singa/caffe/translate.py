@@ -13,6 +13,7 @@ differently is refused (`Refused`: one line naming the file, the layer and its t
 approximated. Params are named `<layer>_weight` and `<layer>_bias`.
 """
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +42,7 @@ class Param:
     layer: str
     blob: int = None
     values: np.ndarray = None
+    trained: bool = False       # in Caffe's TRAIN net: it has a history in a .solverstate
 
 
 @dataclass
@@ -81,6 +83,7 @@ class _Translator:
         for phase in (TRAIN, TEST):
             self.phase = phase
             self.tops = {}          # blob -> SINGA layer writing it last
+            self.flat = set()       # blobs known to be (N, D): no spatial positions
             self.labels = {}        # label blob -> SINGA input layer
             self.scores_of_loss = {}
             per_phase[phase] = [self._layer(layer) if in_phase(layer, phase) else None
@@ -127,11 +130,25 @@ class _Translator:
         conf = job_pb2.LayerProto(name=name or layer.name, type=type_, srclayers=srcs)
         return conf
 
-    def one_top(self, layer, conf):
+    def one_top(self, layer, conf, flat=None):
+        """`conf` writes `layer`'s one top, which is (N, D) if `flat` (None: if every bottom
+        is)."""
         if len(layer.top) != 1:
             self.refuse(layer, f"has {len(layer.top)} tops, expected 1")
         self.tops[layer.top[0]] = conf.name
+        if flat or flat is None and layer.bottom and all(b in self.flat for b in layer.bottom):
+            self.flat.add(layer.top[0])
+        else:
+            self.flat.discard(layer.top[0])
         return [conf]
+
+    def need_flat(self, layer):
+        """Caffe's softmax is per spatial position over the channels, SINGA's over all of a
+        sample's values: the same only for (N, D) scores."""
+        if layer.bottom and layer.bottom[0] not in self.flat:
+            self.refuse(layer, f"reads '{layer.bottom[0]}', which may have spatial positions "
+                        f"(Caffe normalises each position over channels, SINGA a sample's "
+                        f"values); flatten it with an InnerProduct first")
 
     # --- params ---------------------------------------------------------------------------
     def blobs(self, layer):
@@ -182,7 +199,7 @@ class _Translator:
                 shape = tuple(want)
             if name not in self.params:
                 self.params[name] = Param(name, None if callable(shape) else shape,
-                                          layer.name, index)
+                                          layer.name, index, trained=self.phase == TRAIN)
                 if self.phase == TRAIN:
                     self.order.append(name)
 
@@ -238,7 +255,7 @@ class _Translator:
         if t.HasField("mean_file"):
             if t.mean_value:
                 self.refuse(layer, "sets both mean_file and mean_value")
-            mean = self.mean_file(layer, relative_to(self.path, t.mean_file))
+            mean = self.mean_file(layer, t.mean_file)
         shape = self.data_shape(layer, None if mean is None else mean.shape)
         sc.shape.extend(shape)
         if mean is not None:
@@ -269,12 +286,19 @@ class _Translator:
                           f"{sc.path}: write it with RecordProto records of shape "
                           f"{list(shape)} (pixel bytes or float data) and their labels")
         self.tops[tops[0]] = (preprocess or conf).name
+        if len(shape) == 1:
+            self.flat.add(tops[0])
         if len(tops) == 2:
             self.tops[tops[1]] = conf.name
             self.labels[tops[1]] = conf.name
         return [conf] + ([preprocess] if preprocess else [])
 
-    def mean_file(self, layer, path):
+    def mean_file(self, layer, name):
+        """The mean image of `name`: beside the prototxt, else from the current directory
+        (Caffe opens it from where it runs)."""
+        path = relative_to(self.path, name)
+        if not os.path.exists(path) and os.path.exists(name):
+            path = name
         blob = read_blob_file(path)
         shape = blob.shape
         while len(shape) > 3 and shape[0] == 1:
@@ -306,7 +330,7 @@ def _input(t, layer):
     sc.shape.extend(dims[1:])
     t.notes.append(f"layer '{layer.name}' (Input) reads the kvfile {sc.path}: write it with "
                    f"RecordProto records of shape {dims[1:]} (or use the Python API's predict)")
-    return t.one_top(layer, conf)
+    return t.one_top(layer, conf, flat=len(dims) == 2)
 
 
 def _data(t, layer):
@@ -370,7 +394,7 @@ def _inner_product(t, layer):
     shapes = [("weight", weight, 0, p.weight_filler)]
     shapes.append(("bias", (n,), 1, p.bias_filler) if p.bias_term else ("bias", (n,), None, None))
     t.add_params(layer, conf, shapes)
-    return t.one_top(layer, conf)
+    return t.one_top(layer, conf, flat=True)
 
 
 def _pooling(t, layer):
@@ -429,7 +453,9 @@ def _dropout(t, layer):
 def _softmax(t, layer):
     if layer.softmax_param.axis != 1:
         t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
-    return t.one_top(layer, t.new(layer, job_pb2.kSoftmax, t.src(layer, 1)))
+    conf = t.new(layer, job_pb2.kSoftmax, t.src(layer, 1))
+    t.need_flat(layer)
+    return t.one_top(layer, conf)
 
 
 def _softmax_loss(t, layer):
@@ -444,6 +470,7 @@ def _softmax_loss(t, layer):
         t.refuse(layer, "has a loss_weight other than 1")
     if layer.softmax_param.axis != 1:
         t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
+    t.need_flat(layer)
     conf = t.new(layer, job_pb2.kSoftmaxLoss, [scores, labels])
     t.scores_of_loss[tuple(layer.bottom)] = conf
     if len(layer.top) > 1:
@@ -470,6 +497,7 @@ def _accuracy(t, layer):
         if note not in t.notes:
             t.notes.append(note)
         return []
+    t.need_flat(layer)
     conf = t.new(layer, job_pb2.kAccuracy, [scores, labels])
     conf.argsort_conf.topk = p.top_k
     return [conf]
@@ -487,6 +515,8 @@ def _scores_and_labels(t, layer):
 def _concat(t, layer):
     p = layer.concat_param
     axis = p.concat_dim if p.HasField("concat_dim") else p.axis
+    if axis < 0:
+        t.refuse(layer, f"concatenates on axis {axis} (give it from the front)")
     conf = t.new(layer, job_pb2.kConcate, t.src(layer))
     conf.concate_conf.concate_dim = axis
     conf.concate_conf.num_concates = len(layer.bottom)
@@ -502,6 +532,8 @@ def _rename(t, layer):
     (src,) = t.src(layer, 1)
     for top in layer.top:
         t.tops[top] = src
+        if layer.type == "Flatten" or layer.bottom[0] in t.flat:
+            t.flat.add(top)
     return []
 
 

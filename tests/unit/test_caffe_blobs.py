@@ -108,3 +108,10 @@ def test_blob_count_must_match_its_shape(tmp_path):
     path = model(tmp_path / "b.caffemodel", [("w", [blob])])
     with pytest.raises(DataError, match="shape 3x3 holds 2 values"), CaffeFile(path) as f:
         f.net()
+
+
+def test_hdf5_snapshot_is_named(tmp_path):
+    path = tmp_path / "m.caffemodel.h5"
+    path.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
+    with pytest.raises(DataError, match="HDF5 snapshot"):
+        CaffeFile(str(path))

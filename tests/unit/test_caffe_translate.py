@@ -150,3 +150,16 @@ def test_scale_not_a_power_of_two_goes_to_image_preprocess():
     assert (train.cropsize, train.mirror, train.scale) == (6, True, 0.00390625)
     assert by["d_transform", (job_pb2.kTest,)].rgbimage_conf.scale == pytest.approx(0.017)
     assert list(by["c", ()].srclayers) == ["d_transform"]     # the same in both phases
+
+
+def test_softmax_over_spatial_positions_is_refused():
+    """Caffe's Softmax normalises each position over channels; SINGA's a sample's values."""
+    with pytest.raises(Refused, match="may have spatial positions"):
+        translate(net_of('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                         'convolution_param { num_output: 2 kernel_size: 1 } }\n'
+                         'layer { name: "p" type: "Softmax" bottom: "c" top: "p" }'), "n")
+    t = translate(net_of('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                         'convolution_param { num_output: 2 kernel_size: 1 } }\n'
+                         'layer { name: "f" type: "Flatten" bottom: "c" top: "f" }\n'
+                         'layer { name: "p" type: "Softmax" bottom: "f" top: "p" }'), "n")
+    assert list(layers(t)["p"].srclayers) == ["c"]      # Flatten: SINGA reads by count
