@@ -18,6 +18,7 @@ from google.protobuf import text_format
 
 from singa.errors import ConfigError
 from singa.export.graph import type_name
+from singa.export.output import write_atomic
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2
@@ -34,19 +35,8 @@ def write(model, folder, batch=None):
     deploy, blobs = to_caffe(model, batch)
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, DEPLOY), os.path.join(folder, WEIGHTS)]
-    for path, fill in ((paths[0], lambda f: f.write(text_format.MessageToString(deploy)
-                                                    .encode())),
-                       (paths[1], lambda f: write_caffemodel(f, deploy, blobs))):
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                fill(f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    write_atomic(paths[0], lambda f: f.write(text_format.MessageToString(deploy).encode()))
+    write_atomic(paths[1], lambda f: write_caffemodel(f, deploy, blobs))
     return paths
 
 

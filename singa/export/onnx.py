@@ -11,12 +11,11 @@ test: the top-left crop, times scale) → Slice, Mul. Graph inputs are the input
 (after their mean/std) with a symbolic batch `N` unless one is given; outputs are the ops
 nothing reads (the loss layer's probabilities).
 """
-import os
-
 import numpy as np
 
 from singa.errors import ConfigError
 from singa.export.graph import type_name
+from singa.export.output import write_atomic
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2
@@ -40,12 +39,7 @@ def write(model, path, batch=None):
     onnx = _onnx()
     proto = to_onnx(model, batch)
     onnx.checker.check_model(proto, full_check=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(proto.SerializeToString())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: f.write(proto.SerializeToString()))
     return proto
 
 

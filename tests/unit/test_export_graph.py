@@ -112,3 +112,29 @@ def test_a_missing_conf_is_one_line(tmp_path, capsys):
     assert cli.main(["caffe", str(tmp_path / "job.conf"), str(tmp_path), "-o",
                      str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == f"singa-export: {tmp_path}/job.conf: no such job conf\n"
+
+
+def test_an_unwritable_output_is_one_line_and_leaves_nothing(tmp_path, capsys):
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    folder = tmp_path / "out"
+    os.makedirs(folder)
+    assert cli.main(["onnx", LENET, str(tmp_path), "-o", str(folder)]) == 2
+    assert capsys.readouterr().err == f"singa-export: cannot write {folder}: is a folder\n"
+    missing = tmp_path / "no" / "x.onnx"
+    assert cli.main(["onnx", LENET, str(tmp_path), "-o", str(missing)]) == 2
+    assert capsys.readouterr().err == \
+        f"singa-export: cannot write {missing}: No such file or directory\n"
+    assert os.listdir(folder) == [] and sorted(os.listdir(tmp_path)) == ["checkpoint", "out"]
+
+
+def test_batch_sets_the_inputs_batch(tmp_path, capsys):
+    from google.protobuf import text_format
+    from singa.proto import caffe_pb2
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    assert cli.main(["caffe", LENET, str(tmp_path), "-o", str(tmp_path / "c"), "-batch", "3"]) == 0
+    assert capsys.readouterr().out == (
+        f"caffe: {tmp_path}/c/deploy.prototxt, {tmp_path}/c/model.caffemodel (step 5; inputs "
+        f"data [1, 28, 28]; outputs loss)\n")
+    deploy = text_format.Parse((tmp_path / "c" / "deploy.prototxt").read_text(),
+                               caffe_pb2.NetParameter())
+    assert list(deploy.layer[0].input_param.shape[0].dim) == [3, 1, 28, 28]
