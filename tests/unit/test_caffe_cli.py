@@ -1,0 +1,78 @@
+"""singa.caffe.cli: what an import writes (job.conf, snapshot and .meta, data files) and how
+the command line is read."""
+import os
+
+import numpy as np
+import pytest
+
+import singa
+from singa import config
+from singa.caffe.blobs import CaffeFile
+from singa.caffe.cli import import_caffe, main
+from singa.checkpoint import CheckpointReader, read_meta
+from singa.io.kvfile import KVFile
+from singa.proto import common_pb2, job_pb2
+
+FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
+
+
+def test_convnet_solverstate_import(tmp_path):
+    """convnet_iter_30: step 30, multistep index 1, SGD history negated in SINGA's shapes,
+    the mean image as a kvfile, and a job.conf that parses."""
+    lines = []
+    conf = import_caffe(os.path.join(FX, "convnet", "convnet_solver.prototxt"), str(tmp_path),
+                        solverstate=os.path.join(FX, "convnet", "convnet_iter_30.solverstate"),
+                        print=lines.append)
+    assert any("data layers' positions" in line for line in lines)
+    job = config.load_job(conf, check_paths=False)
+    assert job.checkpoint_path[0] == str(tmp_path / "checkpoint" / "step30-worker0.bin")
+    assert job.updater.learning_rate.type == job_pb2.kFixedStep
+    r = CheckpointReader(job.checkpoint_path[0])
+    assert r.verified and r.step == 30
+    snap = r.snapshot_state()
+    assert snap.lr_index == 1
+    meta = read_meta(str(tmp_path / "checkpoint" / "step30-worker0.meta"))
+    assert [(n, s) for n, s, _, _ in meta["params"]] == [
+        ("0#conv1_weight", (12, 147)), ("0#conv1_bias", (12,)), ("0#conv2_weight", (16, 54)),
+        ("0#conv2_bias", (16,)), ("0#ip1_weight", (144, 32)), ("0#ip1_bias", (32,)),
+        ("0#ip2_weight", (8, 32)), ("0#ip2_bias", (8,))]
+    assert {v for _, _, _, v in meta["params"]} == {30}
+    with CaffeFile(os.path.join(FX, "convnet", "convnet_iter_30.solverstate")) as f:
+        _, history = f.solver_state()
+        for (name, shape, _, _), h in zip(meta["params"], history):
+            (buf,) = snap.param_state[name]
+            assert np.array_equal(buf, -h.values.reshape(shape))
+    with KVFile(str(tmp_path / "data" / "mean.kvfile")) as f:
+        key, value = f.read()
+    rec = common_pb2.RecordProto.FromString(value)
+    assert list(rec.shape) == [3, 20, 20]
+    assert np.array_equal(np.float32(rec.data),
+                          np.load(os.path.join(FX, "convnet", "data", "mean.npy")).ravel())
+
+
+def test_weights_only_give_a_step0_snapshot_with_state(tmp_path):
+    import_caffe(os.path.join(FX, "mlp", "mlp_deploy.prototxt"), str(tmp_path),
+                 weights=os.path.join(FX, "mlp", "mlp_iter_40.caffemodel"), print=lambda s: None)
+    r = CheckpointReader(str(tmp_path / "checkpoint" / "step0-worker0.bin"))
+    assert r.step == 0 and r.snapshot_state().param_state == {}
+    assert r.names == ["0#ip1_weight", "0#ip1_bias", "0#ip2_weight", "0#ip2_bias"]
+
+
+@pytest.mark.parametrize("argv, msg", [
+    ([], "usage: singa-import.sh caffe"),
+    (["onnx", "x"], "format 'onnx' is not known"),
+    (["caffe", "n.prototxt"], "usage:"),
+    (["caffe", "n.prototxt", "-o"], "-o needs a value"),
+    (["caffe", "n.prototxt", "-x", "1", "-o", "d"], "unknown option -x"),
+    (["caffe", "n.prototxt", "-input_shape", "3,a", "-o", "d"], "-input_shape 3,a"),
+])
+def test_command_line_mistakes_are_one_line(capsys, argv, msg):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1
+
+
+def test_solverstate_needs_a_solver(tmp_path, capsys):
+    assert main(["caffe", os.path.join(FX, "mlp", "mlp_train_test.prototxt"), "-solverstate",
+                 os.path.join(FX, "mlp", "mlp_iter_20.solverstate"), "-o", str(tmp_path)]) == 2
+    assert "needs its solver" in capsys.readouterr().err
