@@ -15,7 +15,6 @@ ort = pytest.importorskip("onnxruntime")
 
 EXPORT = os.path.join(singa.HOME, "bin", "singa-export.sh")
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
-PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
 
 
 def export(*args, cwd=None):
@@ -82,7 +81,7 @@ def test_a_trained_snapshot_exports_to_onnx_and_caffe(fixture_job, run_driver, t
 
     r = export("caffe", conf, ws / "checkpoint" / "step10", "-o", tmp_path / "caffe")
     assert r.returncode == 0, r.stderr
-    imported = subprocess.run([PYTHON, "-m", "singa.caffe", "caffe",
+    imported = subprocess.run([os.path.join(singa.HOME, "bin", "singa-import.sh"), "caffe",
                                tmp_path / "caffe" / "deploy.prototxt",
                                tmp_path / "caffe" / "model.caffemodel", "-o", tmp_path / "back"],
                               capture_output=True, text=True, timeout=300, cwd=singa.HOME)
