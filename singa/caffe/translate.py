@@ -85,7 +85,6 @@ class _Translator:
             self.tops = {}          # blob -> SINGA layer writing it last
             self.flat = set()       # blobs known to be (N, D): no spatial positions
             self.labels = {}        # label blob -> SINGA input layer
-            self.scores_of_loss = {}
             per_phase[phase] = [self._layer(layer) if in_phase(layer, phase) else None
                                 for layer in layers]
         out = []
@@ -127,8 +126,7 @@ class _Translator:
         return out
 
     def new(self, layer, type_, srcs, name=None):
-        conf = job_pb2.LayerProto(name=name or layer.name, type=type_, srclayers=srcs)
-        return conf
+        return job_pb2.LayerProto(name=name or layer.name, type=type_, srclayers=srcs)
 
     def one_top(self, layer, conf, flat=None):
         """`conf` writes `layer`'s one top, which is (N, D) if `flat` (None: if every bottom
@@ -472,7 +470,6 @@ def _softmax_loss(t, layer):
         t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
     t.need_flat(layer)
     conf = t.new(layer, job_pb2.kSoftmaxLoss, [scores, labels])
-    t.scores_of_loss[tuple(layer.bottom)] = conf
     if len(layer.top) > 1:
         t.refuse(layer, "has several tops")
     if layer.top:
