@@ -28,8 +28,8 @@ kill_proc() {
   fi
   case $host in
     localhost|127.*|"$(hostname)") "$SINGA_BIN/singa-kill-proc.sh" "$job" "$pid" ;;
-    *) ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet -- \
-         "$host" bash -s -- "$job" "$pid" "${SINGA_KILL_GRACE:-10}" <"$SINGA_BIN/singa-kill-proc.sh" ;;
+    *) singa_ssh -- "$host" bash -s -- "$job" "$pid" "${SINGA_KILL_GRACE:-10}" \
+         <"$SINGA_BIN/singa-kill-proc.sh" ;;     # bounded: singa-env.sh's connect and keep-alives
   esac
 }
 

@@ -92,15 +92,21 @@ while :; do
     [ -z "$host" ] || valid_host "$host" || { echo "singa-run: bad host name '$host' in $SINGA_CONF/hostfile" >&2; exit 2; }
   done <"$log_dir/job.hosts"
 
-  # SIGINT/SIGTERM: SIGTERM to the processes started here; remote ones are stopped through their
-  # pids in ZooKeeper (singa-console.sh kill, again while their ssh runs: a process may register
-  # late); whatever still runs after the grace period gets SIGKILL.
+  # SIGINT/SIGTERM/SIGHUP: SIGTERM to the processes started here; remote ones are stopped
+  # through their pids in ZooKeeper (singa-console.sh kill, at once, even when their ssh clients
+  # have ended: a terminal hangup signals those too; again while their ssh runs: a process may
+  # register late); whatever still runs after the grace period gets SIGKILL. The kill's ssh is
+  # bounded (singa_ssh) and so is the wait for it.
   stop_job() {
     trap '' INT TERM HUP
     echo "singa-run: $1: stopping job $job_id" >&2
     [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
     if [ -n "$slurm_step" ]; then signal_step TERM; else kill -TERM "${local_pids[@]}" 2>/dev/null || true; fi
     local deadline=$((SECONDS + grace)) killer="" alive pid
+    if [ ${#remote_hosts[@]} -gt 0 ]; then
+      "$SINGA_BIN/singa-console.sh" kill "$job_id" >/dev/null 2>&1 &
+      killer=$!
+    fi
     while :; do
       alive=()
       for pid in "${local_pids[@]}" "${remote_pids[@]}"; do
@@ -117,7 +123,11 @@ while :; do
       fi
       sleep 0.2
     done
-    [ -z "$killer" ] || wait "$killer" 2>/dev/null || true
+    deadline=$((SECONDS + grace + 20))      # the kill's ssh connect (10 s) and its grace
+    while [ -n "$killer" ] && kill -0 "$killer" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+      sleep 0.2
+    done
+    [ -z "$killer" ] || kill "$killer" 2>/dev/null || true
     singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
     exit "$2"
   }
@@ -140,8 +150,7 @@ while :; do
     else
       local proc
       proc=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null | head -n 1)
-      [ -z "$proc" ] || ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null \
-        -oLogLevel=quiet ${SINGA_SSH_OPTS:-} -- "${proc%|*}" bash -s -- "$job_id" "${proc##*|}" \
+      [ -z "$proc" ] || singa_ssh -- "${proc%|*}" bash -s -- "$job_id" "${proc##*|}" \
         0 USR1 <"$SINGA_BIN/singa-kill-proc.sh" || true
     fi
   }
@@ -174,12 +183,9 @@ while :; do
       local_pids+=($!)
     else
       remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
-      # SINGA_SSH_OPTS: extra ssh options, e.g. "-i key -p 2222"
-      # shellcheck disable=SC2086
-      # keep-alives: a host that stops answering ends its ssh within 15 s
-      ssh -oStrictHostKeyChecking=no -oUserKnownHostsFile=/dev/null -oLogLevel=quiet \
-          -oServerAliveInterval=5 -oServerAliveCountMax=3 -oConnectTimeout=10 ${SINGA_SSH_OPTS:-} \
-          -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
+      # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
+      # ssh within 15 s), a bounded connect
+      singa_ssh -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
       remote_pids+=($!); remote_hosts+=("$host")
     fi
   done <"$log_dir/job.hosts"
@@ -188,18 +194,31 @@ while :; do
   singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true
 
   # The job is over when every process has ended, or once ZooKeeper has none of them left
-  # (each done or lost): then an ssh to a host that went away is not waited for.
-  if [ ${#remote_pids[@]} -gt 0 ]; then
+  # (each done or lost): then an ssh to a host that went away is not waited for. Only the
+  # watcher's exit 0 says so: it rides through a ZooKeeper outage, and when it fails (ZooKeeper
+  # unreachable as it starts) another starts 5 s later; it ends with the job.
+  start_watcher() {
     singatool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
     watcher=$!
-  fi
-  over=""; closed=()
+  }
+  [ ${#remote_pids[@]} -eq 0 ] || start_watcher
+  over=""; closed=(); rewatch=""
   while :; do
     alive=0
     for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
     [ $alive -eq 1 ] || break
-    if [ -n "$watcher" ] && [ -z "$over" ] && ! kill -0 "$watcher" 2>/dev/null; then
-      over=$SECONDS     # every process has left ZooKeeper: ssh clients get 5 s to end
+    if [ -n "$watcher" ] && ! kill -0 "$watcher" 2>/dev/null; then
+      rc=0; wait "$watcher" 2>/dev/null || rc=$?
+      watcher=""
+      if [ $rc -eq 0 ]; then
+        over=$SECONDS     # every process has left ZooKeeper: ssh clients get 5 s to end
+      else
+        rewatch=$((SECONDS + 5))
+      fi
+    fi
+    if [ -n "$rewatch" ] && [ $SECONDS -ge "$rewatch" ]; then
+      rewatch=""
+      start_watcher
     fi
     if [ -n "$over" ] && [ $((SECONDS - over)) -ge 5 ]; then
       for i in "${!remote_pids[@]}"; do
@@ -230,7 +249,10 @@ while :; do
   # launcher (which stop_job handles) is a failure: max_restarts applies
   case $status in 0|2) break ;; esac
   [ -z "$snapshot" ] || break      # stopped after a snapshot, as asked (SIGUSR1)
-  [ $restarts -lt "$max_restarts" ] || break
+  if [ $restarts -ge "$max_restarts" ]; then
+    [ "$max_restarts" -eq 0 ] || echo "singa-run: job $job_id failed (exit $status); not restarted: max_restarts $max_restarts reached" >&2
+    break
+  fi
   restarts=$((restarts + 1))
   echo "singa-run: job $job_id failed (exit $status); restart $restarts of $max_restarts from its newest complete snapshot" >&2
   args+=(-resume)

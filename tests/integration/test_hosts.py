@@ -224,3 +224,57 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
         else:
             assert "restart 1 of 1" in text, text
 
+
+
+def drivers_in(ns):
+    """Pids of `singa` drivers running in namespace `ns` (zombies have no command line)."""
+    found = []
+    for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"singa.driver" in f.read():
+                    found.append(int(pid))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("to", ["singa-run.sh", "its process group"])
+def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cluster, tmp_path,
+                                                                   fixture_job):
+    """A terminal hangup (SIGHUP to singa-run.sh, or to its whole process group, ssh clients
+    and all, as a closing terminal sends it): singa-run.sh stops every process on every host
+    through ZooKeeper's pids and ssh with the launch's options (SINGA_SSH_OPTS), exits 129, and
+    nothing of the job runs anywhere."""
+    env, _ = cluster
+    conf = fixture_job(edits={
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
+            "nservers_per_group: 3", "train_steps: 200": "train_steps: 1000000"})
+    log = tmp_path / "hup.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 20 " not in log.read_text() or \
+                not all(drivers_in(ns) for ns in hosts.namespaces):
+            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+            time.sleep(0.3)
+        if to == "singa-run.sh":
+            run.send_signal(signal.SIGHUP)
+        else:
+            os.killpg(run.pid, signal.SIGHUP)
+        hung_up = time.monotonic()
+        rc = run.wait(timeout=90)
+        took = time.monotonic() - hung_up
+        left = {ns: drivers_in(ns) for ns in hosts.namespaces}
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    text = log.read_text()
+    print(f"SIGHUP to {to}: singa-run.sh returned {took:.1f} s later, "
+          f"{sum(map(len, left.values()))} drivers left on the hosts")
+    assert rc == 128 + signal.SIGHUP, text
+    assert not any(left.values()), (left, text)
+    assert "Traceback" not in text, text
