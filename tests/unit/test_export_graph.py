@@ -4,11 +4,13 @@ import os
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from export_helpers import fresh_snapshot
 from singa.checkpoint.format import CheckpointReader, write_file
 from singa.errors import CheckpointError
 from singa.export import cli, graph
+from singa.proto import caffe_pb2
 
 LENET = "examples/mnist/conv.conf"
 
@@ -70,8 +72,7 @@ def test_a_snapshot_of_two_workers_is_read_whole(tmp_path):
             half = len(values) // 2
             entries.append((name, values[half * k:half * (k + 1) if k == 0 else None], version,
                             (0, k, 2)))
-        with_nworkers = write_file(str(folder / f"step5-worker{k}"), entries)
-        assert with_nworkers
+        write_file(str(folder / f"step5-worker{k}"), entries)
     model = graph.read(LENET, str(folder / "step5-worker1.bin"))
     np.testing.assert_array_equal(model.ops[1].params[0], whole["0#w1"][0])
 
@@ -128,8 +129,6 @@ def test_an_unwritable_output_is_one_line_and_leaves_nothing(tmp_path, capsys):
 
 
 def test_batch_sets_the_inputs_batch(tmp_path, capsys):
-    from google.protobuf import text_format
-    from singa.proto import caffe_pb2
     fresh_snapshot(LENET, tmp_path / "checkpoint")
     assert cli.main(["caffe", LENET, str(tmp_path), "-o", str(tmp_path / "c"), "-batch", "3"]) == 0
     assert capsys.readouterr().out == (

@@ -4,13 +4,14 @@ convolution, ceil pooling, padded AVG divisors, LRN, transposed InnerProduct); r
 import numpy as np
 import pytest
 
+from export_helpers import fresh_snapshot, write_conf
+from singa.checkpoint.format import CheckpointReader
 from singa.export import cli, graph
 from singa.export import onnx as export_onnx
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-from export_helpers import fresh_snapshot, write_conf  # noqa: E402
 
 TOLERANCE = 1e-5
 
@@ -166,7 +167,6 @@ def test_params_are_the_snapshots_values(tmp_path):
     model = graph.read(conf, str(tmp_path / "checkpoint"))
     proto = export_onnx.to_onnx(model)
     init = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
-    from singa.checkpoint.format import CheckpointReader
     stored = CheckpointReader(str(tmp_path / "checkpoint" / "step5-worker0.bin"))
     assert init["conv2_w"].shape == (16, 6, 3, 3)
     np.testing.assert_array_equal(init["conv2_w"].reshape(16, -1), stored.param("0#conv2_w"))

@@ -3,11 +3,13 @@
 SINGA's own cnn checkpoint is run through these layers in test_layers_loss.py."""
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa import threads
 from singa.errors import ConfigError
 from singa.layers import conv
+from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 
@@ -492,8 +494,6 @@ def test_ceil_pooling_results_do_not_depend_on_the_thread_count(monkeypatch, poo
 
 
 def test_a_net_cut_on_a_grouped_convolutions_filters_is_one_line():
-    from google.protobuf import text_format
-    from singa.neuralnet import NeuralNet
     text = """
     layer { name: "data" type: kRecordInput partition_dim: 0
       store_conf { backend: "kvfile" path: "tests/fixtures/singa-0.3/train-1000.bin"
@@ -505,7 +505,7 @@ def test_a_net_cut_on_a_grouped_convolutions_filters_is_one_line():
 
     def make(pdim):
         conf = text_format.Parse(text.replace("PDIM", str(pdim)), job_pb2.NetProto())
-        return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, 0, 2)
+        return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, 2)
     with pytest.raises(ConfigError, match=r"layer '\S*conv@\d': a grouped convolution \(group 2\) "
                                           r"cannot be cut on its filters \(partition_dim 1\); "
                                           r"give it partition_dim: 0"):
