@@ -1,19 +1,15 @@
 """Server: owns param slices and applies its own Updater to them (SINGA's src/server.cc).
 
-Messages in (from stubs, laid out as `comm.param_msg` says), answers to the requesting stub:
-  kPut     creates the slice (values in-process alias the putting worker's array) -> kRPut
-  kGet     answered kRGet [values] once the slice's version reaches the requested one
-  kUpdate  once `num_total` shares have arrived they are summed in the order of their
-           senders' addresses (deterministic), the update is applied with grad_scale =
-           1/num_total, and every buffered request gets kRUpdate [values]. A gradient frame is
-           handed over: the updater may use it as scratch
-  kState   -> kRState [lr_index; a copy of each updater buffer] (for a snapshot)
-  kSyncRequest   [delta] to the slice's master server (another server group, Distributed
-           Hogwild): it adds the delta to its values and answers kSyncResponse [its values];
-           the requester then sets cur = master + (cur - last_sync), last_sync = cur
-  kStop    from the stub ends the loop; from a worker (its farewell, in a job of several
-           processes) counts it out, and the loop ends once every worker of the group has left
-A malformed message is dropped with a log line; a failure goes to the stub as kError.
+Messages come from stubs and are answered to the requesting stub; their frames are
+`comm.param_msg`'s. A Put creates the slice (in-process values alias the putting worker's
+array); a Get is answered once the slice reaches the version asked for; an Update waits for
+`num_total` shares, sums them in the order of their senders' addresses (deterministic) and
+applies the updater with grad_scale = 1/num_total, the gradient frame handed over as scratch;
+a State request returns the LR index and copies of the updater buffers (for a snapshot); a
+slice mastered by another server group syncs with it (Distributed Hogwild: `sync`). kStop from
+the stub ends the loop; from a worker (its farewell, in a job of several processes) it counts
+the worker out, and the loop ends once every worker of the group has left. A malformed message
+is dropped with a log line; a failure goes to the stub as kError.
 """
 import logging
 
@@ -128,22 +124,20 @@ class Server:
 
     def handle_put(self, sid, msg):
         """Creates the slice; updater buffers other than the updater keeps (a snapshot of
-        another updater) are dropped: its state starts afresh."""
+        another updater) are dropped: its state starts afresh, and the kRPut says so (the
+        worker, which knows the param's name and snapshot file, warns)."""
         lr_scale, wd_scale, num_total, lr_index, values, buffers = pm.parse_slice_put(msg)
         data = own(values)
         nstate = self.updater.nstate
-        if buffers and len(buffers) != nstate:
-            log.warning("Server (group = %d, id = %d): param %d (slice %d) was put with %d "
-                        "updater buffers, the updater keeps %d: its state starts afresh",
-                        self.grp, self.id, m.param_id(msg.trgt_val), sid, len(buffers), nstate)
-        kept = [b.copy() for b in buffers] if len(buffers) == nstate and buffers \
+        dropped = bool(buffers) and len(buffers) != nstate
+        kept = [b.copy() for b in buffers] if buffers and not dropped \
             else self.updater.new_state(data.size)
         if lr_index >= 0:
             self.updater.lr_gen.set_index(lr_index)
         s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, kept)
         if self.masters.get(sid, self.address) != self.address:
             s.last_sync = data.copy()
-        self.dealer.send(msg.reply(m.kRPut, msg.trgt_version))
+        self.dealer.send(pm.put_reply(msg, msg.trgt_version, nstate, dropped))
         self.answer_gets()
         early, self.early_syncs = self.early_syncs, []
         for req in early:

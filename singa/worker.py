@@ -88,6 +88,7 @@ class Worker:
                         layer.channel = self.channel
         self.displays = 0           # display calls so far: the key of their metric messages
         self.updater_states = {}    # owner param id -> (lr index, updater buffers), for a snapshot
+        self.put_buffers = {}       # owner param id -> (updater buffers put, their files)
         self.last_test = None       # (step, metrics) of the latest test
         self.last_val = None        # (step, metrics) of the latest validation
         self.best = None            # the best value of checkpoint_keep_best so far
@@ -321,6 +322,10 @@ class Worker:
             lr_index = resumed.lr_index if resumed is not None else -1
             for p in self.owned:
                 bufs = checkpoint.updater_state(self.resume, p) if resumed is not None else []
+                if bufs:
+                    files = [r.path for _, r in sorted(self.resume.readers.items())
+                             if p.name in r.names]
+                    self.put_buffers[p.owner] = (len(bufs), ", ".join(files))
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
@@ -531,9 +536,22 @@ class Worker:
         if msg.type == m.kRState:
             self.updater_states[p.owner] = pm.read_state(msg, p.shape, f"param '{p.name}'")
             return
-        if msg.type != m.kRPut:
+        if msg.type == m.kRPut:
+            self.check_put(p, msg)
+        else:
             pm.read_values(msg, p.data.reshape(-1), f"param '{p.name}'")
         p.version = msg.trgt_version
+
+    def check_put(self, p, msg):
+        """Warn when the servers dropped the updater buffers this worker put for `p` (a
+        snapshot of another updater): they say so in their kRPut."""
+        put = self.put_buffers.pop(p.owner, None)
+        if put is None:
+            return
+        kept, dropped = pm.read_put_reply(msg, f"param '{p.name}'")
+        if dropped:
+            log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: its "
+                        "state starts afresh", p.name, put[1], put[0], kept)
 
 
 class CDWorker(Worker):

@@ -14,7 +14,8 @@ version asked for or reached. Arrays travel as float32 frames (`msg.array_frame`
                      kGet     []
                      kUpdate  [i: num_local; the sum of the stub's num_local gradients]
                      kState   []
-  server -> stub     kRPut [], kRGet [values], kRUpdate [values],
+  server -> stub     kRPut [ii: updater buffers kept, 1 if the Put's were dropped],
+                     kRGet [values], kRUpdate [values],
                      kRState [i: lr_index; a copy of each updater buffer]
   stub -> worker     the same answer once every slice has given it:
                      [offsets; each slice's frames, in slice order]
@@ -97,6 +98,12 @@ def parse_slice_update(msg, size):
 
 
 # --- server -> stub ----------------------------------------------------------------------
+def put_reply(req, version, nbuffers, dropped):
+    """kRPut to `req`: the slice keeps `nbuffers` updater buffers; `dropped`: not the Put's
+    (another updater's, of a snapshot), so its state starts afresh."""
+    return req.reply(m.kRPut, version, [m.format_frame("ii", nbuffers, int(dropped))])
+
+
 def values_reply(req, type_, version, values):
     """kRGet / kRUpdate to `req`: the slice's values (aliased in-process: unchanged until read)."""
     return req.reply(type_, version, [m.array_frame(values)])
@@ -156,6 +163,13 @@ def read_values(msg, flat, what):
     """Write the values of a gathered kRGet / kRUpdate into `flat` (a param's flat array)."""
     for o, (frame,) in _slices(msg, 1, what):
         _place(flat, o, frame, what)
+
+
+def read_put_reply(msg, what):
+    """(updater buffers the servers keep, whether some slice dropped the Put's) of a gathered
+    kRPut."""
+    replies = [m.parse_format_frame("ii", frame) for _, (frame,) in _slices(msg, 1, what)]
+    return max(n for n, _ in replies), any(dropped for _, dropped in replies)
 
 
 def read_state(msg, shape, what):

@@ -55,7 +55,7 @@ def assert_same_training_state(path_a, path_b):
     for name in a.names:
         assert a.param(name).tobytes() == b.param(name).tobytes(), name
         assert a.version(name) == b.version(name), name
-    sa, sb = a.state, b.state
+    sa, sb = a.snapshot_state(), b.snapshot_state()
     assert sa.step == sb.step and sa.lr_index == sb.lr_index
     assert sa.param_state.keys() == sb.param_state.keys()
     for name, bufs in sa.param_state.items():
@@ -246,7 +246,7 @@ def rewrite_state(path, change):
     """Rewrite the snapshot file `path` (checksummed anew) with `change(state)` applied."""
     r = checkpoint.CheckpointReader(str(path))
     params = [(name, r.param(name), r.version(name)) for name in r.names]
-    state = r.state
+    state = r.snapshot_state()
     change(state)
     checkpoint.write_file(str(path), params, state)
 
@@ -271,8 +271,8 @@ def test_resume_with_updater_state_of_another_updater_starts_it_afresh(mlp_job, 
         {name: bufs * 3 for name, bufs in st.param_state.items()}))
     r = run_driver(mlp_job(**dict(job, train_steps=30)), "-resume", timeout=60)
     assert r.returncode == 0, r.stderr
-    assert "was put with 3 updater buffers, the updater keeps 1: its state starts afresh" \
-        in r.stderr
+    assert f"Param 0#weight1: {snap} holds 3 updater buffers, the updater keeps 1: its state " \
+           f"starts afresh" in r.stderr
 
 
 @pytest.mark.parametrize("flags", [(), ("-test",)], ids=["train", "test"])
@@ -294,9 +294,9 @@ def test_snapshot_of_two_model_pieces_resumes_bit_exact_in_one_worker(run_a, tmp
                   singa_conf).returncode == 0
     path = tmp_path / "ws" / "checkpoint" / "step100-worker0.bin"
     r = checkpoint.CheckpointReader(str(path))
-    buffers = r.state.param_state
+    buffers = r.snapshot_state().param_state
     for k in range(2):
-        st = r.state if k == 0 else checkpoint.SnapshotState(step=100)
+        st = r.snapshot_state() if k == 0 else checkpoint.SnapshotState(step=100)
         st.nworkers = 2
         st.param_state = {n: [np.array_split(b, 2)[k] for b in bufs] for n, bufs in buffers.items()}
         checkpoint.write_file(str(path.parent / f"step100-worker{k}.bin"),
