@@ -20,7 +20,7 @@ def check(job, hostfile, test=False, oversubscribe=False):
     if test:
         NeuralNet(job.neuralnet, job_pb2.kTest, np.random.default_rng(0))
     else:
-        NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), None, 0,
+        NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), None,
                   cl.nworkers_per_group)
     check_hosts(cluster.nprocs(cl), read_hostfile(hostfile), len(os.sched_getaffinity(0)),
                 oversubscribe)

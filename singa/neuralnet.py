@@ -9,6 +9,7 @@ import collections
 import json
 
 from singa import graph, layers, partition  # noqa: F401  (layers: registers every layer type)
+from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class
 from singa.proto import job_pb2
@@ -20,8 +21,7 @@ class NeuralNet:
     layer order (owners and sharers); `owner_params`: the params that own their values.
     """
 
-    def __init__(self, net_conf, phase, rng, share_from=None, partition_id=0, num_partitions=1,
-                 first_id=0):
+    def __init__(self, net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0):
         """`share_from`: a net whose owner params this one uses (by name): the train net for
         test/validation nets, group 0's net for another group's. Param ids start at
         `first_id` so that they are unique within a process. With `num_partitions` K > 1 the
@@ -30,7 +30,7 @@ class NeuralNet:
         self.phase = phase
         self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
         self.rng = self.rngs[0]
-        confs = filter_phase(net_conf, phase, partition_id, num_partitions)
+        confs = filter_phase(net_conf, phase, num_partitions)
         graph.sort(confs)   # names and sources checked before unrolling looks sources up
         confs = unroll(confs)
         resolve_share_from(confs)
@@ -158,35 +158,32 @@ class NeuralNet:
         return json.dumps({"directed": 1, "nodes": nodes, "links": links}, indent=1)
 
     def input_layers(self):
-        return [layer for layer in self.layers if hasattr(layer, "get_state")]
+        """The layers that read a data source (they have a `position`)."""
+        return [layer for layer in self.layers if hasattr(layer, "position")]
 
     def streams(self):
-        """Where the net's random and data streams stand, for a snapshot: (its RNG's state,
-        {input layer name: (reader offset, random_skip done)})."""
-        readers = {}
-        for layer in self.input_layers():
-            at = layer.get_state()
-            readers[layer.name] = (at["offset"], at["skipped"])
-        return self.rng.bit_generator.state, readers
+        """Where the net's random and data streams stand, for a snapshot: (its RNG's state as
+        `numerics.rng_state` gives it, {input layer name: (reader offset, random_skip done)})."""
+        return rng_state(self.rng), {layer.name: layer.position() for layer in self.input_layers()}
 
-    def restore_streams(self, rng_state, readers):
+    def restore_streams(self, rng, readers):
         """Continue from what `streams` reported (an RNG state or None; reader positions by
         input layer name). From a snapshot of another partitioning an input partition takes
         the unpartitioned layer's position or partition 0's: dim-0 input partitions read every
         whole batch (keeping their rows), so they all stand where the one layer stood."""
-        if rng_state is not None:
-            self.rng.bit_generator.state = rng_state
+        if rng is not None:
+            set_rng_state(self.rng, rng)
         for layer in self.input_layers():
             base = layer.name.partition("@")[0]
             for key in (layer.name, base, f"{base}@0"):
                 if key in readers:
-                    layer.set_state(*readers[key])
+                    layer.seek(*readers[key])
                     break
 
 
-def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
+def filter_phase(net_conf, phase, num_partitions=1):
     """Layer confs kept in `phase` (exclude removes, include keeps only the listed phases),
-    marked with this worker's partition."""
+    marked as partition 0 of `num_partitions` (`partition.replicate` makes the others)."""
     kept = []
     for conf in net_conf.layer:
         if phase in conf.exclude:
@@ -199,7 +196,7 @@ def filter_phase(net_conf, phase, partition_id=0, num_partitions=1):
             c.unroll_len = net_conf.unroll_len
         if not c.HasField("partition_dim"):
             c.partition_dim = net_conf.partition_dim
-        c.partition_id = partition_id
+        c.partition_id = 0
         c.num_partitions = num_partitions
         kept.append(c)
     return kept

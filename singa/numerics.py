@@ -1,4 +1,5 @@
-"""Non-finite values in training: the loss is checked every step, params before a snapshot.
+"""Numerics of training: non-finite values (the loss every step, params before a snapshot) and
+the state of a random generator as a snapshot stores it.
 
 Cheap on the hot path: a step looks at one float per loss layer; arrays are scanned only when
 a loss is nan or inf (to name where it started) and when a snapshot is about to be written.
@@ -39,3 +40,36 @@ def first_non_finite(net):
         if isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all():
             return f"the first non-finite values are in the output of layer '{layer.name}'"
     return "every param and layer output is finite"
+
+
+def rng_state(rng):
+    """Where numpy Generator `rng` (on PCG64, as the job's are) stands, as the fields of
+    `RngState` (proto/common.proto): {"bit_generator": "PCG64", "state": 16 bytes, "inc": 16
+    bytes (128-bit little-endian), "has_uint32": 0 or 1, "uinteger": uint32}."""
+    st = rng.bit_generator.state
+    return {"bit_generator": st["bit_generator"],
+            "state": st["state"]["state"].to_bytes(16, "little"),
+            "inc": st["state"]["inc"].to_bytes(16, "little"),
+            "has_uint32": st["has_uint32"], "uinteger": st["uinteger"]}
+
+
+def set_rng_state(rng, fields):
+    """Continue `rng` from `fields` (what `rng_state` gave); ValueError if they are none."""
+    why = rng_state_problem(fields)
+    if why is not None:
+        raise ValueError(f"RNG state {why}")
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": int.from_bytes(fields["state"], "little"),
+                  "inc": int.from_bytes(fields["inc"], "little")},
+        "has_uint32": fields["has_uint32"], "uinteger": fields["uinteger"]}
+
+
+def rng_state_problem(fields):
+    """Why `fields` is no state `rng_state` could have given (a phrase: 'is for ...'), else None."""
+    if fields["bit_generator"] != "PCG64":
+        return f"is for {fields['bit_generator']!r}, not PCG64"
+    if len(fields["state"]) != 16 or len(fields["inc"]) != 16 \
+            or fields["has_uint32"] not in (0, 1):
+        return "is not a PCG64 state (128-bit state and increment, has_uint32 0 or 1)"
+    return None

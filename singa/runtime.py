@@ -110,7 +110,7 @@ class Process:
                         if cluster.server_group(cl, h) == cluster.server_group(cl, g))
             share = graphs.get(first) if g > first and cl.share_memory else None
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K:3 + (g + 1) * K]
-                                  if K > 1 else rngs[3 + g], share, 0, K)
+                                  if K > 1 else rngs[3 + g], share, K)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
                 for g, j in cluster.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)
@@ -122,7 +122,7 @@ class Process:
                                             ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
                 if steps > 0:
                     net = NeuralNet(job.neuralnet, phase, rng.spawn(K) if K > 1 else rng,
-                                    self.train_graph, 0, K, first_id=next_id)
+                                    self.train_graph, K, first_id=next_id)
                     next_id = net.next_id
                     eval_nets[name] = {j: net.partition(j) if K > 1 else net
                                        for g, j in nets if g == 0}

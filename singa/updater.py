@@ -1,10 +1,10 @@
 """Updaters (SINGA's update rules) and learning-rate generators (src/utils/updater.cc), in place on float32.
 
-`create_updater(UpdaterProto)` gives an `Updater`; the server keeps one state list per param
-(`new_state`) and calls `update(step, data, grad, state, ...)` once the gradients of a step are
-summed. Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov without
-decay fold grad_scale into lr, one rounding apart), and a step's result depends only on its
-inputs: same inputs, same bytes.
+`create_updater(UpdaterProto)` gives an `Updater`; the server keeps the updater buffers of each
+slice (`new_state`) and calls `update(step, data, grad, buffers, ...)` once the gradients of a
+step are summed. Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov
+without decay fold grad_scale into lr, one rounding apart), and a step's result depends only on
+its inputs: same inputs, same bytes.
 """
 
 import numpy as np
@@ -131,7 +131,7 @@ class InvTLRGen(LRGenerator):
 class FixedStepLRGen(LRGenerator):
     """lr = step_lr[i]; i starts at 0 and each call advances it by at most one, when
     step >= step[i+1] (SINGA's behaviour: a fresh generator at a large step lags a few calls).
-    `base_lr` is ignored. The index i is the state saved in checkpoints."""
+    `base_lr` is ignored. The index i is the LR index saved in snapshots."""
 
     def __init__(self, proto):
         super().__init__(proto)
@@ -179,14 +179,15 @@ class Updater:
         [clips] if clip_high > clip_low: g = clamp(g, clip_low, clip_high)
         g = g * grad_scale
         if wd > 0: g = g + wd * w
-        rule(w, g, state, lr)
+        rule(w, g, buffers, lr)
 
-    `grad` is used as scratch. Rules that need one more param-sized buffer take it from a
-    per-thread scratch array that grows to the largest param and is then reused.
+    `grad` is used as scratch. The weight-decay term takes one more param-sized array from the
+    Updater's scratch array (each server owns its Updater), which grows to the largest param
+    and is then reused.
     """
     clips = False   # SINGA clips only in SGD, Nesterov, AdaGrad and RMSProp
     linear = False  # rule is linear in g: grad_scale can fold into lr when there is no decay
-    nstate = 1      # state buffers: [history] or [history, update]
+    nstate = 1      # buffers per param: [history] or [history, update]
 
     def __init__(self, proto):
         self.proto = proto
@@ -202,8 +203,9 @@ class Updater:
         """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update)."""
         return [np.zeros(shape, np.float32) for _ in range(self.nstate)]
 
-    def update(self, step, data, grad, state, lr_scale=1.0, wd_scale=1.0, grad_scale=1.0):
-        """Apply one step to `data` in place; `grad` is overwritten; `state` from new_state."""
+    def update(self, step, data, grad, buffers, lr_scale=1.0, wd_scale=1.0, grad_scale=1.0):
+        """Apply one step to `data` in place; `grad` is overwritten; `buffers` (the slice's,
+        from new_state) are updated."""
         lr = F32(self.lr_gen(step)) * F32(lr_scale)
         wd = self.weight_decay * F32(wd_scale)
         scale = F32(grad_scale)
@@ -219,7 +221,7 @@ class Updater:
                 t = self._scratch(data)
                 np.multiply(data, wd, out=t)
                 grad += t
-        self._rule(data, grad, state, lr)
+        self._rule(data, grad, buffers, lr)
 
     def _scratch(self, like):
         if self._buf is None or self._buf.size < like.size:
@@ -228,7 +230,7 @@ class Updater:
 
 
 class SGDUpdater(Updater):
-    """momentum > 0: h = momentum*h - lr*g; w = w + h.   Otherwise w = w - lr*g (no state)."""
+    """momentum > 0: h = momentum*h - lr*g; w = w + h.   Otherwise w = w - lr*g (no buffer)."""
     clips = True
     linear = True
 
@@ -236,10 +238,10 @@ class SGDUpdater(Updater):
         super().__init__(proto)
         self.nstate = 1 if self.momentum > 0 else 0
 
-    def _rule(self, w, g, state, lr):
+    def _rule(self, w, g, buffers, lr):
         g *= lr
         if self.nstate:
-            h = state[0]
+            h = buffers[0]
             h *= self.momentum
             h -= g
             w += h
@@ -252,8 +254,8 @@ class NesterovUpdater(Updater):
     clips = True
     linear = True
 
-    def _rule(self, w, g, state, lr):
-        h = state[0]
+    def _rule(self, w, g, buffers, lr):
+        h = buffers[0]
         t = self._scratch(w)
         g *= lr
         h *= self.momentum          # momentum*h_old: both terms of the rule use this product
@@ -272,8 +274,8 @@ class AdaGradUpdater(Updater):
     clips = True
     delta_fixed = F32(1e-8)
 
-    def _rule(self, w, g, state, lr):
-        h = state[0]
+    def _rule(self, w, g, buffers, lr):
+        h = buffers[0]
         t = self._scratch(w)
         np.square(g, out=t)
         h += t
@@ -290,8 +292,8 @@ class RMSPropUpdater(Updater):
             raise ConfigError("updater: kRMSProp needs rmsprop_conf { rho: ... }")
         self.rho = F32(proto.rmsprop_conf.rho)
 
-    def _rule(self, w, g, state, lr):
-        h = state[0]
+    def _rule(self, w, g, buffers, lr):
+        h = buffers[0]
         t = self._scratch(w)
         _moving_avg(h, self.rho, np.square(g, out=t), t)
         _apply_scaled(w, g, h, self.delta, t, lr)
@@ -306,8 +308,8 @@ class AdaDeltaUpdater(Updater):
         super().__init__(proto)
         self.rho = F32(proto.adadelta_conf.rho)
 
-    def _rule(self, w, g, state, lr):
-        h, u = state
+    def _rule(self, w, g, buffers, lr):
+        h, u = buffers
         t = self._scratch(w)
         _moving_avg(h, self.rho, np.square(g, out=t), t)
         g *= _sqrt_plus(u, self.delta, t)
@@ -327,8 +329,8 @@ class AdamUpdater(Updater):
         self.beta1 = F32(proto.adam_conf.beta1)
         self.beta2 = F32(proto.adam_conf.beta2)
 
-    def _rule(self, w, g, state, lr):
-        h, u = state
+    def _rule(self, w, g, buffers, lr):
+        h, u = buffers
         t = self._scratch(w)
         _moving_avg(h, self.beta1, g, t)
         _moving_avg(u, self.beta2, np.square(g, out=t), t)
@@ -346,8 +348,8 @@ class AdamMaxUpdater(Updater):
         self.beta1 = F32(proto.adammax_conf.beta1)
         self.beta2 = F32(proto.adammax_conf.beta2)
 
-    def _rule(self, w, g, state, lr):
-        h, u = state
+    def _rule(self, w, g, buffers, lr):
+        h, u = buffers
         t = self._scratch(w)
         _moving_avg(h, self.beta1, g, t)
         u *= self.beta2

@@ -91,8 +91,8 @@ def _cmd_show(path):
         print(f"nworkers {r.nworkers}")
     if r.metrics:
         print("metrics " + _format_metrics(r.metrics))
-    if r.state is not None:
-        s = r.state
+    s = r.snapshot_state()
+    if s is not None:
         print(f"state: {len(s.param_state)} updater states, {len(s.rng)} RNGs, "
               f"{len(s.reader)} readers, lr_index {s.lr_index}")
     pieces = _pieces(r)

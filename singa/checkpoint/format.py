@@ -78,7 +78,7 @@ class CheckpointWriter:
 
     Crash-safe: both files go to temporary names, are flushed and fsynced, renamed, then the
     directory is fsynced. Leaving a `with` block by an exception writes nothing. Float32
-    arrays are not copied by `write`/`set_state`: their values are read by `close()`.
+    arrays are not copied by `write`/`set_snapshot_state`: their values are read by `close()`.
     """
 
     def __init__(self, prefix):
@@ -108,10 +108,10 @@ class CheckpointWriter:
         self._msg.name.append(name)
         self._arrays.append(a)
 
-    def set_state(self, state):
+    def set_snapshot_state(self, snap):
         """Store a `SnapshotState` in our fields (SINGA ignores them)."""
         self._param_state = [(name, [_float32(b) for b in buffers])
-                             for name, buffers in _state.encode(state, self._msg)]
+                             for name, buffers in _state.encode(snap, self._msg)]
 
     def close(self):
         """Write the binary file, then its `.meta`; returns the binary file's path."""
@@ -150,14 +150,15 @@ class CheckpointWriter:
             self.close()
 
 
-def write_file(path, params, state=None):
+def write_file(path, params, snapshot_state=None):
     """Write a snapshot file: `params` = iterable of (name, ndarray, version) or (name,
-    ndarray, version, piece) with piece as in `CheckpointWriter.write`; `state` optional."""
+    ndarray, version, piece) with piece as in `CheckpointWriter.write`; `snapshot_state` (a
+    SnapshotState) optional."""
     with CheckpointWriter(path) as w:
         for name, array, version, *piece in params:
             w.write(name, array, version, *piece)
-        if state is not None:
-            w.set_state(state)
+        if snapshot_state is not None:
+            w.set_snapshot_state(snapshot_state)
     return w.path
 
 
@@ -254,11 +255,6 @@ class CheckpointReader:
         self.nworkers = msg.nworkers if msg.HasField("nworkers") else None
         self.metrics = dict(zip(msg.metric_name, msg.metric_value))
 
-    @property
-    def state(self):
-        """The file's SnapshotState, or None when it carries none (SINGA's files)."""
-        return self.snapshot_state()
-
     def snapshot_state(self, buffers=True):
         """The file's SnapshotState (None for SINGA's files); without its updater buffers
         (`param_state` empty) unless `buffers`."""
@@ -292,12 +288,6 @@ class CheckpointReader:
     def param(self, name):
         """Values of param `name` as a new float32 array of its stored shape."""
         return _array(*self._contents.blobs[self._i(name)], copy=True)
-
-    def params(self):
-        """{name: (values, version)} of every param in the file."""
-        c = self._contents
-        return {n: (_array(*blob, copy=True), v)
-                for n, v, blob in zip(c.msg.name, c.msg.version, c.blobs)}
 
     def view(self, name):
         """The values of param `name` without a copy (read-only for our files)."""

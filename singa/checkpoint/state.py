@@ -6,6 +6,7 @@ between a SnapshotState and those fields (the buffers' values are framed by `for
 import dataclasses
 
 from singa.errors import CheckpointError
+from singa.numerics import rng_state_problem
 
 #: The BlobProtos fields of a SnapshotState: a file holding any of them must have a checksum.
 FIELDS = ("step", "param_state", "rng", "reader", "lr_index", "nworkers", "metric_name",
@@ -19,7 +20,7 @@ class SnapshotState:
     nworkers: int = 1
     lr_index: int = 0
     param_state: dict = dataclasses.field(default_factory=dict)  # name -> [updater buffers]
-    rng: dict = dataclasses.field(default_factory=dict)          # name -> PCG64 bit_generator.state
+    rng: dict = dataclasses.field(default_factory=dict)          # name -> numerics.rng_state(rng)
     reader: dict = dataclasses.field(default_factory=dict)       # name -> (offset, skipped)
     metrics: dict = dataclasses.field(default_factory=dict)      # test metric -> value
     evaluated: bool = False     # the step's test/validation ran before the snapshot was taken
@@ -33,11 +34,8 @@ def encode(state, msg):
     msg.lr_index = state.lr_index
     if state.evaluated:
         msg.evaluated = True
-    for name, st in state.rng.items():
-        msg.rng.add(name=name, bit_generator=st["bit_generator"],
-                    state=st["state"]["state"].to_bytes(16, "little"),
-                    inc=st["state"]["inc"].to_bytes(16, "little"),
-                    has_uint32=st["has_uint32"], uinteger=st["uinteger"])
+    for name, fields in state.rng.items():
+        msg.rng.add(name=name, **fields)
     for name, (offset, skipped) in state.reader.items():
         msg.reader.add(name=name, offset=offset, skipped=skipped)
     for name, value in state.metrics.items():
@@ -52,17 +50,14 @@ def decode(msg, param_state):
                           lr_index=msg.lr_index, evaluated=msg.evaluated,
                           metrics=dict(zip(msg.metric_name, msg.metric_value)),
                           param_state=param_state)
-    for r in msg.rng:
-        state.rng[r.name] = {"bit_generator": r.bit_generator,
-                             "state": {"state": int.from_bytes(r.state, "little"),
-                                       "inc": int.from_bytes(r.inc, "little")},
-                             "has_uint32": r.has_uint32, "uinteger": r.uinteger}
+    state.rng = {r.name: _rng_fields(r) for r in msg.rng}
     state.reader = {r.name: (r.offset, r.skipped) for r in msg.reader}
     return state
 
 
 def check(path, msg, shapes, buffer_shapes):
-    """Updater buffers have the shape of a param of the file; RNG states are numpy's PCG64.
+    """Updater buffers have the shape of a param of the file; RNG states are ones
+    `numerics.rng_state` gives.
 
     `shapes`: {param name: shape}; `buffer_shapes`: [(name, [shape of each buffer])]."""
     for name, bufs in buffer_shapes:
@@ -76,9 +71,11 @@ def check(path, msg, shapes, buffer_shapes):
                 raise CheckpointError(f"checkpoint {path}: updater state {i} of {name} has "
                                       f"shape {shape}, the param {shapes[name]}")
     for r in msg.rng:
-        if r.bit_generator != "PCG64":
-            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is for "
-                                  f"{r.bit_generator!r}, not PCG64")
-        if len(r.state) != 16 or len(r.inc) != 16 or r.has_uint32 not in (0, 1):
-            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} is not a PCG64 "
-                                  f"state (128-bit state and increment, has_uint32 0 or 1)")
+        why = rng_state_problem(_rng_fields(r))
+        if why is not None:
+            raise CheckpointError(f"checkpoint {path}: RNG state of {r.name} {why}")
+
+
+def _rng_fields(r):
+    """The fields of RngState `r` but its name, as a dict."""
+    return {f.name: getattr(r, f.name) for f in r.DESCRIPTOR.fields if f.name != "name"}

@@ -16,7 +16,7 @@ class StoreInputLayer(Layer):
     """Reads `batchsize` tuples per call from store_conf's store, wrapping around at its end.
 
     data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels. On the first
-    read it skips U{0..random_skip} tuples drawn from `rng`. `get_state` / `set_state` save
+    read it skips U{0..random_skip} tuples drawn from `rng`. `position` / `seek` save
     and restore the read position for bit-exact resume. Partition k of K on partition_dim 0
     with one batchsize B reads every batch of B and keeps its rows [k·B/K, (k+1)·B/K), so the K
     partitions together see the batches one worker sees (SINGA's partitions each read from
@@ -68,11 +68,11 @@ class StoreInputLayer(Layer):
         if self.std is not None:
             x /= self.std
 
-    def get_state(self):
-        """{"offset": byte offset of the next tuple, "skipped": whether random_skip was done}."""
-        return {"offset": 0 if self.store is None else self.store.tell(), "skipped": self.skipped}
+    def position(self):
+        """(byte offset of the next tuple, whether random_skip was done): where `seek` resumes."""
+        return 0 if self.store is None else self.store.tell(), self.skipped
 
-    def set_state(self, offset, skipped):
+    def seek(self, offset, skipped):
         """Continue reading at `offset`; a resumed reader does not skip again if `skipped`."""
         if self.store is None:
             self.store = open_store(self.backend, self.path, "read")

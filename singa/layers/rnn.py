@@ -71,7 +71,7 @@ class CharRNNLayer(Layer):
     (batchsize,)) with the indices of the characters at start_i + offset + l, then advances
     offset by unroll_len, back to 0 once it reaches ⌊len/batchsize⌋ (positions past the end of
     the text wrap to its start). Blob l feeds unrolled step l; blob l + 1 is its label.
-    Index = position of the byte in `vocab_path`. `get_state`/`set_state`: the offset.
+    Index = position of the byte in `vocab_path`. `position`/`seek`: the offset.
     """
 
     one_to_many = True
@@ -117,11 +117,11 @@ class CharRNNLayer(Layer):
         if self.offset >= self.max_offset:
             self.offset = 0
 
-    def get_state(self):
-        """{"offset": the text offset of the next call, "skipped": True} (no random skip)."""
-        return {"offset": self.offset, "skipped": True}
+    def position(self):
+        """(the text offset of the next call, True): no random skip to remember."""
+        return self.offset, True
 
-    def set_state(self, offset, skipped):
+    def seek(self, offset, skipped):
         self.offset = offset
 
 

@@ -85,9 +85,9 @@ def test_damaged_snapshots_are_skipped_with_reasons(mlp_job, run_driver, tmp_pat
     data[len(data) // 2] ^= 0x10                                           # one flipped bit
     step[50].write_bytes(bytes(data))
     r = checkpoint.CheckpointReader(str(step[40]))                         # a lost worker file:
-    state = r.state                                                        # the snapshot says 2
+    state = r.snapshot_state()                                             # the snapshot says 2
     state.nworkers = 2
-    checkpoint.write_file(str(step[40]), [(n, a, v) for n, (a, v) in r.params().items()], state)
+    checkpoint.write_file(str(step[40]), [(n, r.param(n), r.version(n)) for n in r.names], state)
     (folder / "step30-worker0.meta").unlink()                              # no .meta to compare
     step[30].write_bytes(step[30].read_bytes()[:-3])
 

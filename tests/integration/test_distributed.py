@@ -270,8 +270,8 @@ def test_resume_in_one_process_gives_every_server_group_the_snapshots_updater_st
                                               history[offset:offset + size],
                                               err_msg=f"server group {server.grp}, {p.name}")
     readers = {w.grp: w.train_net.input_layers()[0] for w in process.workers}
-    assert readers[0].get_state()["offset"] == snapshot.reader[f"train/{readers[0].name}"][0]
-    assert readers[1].get_state()["offset"] == 0
+    assert readers[0].position()[0] == snapshot.reader[f"train/{readers[0].name}"][0]
+    assert readers[1].position()[0] == 0
 
 
 def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is_exact(

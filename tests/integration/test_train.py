@@ -93,7 +93,8 @@ def test_same_seed_gives_identical_runs_and_no_seed_differs(fixture_job, run_dri
         r = run_driver(conf)
         assert r.returncode == 0, r.stderr
         snap = tmp_path / name / "checkpoint" / "step200-worker0.bin"
-        return metrics(messages(r.stderr)), CheckpointReader(str(snap)).params()
+        c = CheckpointReader(str(snap))
+        return metrics(messages(r.stderr)), {n: (c.param(n), c.version(n)) for n in c.names}
 
     a_log, a_params = run("a", "seed: 42\n")
     b_log, b_params = run("b", "seed: 42\n")

@@ -8,6 +8,7 @@ import numpy as np
 
 import singa
 from singa import checkpoint as ckpt
+from singa.numerics import rng_state
 
 FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
@@ -42,7 +43,7 @@ def state(step=5, nworkers=1, **kw):
     return ckpt.SnapshotState(
         step=step, nworkers=nworkers, lr_index=2,
         param_state={"0#w1": [np.full((4, 3), 0.5, np.float32)]},
-        rng={"worker0": rng.bit_generator.state}, reader={"data": (1234, True)}, **kw)
+        rng={"worker0": rng_state(rng)}, reader={"data": (1234, True)}, **kw)
 
 
 def snapshot(folder, step, nworkers=1, metrics=None, workers=None):
@@ -53,6 +54,11 @@ def snapshot(folder, step, nworkers=1, metrics=None, workers=None):
         if w:
             st.param_state = {}
         ckpt.write_file(ckpt.snapshot_file(folder, step, w), params(step) if w == 0 else [], st)
+
+
+def values_and_versions(reader):
+    """{name: (values, version)} of every param of a CheckpointReader's file."""
+    return {n: (reader.param(n), reader.version(n)) for n in reader.names}
 
 
 def cli(*args):

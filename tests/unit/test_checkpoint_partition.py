@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import singa
+from checkpoint_helpers import values_and_versions
 from singa import checkpoint as ckpt
 from singa.errors import CheckpointError
 from singa.param import Param
@@ -48,7 +49,7 @@ def singa_partitioned(tmp_path):
     """SINGA's 2-worker snapshot of the fixture's MLP with ip1 on partition_dim 1: rows of
     0#weight1 and 0#bias1 split between the worker files under one name; ip2 (partition 0's)
     whole in worker 0's file."""
-    whole = ckpt.CheckpointReader(SINGA_STEP200).params()
+    whole = values_and_versions(ckpt.CheckpointReader(SINGA_STEP200))
     folder = tmp_path / "ws" / "checkpoint"
     folder.mkdir(parents=True)
     w1, b1 = whole["0#weight1"][0], whole["0#bias1"][0]

@@ -15,6 +15,7 @@ from gradcheck import make_layer
 from singa import checkpoint, config
 from singa.errors import SingaError
 from singa.io.kvfile import KVFile
+from singa.numerics import rng_state, set_rng_state
 from singa.proto import job_pb2
 
 # Deterministic (the same examples in every run) and bounded: the file runs in a few seconds.
@@ -46,10 +47,11 @@ def read_checkpoint(path):
     r = checkpoint.CheckpointReader(path)
     for name, shape, _, _ in r.meta():
         assert isinstance(name, str) and r.param(name).shape == shape
-    if r.state is not None:
-        assert all(isinstance(name, str) for name in r.state.param_state)
-        for st in r.state.rng.values():
-            np.random.PCG64().state = st
+    snap = r.snapshot_state()
+    if snap is not None:
+        assert all(isinstance(name, str) for name in snap.param_state)
+        for st in snap.rng.values():
+            set_rng_state(np.random.default_rng(), st)
 
 
 def good_checkpoint():
@@ -58,7 +60,7 @@ def good_checkpoint():
               ("0#b", np.zeros(3, np.float32), 4)]
     state = checkpoint.SnapshotState(
         step=4, param_state={"0#w": [np.ones((3, 2), np.float32)]},
-        rng={"train": rng.bit_generator.state}, reader={"train/data": (120, True)},
+        rng={"train": rng_state(rng)}, reader={"train/data": (120, True)},
         metrics={"accuracy": 0.5})
     return params, state
 

@@ -109,18 +109,18 @@ def test_record_input_random_skip_draws_from_the_layer_rng(shard):
     np.testing.assert_array_equal(layer.data[0], xs[skip])
 
 
-def test_record_input_state_resumes_at_the_same_record_without_skipping_again(shard):
+def test_record_input_resumes_at_its_position_without_skipping_again(shard):
     path, _ = shard
     store = 'backend: "kvfile" batchsize: 3 shape: 4 random_skip: 6'
     first = record_input(path, store, seed=1)
-    assert first.get_state() == {"offset": 0, "skipped": False}
+    assert first.position() == (0, False)
     for _ in range(2):
         first.compute_feature(TRAIN, [])
-    state = first.get_state()
-    assert state["skipped"] and state["offset"] > 0
+    offset, skipped = first.position()
+    assert skipped and offset > 0
     first.compute_feature(TRAIN, [])
     resumed = record_input(path, store, seed=2)
-    resumed.set_state(**state)
+    resumed.seek(offset, skipped)
     resumed.compute_feature(TRAIN, [])
     np.testing.assert_array_equal(resumed.data, first.data)
     np.testing.assert_array_equal(resumed.aux_data, first.aux_data)

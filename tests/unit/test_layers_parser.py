@@ -52,7 +52,7 @@ def test_shard_data_position_is_saved_and_restored(tmp_path):
     path = write_shard(tmp_path / "shard", pixels(5, (2, 2)), range(5))
     a, b = shard_data(path), shard_data(path)
     a.compute_feature(TRAIN, [])
-    b.set_state(**a.get_state())
+    b.seek(*a.position())
     a.compute_feature(TRAIN, [])
     b.compute_feature(TRAIN, [])
     assert list(b.aux_data) == list(a.aux_data) == [2, 3]

@@ -39,7 +39,7 @@ def test_char_rnn_fills_unroll_len_plus_one_blobs_of_each_stream(text):
         for l, got in enumerate(layer.datavec):
             want = [index[chars[(s * 13 + offset + l) % 26]] for s in range(2)]
             assert got.tolist() == want, (offset, l)
-    assert layer.get_state() == {"offset": 3, "skipped": True}
+    assert layer.position() == (3, True)
 
 
 def test_char_rnn_rejects_a_character_missing_from_the_vocabulary(text):

@@ -27,7 +27,7 @@ layer {{ name: "loss" type: kSoftmaxLoss srclayers: "ip2" srclayers: "data" part
 
 def make(text, parts):
     conf = text_format.Parse(text, job_pb2.NetProto())
-    return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, 0, parts)
+    return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, parts)
 
 
 class LocalChannel:

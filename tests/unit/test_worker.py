@@ -71,7 +71,7 @@ def make_net(text, phase, tmp_path):
 
 def summed_loss(net):
     """Σ over the unrolled loss layers of mean_n −log p[label_n], recomputed from their outputs."""
-    net.by_name["0#data"].set_state(0, True)
+    net.by_name["0#data"].seek(0, True)
     net.forward(kTrain | kForward)
     total = 0.0
     for t in range(3):
@@ -87,7 +87,7 @@ def test_bptt_gradients_are_those_of_the_loss_summed_over_unrolled_steps(tmp_pat
         "0#gru", "split(0#gru)", "1#gru", "split(1#gru)", "2#gru"]
     worker = LocalBPTTWorker(net)
     for _ in range(2):   # the second batch must not add to the first one's gradients
-        net.by_name["0#data"].set_state(0, True)
+        net.by_name["0#data"].seek(0, True)
         worker.train_one_batch(0)
     assert worker.updated == 2 * [p.name for p in net.owner_params]
     assert all(p.name.startswith("0#") for p in net.owner_params) and len(net.owner_params) == 11
