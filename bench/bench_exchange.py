@@ -123,7 +123,7 @@ class Ours:
 
     def close(self):
         from singa.comm import msg as m
-        self.worker.dealer.send(m.Msg(self.worker.address, m.addr(-1, -1, m.kStub), m.kStop))
+        self.worker.dealer.send(m.Msg(self.worker.address, m.STUB, m.kStop))
         self.stub.join(timeout=30)
         self.process.close()
         self.conn.send("stop")

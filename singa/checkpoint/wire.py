@@ -16,34 +16,34 @@ PARAM_STATE_TAG = b"\xea\x12"      # BlobProtos.param_state, field 301, length-d
 
 
 def payload(msg, arrays, param_state):
-        """The BlobProtos `msg` (every field but the values) with the param values `arrays` (entry
-i of blob) and the updater buffers `param_state` ([(name, [arrays])], field 301), as
-bytes-like pieces, the values as views of the arrays.
+    """The BlobProtos `msg` (every field but the values) with the param values `arrays` (entry
+    i of blob) and the updater buffers `param_state` ([(name, [arrays])], field 301), as
+    bytes-like pieces, the values as views of the arrays.
 
-        The same bytes as `SerializeToString` of the whole message, which orders fields by
-        number: 3 and 4 (versions, names), 5 (blobs), 300, 301 (updater state), 302-308. The
-        parts without values are serialized by protobuf; blobs and ParamStates are framed by
-        hand (field tag, length varint) because protobuf encodes packed floats one by one.
-        """
-        m = msg
-        yield common_pb2.BlobProtos(version=m.version, name=m.name).SerializeToString()
-        for a in arrays:
-            yield from blob_pieces(BLOB_TAG, a)
-        if m.HasField("step"):
-            yield common_pb2.BlobProtos(step=m.step).SerializeToString()
-        for name, buffers in param_state:
-            head = common_pb2.ParamState(name=name).SerializeToString()
-            blobs = [list(blob_pieces(BUFFER_TAG, b)) for b in buffers]
-            size = len(head) + sum(len(p) if isinstance(p, bytes) else p.nbytes
-                                   for pieces in blobs for p in pieces)
-            yield PARAM_STATE_TAG + varint(size) + head
-            for pieces in blobs:
-                yield from pieces
-        rest = common_pb2.BlobProtos()
-        rest.CopyFrom(m)
-        for field in ("version", "name", "step"):
-            rest.ClearField(field)
-        yield rest.SerializeToString()
+    The same bytes as `SerializeToString` of the whole message, which orders fields by
+    number: 3 and 4 (versions, names), 5 (blobs), 300, 301 (updater state), 302-309. The
+    parts without values are serialized by protobuf; blobs and ParamStates are framed by
+    hand (field tag, length varint) because protobuf encodes packed floats one by one.
+    """
+    m = msg
+    yield common_pb2.BlobProtos(version=m.version, name=m.name).SerializeToString()
+    for a in arrays:
+        yield from blob_pieces(BLOB_TAG, a)
+    if m.HasField("step"):
+        yield common_pb2.BlobProtos(step=m.step).SerializeToString()
+    for name, buffers in param_state:
+        head = common_pb2.ParamState(name=name).SerializeToString()
+        blobs = [list(blob_pieces(BUFFER_TAG, b)) for b in buffers]
+        size = len(head) + sum(len(p) if isinstance(p, bytes) else p.nbytes
+                               for pieces in blobs for p in pieces)
+        yield PARAM_STATE_TAG + varint(size) + head
+        for pieces in blobs:
+            yield from pieces
+    rest = common_pb2.BlobProtos()
+    rest.CopyFrom(m)
+    for field in ("version", "name", "step"):
+        rest.ClearField(field)
+    yield rest.SerializeToString()
 
 
 def blob_pieces(tag, a):
