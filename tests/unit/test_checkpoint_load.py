@@ -22,14 +22,27 @@ def test_a_resume_reads_its_snapshot_once_from_verifying_to_loading(tmp_path, mo
     job.cluster.workspace = str(tmp_path / "ws")
     job.train_steps, job.checkpoint_freq, job.test_steps, job.seed = 20, 10, 0, 3
     session.train(session.prepare(job), progress=False)
-    loads = []
+    loads, resumed = [], {}
     load = ckpt_format._load
     monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
+    load_params = ckpt.load_params
+
+    def recording_load_params(files, params, **kw):
+        loaded = load_params(files, params, **kw)
+        resumed.update({name: (p.data.copy(), p.version) for name, p in params.items()})
+        return loaded
+    monkeypatch.setattr(ckpt, "load_params", recording_load_params)
     job.train_steps = 25
     history = session.train(session.prepare(job), resume=True, progress=False)
-    assert loads == [str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin")]
+    snapshot = str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin")
+    assert loads == [snapshot]
     assert history["train"][0][0] == 20
     assert all(s.readers == {} for s in ckpt.list_snapshots(str(tmp_path / "ws" / "checkpoint")))
+    r = ckpt.CheckpointReader(snapshot)                      # the values the workers resumed from
+    assert sorted(resumed) == sorted(r.names)
+    for name in r.names:
+        np.testing.assert_array_equal(resumed[name][0], r.param(name))
+        assert resumed[name][1] == r.version(name)
 
 
 def test_resolve_latest_best_prefix_and_missing(tmp_path):
