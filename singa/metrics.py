@@ -8,7 +8,12 @@ validates); the log, the plot, the console and History show group 0's. Rows are 
 flushed as they happen, so a resumed job continues the file and other processes (the Python
 API's launcher) read it while it grows; the processes of one job on one host share the file,
 each write under an exclusive lock (one header, whole rows).
-The same events go to TensorBoard event files (`singa.tensorboard`) when tensorboardX is there.
+The same events go to TensorBoard event files (`singa.tensorboard`) when tensorboardX is there,
+a folder per run (`run_name`).
+
+A workspace's file holds every run made in it. `runs` cuts it into runs and `newest_run`
+picks the newest with the runs it continued (a -resume), which the plot and TensorBoard show
+by default: a fresh re-run is not mixed with an earlier run's rows.
 """
 import csv
 import fcntl
@@ -39,6 +44,7 @@ class Reporter:
         self.listener, self.on_snapshot = listener, on_snapshot
         self.lock = threading.Lock()
         self.file = None
+        self.run = None         # run_name of this run, known at its first event
         self.events = None      # the TensorBoard EventWriter, once the first event came
         self.started = time.monotonic()
         self.last = {}          # phase -> (step, {metric: value}) of group 0's latest event
@@ -53,17 +59,23 @@ class Reporter:
         with self.lock:
             if self.file is None:
                 self.file = open(self.path, "a", newline="")
-                self.events = EventWriter.open(self.workspace, logging.getLogger("singa").info)
             rows = [(self.job_id, group, step, phase, name.lower(), repr(float(value)),
                      f"{now:.3f}") for name, value in values.items()]
             fcntl.flock(self.file, fcntl.LOCK_EX)
             try:
+                first = self.run is None
+                if first:               # which run of the workspace this is
+                    mine = dict(zip(FIELDS, rows[0]), step=step, wall_time=float(rows[0][-1]))
+                    self.run = run_name(newest_run(read_rows(self.path) + [mine]))
                 if os.fstat(self.file.fileno()).st_size == 0:
                     rows.insert(0, FIELDS)
                 csv.writer(self.file).writerows(rows)
                 self.file.flush()
             finally:
                 fcntl.flock(self.file, fcntl.LOCK_UN)
+            if first:
+                self.events = EventWriter.open(self.workspace, logging.getLogger("singa").info,
+                                               self.run)
             if self.events is not None:
                 self.events.scalars(group, step, phase, values, now)
         if group != 0:
@@ -131,6 +143,45 @@ def read_rows(path, job_id=None):
         if job_id is None or row["job"] == job_id:
             rows.append(row)
     return rows
+
+
+def runs(rows):
+    """metrics.csv `rows` (in file order) cut into runs, [[row]]: a run is the rows of one job
+    (several processes of a job write into one file) until a group's step goes back or a row
+    repeats, which starts another (jobs run in-process, through the Python API, all have job
+    id -1). A resume cut off its run begins above step 0, so `newest_run` joins them again."""
+    out, last, seen = [], {}, set()
+    for row in rows:
+        key = (row["group"], row["phase"], row["step"], row["metric"])
+        if not out or row["job"] != out[-1][0]["job"] or key in seen \
+                or row["step"] < last.get(row["group"], 0):
+            out.append([])
+            last, seen = {}, set()
+        out[-1].append(row)
+        last[row["group"]] = row["step"]
+        seen.add(key)
+    return out
+
+
+def newest_run(rows):
+    """The rows of the newest run of metrics.csv `rows` and of the runs it continued: a run
+    that begins above step 0 resumed the run before it (a fresh start begins at step 0, or at
+    the conf's `step`, which reads as a resume), and so on back."""
+    cut = runs(rows)
+    first = len(cut) - 1
+    while first > 0 and min(r["step"] for r in cut[first]) > 0:
+        first -= 1
+    return [r for run in cut[first:] for r in run]
+
+
+def run_name(rows):
+    """The name of the run `rows` (what `newest_run` returns) continue: the UTC time of its
+    first row, to the millisecond metrics.csv keeps, and its job id
+    (`20261125-034436.722-job12`); a -resume gets the name of the run it continues."""
+    first = rows[0]
+    seconds, ms = divmod(round(first["wall_time"] * 1000), 1000)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(seconds)) + f".{ms:03d}"
+    return f"{stamp}-job{first['job']}" if first["job"] >= 0 else stamp
 
 
 class History:

@@ -1,10 +1,11 @@
 """What `bin/singa-plot.sh` runs: the curves of a workspace's metrics.csv as a PNG.
 
-    python -m singa.plot <workspace> [-o curves.png] [-job ID]
+    python -m singa.plot <workspace> [-o curves.png] [-job ID | -all]
 
 One panel per metric (loss, accuracy, ppl, ...), a line per phase (train, validation, test)
-over the steps; perplexity on a log scale. Rows of every job in the file unless `-job` picks
-one (a resumed job continues its curve; where runs repeat a step, the later row wins).
+over the steps; perplexity on a log scale. The rows of the workspace's newest run and of the
+runs it resumed (`metrics.newest_run`: an earlier fresh run is left out), or of job `-job`,
+or of every job in the file with `-all`; where runs repeat a step, the later row wins.
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
 import argparse
@@ -69,7 +70,10 @@ def main(argv=None):
                                  "curves (metrics.csv) as a PNG.")
     ap.add_argument("workspace")
     ap.add_argument("-o", dest="out", help="the PNG to write (default <workspace>/curves.png)")
-    ap.add_argument("-job", type=int, help="only the rows of this job id")
+    which = ap.add_mutually_exclusive_group()
+    which.add_argument("-job", type=int, help="only the rows of this job id")
+    which.add_argument("-all", action="store_true", help="the rows of every run in the file "
+                       "(default: the newest run and the runs it resumed)")
     args = ap.parse_args(argv)
     try:
         path = os.path.join(args.workspace, metrics.FILE)
@@ -82,6 +86,8 @@ def main(argv=None):
         of_job = f" of job {args.job}" if args.job is not None else ""
         if not rows:
             raise SingaError(f"{path}: no rows{of_job}")
+        if args.job is None and not args.all:
+            rows = metrics.newest_run(rows)
         rows = [r for r in rows if r["group"] == 0]       # the curves are worker group 0's
         if not rows:
             raise SingaError(f"{path}: no rows of worker group 0{of_job}")

@@ -1,11 +1,13 @@
-"""TensorBoard event files of a job: `<workspace>/tensorboard/`, so that
-`tensorboard --logdir <workspace>` shows its train, validation and test curves.
+"""TensorBoard event files of a job: `<workspace>/tensorboard/<run>/`, so that
+`tensorboard --logdir <workspace>` shows its train, validation and test curves, each fresh
+run of the workspace apart (a -resume continues its run's folder; `singa.metrics.run_name`).
 
 Written with tensorboardX (pure Python; the optional extra `singa[tensorboard]`). A scalar per
 metric and event, tagged `<phase>/<metric>` (`train/loss`, `test/accuracy`; spaces become `_`;
 worker groups other than 0 add `/group<g>`), at the event's step and wall time.
 """
 import os
+import time
 
 import singa
 
@@ -35,14 +37,18 @@ class EventWriter:
         self.writer = summary_writer
 
     @classmethod
-    def open(cls, workspace, log):
-        """A writer, or None (after `log(hint())`) when tensorboardX is not installed."""
+    def open(cls, workspace, log, run=""):
+        """A writer into `<workspace>/tensorboard/<run>`, or None (after `log(hint())`) when
+        tensorboardX is not installed."""
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
             log(hint())
             return None
-        return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER), flush_secs=10))
+        # tensorboardX names a file by the second: the suffix keeps a second writer of the
+        # same second (a run resumed at once) from truncating the first's file
+        return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER, run), flush_secs=10,
+                                 filename_suffix=f".{time.time_ns()}"))
 
     def scalars(self, group, step, phase, values, wall_time=None):
         """{metric: value} of `phase` at `step` by worker group `group`, at `wall_time`

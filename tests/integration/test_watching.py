@@ -88,7 +88,8 @@ def test_tensorboard_events_hold_the_metrics_csv_curves(tmp_path):
     job.neuralnet.layer[1].include.append(job_pb2.kVal)
     session.train(session.prepare(job), progress=False)
     rows = metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
-    events = EventAccumulator(str(tmp_path / "ws" / "tensorboard"))
+    (run,) = (tmp_path / "ws" / "tensorboard").iterdir()        # one run: one folder
+    events = EventAccumulator(str(run))
     events.Reload()
     tags = events.Tags()["scalars"]
     assert sorted(tags) == sorted({f"{r['phase']}/{r['metric']}" for r in rows}) == [
@@ -148,3 +149,26 @@ def test_each_downpour_group_writes_its_train_rows_the_log_shows_group_0(tmp_pat
     assert [s for s, _ in history["train"]] == [0, 20, 40]
     text = (tmp_path / "ws" / f"{job.name}.log").read_text()
     assert len(re.findall(r"\] Train @ step \d+  ", text)) == 3
+
+
+def test_tensorboard_keeps_a_fresh_rerun_apart_and_a_resume_in_its_runs_folder(tmp_path):
+    """A folder per run under <workspace>/tensorboard: a -resume continues the folder of the
+    run it resumes, a fresh run in the same workspace gets its own."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ws = tmp_path / "ws"
+    job = fixture_proto(ws, train_steps=40, test_freq=20, checkpoint_freq=0, seed=4)
+    session.train(session.prepare(job), progress=False)
+    job.train_steps = 60
+    session.train(session.prepare(job), resume=True, progress=False)
+    job.train_steps = 20
+    session.train(session.prepare(job), progress=False)
+    folders = sorted((ws / "tensorboard").iterdir())
+    assert len(folders) == 2
+    steps = []
+    for folder in folders:
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        steps.append(sorted({e.step for e in events.Scalars("train/loss")}))
+    assert steps == [[0, 20, 40], [0]]      # display every 20 steps
+    assert folders[1].name == metrics.run_name(metrics.newest_run(
+        metrics.read_rows(str(ws / "metrics.csv"))))

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import singa
-from singa import plot
+from singa import metrics, plot
 from singa.metrics import Reporter, read_rows
 
 
@@ -81,3 +81,42 @@ def test_the_script_runs(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert png_size(tmp_path / "curves.png") == (plot.WIDTH, plot.ROW_HEIGHT)
+
+
+def rows_of(*runs):
+    """metrics.csv rows of `runs`, each (job id, first step, last step), a train row every 10."""
+    return [dict(job=job, group=0, step=s, phase="train", metric="loss", value=1.0,
+                 wall_time=1.0) for job, first, last in runs for s in range(first, last + 1, 10)]
+
+
+def test_runs_and_the_newest_run_with_those_it_resumed():
+    # jobs of ZooKeeper: 2 resumed 1 (it starts at step 20), 3 is a fresh re-run
+    rows = rows_of((1, 0, 40), (2, 20, 60), (3, 0, 20))
+    assert [{r["job"] for r in run} for run in metrics.runs(rows)] == [{1}, {2}, {3}]
+    assert {r["job"] for r in metrics.newest_run(rows)} == {3}
+    assert {r["job"] for r in metrics.newest_run(rows[:-3])} == {1, 2}
+    # jobs run in-process all have id -1: a step going back or a repeated row starts a run;
+    # one that starts above step 0 continues the one before
+    rows = rows_of((-1, 0, 40), (-1, 40, 60), (-1, 0, 20), (-1, 10, 30))
+    assert [len(run) for run in metrics.runs(rows)] == [5, 3, 3, 3]
+    assert [r["step"] for r in metrics.newest_run(rows)] == [0, 10, 20, 10, 20, 30]
+    assert metrics.newest_run(rows[:8]) == rows[:8]
+    rows = rows_of((-1, 0, 0), (-1, 0, 10))      # a fresh re-run after a run of one display
+    assert [r["step"] for r in metrics.newest_run(rows)] == [0, 10]
+    assert metrics.run_name(rows_of((12, 0, 0))) == "19700101-000001.000-job12"
+    assert metrics.run_name([dict(rows[0], wall_time=1764042276.7225)]) == \
+        "20251125-034436.722"
+
+
+def test_a_fresh_rerun_is_drawn_alone_unless_all(tmp_path):
+    write_metrics(tmp_path)                 # job 1, then job 2 resumed at step 20
+    r = Reporter(str(tmp_path), 3)          # a fresh re-run in the same workspace
+    for s in (0, 10):
+        r.metrics(0, s, "train", {"loss": 5.0, "accuracy": 0.5})
+    r.close()
+    r = run(tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{tmp_path / 'curves.png'}: accuracy, loss (train), steps 0 to 10\n"
+    r = run(tmp_path, "-all")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"{tmp_path / 'curves.png'}: accuracy, loss (test, train), steps 0 to 40\n"

@@ -15,10 +15,14 @@ from test_plot import png_size, run, write_metrics
 HEADER = "job,group,step,phase,metric,value,wall_time\n"
 
 
-def scalars_of(workspace):
-    """{tag: [(step, value, wall_time)]} of the event files in `<workspace>/tensorboard/`."""
+def scalars_of(workspace, run=""):
+    """{tag: [(step, value, wall_time)]} of the event files in `<workspace>/tensorboard/<run>`
+    (the one run's folder when `run` is None)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(os.path.join(str(workspace), "tensorboard"))
+    folder = os.path.join(str(workspace), "tensorboard", run if run is not None else "")
+    if run is None:
+        (folder,) = [e.path for e in os.scandir(folder)]
+    events = EventAccumulator(folder)
     events.Reload()
     return {tag: [(e.step, e.value, e.wall_time) for e in events.Scalars(tag)]
             for tag in events.Tags()["scalars"]}
@@ -51,7 +55,7 @@ def test_a_reporter_writes_each_metrics_csv_row_as_a_scalar(tmp_path):
     r.metrics(0, 5, "test", {"accuracy": 0.75})
     r.close()
     rows = read_rows(str(tmp_path / "metrics.csv"))
-    got = scalars_of(tmp_path)
+    got = scalars_of(tmp_path, None)
     assert sorted(got) == ["test/accuracy", "train/loss", "train/squared_error"]
     for row in rows:
         (step, value, wall_time), = got[f"{row['phase']}/{row['metric'].replace(' ', '_')}"]
