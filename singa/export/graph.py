@@ -94,8 +94,11 @@ def read(conf_path, snapshot, target="ONNX"):
     mismatch is a one-line SingaError."""
     job = config.load_job(os.path.abspath(conf_path), check_paths=False)
     _check_types(job.neuralnet, conf_path, target)
-    net = NeuralNet(deploy_net(job.neuralnet, conf_path), job_pb2.kTest,
-                    np.random.default_rng(0))
+    try:
+        net = NeuralNet(deploy_net(job.neuralnet, conf_path), job_pb2.kTest,
+                        np.random.default_rng(0))
+    except ConfigError as e:        # a layer's own check: name the conf too
+        raise ConfigError(f"{conf_path}: {e}") from None
     ops, alias = [], {}
     for layer in net.layers:
         op = _op(net, layer, alias, conf_path, target)

@@ -1,4 +1,5 @@
-"""A job's test net with a snapshot's values as an ONNX model (opset 17, standard ops only).
+"""A job's test net with a snapshot's values as an ONNX model (opset 17, standard ops only;
+opset 22 for a ceil_mode pooling whose last window would start in the padding).
 
 Each op of `graph.read` becomes nodes whose outputs onnxruntime computes as our layers do:
 Convolution → Conv (W as (F, C/group, kh, kw)); Pooling → MaxPool / AveragePool with our
@@ -22,7 +23,11 @@ from singa.proto import job_pb2
 
 __all__ = ["OPSET", "to_onnx", "write"]
 
+#: the opset written, or DROPPED_WINDOW_OPSET for a net that needs its pooling rule
 OPSET = 17
+#: from opset 22 on, MaxPool and AveragePool with ceil_mode ignore a last window that would
+#: start in the right padding, as Caffe and our `ceil_mode` do; before, they pool it
+DROPPED_WINDOW_OPSET = 22
 
 
 def _onnx():
@@ -60,11 +65,23 @@ def to_onnx(model, batch=None, extra_outputs=()):
                                                   if x not in model.outputs]]
     graph = onnx.helper.make_graph(b.nodes, model.name or "singa", inputs, outputs,
                                    b.initializers)
+    opset = DROPPED_WINDOW_OPSET if any(map(_drops_a_window, model.ops)) else OPSET
     proto = onnx.helper.make_model(graph, producer_name="singa", producer_version="0.3",
-                                   opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+                                   opset_imports=[onnx.helper.make_opsetid("", opset)],
                                    doc_string=f"{model.conf_path}, snapshot step {model.step}")
-    proto.ir_version = 8        # opset 17's; onnxruntime reads it
+    proto.ir_version = 8 if opset < 22 else 10      # the oldest that holds the opset
     return proto
+
+
+def _drops_a_window(op):
+    """Whether a ceil_mode pooling op has fewer outputs than ceil((H + 2p − k)/s) + 1 on an
+    axis: Caffe's rule left out a last window starting in the padding."""
+    if op.type != "Pooling" or not op.conf.pooling_conf.ceil_mode:
+        return False
+    kh, kw, ph, pw, sh, sw = window(op.conf.pooling_conf)
+    h, w = op.in_shapes[0][-2:]
+    return any(o < -(-(n + 2 * p - k) // s) + 1
+               for o, n, k, p, s in ((op.shape[2], h, kh, ph, sh), (op.shape[3], w, kw, pw, sw)))
 
 
 class _Builder:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from export_helpers import fresh_snapshot, write_conf
-from singa.checkpoint.format import CheckpointReader
+from singa.checkpoint.format import CheckpointReader, write_file
 from singa.export import cli, graph
 from singa.export import onnx as export_onnx
 
@@ -88,9 +88,11 @@ neuralnet {
 """
 
 
-def compare(conf, snapshot, tmp_path, batch=None, inputs=None):
+def compare(conf, snapshot, tmp_path, inputs=None, snapshot_needed=True):
     """Export through the CLI, check the model, run it in onnxruntime with every op as an
     output, and return {op name: max |ours − onnxruntime|} (asserting shapes agree)."""
+    if not snapshot_needed:         # a net without params: an empty snapshot file
+        write_file(str(tmp_path / "step1-worker0"), [])
     out = tmp_path / "model.onnx"
     assert cli.main(["onnx", str(conf), str(snapshot), "-o", str(out)]) == 0
     onnx.checker.check_model(onnx.load(out), full_check=True)
@@ -132,6 +134,7 @@ def test_caffes_rules_carry_over_layer_by_layer(pool_type, ceil, tmp_path):
     shapes = {op.name: op.shape for op in model.ops}
     assert shapes["pool1"] == (8, 12, 4, 4)
     assert shapes["pool2"] == ((8, 16, 3, 3) if ceil else (8, 16, 2, 2))
+    assert onnx.load(tmp_path / "model.onnx").opset_import[0].version == 17
     assert max(diffs.values()) < TOLERANCE, diffs
 
 
@@ -183,3 +186,39 @@ def test_unsupported_layer_is_one_line_naming_it(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err == f"singa-export: {conf}: layer 'sm' (kBM) has no ONNX equivalent\n"
     assert not (tmp_path / "x.onnx").exists()
+
+
+POOLS = """
+name: "pools"
+train_steps: 1
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.01 } }
+cluster { workspace: "WORKSPACE" }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "nowhere.bin" batchsize: 2 shape: 2 shape: 5 shape: 7 } }
+  layer { name: "max" type: kCPooling srclayers: "data"
+    pooling_conf { pool: MAX kernel: 2 stride: 2 pad: 1 ceil_mode: true } }
+  layer { name: "avg" type: kCPooling srclayers: "data"
+    pooling_conf { pool: AVG kernel: 2 stride: 2 pad: 1 ceil_mode: true } }
+  layer { name: "rect" type: kPooling srclayers: "data"
+    pooling_conf { pool: AVG kernel_y: 3 kernel_x: 2 stride_y: 2 stride_x: 3 pad_y: 1
+                   ceil_mode: true } }
+  layer { name: "cudnn" type: kCudnnPool srclayers: "data"
+    pooling_conf { pool: AVG kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
+  layer { name: "cat" type: kConcate srclayers: "max" srclayers: "avg"
+    concate_conf { concate_dim: 1 num_concates: 2 } }
+}
+"""
+
+
+def test_ceil_pooling_drops_a_last_window_starting_in_the_padding_as_onnxruntime(tmp_path):
+    # 5 rows, k 2, s 2, p 1: ceil gives 4 windows, the last would start at row 5 = H: 3
+    conf = write_conf(tmp_path, POOLS)
+    model, diffs = compare(conf, tmp_path, tmp_path, snapshot_needed=False)
+    shapes = {op.name: op.shape for op in model.ops}
+    assert shapes["max"] == (2, 2, 3, 4) and shapes["rect"] == (2, 2, 3, 3)
+    # before opset 22, ONNX pooling keeps that window
+    assert onnx.load(tmp_path / "model.onnx").opset_import[0].version == 22
+    assert sorted(model.outputs) == ["cat", "cudnn", "rect"]
+    assert max(diffs.values()) < TOLERANCE, diffs
