@@ -35,6 +35,12 @@ class ClusterRuntime:
         """The endpoint of process `procs_id`, waiting up to `timeout` s for it to register."""
         raise NotImplementedError
 
+    def known_endpoints(self):
+        """{procs id: "host:port"} of the processes this one has learned the endpoints of
+        (those it has asked `proc_endpoint` for), without asking anyone: what a time-out
+        names when ZooKeeper cannot tell."""
+        return {}
+
     def watch_procs(self, on_lost):
         """Call `on_lost(text)` once when a process of the job goes away without `proc_done`."""
         raise NotImplementedError
@@ -123,6 +129,7 @@ class ZKClusterRuntime(ClusterRuntime):
         self.path = job_path(job_id)
         self.acl = trust.zk_acl if trust is not None else None
         self.procs_id = None    # once registered
+        self.endpoints = {}     # procs id -> "host:port", as read (fixed for the job's run)
 
     def reserve_proc(self):
         """The rank of this process's proc-lock node is its procs id."""
@@ -156,6 +163,10 @@ class ZKClusterRuntime(ClusterRuntime):
         return procs_id
 
     def proc_endpoint(self, procs_id, timeout=None):
+        """Read once: a process registers its endpoint once per run, and a time-out later
+        names it from here when ZooKeeper is away."""
+        if procs_id in self.endpoints:
+            return self.endpoints[procs_id]
         zk = self.zk
         path = f"{self.path}/proc/proc-{procs_id}"
         timeout = zk.timeout if timeout is None else timeout
@@ -170,7 +181,11 @@ class ZKClusterRuntime(ClusterRuntime):
         if proc is None:
             raise ClusterError(f"{path} in ZooKeeper at {zk.hosts} holds {bytes(data)[:40]!r}, "
                                f"not <host>:<port>|<pid>")
-        return f"{proc[0]}:{proc[1]}"
+        self.endpoints[procs_id] = f"{proc[0]}:{proc[1]}"
+        return self.endpoints[procs_id]
+
+    def known_endpoints(self):
+        return dict(self.endpoints)
 
     def watch_procs(self, on_lost):
         """Fires in kazoo's thread when a proc node ends and no proc-done node marks it."""

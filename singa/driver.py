@@ -249,7 +249,7 @@ class Driver:
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
             rt.watch_procs(process.stub.report_lost)
-            threading.Thread(target=self.watch_silence, args=(process.stub,), daemon=True,
+            threading.Thread(target=self.watch_silence, args=(process.stub, pid), daemon=True,
                              name="silence").start()
         try:
             process.run()
@@ -264,14 +264,13 @@ class Driver:
             except ClusterError as e:      # the others may then report this process lost
                 log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 
-    def watch_silence(self, stub):
+    def watch_silence(self, stub, pid):
         """With ZooKeeper unreachable nothing reports a lost process: one that has heard no
         message for SILENCE_TIMEOUT seconds then gives up (a server whose workers died)."""
         while not self.stopped.wait(1):
             if not self.cluster_rt.connected and stub.silent_for() > SILENCE_TIMEOUT:
-                stub.report_lost(f"ZooKeeper is unreachable and no message came for "
-                                 f"{SILENCE_TIMEOUT:.0f} s: the other processes of job "
-                                 f"{self.job_id} are taken for lost")
+                stub.report_lost(silence_message(self.job_id, pid,
+                                                 self.cluster_rt.known_endpoints()))
                 return
 
     def register(self, endpoint, procs_id=None):
@@ -312,6 +311,16 @@ class Driver:
         if self.reporter is not None:
             self.reporter.metrics(0, step, "test", metrics)
         return metrics
+
+
+def silence_message(job_id, pid, endpoints):
+    """What process `pid` says when it gives up on the others of job `job_id` after
+    SILENCE_TIMEOUT s without a message and without ZooKeeper, naming each at the endpoint
+    it registered (`endpoints`: {procs id: "host:port"}, as this process learned them)."""
+    others = ", ".join(f"process {p} at {e}" for p, e in sorted(endpoints.items()) if p != pid)
+    return (f"ZooKeeper is unreachable and no message came for {SILENCE_TIMEOUT:.0f} s: the "
+            f"other processes of job {job_id} ({others or 'their endpoints never learned'}) "
+            f"are taken for lost")
 
 
 def check_runnable(job):

@@ -81,7 +81,8 @@ class Worker:
         self.channel = None
         if job.cluster.nworkers_per_group > 1:
             self.channel = LayerChannel(ctx, endpoint, grp, id_, self.dealer, self.handle,
-                                        job.cluster.poll_time, response_timeout)
+                                        job.cluster.poll_time, response_timeout,
+                                        where=self.worker_where)
             for net in (train_net, test_net, val_net):
                 for layer in net.layers if net is not None else ():
                     if isinstance(layer, (BridgeSrcLayer, BridgeDstLayer)):
@@ -496,16 +497,25 @@ class Worker:
 
     def servers_where(self):
         """Where this worker's servers run: 'process P at host:port' each (for an error)."""
-        cl, places = self.job.cluster, []
-        for pid in sorted({cluster.server_procs(cl, self.sgroup, s)
-                           for s in range(cl.nservers_per_group)}):
-            try:
-                endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1) \
-                    if self.cluster_rt is not None and cluster.nprocs(cl) > 1 else "this process"
-            except SingaError:
-                endpoint = "an endpoint ZooKeeper cannot tell"
-            places.append(f"process {pid} at {endpoint}")
-        return ", ".join(places)
+        cl = self.job.cluster
+        return ", ".join(self.process_where(pid) for pid in sorted(
+            {cluster.server_procs(cl, self.sgroup, s) for s in range(cl.nservers_per_group)}))
+
+    def worker_where(self, peer):
+        """Where worker (grp, peer) of this group runs (for a bridge layer's time-out)."""
+        return self.process_where(cluster.worker_procs(self.job.cluster, self.grp, peer))
+
+    def process_where(self, pid):
+        """'process P at host:port': the endpoint this process learned at start-up (the cluster
+        runtime keeps it), so a time-out names it with ZooKeeper away too."""
+        cl = self.job.cluster
+        if self.cluster_rt is None or cluster.nprocs(cl) == 1:
+            return f"process {pid} at this process"
+        try:
+            endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1)
+        except SingaError as e:
+            endpoint = f"an endpoint this process never learned ({e})"
+        return f"process {pid} at {endpoint}"
 
     def drain(self):
         """Handle the messages waiting (a snapshot on signal among them); returns the step."""

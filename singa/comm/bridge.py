@@ -24,9 +24,13 @@ log = logging.getLogger("singa")
 class LayerChannel:
     """Worker (grp, id)'s connection to the other workers of its group."""
 
-    def __init__(self, ctx, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout):
-        """`handle(msg)`: the worker's handler of what arrives on `param_dealer` meanwhile."""
+    def __init__(self, ctx, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout,
+                 where=None):
+        """`handle(msg)`: the worker's handler of what arrives on `param_dealer` meanwhile;
+        `where(peer)`: where worker (grp, peer) runs, "process P at host:port" (for a
+        time-out)."""
         self.grp, self.id = grp, id_
+        self.where = where
         self.address = m.addr(grp, id_, m.kWorkerLayer)
         self.dealer = Dealer(ctx, self.address, endpoint)
         self.param_dealer, self.handle = param_dealer, handle
@@ -75,8 +79,9 @@ class LayerChannel:
                 self.boxes[(bytes(msg.frames[0]).decode(errors="replace"), msg.trgt_val)].append(
                     msg.frames[1:])
             if not box and time.monotonic() > deadline:
+                at = f" ({self.where(peer)})" if self.where is not None else ""
                 raise ClusterError(f"worker ({self.grp}, {self.id}): no {what} from worker "
-                                   f"({self.grp}, {peer}) in {self.timeout:.0f} s")
+                                   f"({self.grp}, {peer}){at} in {self.timeout:.0f} s")
         return box.popleft()
 
     def close(self):

@@ -223,3 +223,21 @@ def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
     while not lost and time.monotonic() < deadline:
         time.sleep(0.1)
     assert lost == [f"process 2 of job {job_id} (127.0.0.1:5002, pid 102) was lost"]
+
+
+def test_an_endpoint_once_read_is_known_with_zookeeper_away(zk, zk_server):
+    """What a time-out names when ZooKeeper cannot tell: endpoints read at start-up are kept."""
+    other = ZKService(zk_server)
+    try:
+        assert ZKClusterRuntime(other, 3).register_proc("10.1.2.3:4567", 99) == 0
+        rt = ZKClusterRuntime(zk, 3)
+        assert rt.known_endpoints() == {}
+        assert rt.proc_endpoint(0, timeout=5) == "10.1.2.3:4567"
+    finally:
+        other.close()
+    zk.close()      # ZooKeeper away for this process
+    zk.timeout = 1
+    assert rt.proc_endpoint(0, timeout=1) == "10.1.2.3:4567"
+    assert rt.known_endpoints() == {0: "10.1.2.3:4567"}
+    with pytest.raises(ClusterError):
+        rt.proc_endpoint(1, timeout=1)
