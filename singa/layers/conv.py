@@ -6,6 +6,7 @@ from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.neuron import mark_pieces, partitioned
+from singa.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["ConvolutionLayer", "PoolingLayer"]
@@ -94,7 +95,9 @@ class ConvolutionLayer(Layer):
     order. With stride 1 and pad < kernel, gx is computed as the convolution of g, padded by
     k−1−p, with W flipped (the transposed convolution), a GEMM instead of kh·kw scatter-adds,
     where F is not much larger than C; else col2im scatter-adds, in long runs for stride 1.
-    On partition_dim 1 this partition computes its filters: W and b are pieces of the whole.
+    On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
+    with groups, its pieces hold whole groups, whose channel block alone it reads (the other
+    channels get a zero gradient from it).
     """
 
     feature_parts = True
@@ -105,11 +108,13 @@ class ConvolutionLayer(Layer):
         src = srclayers[0].data_for(self)
         n = src.shape[0]
         c, h, w = input_chw(self, src.shape)
+        self.src_chw = (c, h, w)
         kh, kw, ph, pw, sh, sw = window(self.conf.convolution_conf)
         f = partitioned(self, self.conf.convolution_conf.num_filters, "num_filters")
         if f <= 0:
             raise ConfigError(f"layer '{self.name}': convolution_conf.num_filters must be > 0")
-        g = self.group = self._group(c)
+        g, self.channels = self._group(c)
+        self.group, c = g, self.channels.stop - self.channels.start
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.kernel, self.stride = (c, h, w), (ph, pw), (kh, kw), (sh, sw)
         self.taps = _taps(kh, kw, sh, sw, oh, ow)
@@ -137,18 +142,24 @@ class ConvolutionLayer(Layer):
         self._scratch = threads.Scratch(self._make_scratch)
 
     def _group(self, c):
-        """convolution_conf.group, checked: it divides the channels and the filters and the
-        layer is not cut on its filters (a piece would need other channel blocks)."""
+        """(the groups this layer computes, the slice of the `c` source channels it reads):
+        convolution_conf.group, checked to divide the channels and the filters; on
+        partition_dim 1 the groups of this partition's filters, which must be whole."""
         conf = self.conf
         g, f = conf.convolution_conf.group, conf.convolution_conf.num_filters
         if g < 1 or c % g or f % g:
             raise ConfigError(f"layer '{self.name}': convolution_conf.group {g} must divide "
                               f"both the input channels ({c}) and num_filters ({f})")
-        if g > 1 and conf.partition_dim > 0 and conf.num_partitions > 1:
-            raise ConfigError(f"layer '{self.name}': a grouped convolution (group {g}) cannot "
-                              f"be cut on its filters (partition_dim 1); give it "
-                              f"partition_dim: 0")
-        return g
+        if g == 1 or conf.partition_dim <= 0 or conf.num_partitions <= 1:
+            return g, slice(0, c)
+        start, stop = cut(f, conf.num_partitions, conf.partition_id)
+        per = f // g
+        if start % per or stop % per:
+            raise ConfigError(f"layer '{self.name}': num_filters {f} cut over "
+                              f"{conf.num_partitions} workers (partition_dim 1) splits the "
+                              f"blocks of group {g} ({per} filters each); use workers that "
+                              f"divide the group, or partition_dim: 0")
+        return (stop - start) // per, slice(start // per * (c // g), stop // per * (c // g))
 
     def _gw(self):
         """W as (G, F/G, C/G·kh·kw)."""
@@ -200,7 +211,13 @@ class ConvolutionLayer(Layer):
             np.sum(self.grad, axis=(0, 2, 3), out=self.bias.grad)
         x = self._input(srclayers) if self._cols is None else None
         gsrc = srclayers[0].grad_for(self)
-        gx = None if gsrc is None else gsrc.reshape((n,) + self.chw)
+        gx = None
+        if gsrc is not None:
+            whole = gsrc.reshape((n,) + self.src_chw)
+            gx = whole[:, self.channels]
+            if gx.shape != whole.shape:         # channels of other partitions' groups
+                whole[:, :self.channels.start] = 0
+                whole[:, self.channels.stop:] = 0
         if gx is not None and self.transposed:
             kh, kw = self.kernel
             flipped = self.weight.data.reshape(self.group, f // self.group, -1, kh, kw)
@@ -259,7 +276,8 @@ class ConvolutionLayer(Layer):
             flat[:, :, start:start + run] += colwide[:, ti, tj, :, :run].transpose(1, 0, 2)
 
     def _input(self, srclayers):
-        return srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
+        x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.src_chw)
+        return x if self.chw == self.src_chw else x[:, self.channels]
 
     def _transposed_conv(self, gt, gx, s):
         """gx (b, C, H, W) = Σ_{f,i,j} Wflip[c,f,i,j]·gpad[f, n, y+i, x+j], gt (F, b, oh, ow);

@@ -364,16 +364,49 @@ def test_group_convolution_refuses_blocks_that_do_not_divide(channels, num_filte
                    [Source(np.zeros((1, channels, 5, 5)))])
 
 
-def test_group_convolution_refuses_a_cut_on_its_filters():
-    conf = conv_conf(num_filters=4, group=2, kernel=3) + \
-        " partition_dim: 1 num_partitions: 2 partition_id: 0"
-    with pytest.raises(ConfigError, match=r"layer 'conv': a grouped convolution \(group 2\) "
-                                          r"cannot be cut on its filters"):
-        make_layer(conf, [Source(np.zeros((1, 4, 5, 5)))])
-    # cut on the batch it runs
-    conf = conv_conf(num_filters=4, group=2, kernel=3) + \
-        " partition_dim: 0 num_partitions: 2 partition_id: 0"
-    assert make_layer(conf, [Source(np.zeros((1, 4, 5, 5)))]).params[0].shape == (4, 18)
+@pytest.mark.parametrize("window", [dict(kernel=3, pad=1), dict(kernel=3, pad=1, stride=2)])
+@pytest.mark.parametrize("group, parts", [(2, 2), (4, 2), (4, 4)])
+def test_group_convolution_cut_on_its_filters_computes_the_whole(window, group, parts):
+    """Partition k of a model-partitioned grouped convolution holds whole groups: its filters
+    and, of the source it reads whole, its groups' channel block."""
+    x = np.random.default_rng(0).standard_normal((3, 8, 6, 6))
+    conf = conv_conf(num_filters=8, group=group, **window)
+    whole_src = Source(x)
+    whole = make_layer(conf, [whole_src])
+    whole.grad[...] = np.random.default_rng(1).standard_normal(whole.grad.shape)
+    whole.compute_feature(FORWARD, [whole_src])
+    whole.compute_gradient(BACKWARD, [whole_src])
+    outs, gws, gxs = [], [], []
+    for k in range(parts):
+        src = Source(x)
+        piece = make_layer(conf + f" partition_dim: 1 num_partitions: {parts} partition_id: {k}",
+                           [src])
+        rows = slice(8 // parts * k, 8 // parts * (k + 1))
+        assert piece.weight.shape == (8 // parts, 8 // group * 9)
+        assert piece.weight.partition == (0, k, parts)
+        piece.weight.data[...] = whole.weight.data[rows]
+        piece.bias.data[...] = whole.bias.data[rows]
+        piece.grad[...] = whole.grad[:, rows]
+        src.grad[...] = np.nan              # every channel written, the others' with 0
+        piece.compute_feature(FORWARD, [src])
+        piece.compute_gradient(BACKWARD, [src])
+        outs.append(piece.data.copy())
+        gws.append(piece.weight.grad.copy())
+        gxs.append(src.grad.copy())
+        check_gradients(piece, [src])
+    np.testing.assert_allclose(np.concatenate(outs, axis=1), whole.data, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate(gws), whole.weight.grad, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(sum(gxs), whole_src.grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("group, parts", [(2, 4), (4, 3)])
+def test_group_convolution_refuses_a_cut_through_a_group(group, parts):
+    conf = conv_conf(num_filters=8, group=group, kernel=3) + \
+        f" partition_dim: 1 num_partitions: {parts} partition_id: 1"
+    with pytest.raises(ConfigError, match=fr"layer 'conv': num_filters 8 cut over {parts} "
+                                          fr"workers \(partition_dim 1\) splits the blocks of "
+                                          fr"group {group} \({8 // group} filters each\)"):
+        make_layer(conf, [Source(np.zeros((1, 8, 5, 5)))])
 
 
 # ---- ceil_mode pooling (ours: Caffe's output size and AVG divisor) ----
@@ -493,21 +526,29 @@ def test_ceil_pooling_results_do_not_depend_on_the_thread_count(monkeypatch, poo
             assert np.array_equal(a, b)
 
 
-def test_a_net_cut_on_a_grouped_convolutions_filters_is_one_line():
+def test_a_net_cut_on_a_grouped_convolutions_filters_computes_the_whole_net():
+    from test_partition import run_all_partitions
     text = """
     layer { name: "data" type: kRecordInput partition_dim: 0
       store_conf { backend: "kvfile" path: "tests/fixtures/singa-0.3/train-1000.bin"
-                   batchsize: 4 shape: 4 shape: 7 shape: 28 std_value: 255 } }
-    layer { name: "conv" type: kCConvolution srclayers: "data" partition_dim: PDIM
-      convolution_conf { num_filters: 4 kernel: 3 group: 2 }
-      param { name: "w" } param { name: "b" } }
+                   batchsize: 4 shape: 4 shape: 14 shape: 14 std_value: 255 } }
+    layer { name: "conv" type: kCConvolution srclayers: "data" partition_dim: 1
+      convolution_conf { num_filters: 4 kernel: 3 pad: 1 group: 2 }
+      param { name: "w" init { type: kGaussian std: 0.3 } } param { name: "b" } }
+    layer { name: "loss" type: kEuclideanLoss srclayers: "conv" srclayers: "data"
+      partition_dim: 0 }
     """
-
-    def make(pdim):
-        conf = text_format.Parse(text.replace("PDIM", str(pdim)), job_pb2.NetProto())
-        return NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), None, 2)
-    with pytest.raises(ConfigError, match=r"layer '\S*conv@\d': a grouped convolution \(group 2\) "
-                                          r"cannot be cut on its filters \(partition_dim 1\); "
-                                          r"give it partition_dim: 0"):
-        make(1)
-    make(0)
+    conf = text_format.Parse(text, job_pb2.NetProto())
+    whole = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0))
+    cut = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), num_partitions=2)
+    rng = np.random.default_rng(3)
+    for p in whole.params:
+        p.data[...] = rng.normal(0, 0.3, p.shape)
+    for p in cut.params:
+        axis, k, n = p.partition
+        p.data[...] = np.array_split(next(q for q in whole.params if q.name == p.name).data,
+                                     n, axis=axis)[k]
+    whole.forward(FORWARD)
+    run_all_partitions(cut)
+    got = np.concatenate([cut.by_name[f"0#conv@{k}"].data for k in (0, 1)], axis=1)
+    np.testing.assert_allclose(got, whole.by_name["0#conv"].data, rtol=1e-6, atol=1e-6)
