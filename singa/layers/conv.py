@@ -315,9 +315,9 @@ class PoolingLayer(Layer):
     Output (N, C, floor((H+2p−k)/s)+1, floor((W+2p−k)/s)+1), or with `ceil_mode` (ours)
     Caffe's ceil((H+2p−k)/s)+1, less one if the last window starts at or past H + p (every
     window keeps a real pixel); the padded buffer then reaches the last window's end, its
-    cells beyond H + p padding too. MAX copies the k_h·k_w strided
-    taps into one contiguous (k_h·k_w, N, C, oh, ow) array, reduces it over its first axis and,
-    in training, keeps the first argmax's tap; its backward adds g at the flat indices of the
+    cells beyond H + p padding too. MAX copies the k_h·k_w strided taps into one contiguous
+    (k_h·k_w, N, C, oh, ow) array, reduces it over its first axis and, in training, keeps
+    the first argmax's tap; its backward adds g at the flat indices of the
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
     samples on the compute threads.
