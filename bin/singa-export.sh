@@ -8,4 +8,4 @@
 # as -resume finds it), or <checkpoint folder>/step<N>. Bad input: one line, exit 2.
 SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
 export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-exec "$SINGA_HOME/.venv/bin/python" -m singa.export "$@"
+exec "$SINGA_HOME/.venv/bin/python" -m singa.interop.exporter "$@"

@@ -14,4 +14,4 @@ if [ ! -x "$PYTHON" ]; then
   exit 1
 fi
 export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON" -m singa.caffe "$@"
+exec "$PYTHON" -m singa.interop.importer "$@"

@@ -35,6 +35,7 @@ from singa.checkpoint import state as _state
 from singa.checkpoint import wire
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, read_meta
 from singa.errors import CheckpointError
+from singa.files import fsync_dir
 from singa.proto import common_pb2
 
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
@@ -218,14 +219,6 @@ def tmp_writer(name):
     """The pid of the process writing temporary file `name` (see `tmp_name`), else None."""
     m = _TMP_RE.fullmatch(name)
     return int(m.group(3)) if m else None
-
-
-def fsync_dir(folder):
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 import singa
 from singa import checkpoint, config, session
-from singa.caffe.blobs import CaffeFile
+from singa.interop.caffe.blobs import CaffeFile
 from singa.io import memory
 from singa.io.kvfile import KVFile
 from singa.neuralnet import NeuralNet

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import singa
-from singa.export import graph
+from singa.interop import graph
 from singa.io.records import decode_batch
 from singa.io.store import open_store
 

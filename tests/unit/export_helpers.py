@@ -6,7 +6,7 @@ import numpy as np
 
 from singa import config
 from singa.checkpoint.format import write_file
-from singa.export import graph
+from singa.interop import graph
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 

@@ -1,4 +1,4 @@
-"""singa.caffe.blobs: Caffe's binary files walked through mmap, values viewed in place."""
+"""singa.interop.caffe.blobs: Caffe's binary files walked through mmap, values viewed in place."""
 import mmap
 import os
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import singa
-from singa.caffe.blobs import CaffeFile, read_blob_file
+from singa.interop.caffe.blobs import CaffeFile, read_blob_file
 from singa.errors import DataError
 from singa.proto import caffe_pb2
 

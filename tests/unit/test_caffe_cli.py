@@ -1,4 +1,4 @@
-"""singa.caffe.cli: what an import writes (job.conf, snapshot and .meta, data files) and how
+"""singa.interop.importer: what an import writes (job.conf, snapshot and .meta, data files) and how
 the command line is read."""
 import os
 
@@ -7,8 +7,8 @@ import pytest
 
 import singa
 from singa import config
-from singa.caffe.blobs import CaffeFile
-from singa.caffe.cli import import_caffe, main
+from singa.interop.caffe.blobs import CaffeFile
+from singa.interop.importer import import_caffe, main
 from singa.checkpoint import CheckpointReader, read_meta
 from singa.io.kvfile import KVFile
 from singa.proto import common_pb2, job_pb2

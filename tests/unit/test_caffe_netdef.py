@@ -1,4 +1,4 @@
-"""singa.caffe.netdef: NetParameter from text or binary, V1/V0 layers and the deprecated input
+"""singa.interop.caffe.netdef: NetParameter from text or binary, V1/V0 layers and the deprecated input
 header upgraded to V2 layers, Caffe's phase rules."""
 import os
 import subprocess
@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.caffe.netdef import TEST, TRAIN, in_phase, read_net
+from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, read_net
 from singa.errors import ConfigError
 from singa.proto import caffe_pb2
 

@@ -1,4 +1,4 @@
-"""singa.caffe.solverstate: Caffe's solver as SINGA's updater and rate, its history negated."""
+"""singa.interop.caffe.solverstate: Caffe's solver as SINGA's updater and rate, its history negated."""
 import os
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.caffe.blobs import CaffeFile
-from singa.caffe.netdef import read_net, read_text
-from singa.caffe.solverstate import job_fields, snapshot_state
-from singa.caffe.translate import Refused, translate
+from singa.interop.caffe.blobs import CaffeFile
+from singa.interop.caffe.netdef import read_net, read_text
+from singa.interop.caffe.solverstate import job_fields, snapshot_state
+from singa.interop.caffe.translate import Refused, translate
 from singa.proto import caffe_pb2, job_pb2
 from singa.updater import create_updater
 

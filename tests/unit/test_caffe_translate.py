@@ -1,4 +1,4 @@
-"""singa.caffe.translate: Caffe layers → SINGA layers (exact equivalents only)."""
+"""singa.interop.caffe.translate: Caffe layers → SINGA layers (exact equivalents only)."""
 import os
 
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.caffe.blobs import Blob
-from singa.caffe.netdef import read_net, upgrade
-from singa.caffe.translate import Refused, translate
+from singa.interop.caffe.blobs import Blob
+from singa.interop.caffe.netdef import read_net, upgrade
+from singa.interop.caffe.translate import Refused, translate
 from singa.errors import ConfigError
 from singa.proto import caffe_pb2, job_pb2
 

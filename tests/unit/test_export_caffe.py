@@ -10,11 +10,12 @@ from google.protobuf import text_format
 
 from export_helpers import fresh_snapshot, write_conf
 from singa.errors import ConfigError
-from singa.export import caffe, cli, graph
+from singa.interop import exporter as cli, graph
+from singa.interop.caffe import write as caffe
 from singa.proto import caffe_pb2
 from test_export_onnx import BRANCHES, CONVNET
 
-caffe_cli = pytest.importorskip("singa.caffe.cli")
+caffe_cli = pytest.importorskip("singa.interop.importer")
 FIXTURES = "tests/fixtures/caffe"
 
 

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from export_helpers import fresh_snapshot
 from singa.checkpoint.format import CheckpointReader, write_file
 from singa.errors import CheckpointError
-from singa.export import cli, graph
+from singa.interop import exporter as cli, graph
 from singa.proto import caffe_pb2
 
 LENET = "examples/mnist/conv.conf"

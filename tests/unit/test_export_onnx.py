@@ -6,8 +6,8 @@ import pytest
 
 from export_helpers import fresh_snapshot, write_conf
 from singa.checkpoint.format import CheckpointReader, write_file
-from singa.export import cli, graph
-from singa.export import onnx as export_onnx
+from singa.interop import exporter as cli, graph
+from singa.interop import onnx as export_onnx
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

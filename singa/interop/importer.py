@@ -14,12 +14,13 @@ import sys
 from google.protobuf import text_format
 
 from singa import config
-from singa.caffe import netdef
-from singa.caffe.blobs import CaffeFile
-from singa.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snapshot_state
-from singa.caffe.translate import translate
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
 from singa.errors import ConfigError, DataError, run_command
+from singa.files import write_atomic
+from singa.interop.caffe import netdef
+from singa.interop.caffe.blobs import CaffeFile
+from singa.interop.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snapshot_state
+from singa.interop.caffe.translate import translate
 from singa.io.kvfile import KVFile
 from singa.proto import caffe_pb2, job_pb2
 
@@ -118,13 +119,11 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
                     snap.param_state = {}
                 snap.param_state = {f"0#{k}": v for k, v in snap.param_state.items()}
             _write_checkpoint(job.checkpoint_path[0], t.params, blobs, step, snap)
+        head = (f"# imported from Caffe by bin/singa-import.sh: {net_path}"
+                f"{' + ' + weights if weights else ''}"
+                f"{' + ' + solverstate if solverstate else ''}\n")
         conf_path = os.path.join(out, "job.conf")
-        tmp = conf_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"# imported from Caffe by bin/singa-import.sh: {net_path}"
-                    f"{' + ' + weights if weights else ''}"
-                    f"{' + ' + solverstate if solverstate else ''}\n" + text)
-        os.replace(tmp, conf_path)
+        write_atomic(conf_path, lambda f: f.write((head + text).encode()))
     except OSError as e:
         raise DataError(f"cannot write {e.filename or out}: {e.strerror}") from None
     finally:
@@ -192,3 +191,7 @@ def _write_checkpoint(path, params, blobs, step, snap):
     write_file(path, [(f"0#{p.name}", (p.values if p.blob is None else
                                        blobs[p.layer][p.blob].values).reshape(p.shape), step)
                       for p in params], snap)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

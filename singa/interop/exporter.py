@@ -5,7 +5,7 @@ import os
 import sys
 
 from singa.errors import ConfigError, SingaError
-from singa.export import graph
+from singa.interop import graph
 
 __all__ = ["main"]
 
@@ -32,11 +32,11 @@ def main(argv=None):
         target = "ONNX" if args.format == "onnx" else "Caffe"
         model = graph.read(args.conf, args.snapshot, target)
         if args.format == "onnx":
-            from singa.export import onnx
+            from singa.interop import onnx
             onnx.write(model, args.out, args.batch or None)
             written = [args.out]
         else:
-            from singa.export import caffe
+            from singa.interop.caffe import write as caffe
             written = caffe.write(model, args.out, args.batch or None)
     except SingaError as e:
         print(f"singa-export: {e}", file=sys.stderr)
@@ -49,3 +49,7 @@ def main(argv=None):
           f"{', '.join(f'{op.name} {list(op.shape[1:])}' for op in model.inputs)}; outputs "
           f"{', '.join(model.outputs)})")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

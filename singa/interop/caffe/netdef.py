@@ -6,8 +6,8 @@ import os
 
 from google.protobuf import text_format
 
-from singa.caffe.blobs import CaffeFile
 from singa.errors import ConfigError
+from singa.interop.caffe.blobs import CaffeFile
 from singa.proto import caffe_pb2
 
 __all__ = ["read_net", "read_text", "upgrade", "in_phase", "relative_to", "TRAIN", "TEST"]

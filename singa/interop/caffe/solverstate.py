@@ -16,9 +16,9 @@ Caffe does not save where its data layers stand: a resumed run reads from the st
 """
 import numpy as np
 
-from singa.caffe.translate import Refused
 from singa.checkpoint import SnapshotState
 from singa.errors import DataError
+from singa.interop.caffe.translate import Refused
 from singa.proto import caffe_pb2, job_pb2
 
 __all__ = ["job_fields", "snapshot_state", "DATA_POSITION_NOTE"]

@@ -15,8 +15,8 @@ nothing reads (the loss layer's probabilities).
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.export.graph import type_name
-from singa.export.output import write_atomic
+from singa.files import write_atomic
+from singa.interop.graph import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2

@@ -17,8 +17,8 @@ import numpy as np
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.export.graph import type_name
-from singa.export.output import write_atomic
+from singa.files import write_atomic
+from singa.interop.graph import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from singa.caffe.blobs import read_blob_file
-from singa.caffe.netdef import TEST, TRAIN, in_phase, relative_to
 from singa.errors import ConfigError
+from singa.interop.caffe.blobs import read_blob_file
+from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, relative_to
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 __all__ = ["Refused", "Param", "Translation", "translate"]

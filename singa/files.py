@@ -1,7 +1,8 @@
-"""Files written whole or not at all: a temporary name in the same folder, fsync, rename."""
+"""Files written whole or not at all: a temporary name in the same folder, fsync, rename, then
+the folder fsynced (checkpoints have their own writer, checkpoint.format, for two files)."""
 import os
 
-__all__ = ["write_atomic"]
+__all__ = ["fsync_dir", "write_atomic"]
 
 
 def write_atomic(path, fill):
@@ -16,8 +17,18 @@ def write_atomic(path, fill):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
     except OSError as e:
         raise OSError(e.errno, e.strerror, path) from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def fsync_dir(folder):
+    """Make the names in `folder` (a rename, a new file) durable."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
