@@ -171,6 +171,7 @@ while :; do
       exit 2
     fi
     slurm_step="singa-$job_id"
+    echo "$SLURM_JOB_ID" >"$log_dir/slurm.job"     # singa-console.sh list shows it beside ours
     echo "Executing : srun --ntasks=$nprocs ${cmd[*]} -host auto"
     srun --ntasks="$nprocs" --job-name="$slurm_step" --kill-on-bad-exit=0 "${cmd[@]}" -host auto &
     local_pids+=($!)
@@ -249,6 +250,8 @@ while :; do
   # launcher (which stop_job handles) is a failure: max_restarts applies
   case $status in 0|2) break ;; esac
   [ -z "$snapshot" ] || break      # stopped after a snapshot, as asked (SIGUSR1)
+  # Slurm's SIGUSR1 or SIGTERM to the step (time limit, preemption): the batch script requeues
+  [ -z "$slurm_step" ] || case $status in 138|143) break ;; esac
   if [ $restarts -ge "$max_restarts" ]; then
     [ "$max_restarts" -eq 0 ] || echo "singa-run: job $job_id failed (exit $status); not restarted: max_restarts $max_restarts reached" >&2
     break

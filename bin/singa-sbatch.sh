@@ -45,17 +45,39 @@ mkdir -p "$SINGA_LOG/slurm"
 batch=$(mktemp "$SINGA_LOG/slurm/singa-batch-XXXXXX.sh")
 cat >"$batch" <<EOF
 #!/usr/bin/env bash
-trap 'asked=1; [ -z "\$run" ] || kill -USR1 "\$run" 2>/dev/null' USR1   # first: a warning may come early
-# preemption: the tasks have SIGTERM too and take their snapshot; a user's scancel is no request
-trap 'case \$(scontrol show job "\$SLURM_JOB_ID" 2>/dev/null | grep -o "JobState=[A-Z]*") in JobState=CANCELLED) ;; *) asked=1 ;; esac' TERM
-asked=""; run=""
+trap 'asked=1' USR1   # first: a warning may come early (the loop below passes it on)
+trap 'true' TERM      # a user's scancel or a preemption: the tasks have it too and stop
+asked=""; run=""; passed=""
 # ours: SINGA job '$name' ($ntasks processes), from bin/singa-sbatch.sh
 export SINGA_CONF=$(printf %q "$SINGA_CONF") SINGA_LOG=$(printf %q "$SINGA_LOG")
-case \$($(printf %q "$PYTHON") -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "\$SINGA_CONF/singa.conf") in
+python=$(printf %q "$PYTHON")
+# ZooKeeper: the one singa.conf names; a local one (the embedded default) serves a job on one
+# node, and on several a ZooKeeper of the job's own runs here, on the first node's address
+# (Slurm's NodeAddr), for the job's lifetime: the job's singa.conf names it
+zk_data=""
+stop_zk() {
+  [ -n "\$zk_data" ] || return 0
+  ZK_DATA="\$zk_data" SINGA_MANAGES_ZK=true $(printf %q "$SINGA_BIN/zk-service.sh") stop >/dev/null 2>&1 || true
+  rm -rf "\$zk_data"; zk_data=""
+}
+trap stop_zk EXIT
+case \$(\$python -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "\$SINGA_CONF/singa.conf") in
   localhost:*|127.*)
     if [ "\${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
-      echo "singa-sbatch: \$SINGA_CONF/singa.conf names a ZooKeeper on localhost, which the other nodes of job \$SLURM_JOB_ID cannot reach: name one they can" >&2
-      exit 2
+      addr=\$(scontrol show node "\$SLURMD_NODENAME" | grep -o "NodeAddr=[^ ]*") && addr=\${addr#NodeAddr=}
+      [ -n "\$addr" ] || { echo "singa-sbatch: no NodeAddr of node \$SLURMD_NODENAME in scontrol show node" >&2; exit 1; }
+      port=\$(\$python -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "\$addr")
+      zk_data=\$(mktemp -d "\${TMPDIR:-/tmp}/singa-zk-\$SLURM_JOB_ID-XXXXXX")
+      ZK_DATA="\$zk_data" ZK_ADDRESS="\$addr" ZK_PORT="\$port" SINGA_MANAGES_ZK=true \\
+        $(printf %q "$SINGA_BIN/zk-service.sh") start >&2 || exit 1
+      conf_dir=\$SINGA_LOG/slurm/conf-\$SLURM_JOB_ID
+      mkdir -p "\$conf_dir"
+      [ ! -f "\$SINGA_CONF/hostfile" ] || cp "\$SINGA_CONF/hostfile" "\$conf_dir/"
+      \$python -c 'import sys; from google.protobuf import text_format; from singa import config
+conf = config.load_singa_conf(sys.argv[1]); conf.zookeeper_host = sys.argv[2]
+print(text_format.MessageToString(conf), end="")' "\$SINGA_CONF/singa.conf" "\$addr:\$port" >"\$conf_dir/singa.conf"
+      echo "singa-sbatch: ZooKeeper of Slurm job \$SLURM_JOB_ID on \$addr:\$port (\$conf_dir/singa.conf)" >&2
+      export SINGA_CONF=\$conf_dir
     fi ;;
 esac
 flags=()
@@ -63,11 +85,24 @@ flags=()
 $(printf %q "$SINGA_BIN/singa-run.sh") -conf $(printf %q "$conf") "\${flags[@]}" &
 run=\$!
 while :; do
+  if [ -n "\$asked" ] && [ -z "\$passed" ]; then
+    # SIGUSR1 to singa-run.sh once its srun step exists (its trap is set; before, it would die)
+    while kill -0 "\$run" 2>/dev/null && ! squeue -h -s -j "\$SLURM_JOB_ID" -o %j 2>/dev/null | grep -q "^singa-"; do
+      sleep 0.2
+    done
+    kill -USR1 "\$run" 2>/dev/null || true; passed=1
+  fi
   rc=0; wait "\$run" || rc=\$?
   kill -0 "\$run" 2>/dev/null || break        # wait returned for a trapped signal: again
 done
-if [ -n "\$asked" ] && [ "\$rc" -ne 0 ]; then
+# stopped after a snapshot: SIGUSR1 here before the time limit, or the tasks' SIGTERM of a
+# preemption (its grace time; the batch script is not told, and a job that ends within its
+# grace is marked completed, not requeued): requeue while the job is RUNNING; after a user's
+# scancel it is COMPLETING (and CANCELLED): not requeued
+if [ "\$rc" -ne 0 ] && { [ -n "\$asked" ] || [ "\$rc" -eq 138 ] || [ "\$rc" -eq 143 ]; } &&
+   scontrol show job "\$SLURM_JOB_ID" 2>/dev/null | grep -q "JobState=RUNNING"; then
   echo "singa-sbatch: job stopped after a snapshot (SIGUSR1 before the time limit or a preemption): requeued" >&2
+  stop_zk
   scontrol requeue "\$SLURM_JOB_ID"
 fi
 exit \$rc

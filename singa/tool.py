@@ -81,10 +81,18 @@ def run(cmd, rest, confdir):
         elif cmd == "genhost":
             print("\n".join(jobs.gen_hosts(os.path.join(confdir, "hostfile"), n)))
         elif cmd in ("list", "listall"):
-            print("JOB ID    |NUM PROCS  ")
-            print("----------|-----------")
-            for job_id, n in jobs.list_jobs(all=cmd == "listall"):
-                print("%-10d|%-10d" % (job_id, n))
+            listed = jobs.list_jobs(all=cmd == "listall")
+            slurm = {job_id: slurm_job(job_id, conf.log_dir) for job_id, _ in listed}
+            if any(slurm.values()):     # jobs of bin/singa-sbatch.sh: Slurm's id beside ours
+                print("JOB ID    |NUM PROCS |SLURM JOB")
+                print("----------|----------|----------")
+                for job_id, n in listed:
+                    print("%-10d|%-10d|%s" % (job_id, n, slurm[job_id]))
+            else:
+                print("JOB ID    |NUM PROCS  ")
+                print("----------|-----------")
+                for job_id, n in listed:
+                    print("%-10d|%-10d" % (job_id, n))
         elif cmd == "wait":
             jobs.wait_ended(int(rest[0]))
         elif cmd == "view":
@@ -96,6 +104,18 @@ def run(cmd, rest, confdir):
             if left:
                 print(f"singatool: {cmd}: {len(left)} nodes left, which belong to jobs whose "
                       f"secret {ENV} does not hold (e.g. {left[0]})", file=sys.stderr)
+
+
+def slurm_job(job_id, log_dir):
+    """The Slurm job id of job `job_id` (what bin/singa-run.sh keeps in the newest
+    `<log_dir>/job-info/job-<id>-<time>/slurm.job` inside an allocation), else ""."""
+    infos = sorted(glob.glob(os.path.join(glob.escape(log_dir), "job-info", f"job-{job_id}-*")))
+    try:
+        with open(os.path.join(infos[-1], "slurm.job")) as f:
+            value = f.read().strip()
+    except (IndexError, OSError):
+        return ""
+    return value if re.fullmatch(r"[\w.+-]{1,64}", value) else ""
 
 
 def progress(job_id, log_dir):
