@@ -15,7 +15,8 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     "accuracy": 0.3}`), then reset; {} for layers without. Layers add per-batch values with
     `add_metrics`; only logging formats them (`singa.log.format_metrics`). A class declares
     the names it adds in `METRICS` (lower-case); the conf check of checkpoint_keep_best reads
-    it (a user layer that declares none produces what nobody can know beforehand).
+    it (a user layer that declares none produces what nobody can know beforehand, so the worker
+    checks the monitored metric at the phase's first test instead).
 `flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 """
