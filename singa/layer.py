@@ -253,6 +253,8 @@ class Data(Layer):
                               f"'csvinput')") from None
         super().__init__(**{'name': generate_name('data'), **kwargs}, type=layer_type)
         self.is_datalayer = True
+        #: a model names it again where it joins (SINGA's name there: `data<n>` of its counter)
+        self.generated_name = 'name' not in kwargs
         self.layer.include.append(enumPhase(phase))
         if x is not None:
             from singa.io import memory

@@ -13,13 +13,13 @@ as SINGA's did. Relative paths resolve against the current directory. Unlike SIN
 trains (and with `with_test=True` tests as it goes), keeps a `checkpoint_freq` it is given,
 and returns metrics as floats; `evaluate` tests the params `fit` left (or `checkpoint_path`).
 """
+import copy
 import os
-import warnings
 
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, config, session
+from singa import checkpoint, config, naming, session
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
@@ -35,8 +35,6 @@ __all__ += [name for name in dir() if name[:1].isupper() and name not in __all__
             and isinstance(globals()[name], type) and globals()[name].__module__ == "singa.layer"]
 
 kTrain, kVal, kTest = job_pb2.kTrain, job_pb2.kVal, job_pb2.kTest
-#: fit's keywords of ours besides JobProto fields
-_DATA_FIELDS = ("validate_data", "test_data")
 
 
 class Model:
@@ -60,9 +58,16 @@ class Model:
         self.cudnn = False
         self.accuracy = False
         self.conf_net = None      # the NetProto of a model loaded by from_conf
+        naming.reset_names()      # its generated names depend on its own layers only
 
     # --- building ---------------------------------------------------------------------------
     def add(self, layer):
+        """Append `layer`; a Data layer whose name was generated is added as a copy named where
+        it joins (`data<n>`, the model's counter), as SINGA's helper named it in a fresh
+        process, wherever the script made it: its reader position resumes by that name."""
+        if getattr(layer, 'generated_name', False):
+            layer = _copy_data(layer)
+            layer.layer.name = generate_name('data')
         self.layers.append(layer)
 
     def exist_datalayer(self, phase):
@@ -177,53 +182,65 @@ class Model:
         print(text_format.MessageToString(self.jobconf))
 
     # --- running ------------------------------------------------------------------------------
-    def fit(self, data=None, y=None, alg=None, nb_epoch=0, with_test=False, execpath='',
-            device=None, batch_size=None, resume=False, verbose=False, progress=True, **fields):
+    def fit(self, data_or_x=None, y=None, nb_epoch=0, batch_size=None, with_test=False,
+            test_steps=None, test_freq=None, disp_freq=None, checkpoint_freq=None,
+            resume=False, *, alg=None, test_data=None, validate_data=None, verbose=False,
+            progress=True, execpath='', device=None, **fields):
         """Train for `nb_epoch` steps (SINGA's meaning: train steps, not passes over the
-        data) on `data` (a Data layer, or numpy samples with labels `y`); returns a History.
+        data) on `data_or_x`: a Data layer, numpy samples with labels `y`, or (x, y) (SINGA's
+        keyword `data=` too). Returns a History.
 
-        `alg`: 'bp' (default), 'bptt' or 'cd'. `with_test`: also test during training, every
-        `test_freq` steps (default nb_epoch/10) on `test_steps` batches (default 10) of
-        `test_data` (a Data layer or (x, y)) or the model's test data layer. `validate_data`
-        likewise validates. Other keywords set JobProto fields (`disp_freq`,
-        `checkpoint_freq`, `checkpoint_path`, `seed`, ...). `resume`: continue from the newest
-        complete snapshot in the workspace (bit-exact). `verbose` logs SINGA's lines to
-        stderr; `progress` shows a progress bar. A model loaded by `from_conf` trains as its
-        conf says (nb_epoch 0: its train_steps; its tests) unless told otherwise.
+        `batch_size`: of numpy samples (default 64), else the new batch size of the train
+        data layer. `with_test`: also test during training, every `test_freq` steps (default
+        nb_epoch/10) on `test_steps` batches (default 10) of `test_data` (a Data layer, or
+        numpy (x, y)) or the model's test data layer; with no test data it means what SINGA's
+        meant, test later (`evaluate`), and fit only trains. `validate_data` likewise
+        validates (`validate_freq`, `validate_steps`). `disp_freq`: train metrics every so
+        many steps (default nb_epoch/10); `checkpoint_freq`: a snapshot every so many steps
+        (one is written at the end in any case). `resume`: continue from the newest complete
+        snapshot in the workspace (bit-exact; nb_epoch is the step to reach); a snapshot that
+        lacks the net's params is an error, not a fresh start. `alg`: 'bp' (default), 'bptt'
+        or 'cd'. Other keywords set JobProto fields (`seed`, `checkpoint_path`, ...).
+        `verbose` logs SINGA's lines to stderr; `progress` shows a progress bar. A model loaded
+        by `from_conf` trains as its conf says (nb_epoch 0: its train_steps; its tests) unless
+        told otherwise.
         """
         if execpath or device is not None:
             raise ConfigError("fit: execpath and device (GPUs) are not supported; the job runs "
                               "on the CPU")
+        if 'data' in fields:        # SINGA's name of the first argument
+            if data_or_x is not None:
+                raise ConfigError("fit: give the data once (data_or_x or data=)")
+            data_or_x = fields.pop('data')
+        for key, value in (('test_steps', test_steps), ('test_freq', test_freq),
+                           ('disp_freq', disp_freq), ('checkpoint_freq', checkpoint_freq)):
+            if value is not None:
+                fields[key] = value
         from_conf = self.conf_net is not None
         if not isinstance(nb_epoch, (int, np.integer)) or nb_epoch < 0 \
                 or (nb_epoch == 0 and not from_conf):
             raise ConfigError(f"fit: nb_epoch (the number of training steps) must be a "
                               f"positive int, got {nb_epoch!r}")
-        extra = {k: fields.pop(k) for k in _DATA_FIELDS if k in fields}
         job = self._job(fields)
-        if data is not None or not (from_conf or self.exist_datalayer('train')):
-            self._put_data(_as_data(data, y, 'train', batch_size, 'fit'), kTrain)
+        if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
+            self._put_data(_as_data(data_or_x, y, kTrain, batch_size, 'fit'), kTrain)
         elif batch_size is not None:
             self._set_batchsize(kTrain, batch_size)
-        for key, phase in (('validate_data', kVal), ('test_data', kTest)):
-            if key in extra:
-                self._put_data(_as_data(extra[key], None, 'val' if phase == kVal else 'test',
-                                        batch_size, 'fit: ' + key), phase)
+        for key, data, phase in (('validate_data', validate_data, kVal),
+                                 ('test_data', test_data, kTest)):
+            if data is not None:
+                self._put_data(_as_data(data, None, phase, batch_size, 'fit: ' + key), phase)
         job.neuralnet.CopyFrom(self.build())
         if nb_epoch:
             job.train_steps = int(nb_epoch)
         every = max(1, job.train_steps // 10)
         if not from_conf and 'disp_freq' not in fields:
             job.disp_freq = every
-        if 'validate_data' in extra:
+        if validate_data is not None:
             job.validate_freq = fields.get('validate_freq', every)
             job.validate_steps = fields.get('validate_steps', 10)
         has_test = any(_in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
                        for ly in job.neuralnet.layer)
-        if with_test and not has_test:
-            warnings.warn(f"fit: with_test, but model '{job.name}' has no test data (give "
-                          f"test_data=..., or add a Data layer of phase 'test'); not testing",
-                          stacklevel=2)
         if with_test and has_test:
             job.test_steps = fields.get('test_steps', job.test_steps or 10)
             job.test_freq = fields.get('test_freq', job.test_freq or every)
@@ -250,7 +267,7 @@ class Model:
             raise ConfigError("evaluate: execpath and device (GPUs) are not supported")
         job = self._job(fields)
         if data is not None:
-            self._put_data(_as_data(data, y, 'test', batch_size, 'evaluate'), kTest)
+            self._put_data(_as_data(data, y, kTest, batch_size, 'evaluate'), kTest)
         elif batch_size is not None:
             self._set_batchsize(kTest, batch_size)
         self.accuracy = show_acc
@@ -305,12 +322,19 @@ class Model:
         return job
 
     def _put_data(self, data, phase):
-        """Replace the model's data layers of `phase` by `data` (first, as SINGA inserts it)."""
+        """Make `data` (a Data layer of `phase` only, ours to change) the model's data layer of
+        `phase`, first (as SINGA inserts it), replacing those it had, and named as its data
+        layers of the other phases: a net's layers read one input name whatever the phase."""
         if self.conf_net is not None:
             raise ConfigError("a model loaded from a conf reads the data its conf names; give "
                               "fit/evaluate no data (or change the conf)")
         self.layers = [ly for ly in self.layers
                        if not (ly.is_datalayer and _in_phase(ly.layer, phase))]
+        others = [ly for ly in self.layers if ly.is_datalayer]
+        if others:
+            data.layer.name = others[0].layer.name
+        elif getattr(data, 'generated_name', False):
+            data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
         self.layers.insert(0, data)
 
     def _set_batchsize(self, phase, batch_size):
@@ -350,9 +374,7 @@ class Energy(Model):
                 parb = Parameter(name='b', init='none', level=i)
                 self.layers.append(Dense(layer.out_dim[i - 1], w_param=parw, b_param=parb,
                                          activation='sigmoid'))
-            self.layers.append(layer)
-        else:
-            self.layers.append(layer)
+        super().add(layer)
 
 
 class Sequential(Model):
@@ -364,7 +386,7 @@ class Sequential(Model):
 
     def add(self, layer):
         if getattr(layer, 'layer_type', None) != 'AutoEncoder':
-            self.layers.append(layer)
+            super().add(layer)
             return
         hid = layer.hid_dim
         if layer.param_share:
@@ -474,22 +496,35 @@ class Cluster:
 
 
 def _as_data(data, y, phase, batch_size, what):
-    """A Data layer of `phase` from a Data layer or numpy samples (with labels `y`)."""
+    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`) or from a
+    Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps its
+    default phase 'train' when given as test or validation data), the caller's untouched."""
     if data is None:
         raise ConfigError(f"{what}: no data given")
     if isinstance(data, tuple) and len(data) == 2 and y is None:
         data, y = data
+    name = job_pb2.Phase.Name(phase)[1:].lower()
     if isinstance(data, np.ndarray):
-        return Data(x=data, y=y, phase=phase, batch_size=batch_size or 64)
+        return Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
     if not getattr(data, 'is_datalayer', False):
         raise ConfigError(f"{what}: data must be a Data layer or a numpy array, "
                           f"got {type(data).__name__}")
+    own = _copy_data(data)
+    own.layer.ClearField('include')
+    own.layer.ClearField('exclude')
+    own.layer.include.append(phase)
     if batch_size is not None:
-        del data.layer.store_conf.batchsize[:]
-        data.layer.store_conf.batchsize.append(batch_size)
-    if not data.layer.include:
-        data.layer.include.append(_phase(phase))
-    return data
+        del own.layer.store_conf.batchsize[:]
+        own.layer.store_conf.batchsize.append(batch_size)
+    return own
+
+
+def _copy_data(data):
+    """A copy of Data layer `data` with a LayerProto of its own."""
+    own = copy.copy(data)
+    own.layer = job_pb2.LayerProto()
+    own.layer.CopyFrom(data.layer)
+    return own
 
 
 def _net_of(net, phase):

@@ -2,7 +2,9 @@
 
 `generate_name` keeps SINGA's two global counters, so a SINGA script names its layers and
 params as SINGA's helper did (`layer1`, `w1`, `tanh1`, `conv2`, ...); `reset_names` restarts
-them. `enum<Type>(name)` exists for every enum of job.proto and common.proto: `name` is the
+them. A model (`singa.model.Model`) restarts them when it is constructed, so its generated
+names depend on its own layers only, as in a fresh SINGA process: a notebook cell that builds
+the model again names it as before, and `fit(resume=True)` finds its params in the snapshot. `enum<Type>(name)` exists for every enum of job.proto and common.proto: `name` is the
 value's name without its first character, lower-cased (`enumLayerType('softmaxloss')` →
 kSoftmaxLoss, `enumAlgType('bp')` → kBP, `enumPhase('train')` → kTrain).
 """

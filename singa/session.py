@@ -3,14 +3,14 @@
 A job of one process runs in the calling process with the in-process cluster runtime
 (`cluster_rt.SPClusterRuntime`: no ZooKeeper), through the same Driver, Process and executors
 as `singa-run.sh`. While it runs, the `singa` logger writes to `<workspace>/<job name>.log`
-(and to stderr: warnings, or everything when `verbose`), SIGINT and SIGTERM stop the executors
-cleanly, and a progress bar shows steps/s and the latest metrics; afterwards the caller's
-handlers and logging are back, and a signal that stopped the job is delivered to the caller's
-own handler (SIGINT: KeyboardInterrupt). Every training run writes the job it runs to
-`<workspace>/run.conf` (beside the log; a workspace's own job.conf stays untouched). A job of
-several processes (numpy data written as kvfiles beside it) is launched from there with
-`bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History is read back from
-`<workspace>/metrics.csv`.
+(and to stderr: warnings as plain `singa: ...` lines, or SINGA's log lines when `verbose`),
+SIGINT and SIGTERM stop the executors cleanly, and a progress bar shows steps/s and the
+latest metrics; afterwards the caller's handlers and logging are back, and a signal that
+stopped the job is delivered to the caller's own handler (SIGINT: KeyboardInterrupt). Every
+training run writes the job it runs to `<workspace>/run.conf` (beside the log; a workspace's
+own job.conf stays untouched). A job of several processes (numpy data written as kvfiles
+beside it) is launched from there with `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its
+History is read back from `<workspace>/metrics.csv`.
 """
 import contextlib
 import importlib.util
@@ -31,7 +31,7 @@ from singa import checkpoint, cluster, config
 from singa import log as singa_log
 from singa.cluster_rt import SPClusterRuntime
 from singa.driver import Driver, Stopped
-from singa.errors import ClusterError, ConfigError
+from singa.errors import CheckpointError, ClusterError, ConfigError
 from singa.io import memory
 from singa.metrics import History, Reporter, read_rows
 from singa.neuralnet import NeuralNet
@@ -62,6 +62,8 @@ def prepare(job, base=None):
 
 def train(job, resume=False, verbose=False, progress=True):
     """Train the prepared `job` (testing and validating as it says); returns its History."""
+    if resume:
+        check_resumable(job)
     if cluster.nprocs(job.cluster) > 1:
         return _launch(job, resume, verbose)
     write_conf(job)
@@ -79,6 +81,30 @@ def train(job, resume=False, verbose=False, progress=True):
     finally:
         bar.close()
     return history
+
+
+def check_resumable(job):
+    """A resume of `job` starts from the newest complete snapshot of its workspace: that
+    snapshot must hold every param of the job's net, else the job would start afresh under
+    the "Resume" line and write over it (a net whose params are named otherwise: another
+    model, or one whose generated names differ). CheckpointError naming the missing params."""
+    folder = os.path.join(job.cluster.workspace, "checkpoint")
+    if not os.path.isdir(folder):
+        return
+    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
+    if snap is None:
+        return
+    stored = {name if "#" in name else f"0#{name}"
+              for reader in snap.readers.values() for name in reader.names}
+    net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
+    missing = [p.name for p in net.owner_params if p.name not in stored]
+    if missing:
+        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
+        raise CheckpointError(
+            f"resume: the newest snapshot {snap.files[min(snap.files)]} (step {snap.step}) "
+            f"lacks {len(missing)} of the {len(net.owner_params)} params of '{job.name}' "
+            f"({shown}): it is another net's; resume in this net's workspace, or train "
+            f"without resume (which writes over it)")
 
 
 def test(job, verbose=False):
@@ -168,8 +194,9 @@ def _run_here(job, test, resume, verbose, listener, on_snapshot):
 
 @contextlib.contextmanager
 def _logging(job, verbose):
-    """The `singa` logger to `<workspace>/<name>.log` and stderr (warnings unless `verbose`)
-    for the run; the caller's handlers, level and propagation afterwards."""
+    """The `singa` logger to `<workspace>/<name>.log` and stderr for the run: warnings as
+    `singa: <message>` lines, or with `verbose` every line in SINGA's format; the caller's
+    handlers, level and propagation afterwards."""
     logger = singa_log.LOGGER
     saved = logger.handlers[:], logger.level, logger.propagate
     path = os.path.join(job.cluster.workspace, f"{job.name}.log")
@@ -179,8 +206,10 @@ def _logging(job, verbose):
         raise ConfigError(f"cannot write the job log {path}: {e.strerror}") from None
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.INFO if verbose else logging.WARNING)
-    for handler in (to_file, console):
-        handler.setFormatter(singa_log.GlogFormatter())
+    to_file.setFormatter(singa_log.GlogFormatter())
+    # SINGA's log lines when asked for (verbose); else warnings as short plain lines
+    console.setFormatter(singa_log.GlogFormatter() if verbose else
+                         logging.Formatter("singa: %(message)s"))
     logger.handlers[:] = [to_file, console]
     logger.setLevel(logging.INFO)
     logger.propagate = False

@@ -18,7 +18,8 @@ def text_of(output):
     return output.get("text") or output.get("data", {}).get("text/plain", "")
 
 
-def test_mnist_notebook_runs_in_a_real_kernel(tmp_path):
+def test_mnist_notebook_runs_in_a_real_kernel(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", singa.HOME)    # the kernel imports this checkout's package
     shutil.copy(NOTEBOOK, tmp_path / "mnist.ipynb")
     nb = nbformat.read(tmp_path / "mnist.ipynb", as_version=4)
     nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",

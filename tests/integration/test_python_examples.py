@@ -2,6 +2,7 @@
 its step counts and a seed, on the data our example scripts prepare, in a directory laid out as
 SINGA's home; the run.conf it leaves in its workspace, run through the driver, ends with the
 same params bit for bit (conf and Python are one thing), and it learns."""
+import ast
 import json
 import os
 import re
@@ -37,6 +38,19 @@ print(json.dumps({"result": scope.get("result"),
 QUICK = ", seed=5, progress=False)"     # appended to each script's fit(...)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def this_checkout():
+    """Subprocesses (the scripts, the driver) import this checkout's package, whatever home
+    the venv's editable install points at."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = singa.HOME
+    yield
+    if before is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = before
+
+
 @pytest.fixture(scope="module")
 def home(tmp_path_factory, mnist_data):
     """A SINGA home for the scripts' relative paths: examples/mnist's shards, and
@@ -60,6 +74,8 @@ def run_script(home, name, subs):
                        cwd=home, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Traceback" not in r.stderr, r.stderr
+    # with_test=True without test data is SINGA's "test later in evaluate": no warning
+    assert "Warning" not in r.stderr and "no test data" not in r.stderr, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1]), r
 
 
@@ -219,3 +235,40 @@ def test_train_mnist_manual_loop_learns(home):
     _, r = run_script(home, "train_mnist.py", {"range(x.shape[0] // batchsize)": "range(60)"})
     losses = [float(x) for x in re.findall(r"Step +\d+: +Loss = ([\d.]+)", r.stdout)]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.2, r.stdout
+
+
+def test_mnist_mlp_runs_under_singa_run_exec(mnist_data, tmp_path):
+    """`bin/singa-run.sh -exec examples/python/mnist_mlp.py`, SINGA's way to launch a Python
+    job: the launcher of a SINGA home (this checkout's bin, thirdparty, conf and venv linked;
+    the mnist shards) runs the script there, with fewer steps, in this process's absence of
+    any ZooKeeper need (one process)."""
+    home = tmp_path / "home"
+    (home / "examples" / "python").mkdir(parents=True)
+    (home / "examples" / "mnist").mkdir()
+    (home / "thirdparty").mkdir()
+    for name in ("bin", "conf", "singa", ".venv", os.path.join("examples", "datasets")):
+        os.symlink(os.path.join(singa.HOME, name), home / name)
+    # the venv is this checkout's, installed: the launcher's installer must not reinstall it
+    # for another home (pip install -e would point the venv's singa there)
+    (home / "thirdparty" / "install.sh").write_text("#!/bin/sh\nexit 0\n")
+    (home / "thirdparty" / "install.sh").chmod(0o755)
+    for name in ("train_data.bin", "test_data.bin"):
+        os.symlink(os.path.join(mnist_data, name), home / "examples" / "mnist" / name)
+    src = open(os.path.join(SCRIPTS, "mnist_mlp.py")).read()
+    for old, new in {"nb_epoch=100, with_test=True)": "nb_epoch=30, with_test=True" + QUICK,
+                     "test_steps=10)\n": "test_steps=10)\nprint('RESULT', result)\n"}.items():
+        assert old in src
+        src = src.replace(old, new)
+    (home / "examples" / "python" / "mnist_mlp.py").write_text(src)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_")}
+    del env["PYTHONPATH"]           # the launcher's own: the home's package
+    r = subprocess.run(["bash", str(home / "bin" / "singa-run.sh"), "-exec",
+                        "examples/python/mnist_mlp.py"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = ast.literal_eval(next(line for line in r.stdout.splitlines()
+                                   if line.startswith("RESULT "))[len("RESULT "):])
+    # measured at 30 steps (seed 5): 0.423; from 0.1
+    assert set(result) == {"loss", "accuracy"} and result["accuracy"] > 0.3, result
+    assert (home / "examples" / "mnist" / "checkpoint" / "step30-worker0.bin").is_file()
+    assert r.stderr == "", r.stderr

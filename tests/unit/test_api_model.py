@@ -8,8 +8,8 @@ import pytest
 import singa
 from singa import config, naming
 from singa.errors import ConfigError
-from singa.model import (RBM, SGD, AdaGrad, Autoencoder, Cluster, Data, Dense, Energy, Model,
-                        Sequential)
+from singa.model import (RBM, SGD, AdaGrad, Autoencoder, Cluster, Data, Dense, Dropout, Energy,
+                        Model, Parameter, Sequential)
 from singa.proto import job_pb2
 
 EXAMPLE_CONFS = sorted(glob.glob(os.path.join(singa.HOME, "examples", "*", "*.conf")))
@@ -113,3 +113,31 @@ def test_compile_evaluate_and_predict_say_what_is_missing(tmp_path):
         m.evaluate()
     with pytest.raises(ConfigError, match="lr_type 'cosine'"):
         SGD(lr_type='cosine')
+
+
+def build_mlp(data_first):
+    """A model as a notebook cell or SINGA script builds it (its data layer made before the
+    model, as SINGA's scripts do, or added after)."""
+    data = Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=4) \
+        if data_first else None
+    m = Sequential('net')
+    m.add(data or Data(load='recordinput', phase='train', path='x.bin', batchsize=8, shape=4))
+    m.add(Dense(5, activation='tanh'))
+    m.add(Dropout())
+    m.add(Dense(3, w_param=Parameter(init='uniform'), activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(), cluster=Cluster('ws'))
+    return m.to_conf()
+
+
+@pytest.mark.parametrize("data_first", [True, False])
+def test_a_model_built_again_in_one_process_gets_the_names_of_a_fresh_process(data_first):
+    """Generated names count from the model's construction, and from zero again after a
+    compile: a cell re-run (or the next model) names its layers and params as SINGA's
+    helper did in a fresh process, so fit(resume=True) finds them in the snapshot."""
+    first = build_mlp(data_first)
+    assert 'name: "data0"' in first and 'name: "w1"' in first and 'name: "b2"' in first
+    assert build_mlp(data_first) == first
+    Dense(7)                    # layers built in between: another model, a cell run once
+    Parameter()
+    Sequential('other').add(Dense(4))
+    assert build_mlp(data_first) == first
