@@ -291,9 +291,9 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     plain = {"momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
              "learning_rate { type: kFixed base_lr: 0.5 }"}
     allreduce = job("allreduce", "nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
-                    "nservers_per_group: 3", 120)
+                    "nservers_per_group: 3", 121)
     downpour = job("downpour", "nworker_groups: 2 nserver_groups: 1 server_worker_separate: "
-                   "true", 241, plain)
+                   "true", 301, plain)
     local = dict(slurm_env, SINGA_CONF=str(conf_dir(tmp_path / "local", "localhost:2181",
                                                     tmp_path / "log")))
     outs = {"allreduce": tmp_path / "allreduce.out", "downpour": tmp_path / "downpour.out"}
@@ -303,8 +303,8 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     references = {}
     for name, cluster, steps, edits in (
             ("allreduce", "nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 3 "
-             "nworkers_per_procs: 3 nservers_per_group: 1", 120, None),
-            ("downpour", "nworker_groups: 1 nserver_groups: 1", 481, plain)):
+             "nworkers_per_procs: 3 nservers_per_group: 1", 121, None),
+            ("downpour", "nworker_groups: 1 nserver_groups: 1", 601, plain)):
         conf = job(f"{name}-one", cluster, steps, edits)
         log = tmp_path / f"{name}-one.log"
         with open(log, "w") as f:
@@ -332,13 +332,13 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     def losses(text):
         return [float(x) for x in re.findall(r"Train @ step \d+  Loss = ([\d.]+)", text)]
     one = references["allreduce"][1].read_text()
-    assert len(losses(texts["allreduce"])) == len(losses(one)) == 12
+    assert len(losses(texts["allreduce"])) == len(losses(one)) == 13
     np.testing.assert_allclose(losses(texts["allreduce"]), losses(one), rtol=1e-5)
-    assert abs(accuracy(texts["allreduce"], 60) - accuracy(one, 60)) < 1e-4
-    ours, ref = accuracy(texts["downpour"], 240), accuracy(references["downpour"][1].read_text(),
-                                                           480)
-    print(f"\nAllReduce on 3 nodes: accuracy {accuracy(texts['allreduce'], 60)} (one process "
-          f"{accuracy(one, 60)}); Downpour: {ours} (one worker, as many samples: {ref})")
+    assert abs(accuracy(texts["allreduce"], 120) - accuracy(one, 120)) < 1e-4
+    ours, ref = accuracy(texts["downpour"], 300), accuracy(references["downpour"][1].read_text(),
+                                                           600)
+    print(f"\nAllReduce on 3 nodes: accuracy {accuracy(texts['allreduce'], 120)} (one process "
+          f"{accuracy(one, 120)}); Downpour: {ours} (one worker, as many samples: {ref})")
     assert ours >= ref - 0.06, (ours, ref)
 
 
