@@ -1,7 +1,10 @@
-"""Caffe export: deploy.prototxt + model.caffemodel that the Caffe importer reads back to the
+"""Caffe export: deploy.prototxt + model.caffemodel that real Caffe ran to our outputs (its
+recorded blobs, tests/fixtures/caffe/exported), that the Caffe importer reads back to the
 same values (import ∘ export is the identity, bit for bit), and an imported Caffe model
 exported again gives back Caffe's own weights; ONNX of an imported Caffe model reproduces
 Caffe's outputs. Real Caffe is never needed."""
+import hashlib
+import importlib.util
 import os
 
 import numpy as np
@@ -17,6 +20,7 @@ from test_export_onnx import BRANCHES, CONVNET
 
 caffe_cli = pytest.importorskip("singa.interop.importer")
 FIXTURES = "tests/fixtures/caffe"
+EXPORTED = os.path.join(FIXTURES, "exported")
 
 
 def import_caffe(deploy, weights, out):
@@ -37,6 +41,55 @@ def caffemodel_blobs(path):
         net.ParseFromString(f.read())
     return {layer.name: [np.array(b.data, np.float32).reshape(tuple(b.shape.dim))
                          for b in layer.blobs] for layer in net.layer if layer.blobs}
+
+
+def exported_nets():
+    """tests/fixtures/caffe/exported/make/nets.py: the nets whose exports real Caffe ran."""
+    spec = importlib.util.spec_from_file_location(
+        "exported_nets", os.path.join(EXPORTED, "make", "nets.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["mlp", "lenet", "cifar10", "convnet", "rules",
+                                  "preprocess"])
+def test_real_caffe_ran_our_export_to_our_outputs(name, tmp_path):
+    """Each net of the fixtures (the MNIST MLP, LeNet, the cifar10 net, the Caffe convnet
+    imported, a net of Caffe's rules, one with kImagePreprocess), exported again: the same
+    deploy.prototxt and model.caffemodel bytes real Caffe 1.0 (pycaffe, CPU) ran, whose
+    recorded blobs are our forward's within 1e-5 (outputs; other blobs 1e-5 relative to their
+    size), from the job conf and, for the nets without a Power layer (STanh is written as
+    Power, TanH, Power; kImagePreprocess as Power: the importer takes no Power), from the
+    export imported back."""
+    folder = os.path.join(EXPORTED, name)
+    conf, snapshot, x = exported_nets().make(name, tmp_path / "src")
+    if name != "convnet":
+        assert np.array_equal(x, np.load(os.path.join(folder, "input.npy")))
+    deploy, weights = export_caffe(conf, snapshot, tmp_path / "caffe")
+    remake = "the export changed: remake the fixtures (tests/fixtures/caffe/exported/README.md)"
+    with open(deploy) as f, open(os.path.join(folder, caffe.DEPLOY)) as g:
+        assert f.read() == g.read(), remake
+    with open(weights, "rb") as f, open(os.path.join(folder, "model.sha256")) as g:
+        assert hashlib.sha256(f.read()).hexdigest() == g.read().split()[0], remake
+    caffes = np.load(os.path.join(folder, "caffe_blobs.npz"))
+    model = graph.read(conf, str(snapshot), "Caffe")
+    runs = [model]
+    if name in ("lenet", "cifar10", "convnet"):
+        back = import_caffe(deploy, weights, tmp_path / "back")
+        runs.append(graph.read(back, str(tmp_path / "back")))
+    assert set(model.outputs) <= set(caffes.files)
+    for ours in runs:
+        got = ours.forward({ours.inputs[0].name: x.reshape(ours.inputs[0].shape)})
+        for blob in caffes.files:
+            want = caffes[blob].astype(np.float64)
+            have = got[blob].reshape(want.shape)
+            bound = 1e-5 if blob in model.outputs else 1e-5 * max(1, np.abs(want).max())
+            diff = np.abs(have - want).max()
+            assert diff < bound, (blob, diff)
+        print(name, "max |Caffe − ours| of", model.outputs,
+              max(np.abs(got[o].reshape(caffes[o].shape) - caffes[o]).max()
+                  for o in model.outputs))
 
 
 @pytest.mark.parametrize("conf_text", [
