@@ -45,7 +45,7 @@ mkdir -p "$SINGA_LOG/slurm"
 batch=$(mktemp "$SINGA_LOG/slurm/singa-batch-XXXXXX.sh")
 cat >"$batch" <<EOF
 #!/usr/bin/env bash
-trap 'asked=1' USR1   # first: a warning may come early (the loop below passes it on)
+trap 'asked=\${asked:-\$(date +%T.%6N)}' USR1   # first: a warning may come early (the loop passes it on)
 trap 'true' TERM      # a user's scancel or a preemption: the tasks have it too and stop
 asked=""; run=""; passed=""
 # ours: SINGA job '$name' ($ntasks processes), from bin/singa-sbatch.sh
@@ -86,10 +86,11 @@ $(printf %q "$SINGA_BIN/singa-run.sh") -conf $(printf %q "$conf") "\${flags[@]}"
 run=\$!
 while :; do
   if [ -n "\$asked" ] && [ -z "\$passed" ]; then
-    # SIGUSR1 to singa-run.sh once its srun step exists (its trap is set; before, it would die)
-    while kill -0 "\$run" 2>/dev/null && ! squeue -h -s -j "\$SLURM_JOB_ID" -o %j 2>/dev/null | grep -q "^singa-"; do
+    # SIGUSR1 to singa-run.sh once it has started srun (its trap is set; before, it would die)
+    while kill -0 "\$run" 2>/dev/null && ! pgrep -P "\$run" -x srun >/dev/null; do
       sleep 0.2
     done
+    echo "singa-sbatch: SIGUSR1 at \$asked (the time limit is near, or by hand): the job snapshots and stops" >&2
     kill -USR1 "\$run" 2>/dev/null || true; passed=1
   fi
   rc=0; wait "\$run" || rc=\$?

@@ -243,9 +243,15 @@ def interrupted_and_resumed(slurm, out, job, workspace, uninterrupted, signal_na
     None: `on_requeue(step)` returns the new last step). Prints the timings."""
     stop, text = wait_for(out, r"stopping at step (\d+) after a snapshot", timeout)
     step = int(stop[1])
+    if signalled_at is None and signal_name == "SIGUSR1":       # the batch script's
+        got = re.search(r"^singa-sbatch: SIGUSR1 at (\d\d:\d\d:\d\d\.\d+)", text, re.M)
+        signalled_at = datetime.combine(datetime.now().date(), datetime.strptime(
+            got[1], "%H:%M:%S.%f").time()).timestamp()
     if signalled_at is None:        # the tasks' own log of the signal
         signalled_at = log_time(wait_for(out, rf"{signal_name}: a snapshot in a step or two",
                                          5)[0], text)
+    tasks_at = log_time(wait_for(out, rf"{signal_name}: a snapshot in a step or two", 5)[0],
+                        text)       # the first task's
     files = [workspace / "checkpoint" / f"step{step}-worker{w}.bin" for w in (0, 1)]
     wait_for(out, r"requeued$", 60)
     requeued = time.monotonic()
@@ -270,7 +276,8 @@ def interrupted_and_resumed(slurm, out, job, workspace, uninterrupted, signal_na
         for name in ref.names:
             np.testing.assert_array_equal(ours.param(name), ref.param(name), err_msg=name)
     print(f"\n{signal_name}: snapshot at step {step} on disk {snapped - signalled_at:.3f} s "
-          f"after the signal (last step shown before: {max(shown)}); requeue to the first "
+          f"after the signal ({snapped - tasks_at:.3f} s after a task had it; last step shown "
+          f"before: {max(shown)}); requeue to the first "
           f"resumed step {first_step - requeued:.1f} s; steps lost: 0 (resumed at {step})")
     return step
 
