@@ -165,14 +165,20 @@ def slurm_env(slurm, tmp_path):
     return env
 
 
-def sandblaster(fixture_job, name, workspace, steps=STEPS):
-    """Sandblaster in 3 processes: a server's and two workers'."""
-    return fixture_job(f"{name}.conf", workspace=workspace, head="seed: 7\n", edits={
-        "cluster { nworker_groups: 1 nserver_groups: 1":
-            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
-            "server_worker_separate: true",
-        "train_steps: 200": f"train_steps: {steps}", "test_freq: 100": "test_freq: 0",
-        "checkpoint_freq: 100": f"checkpoint_freq: {CHECKPOINT_FREQ}"})
+def sandblaster(path, workspace, steps=STEPS):
+    """SINGA's fixture job (tests/fixtures) as Sandblaster in 3 processes, a server's and two
+    workers', written to `path`."""
+    with open(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf")) as f:
+        text = f.read().replace("/tmp/singa-fixture-ws", str(workspace))
+    for old, new in {"cluster { nworker_groups: 1 nserver_groups: 1":
+                     "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
+                     "server_worker_separate: true",
+                     "train_steps: 200": f"train_steps: {steps}", "test_freq: 100": "test_freq: 0",
+                     "checkpoint_freq: 100": f"checkpoint_freq: {CHECKPOINT_FREQ}"}.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text("seed: 7\n" + text)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -180,17 +186,7 @@ def uninterrupted(slurm, tmp_path_factory):
     """The Sandblaster job's checkpoint folder after an uninterrupted run: its 3 processes on
     this machine (the ZooKeeper on the bridge), the reference of every interrupted run."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    with open(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf")) as f:
-        text = f.read()
-    conf = tmp / "whole.conf"
-
-    def write(name, workspace, edits, head):
-        body = text.replace("/tmp/singa-fixture-ws", str(workspace))
-        for old, new in edits.items():
-            body = body.replace(old, new)
-        conf.write_text(head + body)
-        return conf
-    sandblaster(write, "whole", tmp / "whole")
+    conf = sandblaster(tmp / "whole.conf", tmp / "whole")
     singa_conf = conf_dir(tmp / "conf", slurm.zk, tmp / "log") / "singa.conf"
     job_id, env, _ = new_job(slurm.zk)
     logs = [tmp / f"proc{i}.log" for i in range(3)]
@@ -218,7 +214,7 @@ def wait_state(slurm, job, states, timeout=120):
 
 def wait_for(out, pattern, timeout, start=0, poll=0.1):
     """The first match of `pattern` in the text of file `out` from offset `start`, waiting
-    for it; returns (match, offset in the file)."""
+    for it; returns (match, the file's text)."""
     deadline = time.monotonic() + timeout
     while True:
         text = out.read_text() if out.exists() else ""
@@ -247,13 +243,12 @@ def interrupted_and_resumed(slurm, out, job, workspace, uninterrupted, signal_na
         got = re.search(r"^singa-sbatch: SIGUSR1 at (\d\d:\d\d:\d\d\.\d+)", text, re.M)
         signalled_at = datetime.combine(datetime.now().date(), datetime.strptime(
             got[1], "%H:%M:%S.%f").time()).timestamp()
-    if signalled_at is None:        # the tasks' own log of the signal
-        signalled_at = log_time(wait_for(out, rf"{signal_name}: a snapshot in a step or two",
-                                         5)[0], text)
     tasks_at = log_time(wait_for(out, rf"{signal_name}: a snapshot in a step or two", 5)[0],
-                        text)       # the first task's
+                        text)       # the first task's log of the signal
+    if signalled_at is None:
+        signalled_at = tasks_at
     files = [workspace / "checkpoint" / f"step{step}-worker{w}.bin" for w in (0, 1)]
-    wait_for(out, r"requeued$", 60)
+    wait_for(out, r"^singa-sbatch: .*: requeued$", 60)
     requeued = time.monotonic()
     steps = on_requeue(step) if on_requeue else STEPS
     snapped = max(f.stat().st_mtime for f in files)
@@ -350,13 +345,14 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
 
 
 def test_sigusr1_snapshots_requeues_resumes_and_list_shows_the_slurm_job(
-        slurm, slurm_env, fixture_job, tmp_path, uninterrupted):
+        slurm, slurm_env, tmp_path, uninterrupted):
     """SIGUSR1 to the batch script (what --signal=B:USR1@T sends before the time limit, here
     by hand): the job snapshots at the step reached, requeues itself, and the next run
     resumes to the end with the params of an uninterrupted run. While it runs,
     singa-console.sh list shows Slurm's job id beside ours."""
     out = tmp_path / "signalled.out"
-    job = submit(sandblaster(fixture_job, "signalled", tmp_path / "signalled"), slurm_env, out)
+    job = submit(sandblaster(tmp_path / "signalled.conf", tmp_path / "signalled"), slurm_env,
+                 out)
     wait_for(out, r"Train @ step [1-9]\d*0 ", 120, poll=0.3)
     listed = sh(os.path.join(BIN, "singa-console.sh"), "list", env=slurm_env)
     assert re.search(rf"^\d+\s*\|3\s*\|{job}$", listed.stdout, re.M), listed.stdout
@@ -368,13 +364,14 @@ def test_sigusr1_snapshots_requeues_resumes_and_list_shows_the_slurm_job(
 
 
 def test_preemption_by_a_higher_priority_partition_snapshots_requeues_and_resumes(
-        slurm, slurm_env, fixture_job, tmp_path, uninterrupted):
+        slurm, slurm_env, tmp_path, uninterrupted):
     """A job of partition urgent needs every node: the running job's tasks get SIGTERM (its
     grace time), snapshot at the step reached and stop; the batch script requeues it (a job
     that ends within its grace is marked completed, not requeued), it runs again after the
     urgent one and resumes to the params of an uninterrupted run."""
     out = tmp_path / "preempted.out"
-    job = submit(sandblaster(fixture_job, "preempted", tmp_path / "preempted"), slurm_env, out)
+    job = submit(sandblaster(tmp_path / "preempted.conf", tmp_path / "preempted"), slurm_env,
+                 out)
     wait_for(out, r"Train @ step [1-9]\d*0 ", 120, poll=0.3)
     urgent = sh("sbatch", "-p", "urgent", "-N", str(NODES), "--exclusive",
                 f"--output={tmp_path}/urgent.out", "--wrap", "sleep 1", env=slurm_env).stdout
@@ -383,14 +380,14 @@ def test_preemption_by_a_higher_priority_partition_snapshots_requeues_and_resume
     assert slurm.state(urgent)[0] == "COMPLETED"
 
 
-def test_a_time_limit_snapshots_requeues_and_resumes(slurm, slurm_env, fixture_job, tmp_path):
+def test_a_time_limit_snapshots_requeues_and_resumes(slurm, slurm_env, tmp_path):
     """--time=1 (a minute, Slurm's least) with -warn 20: slurmctld looks at time limits every
     30 s and sends SIGUSR1 to the batch script at its first look from 10 s after the start (10
     to 40 s in). The job snapshots at the step reached and requeues itself. The requeued job
     would have a minute again (and a warning again: each run a step further); here, once it is
     requeued, its limit is lifted and its conf asks for 300 steps more, so that it finishes."""
     out = tmp_path / "limited.out"
-    conf = sandblaster(fixture_job, "limited", tmp_path / "limited", 100000)
+    conf = sandblaster(tmp_path / "limited.conf", tmp_path / "limited", 100000)
     job = submit(conf, slurm_env, out, "--time=1", warn=20)
 
     def lift(step):
@@ -402,11 +399,11 @@ def test_a_time_limit_snapshots_requeues_and_resumes(slurm, slurm_env, fixture_j
                             on_requeue=lift, timeout=90)
 
 
-def test_scancel_is_not_requeued(slurm, slurm_env, fixture_job, tmp_path):
+def test_scancel_is_not_requeued(slurm, slurm_env, tmp_path):
     """A user's scancel: the tasks' SIGTERM has them snapshot and stop (as in a preemption),
     but the job stays CANCELLED: no requeue."""
     out = tmp_path / "cancelled.out"
-    job = submit(sandblaster(fixture_job, "cancelled", tmp_path / "cancelled", 100000),
+    job = submit(sandblaster(tmp_path / "cancelled.conf", tmp_path / "cancelled", 100000),
                  slurm_env, out)
     wait_for(out, r"Train @ step [1-9]\d*0 ", 120, poll=0.3)
     sh("scancel", str(job), env=slurm_env)
@@ -415,13 +412,13 @@ def test_scancel_is_not_requeued(slurm, slurm_env, fixture_job, tmp_path):
     time.sleep(3)
     state, shown = slurm.state(job)
     assert state == "CANCELLED" and "Restarts=0" in shown, shown
-    assert not re.search(r"^singa-sbatch: .*requeued$", out.read_text(), re.M), out.read_text()[-3000:]
+    text = out.read_text()
+    assert not re.search(r"^singa-sbatch: .*requeued$", text, re.M), text[-3000:]
 
 
 def test_a_conf_whose_process_count_differs_from_the_allocation_is_one_line(slurm, slurm_env,
-                                                                            fixture_job,
                                                                             tmp_path):
-    conf = sandblaster(fixture_job, "mismatch", tmp_path / "mismatch", 10)      # 3 processes
+    conf = sandblaster(tmp_path / "mismatch.conf", tmp_path / "mismatch", 10)      # 3 processes
     r = sh("salloc", "-n", "2", os.path.join(BIN, "singa-run.sh"), "-conf", str(conf),
            env=slurm_env, check=False, timeout=120)
     assert r.returncode == 2, r.stdout + r.stderr
