@@ -163,3 +163,67 @@ def test_softmax_over_spatial_positions_is_refused():
                          'layer { name: "f" type: "Flatten" bottom: "c" top: "f" }\n'
                          'layer { name: "p" type: "Softmax" bottom: "f" top: "p" }'), "n")
     assert list(layers(t)["p"].srclayers) == ["c"]      # Flatten: SINGA reads by count
+
+
+STANH = ('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+         'inner_product_param { num_output: 5 } }\n'
+         'layer { name: "s_Bx" type: "Power" bottom: "ip" top: "s_Bx" '
+         'power_param { scale: 0.6666667 } }\n'
+         'layer { name: "s_tanh" type: "TanH" bottom: "s_Bx" top: "s_tanh" }\n'
+         'layer { name: "s" type: "Power" bottom: "s_tanh" top: "s" '
+         'power_param { scale: 1.7159047 } }\n'
+         'layer { name: "p" type: "Softmax" bottom: "s" top: "p" }\n')
+
+
+def test_our_exports_stanh_power_tanh_power_is_one_stanh():
+    t = translate(net_of(STANH), "n.prototxt")
+    assert [(layer.name, layer.type, list(layer.srclayers)) for layer in t.layers] == [
+        ("input", job_pb2.kRecordInput, []), ("ip", job_pb2.kInnerProduct, ["input"]),
+        ("s", job_pb2.kSTanh, ["ip"]), ("p", job_pb2.kSoftmax, ["s"])]   # s is (N, D)
+    # in place (Caffe's usual TanH) it is the same chain
+    inplace = STANH.replace('bottom: "s_Bx" top: "s_tanh"', 'bottom: "s_Bx" top: "s_Bx"') \
+        .replace('bottom: "s_tanh" top: "s"', 'bottom: "s_Bx" top: "s"')
+    assert [layer.type for layer in translate(net_of(inplace), "n").layers] == [
+        job_pb2.kRecordInput, job_pb2.kInnerProduct, job_pb2.kSTanh, job_pb2.kSoftmax]
+
+
+def test_an_stanh_whose_middle_blob_is_read_elsewhere_is_refused():
+    net = net_of(STANH + 'layer { name: "q" type: "ReLU" bottom: "s_tanh" top: "q" }\n')
+    with pytest.raises(Refused) as e:
+        translate(net, "n.prototxt")
+    assert str(e.value) == (
+        "n.prototxt: layer 's_Bx' of type Power starts an STanh (Power, TanH, Power), but "
+        "layer 'q' also reads its blob 's_tanh' (SINGA's kSTanh has no such output)")
+
+
+def test_a_scaling_power_of_input_images_is_image_preprocess():
+    """Our export of kImagePreprocess (no crop): Power (scale) on the input."""
+    t = translate(net_of('layer { name: "pre" type: "Power" bottom: "data" top: "pre" '
+                         'power_param { scale: 0.017 } }\n'
+                         'layer { name: "c" type: "Convolution" bottom: "pre" top: "c" '
+                         'convolution_param { num_output: 2 kernel_size: 3 } }\n'), "n")
+    pre = layers(t)["pre"]
+    assert (pre.type, list(pre.srclayers)) == (job_pb2.kImagePreprocess, ["input"])
+    assert np.float32(pre.rgbimage_conf.scale) == np.float32(0.017)
+    assert (pre.rgbimage_conf.cropsize, pre.rgbimage_conf.mirror) == (0, False)
+    assert list(layers(t)["c"].srclayers) == ["pre"]
+
+
+@pytest.mark.parametrize("layer", [
+    'bottom: "data" top: "y" power_param { power: 2 }',
+    'bottom: "data" top: "y" power_param { scale: 2 shift: 1 }',
+    'bottom: "data" top: "y" power_param { scale: 0 }',
+    # x·scale of a blob other than an input's images (SINGA's kImagePreprocess reads those)
+    'bottom: "c" top: "y" power_param { scale: 2 }',
+    # the first Power of an STanh without the rest
+    'bottom: "c" top: "y" power_param { scale: 0.6666667 }',
+])
+def test_any_other_power_is_refused_in_one_line(layer):
+    net = net_of('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+                 'convolution_param { num_output: 2 kernel_size: 3 } }\n'
+                 f'layer {{ name: "x" type: "Power" {layer} }}\n')
+    with pytest.raises(Refused) as e:
+        translate(net, "n.prototxt")
+    msg = str(e.value)
+    assert msg.startswith("n.prototxt: layer 'x' of type Power (power ")
+    assert "has no SINGA equivalent" in msg and "\n" not in msg

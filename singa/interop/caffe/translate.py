@@ -8,9 +8,10 @@ last wrote its bottoms, so Caffe's blob `conv1` after the in-place relu1 is SING
 phase, and the two are merged: a layer the same in both has no `include`, others have
 `include: kTrain` / `include: kTest`.
 
-Only exact equivalents are translated; a Caffe layer or setting that SINGA would compute
-differently is refused (`Refused`: one line naming the file, the layer and its type), never
-approximated. Params are named `<layer>_weight` and `<layer>_bias`.
+Only exact equivalents are translated (Power only where our exporter writes it: kSTanh as
+Power, TanH, Power, and kImagePreprocess's scale); a Caffe layer or setting that SINGA would
+compute differently is refused (`Refused`: one line naming the file, the layer and its type),
+never approximated. Params are named `<layer>_weight` and `<layer>_bias`.
 """
 import math
 import os
@@ -21,6 +22,7 @@ import numpy as np
 from singa.errors import ConfigError
 from singa.interop.caffe.blobs import read_blob_file
 from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, relative_to
+from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 __all__ = ["Refused", "Param", "Translation", "translate"]
@@ -85,8 +87,11 @@ class _Translator:
             self.tops = {}          # blob -> SINGA layer writing it last
             self.flat = set()       # blobs known to be (N, D): no spatial positions
             self.labels = {}        # label blob -> SINGA input layer
-            per_phase[phase] = [self._layer(layer) if in_phase(layer, phase) else None
-                                for layer in layers]
+            self.shapes = {}        # blob written by an input -> its records' shape
+            self.stanh = {}         # index of a TanH or last Power of an STanh -> its kSTanh
+            per_phase[phase] = []
+            for self.at, layer in enumerate(layers):        # self.at: where readers() looks
+                per_phase[phase].append(self._layer(layer) if in_phase(layer, phase) else None)
         out = []
         for train, test in zip(per_phase[TRAIN], per_phase[TEST]):
             if train is not None and test is not None and \
@@ -134,11 +139,25 @@ class _Translator:
         if len(layer.top) != 1:
             self.refuse(layer, f"has {len(layer.top)} tops, expected 1")
         self.tops[layer.top[0]] = conf.name
+        self.shapes.pop(layer.top[0], None)
         if flat or flat is None and layer.bottom and all(b in self.flat for b in layer.bottom):
             self.flat.add(layer.top[0])
         else:
             self.flat.discard(layer.top[0])
         return [conf]
+
+    def readers(self, blob, at):
+        """Indices of the layers of this phase after layer `at` that read the `blob` it
+        writes (until a layer writes that blob again)."""
+        out = []
+        for i in range(at + 1, len(self.net.layer)):
+            later = self.net.layer[i]
+            if in_phase(later, self.phase):
+                if blob in later.bottom:
+                    out.append(i)
+                if blob in later.top:
+                    break
+        return out
 
     def need_flat(self, layer):
         """Caffe's softmax is per spatial position over the channels, SINGA's over all of a
@@ -284,6 +303,8 @@ class _Translator:
                           f"{sc.path}: write it with RecordProto records of shape "
                           f"{list(shape)} (pixel bytes or float data) and their labels")
         self.tops[tops[0]] = (preprocess or conf).name
+        crop = t.crop_size and len(shape) == 3
+        self.shapes[tops[0]] = shape[:1] + (t.crop_size,) * 2 if crop else shape
         if len(shape) == 1:
             self.flat.add(tops[0])
         if len(tops) == 2:
@@ -328,7 +349,9 @@ def _input(t, layer):
     sc.shape.extend(dims[1:])
     t.notes.append(f"layer '{layer.name}' (Input) reads the kvfile {sc.path}: write it with "
                    f"RecordProto records of shape {dims[1:]} (or use the Python API's predict)")
-    return t.one_top(layer, conf, flat=len(dims) == 2)
+    out = t.one_top(layer, conf, flat=len(dims) == 2)
+    t.shapes[layer.top[0]] = tuple(dims[1:])
+    return out
 
 
 def _data(t, layer):
@@ -437,9 +460,74 @@ def _sigmoid(t, layer):
 
 
 def _tanh(t, layer):
+    if t.at in t.stanh:
+        return []           # the middle of an STanh (see _power)
     conf = t.new(layer, job_pb2.kActivation, t.src(layer, 1))
     conf.activation_conf.type = job_pb2.TANH        # kSTanh is the scaled 1.7159·tanh(2x/3)
     return t.one_top(layer, conf)
+
+
+def _power(t, layer):
+    """Caffe's y = (shift + scale·x)^power where SINGA computes the same float32 steps, which
+    covers all our exporter writes:
+    - Power (scale B) → TanH → Power (scale A), power 1, shift 0, B and A kSTanh's constants
+      (2/3 and 1.7159 as float32), whose middle blobs nothing else reads: one kSTanh named
+      after the last Power;
+    - x·scale (power 1, shift 0, scale ≠ 0) of an input's (C, S, S) images: kImagePreprocess
+      with that scale and no crop, the same in every phase.
+    Any other Power is refused."""
+    p = layer.power_param
+    if t.at in t.stanh:                 # the last Power of an STanh
+        src, flat = t.stanh[t.at]
+        return t.one_top(layer, t.new(layer, job_pb2.kSTanh, [src]), flat=flat)
+    (src,) = t.src(layer, 1)
+    linear = len(layer.top) == 1 and p.power == 1 and p.shift == 0
+    if linear and np.float32(p.scale) == STANH_B:
+        chain = _stanh_chain(t, layer)
+        if chain is not None:
+            tanh, last = chain
+            t.stanh[tanh] = None
+            t.stanh[last] = (src, layer.bottom[0] in t.flat)
+            return []
+    shape = t.shapes.get(layer.bottom[0])
+    if linear and p.scale != 0 and shape is not None and len(shape) == 3 and \
+            shape[1] == shape[2]:
+        conf = t.new(layer, job_pb2.kImagePreprocess, [src])
+        conf.rgbimage_conf.scale = p.scale
+        out = t.one_top(layer, conf)
+        t.shapes[layer.top[0]] = shape
+        return out
+    t.refuse(layer, f"(power {p.power:g}, scale {p.scale:g}, shift {p.shift:g}) has no SINGA "
+             f"equivalent: SINGA has x·scale only on an input's (N, C, S, S) images "
+             f"(kImagePreprocess) and 1.7159·tanh(2/3·x) as Power, TanH, Power (kSTanh)")
+
+
+def _stanh_chain(t, layer):
+    """(index of the TanH, index of the last Power) when Power `layer` (scale B) is read by
+    a TanH read by a Power (scale A, power 1, shift 0); None when it is not; refused when it
+    is but another layer reads a middle blob (kSTanh has no middle output)."""
+    first = t.readers(layer.top[0], t.at)
+    tanh = next((i for i in first if t.net.layer[i].type == "TanH"), None)
+    if tanh is None or len(t.net.layer[tanh].bottom) != 1 or len(t.net.layer[tanh].top) != 1:
+        return None
+    second = t.readers(t.net.layer[tanh].top[0], tanh)
+    last = next((i for i in second if _is_power(t.net.layer[i], STANH_A)), None)
+    if last is None:
+        return None
+    for i, readers, blob in ((tanh, first, layer.top[0]),
+                             (last, second, t.net.layer[tanh].top[0])):
+        other = next((j for j in readers if j != i), None)
+        if other is not None:
+            t.refuse(layer, f"starts an STanh (Power, TanH, Power), but layer "
+                     f"'{t.net.layer[other].name}' also reads its blob '{blob}' (SINGA's "
+                     f"kSTanh has no such output)")
+    return tanh, last
+
+
+def _is_power(layer, scale):
+    p = layer.power_param
+    return layer.type == "Power" and len(layer.bottom) == 1 and len(layer.top) == 1 and \
+        p.power == 1 and p.shift == 0 and np.float32(p.scale) == scale
 
 
 def _dropout(t, layer):
@@ -529,6 +617,10 @@ def _rename(t, layer):
     (src,) = t.src(layer, 1)
     for top in layer.top:
         t.tops[top] = src
+        if layer.type == "Split" and layer.bottom[0] in t.shapes:
+            t.shapes[top] = t.shapes[layer.bottom[0]]
+        else:
+            t.shapes.pop(top, None)
         if layer.type == "Flatten" or layer.bottom[0] in t.flat:
             t.flat.add(top)
     return []
@@ -544,7 +636,7 @@ _HANDLERS = {
     "InnerProduct": _inner_product, "Pooling": _pooling, "LRN": _lrn, "ReLU": _relu,
     "Sigmoid": _sigmoid, "TanH": _tanh, "Dropout": _dropout, "Softmax": _softmax,
     "SoftmaxWithLoss": _softmax_loss, "Accuracy": _accuracy, "Concat": _concat,
-    "Flatten": _rename, "Split": _rename, "Silence": _silence,
+    "Flatten": _rename, "Split": _rename, "Silence": _silence, "Power": _power,
 }
 
 
