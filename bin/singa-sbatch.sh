@@ -10,8 +10,10 @@
 # requeues itself, and the next run (SLURM_RESTART_COUNT > 0) passes -resume. Preemption
 # (SIGTERM to the tasks within the grace time) takes a snapshot the same way. `scancel` is not
 # requeued. Prints sbatch's "Submitted batch job <id>". Other options go to sbatch (-p, -t, -N,
-# --output, ...). ZooKeeper: the one conf/singa.conf names; a local one (the embedded default)
-# serves a job on one node only (singa-run.sh starts it there when it does not answer).
+# --ntasks-per-node=1 for a process per node, --output, ...). ZooKeeper: the one
+# conf/singa.conf names; when that is a local one (the embedded default), singa-run.sh starts
+# it on a job's one node, and for a job on several nodes the batch script runs one of the
+# job's own on the first node's address for the job's lifetime (docs/slurm.md).
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
