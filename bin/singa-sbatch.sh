@@ -56,11 +56,11 @@ python=$(printf %q "$PYTHON")
 # ZooKeeper: the one singa.conf names; a local one (the embedded default) serves a job on one
 # node, and on several a ZooKeeper of the job's own runs here, on the first node's address
 # (Slurm's NodeAddr), for the job's lifetime: the job's singa.conf names it
-zk_data=""
+zk_data=""; conf_dir=""
 stop_zk() {
   [ -n "\$zk_data" ] || return 0
   ZK_DATA="\$zk_data" SINGA_MANAGES_ZK=true $(printf %q "$SINGA_BIN/zk-service.sh") stop >/dev/null 2>&1 || true
-  rm -rf "\$zk_data"; zk_data=""
+  rm -rf "\$zk_data" "\$conf_dir"; zk_data=""
 }
 trap stop_zk EXIT
 case \$(\$python -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "\$SINGA_CONF/singa.conf") in

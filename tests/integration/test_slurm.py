@@ -326,7 +326,9 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     assert re.search(rf"singa-sbatch: ZooKeeper of Slurm job {jobs['allreduce']} on "
                      rf"{re.escape(slurm.hosts.addresses[0])}:\d+", texts["allreduce"])
     assert "ZooKeeper of Slurm job" not in texts["downpour"]
+    # that ZooKeeper is gone with the job: its data and the job's conf naming it
     assert not glob.glob(os.path.join(tempfile.gettempdir(), f"singa-zk-{jobs['allreduce']}-*"))
+    assert not (tmp_path / "log" / "slurm" / f"conf-{jobs['allreduce']}").exists()
 
     def accuracy(text, step):
         return float(re.search(rf"Test @ step {step}\n.*accuracy = ([\d.]+)", text)[1])
