@@ -15,6 +15,17 @@ def identity(address):
     return b"%d" % address
 
 
+def over_tcp(frame):
+    """Whether a received `frame` came from another process: ZeroMQ gives a tcp frame its
+    peer's address as metadata and an inproc frame none. Not the identity, which a tcp peer
+    may set to an executor's."""
+    try:
+        frame.get("Peer-Address")
+        return True
+    except zmq.ZMQError:
+        return False
+
+
 class Dealer:
     """One executor's socket, identified by its address, connected to a Router endpoint."""
 
@@ -103,11 +114,10 @@ class Router:
         if not self.sock.poll(timeout_ms):
             return None
         frames = self.sock.recv_multipart(copy=False)
-        if frames[0].bytes[:1] == b"\0":     # ZeroMQ's own identity: a Peer, over tcp
-            if len(frames) < 2 or frames[1].bytes != self.job:
-                got = frames[1].bytes[:20] if len(frames) > 1 else b""
-                raise ClusterError(f"a message of another job ({got!r}), not of job "
-                                   f"{self.job.decode()}")
+        if len(frames) > 1 and over_tcp(frames[1]):    # a Peer: whatever identity it set
+            if frames[1].bytes != self.job:
+                raise ClusterError(f"a message of another job ({frames[1].bytes[:20]!r}), not "
+                                   f"of job {self.job.decode()}")
             return Msg.from_frames(frames[2:])
         return Msg.from_frames(frames[1:])
 

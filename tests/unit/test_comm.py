@@ -6,7 +6,7 @@ import pytest
 import zmq
 
 from singa.comm import msg as m
-from singa.comm.socket import Dealer, Router
+from singa.comm.socket import Dealer, Peer, Router
 from singa.comm.stub import ParamEntry, Stub
 from singa.proto import job_pb2
 from singa.server import Server
@@ -44,9 +44,11 @@ def test_format_frames_round_trip_every_kind():
 def test_array_frames_alias_in_process_and_copy_across_tcp(transport):
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-alias" if transport == "inproc" else "tcp://127.0.0.1:*")
-    d = Dealer(ctx, m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    src = m.addr(0, 0, m.kWorkerParam)     # across processes a Peer sends (the job id first)
+    d = Dealer(ctx, src, router.endpoint) if transport == "inproc" else \
+        Peer(ctx, router.endpoint)
     small, big = np.arange(3, dtype=np.float32), np.arange(100000, dtype=np.float32)
-    d.send(m.Msg(d.address, 1, m.kPut, frames=[m.array_frame(small), m.array_frame(big)]))
+    d.send(m.Msg(src, 1, m.kPut, frames=[m.array_frame(small), m.array_frame(big)]))
     got = router.receive(2000)
     views = [m.frame_array(f, a.size) for f, a in zip(got.frames, (small, big))]
     for view, a in zip(views, (small, big)):

@@ -108,3 +108,30 @@ def test_a_peer_of_another_job_or_run_is_refused_by_its_job_id():
     finally:
         for t in (ours, earlier, same):
             t.close()
+
+
+def test_a_tcp_peer_that_sets_an_executors_identity_is_still_checked():
+    """The job id check does not depend on ZeroMQ's identity: a tcp peer calling itself
+    worker (0, 0), as an inproc Dealer is, must still carry the job's id."""
+    ours = Transport(job=12)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        endpoint = ours.listen("127.0.0.1")
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, b"%d" % m.addr(0, 0, m.kWorkerParam))
+        sock.connect("tcp://" + endpoint)
+        forged = m.Msg(m.addr(0, 0, m.kWorkerParam), m.STUB, m.kStop, frames=[b"forged"])
+        sock.send_multipart([forged.header(), *forged.frames])      # no job frame at all
+        sock.send_multipart([b"11", forged.header(), *forged.frames])
+        for _ in range(2):
+            with pytest.raises(ClusterError, match=r"a message of another job .*not of job 12"):
+                while ours.router.receive(3000) is None:
+                    pass
+        sock.send_multipart([b"12", forged.header(), b"ours"])
+        got = ours.router.receive(3000)
+        assert got is not None and bytes(got.frames[0]) == b"ours"
+    finally:
+        sock.close()
+        ours.close()
+        ctx.term()
