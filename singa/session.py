@@ -84,24 +84,31 @@ def train(job, resume=False, verbose=False, progress=True):
 
 
 def check_resumable(job):
-    """A resume of `job` starts from the newest complete snapshot of its workspace: that
-    snapshot must hold every param of the job's net, else the job would start afresh under
-    the "Resume" line and write over it (a net whose params are named otherwise: another
-    model, or one whose generated names differ). CheckpointError naming the missing params."""
+    """A resume of `job` starts from the newest snapshot of its workspace: that snapshot (as
+    its `.meta` files list it) must hold every param of the job's net, else the job would
+    start afresh under the "Resume" line and write over it (a net whose params are named
+    otherwise: another model, or one whose generated names differ). CheckpointError naming
+    the missing params."""
     folder = os.path.join(job.cluster.workspace, "checkpoint")
     if not os.path.isdir(folder):
         return
-    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
-    if snap is None:
+    by_step = {}       # the .meta texts name the params: the snapshot itself is read once, later
+    for name in os.listdir(folder):
+        sw = checkpoint.parse_step_worker(name[:-len(checkpoint.META_SUFFIX)])
+        if sw and name.endswith(checkpoint.META_SUFFIX):
+            by_step.setdefault(sw[0], []).append(os.path.join(folder, name))
+    if not by_step:
         return
-    stored = {name if "#" in name else f"0#{name}"
-              for reader in snap.readers.values() for name in reader.names}
+    step = max(by_step)
+    stored = {p[0] if "#" in p[0] else f"0#{p[0]}"
+              for path in by_step[step] for p in checkpoint.read_meta(path)["params"]}
     net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
     missing = [p.name for p in net.owner_params if p.name not in stored]
     if missing:
         shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
         raise CheckpointError(
-            f"resume: the newest snapshot {snap.files[min(snap.files)]} (step {snap.step}) "
+            f"resume: the newest snapshot {checkpoint.snapshot_file(folder, step, 0)} "
+            f"(step {step}) "
             f"lacks {len(missing)} of the {len(net.owner_params)} params of '{job.name}' "
             f"({shown}): it is another net's; resume in this net's workspace, or train "
             f"without resume (which writes over it)")
