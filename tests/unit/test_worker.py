@@ -49,7 +49,7 @@ class LocalBPTTWorker(BPTTWorker):
     def __init__(self, net):
         self.train_net = net
         self.updated = []
-        self.channel = None     # alone in its group
+        self.channel, self.grp = None, 0     # alone in group 0
 
     def collect(self, p):
         pass
@@ -125,7 +125,7 @@ def test_test_metrics_for_the_snapshot_are_the_unrounded_numbers(caplog):
     for p in net.owner_params:
         p.init_values(np.random.default_rng(p.id))
     worker = Worker.__new__(Worker)
-    worker.channel = None       # a worker alone in its group
+    worker.channel, worker.grp = None, 0    # a worker alone in group 0
     with caplog.at_level(logging.INFO, logger="singa"):
         metrics = worker.test(1, kTest, net)
     p, labels = net.by_name["0#loss"].data.astype(np.float64), net.by_name["0#data"].aux_data
