@@ -26,6 +26,7 @@ MIN_CHUNKS, MAX_CHUNKS = 8, 16
 # `matmul` cuts a product into pieces of at least PIECE_FLOPS, at most MAX_PIECES of them.
 PIECE_FLOPS = 1 << 22
 MAX_PIECES = 8
+ROW_CUT = 256
 
 
 @contextlib.contextmanager
@@ -93,15 +94,19 @@ def chunks(n, sample_bytes):
 
 
 def matmul(a, b, out):
-    """out = a·b for 2-D arrays, the longer of out's dimensions cut into pieces."""
+    """out = a·b for 2-D arrays, cut into pieces of out's rows when it has ROW_CUT of them or
+    more (or more rows than columns), else of its columns. Pieces of rows run faster: a
+    weight gradient gᵀ·x of (2000, 2500) at 97 against 85 GFLOP/s a core in column pieces."""
     m, n = out.shape
-    pieces = int(min(MAX_PIECES, max(m, n), max(1, 2 * m * n * a.shape[1] // PIECE_FLOPS)))
+    by_rows = m >= n or m >= ROW_CUT
+    pieces = int(min(MAX_PIECES, m if by_rows else n,
+                     max(1, 2 * m * n * a.shape[1] // PIECE_FLOPS)))
     if pieces == 1:
         np.matmul(a, b, out=out)
         return out
-    length = max(m, n)
+    length = m if by_rows else n
     cuts = [k * length // pieces for k in range(pieces + 1)]
-    if m >= n:
+    if by_rows:
         run(lambda i, _: np.matmul(a[cuts[i]:cuts[i + 1]], b, out=out[cuts[i]:cuts[i + 1]]),
             pieces)
     else:
