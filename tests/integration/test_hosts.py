@@ -223,6 +223,11 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
             assert took <= 30, (took, text)
         else:
             assert "restart 1 of 1" in text, text
+            # why it cannot go on: the restart finds the host lost again, and no restart is left
+            again = text.split("restart 1 of 1", 1)[1]
+            assert f"singa-run: lost host {dead}" in again, again
+            assert re.search(r"singa-run: job \d+ failed \(exit \d+\); not restarted: "
+                             r"max_restarts 1 reached", again), again
 
 
 
