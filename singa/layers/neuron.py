@@ -14,9 +14,6 @@ __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "Acti
 # SINGA's scaled tanh constants (mshadow op::stanh).
 STANH_A = np.float32(1.7159047)
 STANH_B = np.float32(0.66666667)
-# Elementwise layers share arrays of this many bytes or more out over the compute threads: on
-# smaller ones (the MLP's STanh, 64 x 2500) the hand-off cost more than it saved (bench/README.md).
-PARALLEL_BYTES = 1 << 21
 
 
 def partitioned(layer, n, what="num_output"):
@@ -97,8 +94,7 @@ class _Elementwise(Layer):
     """y = f(x) elementwise; gx = g·f', where f' is computed from y.
 
     Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d). The derivative
-    goes to a scratch blob first so that gx may alias g (share_src_blobs). Both run by chunks
-    of samples on the compute threads (`row_chunks`), each chunk's passes while it is in cache.
+    goes to a scratch blob first so that gx may alias g (share_src_blobs).
     """
 
     feature_parts = True
@@ -110,31 +106,13 @@ class _Elementwise(Layer):
         self._d = np.empty_like(self.data)
 
     def compute_feature(self, flag, srclayers):
-        x, y, cuts = srclayers[0].data_for(self), self.data, row_chunks(self.data)
-        threads.run(lambda i, _: self.forward(x[cuts[i]], y[cuts[i]]), len(cuts))
+        self.forward(srclayers[0].data_for(self), self.data)
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
-        if gsrc is None:
-            return
-        y, d, g, cuts = self.data, self._d, self.grad, row_chunks(self.data)
-
-        def chunk(i, _):
-            c = cuts[i]
-            self.derivative(y[c], d[c])
-            np.multiply(g[c], d[c], out=gsrc[c])
-        threads.run(chunk, len(cuts))
-
-
-def row_chunks(a):
-    """Slices of a's first dimension for elementwise work shared out over the compute threads:
-    `threads.chunks` (4 arrays of a sample's size in its working set), or the whole of a
-    small array, where handing chunks to the other threads costs more than it saves. The
-    results are the same whatever the cut (elementwise)."""
-    n = a.shape[0] if a.ndim else 1
-    if a.nbytes < PARALLEL_BYTES or n < 2:
-        return [slice(None)]
-    return threads.chunks(n, 4 * a.nbytes // n)
+        if gsrc is not None:
+            self.derivative(self.data, self._d)
+            np.multiply(self.grad, self._d, out=gsrc)
 
 
 def _relu(x, y):

@@ -3,9 +3,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import threads
 from singa.errors import ConfigError
-from singa.layers import neuron
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2
 
@@ -88,40 +86,6 @@ def test_activation_layer_values_and_gradients(kind, layer_type):
     layer.compute_feature(FORWARD, [src])
     np.testing.assert_allclose(layer.data, ACTIVATIONS[kind](src.data), rtol=1e-5, atol=1e-6)
     check_gradients(layer, [src])
-
-
-@pytest.mark.parametrize("conf", ['type: kSTanh', 'type: kReLU', 'type: kSigmoid',
-                                  'type: kActivation activation_conf { type: TANH }',
-                                  'type: kActivation activation_conf { type: STANH } '
-                                  'share_src_blobs: true'])
-def test_elementwise_layers_in_chunks_give_the_same_bits_on_any_number_of_threads(
-        monkeypatch, conf):
-    # arrays this small are cut in chunks of samples (7 rows: chunks of 4 and 3) only
-    # when the size threshold is lowered
-    monkeypatch.setattr(neuron, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
-    x, g = inputs((7, 3, 5), away_from_zero=0.05), inputs((7, 3, 5), seed=2)
-    results = []
-    for nthreads in (1, 2, 3):
-        src = Source(x.copy())
-        layer = make_layer(f'name: "f" {conf}', [src])
-        assert len(neuron.row_chunks(layer.data)) > 1
-        with threads.limit(nthreads):
-            layer.compute_feature(FORWARD, [src])
-            y = layer.data.copy()
-            src.grad[...] = np.nan      # before g: with share_src_blobs they are one array
-            layer.grad[...] = g
-            layer.compute_gradient(BACKWARD, [src])
-        results.append((y, src.grad.copy()))
-    monkeypatch.setattr(neuron, "PARALLEL_BYTES", 1 << 30)   # one chunk: the whole array
-    src = Source(x.copy())
-    layer = make_layer(f'name: "f" {conf}', [src])
-    layer.compute_feature(FORWARD, [src])
-    y = layer.data.copy()
-    layer.grad[...] = g
-    layer.compute_gradient(BACKWARD, [src])
-    for got_y, got_gx in results:
-        assert np.array_equal(got_y, y) and np.array_equal(got_gx, src.grad)
 
 
 def test_activation_sharing_source_blobs_works_in_place():
