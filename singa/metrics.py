@@ -127,7 +127,8 @@ class Reporter:
 
 def read_rows(path, job_id=None):
     """The rows of metrics.csv `path` ({field: value}, value and step as numbers), those of
-    job `job_id` when given; a torn last line (a writer killed mid-row) is skipped."""
+    job `job_id` when given; a row lacking a field (a torn last line: a writer killed mid-row)
+    is skipped."""
     try:
         with open(path, newline="") as f:
             text = f.read()
@@ -135,6 +136,8 @@ def read_rows(path, job_id=None):
         return []
     rows = []
     for row in csv.DictReader(io.StringIO(text)):
+        if any(row.get(name) is None for name in FIELDS):
+            continue        # not a whole row of ours (or a file without our header)
         try:
             row = dict(row, job=int(row["job"]), group=int(row["group"]), step=int(row["step"]),
                        value=float(row["value"]), wall_time=float(row["wall_time"]))

@@ -120,3 +120,13 @@ def test_a_fresh_rerun_is_drawn_alone_unless_all(tmp_path):
     r = run(tmp_path, "-all")
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"{tmp_path / 'curves.png'}: accuracy, loss (test, train), steps 0 to 40\n"
+
+
+def test_rows_lacking_a_field_are_skipped_so_runs_never_fail(tmp_path):
+    """A file without our header (or a torn row) gives no rows rather than a KeyError later in
+    `runs` (which a metrics report of a running job calls)."""
+    path = tmp_path / "metrics.csv"
+    path.write_text("job,group,step,metric,value,wall_time\n1,0,5,loss,0.5,1.0\n")
+    assert read_rows(str(path)) == []
+    path.write_text(",".join(metrics.FIELDS) + "\n1,0,5,train,loss,0.5,1.0\n1,0,6,train\n")
+    assert [r["step"] for r in metrics.newest_run(read_rows(str(path)))] == [5]
