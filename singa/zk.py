@@ -17,6 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, KazooException, NoAuthError, NodeExistsError,
                               NoNodeError)
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.security import make_acl
 
 from singa.errors import ClusterError, ConfigError
 
@@ -27,6 +28,9 @@ HOST_IDX = "/singa/sys/host-idx"
 APP = "/singa/app"
 SESSION_TIMEOUT = 10.0     # seconds (SINGA's 30,000 ms): how soon a killed process is seen lost
 SHUTDOWN_TIMEOUT = 3.0     # seconds a call on the way out may wait (its ephemeral node expires anyway)
+#: the shared nodes: every user of SINGA reads, writes, creates and deletes, nobody changes
+#: their ACL (ADMIN), so no stranger can lock later launches out
+SHARED_ACL = [make_acl("world", "anyone", read=True, write=True, create=True, delete=True)]
 
 log = logging.getLogger("singa")
 # kazoo warns on every failed connection attempt; our errors say it in one line instead.
@@ -93,10 +97,11 @@ class ZKService:
         return self.client.connected
 
     def ensure(self, path, value=b"", acl=None):
-        """Create a persistent node (and its parents, with the same `acl`; None: open to
-        all); an existing node counts as success."""
+        """Create a persistent node (and its parents, with the same `acl`; None: SHARED_ACL);
+        an existing node counts as success."""
         try:
-            self.wait(self.client.create_async(path, value, acl=acl, makepath=True),
+            self.wait(self.client.create_async(path, value, acl=acl or SHARED_ACL,
+                                               makepath=True),
                       "create " + path)
         except NodeExistsError:
             pass

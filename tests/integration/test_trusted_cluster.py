@@ -10,6 +10,7 @@ import pytest
 import zmq
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from conftest import PYTHON, new_job, start_drivers
 from singa.checkpoint import CheckpointReader
@@ -187,8 +188,9 @@ def test_strangers_cannot_change_a_job_nor_grow_it(layout, fixture_job, singa_co
 
 def test_a_foreign_zookeeper_client_cannot_change_a_running_job(fixture_job, singa_conf,
                                                                  zk_server, tmp_path):
-    """Delete a process's node, create a proc-done mark, rewrite an endpoint: NoAuth each;
-    the job goes on and ends normally. Anyone may still list it."""
+    """Delete a process's node, create a proc-done mark, rewrite an endpoint, change the ACL
+    of a shared node: NoAuth each; the job goes on and ends normally. Anyone may still list
+    it."""
     job_id, _, procs = start(job_conf(fixture_job, tmp_path, "guarded", steps=STEPS), singa_conf,
                              zk_server)
     job = job_path(job_id)
@@ -205,7 +207,10 @@ def test_a_foreign_zookeeper_client_cannot_change_a_running_job(fixture_job, sin
                         lambda: foreign.create(f"{job}/proc-done/proc-1"),
                         lambda: foreign.set(f"{job}/proc/proc-0", b"10.9.9.9:1|1"),
                         lambda: foreign.create(f"{job}/proc/proc-7", b"x"),
-                        lambda: foreign.delete(f"{job}/proc-done")):
+                        lambda: foreign.delete(f"{job}/proc-done"),
+                        # the shared nodes: nobody may change their ACLs and lock launches out
+                        lambda: foreign.set_acls("/singa/app", OPEN_ACL_UNSAFE),
+                        lambda: foreign.set_acls("/singa/sys/job-lock", OPEN_ACL_UNSAFE)):
             with pytest.raises(NoAuthError):
                 attempt()
             refused.append(True)
@@ -215,7 +220,7 @@ def test_a_foreign_zookeeper_client_cannot_change_a_running_job(fixture_job, sin
         foreign.stop()
         foreign.close()
     outs = finish(procs)
-    assert len(refused) == 5
+    assert len(refused) == 7
     assert all(p.returncode == 0 for p in procs), "\n".join(outs)
 
 
