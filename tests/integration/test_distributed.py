@@ -164,10 +164,11 @@ def accuracy_at(log, step):
 # momentum: with the fixture's momentum 0.9 the test accuracy of Downpour and Hogwild swings by
 # 2-4 points between tests and ends 0.5-1.6 points below one worker's on average (6 seeds). With
 # plain SGD at the same step size (lr 0.5 = 0.05 / (1 - 0.9)) both match one worker (measured
-# over 6 seeds: one 0.775 +- 0.004, Downpour 0.781 +- 0.007, Hogwild 0.782 +- 0.005). On a loaded
-# machine group 0 can finish (and test) while group 1 has trained fewer steps, so the tested
-# params hold fewer samples: CI once saw Hogwild at 0.742 and a loaded run Downpour at 0.736
-# against 0.776. Only falling short is a failure, by at most 6 points.
+# over 6 seeds: one 0.775 +- 0.004, Downpour 0.781 +- 0.007, Hogwild 0.782 +- 0.005). But group 0
+# tests at its step 300 whenever it gets there: on a loaded machine group 1 may have trained
+# fewer steps by then (CI once saw Hogwild at 0.742 and a loaded run Downpour at 0.736 against
+# 0.776), so the tested params hold between one worker's 300 and 600 steps of samples. The
+# accuracy must lie within 2 points of the band one worker spans between those two steps.
 PLAIN_SGD = {"momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
              "learning_rate { type: kFixed base_lr: 0.5 }"}
 ASYNCHRONOUS = {
@@ -190,8 +191,8 @@ def test_asynchronous_frameworks_reach_the_accuracy_of_one_worker(framework, fix
                                                                    singa_conf, zk_server, tmp_path):
     """Two asynchronous worker groups (SINGA's Downpour: a server group of their own process;
     Distributed Hogwild: a server group each, in each group's process or all in one, synced
-    every 2 updates): after as many samples as one worker's 600 steps (300 each), test
-    accuracy at most 6 points below that worker's (see above)."""
+    every 2 updates): after 300 steps each, test accuracy within 2 points of the band one
+    worker spans from its step 300 to its step 600 (as many samples; see above)."""
     one = run_job(plain_sgd_job(fixture_job, tmp_path, "single", "nworker_groups: 1 "
                                 "nserver_groups: 1", 601), singa_conf, zk_server, 1)
     cluster, nprocs = ASYNCHRONOUS[framework]
@@ -199,8 +200,9 @@ def test_asynchronous_frameworks_reach_the_accuracy_of_one_worker(framework, fix
                    zk_server, nprocs)
     assert one[0][0] == 0 and all(rc == 0 for rc, _ in many), "\n".join(log for _, log in many)
     logs = "".join(log for _, log in many)
-    ours, ref = accuracy_at(logs, 300), accuracy_at(one[0][1], 600)
-    assert ours >= ref - 0.06, (ours, ref)
+    ours = accuracy_at(logs, 300)
+    low, high = sorted((accuracy_at(one[0][1], 300), accuracy_at(one[0][1], 600)))
+    assert low - 0.02 <= ours <= high + 0.02, (ours, low, high)
     if framework.startswith("hogwild"):   # each server synced its other half with the master
         syncs = re.findall(r"Server \(group = (\d), id = 0\): (\d+) syncs with master servers, "
                            r"(\d+) as master", logs)
