@@ -282,8 +282,8 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     """One process per node, each bound to its node's address. AllReduce with the embedded
     default ZooKeeper (singa.conf names a local one: the batch script runs one on the first
     node for the job's lifetime) trains as in one process; Downpour (the bridge's ZooKeeper,
-    plain SGD) ends within 6 points of one worker that saw as many samples (as
-    test_distributed.py: asynchronous updates on a loaded machine fall short a little)."""
+    plain SGD) ends within 2 points of the band one worker spans from its step 300 to its step
+    600 (as test_distributed.py: group 1 may lag when group 0 tests)."""
     def job(name, cluster, steps, edits=None):
         return fixture_job(f"{name}.conf", workspace=tmp_path / name, head="seed: 7\n", edits={
             "cluster { nworker_groups: 1 nserver_groups: 1": f"cluster {{ {cluster}",
@@ -339,11 +339,12 @@ def test_allreduce_and_downpour_on_three_nodes_reach_the_accuracy_of_one_process
     assert len(losses(texts["allreduce"])) == len(losses(one)) == 13
     np.testing.assert_allclose(losses(texts["allreduce"]), losses(one), rtol=1e-5)
     assert abs(accuracy(texts["allreduce"], 120) - accuracy(one, 120)) < 1e-4
-    ours, ref = accuracy(texts["downpour"], 300), accuracy(references["downpour"][1].read_text(),
-                                                           600)
+    single = references["downpour"][1].read_text()
+    ours = accuracy(texts["downpour"], 300)
+    low, high = sorted((accuracy(single, 300), accuracy(single, 600)))
     print(f"\nAllReduce on 3 nodes: accuracy {accuracy(texts['allreduce'], 120)} (one process "
-          f"{accuracy(one, 120)}); Downpour: {ours} (one worker, as many samples: {ref})")
-    assert ours >= ref - 0.06, (ours, ref)
+          f"{accuracy(one, 120)}); Downpour: {ours} (one worker at steps 300-600: {low}-{high})")
+    assert low - 0.02 <= ours <= high + 0.02, (ours, low, high)
 
 
 def test_sigusr1_snapshots_requeues_resumes_and_list_shows_the_slurm_job(
