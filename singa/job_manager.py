@@ -23,8 +23,9 @@ class JobManager:
 
     def new_job_id(self, trust=None):
         """A new job id: the sequence number of a fresh /singa/sys/job-lock/lock- node. With
-        a `trust` (`singa.trust.JobTrust`) the job's node is made here with its ACL; an id
-        whose node exists already (made by another client) is passed over."""
+        a `trust` (`singa.trust.JobTrust`) the job's node is made here with its ACL. An id
+        whose node exists already (made by another client, or a job that a cleanup left) is
+        passed over."""
         zk = self.zk
         while True:
             try:
@@ -33,7 +34,9 @@ class JobManager:
             except NoNodeError:
                 raise _deleted(zk, JOB_LOCK) from None
             job_id = int(path[-10:])
-            if trust is None:
+            if trust is None:       # ids restart after a cleanup: pass over a job left there
+                if zk.wait(zk.client.exists_async(job_path(job_id)), "look up the job's node"):
+                    continue
                 return job_id
             try:
                 zk.wait(zk.client.create_async(job_path(job_id), acl=trust.zk_acl),

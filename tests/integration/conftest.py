@@ -49,7 +49,15 @@ def start_drivers(conf, singa_conf, job_id, env, logs, flags=()):
 
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory):
-    """A ZooKeeper server of its own (bin/zk-service.sh, free port, tmp data); yields "127.0.0.1:<port>"."""
+    """A ZooKeeper server of the test run (bin/zk-service.sh, free port, tmp data); yields
+    "127.0.0.1:<port>". Jobs killed by tests stay listed in it (their nodes are protected)."""
+    yield from zookeeper(tmp_path_factory)
+
+
+def zookeeper(tmp_path_factory):
+    """Run a ZooKeeper server of its own while the generator is open, yielding its
+    "127.0.0.1:<port>": a module whose tests list every job overrides `zk_server` with one
+    of its own, so that no other module's jobs are there."""
     port = free_port()
     env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path_factory.mktemp("zookeeper")),
                SINGA_MANAGES_ZK="true")

@@ -26,7 +26,7 @@ class Hosts:
     """A bridge at <net>.1 and `n` namespaces <net>.11, .12, ... each running sshd."""
 
     def __init__(self, tmp_path, n=3):
-        self.namespaces, self.addresses, self.sshd = [], [], []
+        self.namespaces, self.addresses, self.sshd, self.veths = [], [], [], []
         self.bridge = f"sgbr{os.getpid() % 10000}"
         try:
             self.make(tmp_path, n)
@@ -47,7 +47,9 @@ class Hosts:
         sh("ip", "link", "set", self.bridge, "up")
         for i in range(1, n + 1):
             ns, veth, address = f"sgh{i}-{tag}", f"sgv{i}-{tag}", f"{self.net}.{10 + i}"
+            sh("ip", "link", "del", veth, check=False)   # an earlier test's, kept by a leftover
             sh("ip", "netns", "add", ns)
+            self.veths.append(veth)
             self.namespaces.append(ns)
             sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             sh("ip", "link", "set", veth, "master", self.bridge, "up")
@@ -84,6 +86,8 @@ class Hosts:
                 except ProcessLookupError:
                     pass
             sh("ip", "netns", "del", ns, check=False)
+        for veth in self.veths:     # gone with its namespace, unless a process still holds it
+            sh("ip", "link", "del", veth, check=False)
         sh("ip", "link", "del", self.bridge, check=False)
 
 

@@ -9,10 +9,18 @@ import time
 import pytest
 
 import singa
-from conftest import ZK_SERVICE, free_port
+from conftest import ZK_SERVICE, free_port, zookeeper
 from singa.errors import ClusterError
 from singa.job_manager import JobManager
 from singa.zk import APP, HOST_IDX, JOB_LOCK, ZKService, job_path
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    """This module's own ZooKeeper: its tests list every job, so no other module's may be there
+    (jobs killed elsewhere stay, their nodes protected)."""
+    yield from zookeeper(tmp_path_factory)
+
 
 BIN = os.path.join(singa.HOME, "bin")
 

@@ -7,9 +7,18 @@ import time
 import pytest
 
 import singa
+from conftest import zookeeper
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.zk import ZKService
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    """This module's own ZooKeeper: its tests list every job, so no other module's may be there
+    (jobs killed elsewhere stay, their nodes protected)."""
+    yield from zookeeper(tmp_path_factory)
+
 
 BIN = os.path.join(singa.HOME, "bin")
 

@@ -5,11 +5,21 @@ import shutil
 import subprocess
 
 import numpy as np
+import pytest
 
 import singa
+from conftest import zookeeper
 from singa.checkpoint import CheckpointReader
 from singa.job_manager import JobManager
 from singa.zk import ZKService, job_path
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    """This module's own ZooKeeper: its tests list every job, so no other module's may be there
+    (jobs killed elsewhere stay, their nodes protected)."""
+    yield from zookeeper(tmp_path_factory)
+
 
 GLOG = re.compile(r"[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ [\w.]+:\d+\] (.*)")
 TRAIN = re.compile(r"Train @ step (\d+)  Loss = (\d+\.\d{6}), accuracy = (\d+\.\d{6})")

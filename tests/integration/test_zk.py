@@ -8,10 +8,20 @@ import pytest
 from kazoo.client import KazooClient
 
 import singa
+from conftest import zookeeper
 from singa.errors import ClusterError, ConfigError
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
+from singa.trust import JobTrust, new_secret
 from singa.zk import ZKService, job_path, zookeeper_answers
+
+
+@pytest.fixture(scope="module")
+def zk_server(tmp_path_factory):
+    """This module's own ZooKeeper: its tests list every job, so no other module's may be there
+    (jobs killed elsewhere stay, their nodes protected)."""
+    yield from zookeeper(tmp_path_factory)
+
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
@@ -50,6 +60,28 @@ def test_job_ids_increase_and_restart_after_cleanup(zk, zk_server):
     JobManager(zk).cleanup()
     with ZKService(zk_server) as fresh:
         assert JobManager(fresh).new_job_id() == 0
+
+
+def test_a_job_a_cleanup_left_keeps_its_id_from_new_jobs(zk, zk_server):
+    """A killed job's nodes are protected (its secret's ACL): cleanup leaves them, the id
+    sequence restarts, and a new job passes over the id still taken, with or without a
+    secret of its own."""
+    JobManager(zk).cleanup()
+    trust = JobTrust(new_secret())
+    with ZKService(zk_server, trust=trust) as owner:
+        left = JobManager(owner).new_job_id(trust)
+        owner.ensure(f"{job_path(left)}/proc", acl=trust.zk_acl)      # as a killed job leaves it
+    JobManager(zk).cleanup()
+    with ZKService(zk_server) as fresh:
+        assert fresh.client.exists(job_path(left))
+        assert JobManager(fresh).new_job_id() == left + 1
+    JobManager(zk).cleanup()
+    other = JobTrust(new_secret())
+    with ZKService(zk_server, trust=other) as fresh:
+        assert JobManager(fresh).new_job_id(other) == left + 1
+    with ZKService(zk_server, trust=trust) as owner:      # only its owner can delete it
+        assert owner.delete_tree(job_path(left)) == []
+    JobManager(zk).cleanup()
 
 
 def test_job_lock_nodes_are_ephemeral_sequential(zk, raw):
