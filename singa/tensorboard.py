@@ -38,17 +38,26 @@ class EventWriter:
 
     @classmethod
     def open(cls, workspace, log, run=""):
-        """A writer into `<workspace>/tensorboard/<run>`, or None (after `log(hint())`) when
-        tensorboardX is not installed."""
+        """A writer into `<workspace>/tensorboard/<run>`, or None (after a `log` line) when
+        tensorboardX is not installed or the folder cannot be written: events are a view of
+        the run, never a reason to stop it."""
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
             log(hint())
             return None
-        # tensorboardX names a file by the second: the suffix keeps a second writer of the
-        # same second (a run resumed at once) from truncating the first's file
-        return cls(SummaryWriter(logdir=os.path.join(workspace, FOLDER, run), flush_secs=10,
-                                 filename_suffix=f".{time.time_ns()}"))
+        logdir = os.path.join(workspace, FOLDER, run)
+        try:
+            # made here: tensorboardX's own check-then-make races with the other processes of
+            # the job (each worker group's first worker writes its rows into the same run)
+            os.makedirs(logdir, exist_ok=True)
+            # tensorboardX names a file by the second: the suffix keeps another writer of the
+            # same second (another process, a run resumed at once) from truncating this one's
+            return cls(SummaryWriter(logdir=logdir, flush_secs=10,
+                                     filename_suffix=f".{os.getpid()}.{time.time_ns()}"))
+        except OSError as e:
+            log(f"TensorBoard events off: cannot write {logdir}: {e.strerror}")
+            return None
 
     def scalars(self, group, step, phase, values, wall_time=None):
         """{metric: value} of `phase` at `step` by worker group `group`, at `wall_time`

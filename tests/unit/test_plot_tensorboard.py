@@ -87,6 +87,30 @@ def test_without_tensorboardx_open_is_none_after_one_log_line_naming_the_install
     assert not (tmp_path / "tensorboard").exists()
 
 
+def test_processes_of_one_run_open_its_folder_together_and_a_failure_stops_nothing(
+        tmp_path, monkeypatch):
+    """Each worker group's first worker writes into the run's folder: another process making
+    it between tensorboardX's check and its makedirs (the race Hogwild hit) is no error, and
+    a folder that cannot be written is a log line and no events, never an exception."""
+    import tensorboardX.record_writer as record_writer
+    run = tmp_path / "tensorboard" / "run1"
+    real_exists = os.path.exists
+    monkeypatch.setattr(record_writer.os.path, "exists",    # the other process made it just now
+                        lambda path: False if str(path) == str(run) else real_exists(path))
+    lines = []
+    assert EventWriter.open(str(tmp_path), lines.append, "run1") is None
+    assert lines == [f"TensorBoard events off: cannot write {run}: File exists"]
+    monkeypatch.undo()
+    writer = EventWriter.open(str(tmp_path), lines.append, "run1")    # made already: no error
+    assert writer is not None and len(lines) == 1
+    writer.close()
+    (tmp_path / "file").write_text("")
+    lines = []
+    assert EventWriter.open(str(tmp_path / "file"), lines.append, "run1") is None
+    folder = tmp_path / "file" / "tensorboard" / "run1"
+    assert lines == [f"TensorBoard events off: cannot write {folder}: Not a directory"]
+
+
 @pytest.mark.parametrize("checkout", [True, False])
 def test_without_matplotlib_the_plot_names_the_install(tmp_path, monkeypatch, capsys,
                                                         checkout):
