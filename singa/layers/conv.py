@@ -4,6 +4,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from singa import threads
 from singa.errors import ConfigError
+from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
 from singa.layers.neuron import mark_pieces, partitioned
 from singa.param import cut
@@ -100,7 +101,9 @@ class ConvolutionLayer(Layer):
     order (each as gWᵀ = col·gᵀ, the faster product). With stride 1 and pad < kernel, gx is
     computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
     convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C;
-    else col2im scatter-adds, in long runs for stride 1.
+    else col2im scatter-adds, in long runs for stride 1. Where numba is installed
+    (`kernels.compiled`), im2col and col2im are compiled loops that pad as they copy, to
+    the same bits.
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
     channels get a zero gradient from it).
@@ -130,7 +133,9 @@ class ConvolutionLayer(Layer):
         mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = np.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
-        self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if ph or pw else None
+        self._loops = kernels.compiled()      # they pad as they copy
+        padded = (ph or pw) and self._loops is None
+        self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
         self.chunks = threads.chunks(n, k * oh * ow * 4)
         self._cols = None
         if n * k * oh * ow * 4 <= KEEP_COL_BYTES:
@@ -146,7 +151,7 @@ class ConvolutionLayer(Layer):
         if self.transposed:
             self._wflip = np.empty((g, c // g, f // g, kh, kw), np.float32)
         else:
-            self._gpad = np.zeros_like(self._xpad) if ph or pw else None
+            self._gpad = np.zeros_like(self._xpad) if padded else None
         self._scratch = threads.Scratch(self._make_scratch)
 
     def _group(self, c):
@@ -184,11 +189,12 @@ class ConvolutionLayer(Layer):
         if self._cols is None:
             s["col"] = np.empty((c, kh, kw, b, oh, ow), np.float32)
         if self.transposed:
-            qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
-            s["gtpad"] = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border: 0
+            if self._loops is None:
+                qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
+                s["gtpad"] = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border 0
             s["gcol"] = np.empty((f, kh, kw, b, h, w), np.float32)
             s["gx"] = np.empty((c, b, h, w), np.float32)
-        elif self.stride == (1, 1):
+        elif self.stride == (1, 1) and self._loops is None:
             wp = w + 2 * self.pad[1]
             s["gwide"] = np.zeros((f, b, oh, wp), np.float32)     # columns ow.. stay 0
             s["colwide"] = np.empty((c, kh, kw, b, oh * wp), np.float32)
@@ -211,6 +217,8 @@ class ConvolutionLayer(Layer):
         rows = self.chunks[i]
         b = rows.stop - rows.start
         buf = self._scratch[slot, b]["col"] if self._cols is None else self._cols[i]
+        if self._loops is not None:
+            return self._loops.im2col(x[rows], *self.pad, *self.stride, buf, False)
         xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         return _im2col(xp, self.kernel, self.stride, buf)
 
@@ -262,19 +270,28 @@ class ConvolutionLayer(Layer):
         if self.transposed:
             self._transposed_conv(gt, gx[rows], s)
             return
-        gp = gx[rows] if self._gpad is None else self._gpad[rows]
-        gp[...] = 0
         if "gwide" in s:
+            gp = self._zeroed_gpad(gx, rows)
             self._col2im_wide(gt, gp, s)
         else:
             # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
             _matmul(self._gw().transpose(0, 2, 1), gt.reshape(g, f // g, -1),
                     col.reshape(g, k, -1))
+            if self._loops is not None:
+                self._loops.col2im(col, *self.pad, *self.stride, gx[rows])
+                return
+            gp = self._zeroed_gpad(gx, rows)
             for ti, tj, r, c in self.taps:
                 gp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
         if self._gpad is not None:
             (ph, pw), (h, w) = self.pad, self.chw[1:]
             gx[rows] = gp[:, :, ph:ph + h, pw:pw + w]
+
+    def _zeroed_gpad(self, gx, rows):
+        """The samples' rows of gx, or of its padded buffer, zeroed."""
+        gp = gx[rows] if self._gpad is None else self._gpad[rows]
+        gp[...] = 0
+        return gp
 
     def _col2im_wide(self, gt, gp, s):
         """gp (b, C, Hp, Wp) += col2im(Wᵀ·g) for stride 1, g widened to Wp columns by zeros:
@@ -302,9 +319,12 @@ class ConvolutionLayer(Layer):
         f over c's group only."""
         (kh, kw), (oh, ow), g = self.kernel, gt.shape[2:], self.group
         qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
-        gtpad = s["gtpad"]
-        gtpad[:, :, qh:qh + oh, qw:qw + ow] = gt
-        gcol = _im2col(gtpad, self.kernel, (1, 1), s["gcol"], channel_axis=0)
+        if self._loops is not None:
+            gcol = self._loops.im2col(gt, qh, qw, 1, 1, s["gcol"], True)
+        else:
+            gtpad = s["gtpad"]
+            gtpad[:, :, qh:qh + oh, qw:qw + ow] = gt
+            gcol = _im2col(gtpad, self.kernel, (1, 1), s["gcol"], channel_axis=0)
         out, wflip = s["gx"], self._wflip
         _matmul(wflip.reshape(g, wflip.shape[1], -1), gcol.reshape(g, wflip[0, 0].size, -1),
                 out.reshape(g, wflip.shape[1], -1))

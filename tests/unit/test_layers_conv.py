@@ -1,4 +1,5 @@
-"""Convolution and pooling: values against direct loops, Caffe's pooling rules, gradients.
+"""Convolution and pooling: values against direct loops, Caffe's pooling rules, gradients;
+each on numba's compiled copies and on numpy's.
 
 SINGA's own cnn checkpoint is run through these layers in test_layers_loss.py."""
 import numpy as np
@@ -11,6 +12,15 @@ from singa.errors import ConfigError
 from singa.layers import conv
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
+
+
+@pytest.fixture(autouse=True, params=["numba", "numpy"])
+def kernels(request, monkeypatch):
+    """Every test on both of convolution's copies (singa.layers.kernels)."""
+    if request.param == "numba":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("SINGA_KERNELS", request.param)
+    return request.param
 
 
 def conv_conf(layer_type="kCConvolution", num_filters=3, **kw):

@@ -1,0 +1,61 @@
+"""singa.layers.kernels: numba's compiled copies give numpy's bits, and the choice is checked."""
+import numpy as np
+import pytest
+
+from gradcheck import BACKWARD, FORWARD, Source, make_layer
+from singa import threads
+from singa.errors import ConfigError
+from singa.layers import kernels
+
+pytest.importorskip("numba")
+
+
+def conv(num_filters, group=1, **window):
+    fields = " ".join(f"{k}: {v}" for k, v in window.items())
+    return (f'name: "conv" type: kCConvolution convolution_conf {{ num_filters: {num_filters} '
+            f'group: {group} {fields} }} param {{ name: "w" }} param {{ name: "b" }}')
+
+
+def step(monkeypatch, choice, conf, shape, nthreads):
+    """A forward and a backward pass of the layer of `conf` on fixed random blobs: its output,
+    the source's gradient and the params' gradients."""
+    monkeypatch.setenv("SINGA_KERNELS", choice)
+    rng = np.random.default_rng(0)
+    src = Source(rng.standard_normal(shape))
+    layer = make_layer(conf, [src])
+    assert (layer._loops is not None) == (choice == "numba")
+    layer.grad[...] = rng.standard_normal(layer.grad.shape)
+    with threads.limit(nthreads):
+        layer.compute_feature(FORWARD, [src])
+        layer.compute_gradient(BACKWARD, [src])
+    return [layer.data, src.grad] + [p.grad for p in layer.params]
+
+
+@pytest.mark.parametrize("conf, shape", [
+    (conv(32, kernel=5, pad=2), (12, 3, 16, 16)),           # cifar10's conv1: im2col, padded
+    (conv(8, kernel=5, pad=2), (12, 16, 8, 8)),             # transposed convolution
+    (conv(50, kernel=5), (12, 20, 12, 12)),                 # LeNet's conv2: col2im, stride 1
+    (conv(6, kernel=3, pad=1, stride=2), (9, 4, 9, 9)),     # col2im, stride 2
+    (conv(6, kernel_x=3, kernel_y=2, pad_x=2, pad_y=1, stride_x=3), (5, 2, 7, 9)),
+    (conv(4, group=2, kernel=3, pad=1), (7, 6, 8, 8)),      # groups, transposed
+    (conv(14, group=2, kernel=3, pad=1), (7, 6, 8, 8)),     # groups, col2im
+])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_compiled_copies_give_numpys_bits(monkeypatch, conf, shape, nthreads):
+    compiled = step(monkeypatch, "numba", conf, shape, nthreads)
+    plain = step(monkeypatch, "numpy", conf, shape, 1)
+    for a, b in zip(compiled, plain):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_numpy_is_chosen_by_the_environment(monkeypatch):
+    monkeypatch.setenv("SINGA_KERNELS", "numpy")
+    assert kernels.compiled() is None
+    monkeypatch.delenv("SINGA_KERNELS")
+    assert kernels.compiled().__name__ == "singa.layers.loops"
+
+
+def test_an_unknown_choice_is_refused(monkeypatch):
+    monkeypatch.setenv("SINGA_KERNELS", "fortran")
+    with pytest.raises(ConfigError, match="SINGA_KERNELS=fortran: must be one of numba, numpy"):
+        kernels.compiled()
