@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
 
 import mlp_reference

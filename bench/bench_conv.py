@@ -25,12 +25,12 @@ import sys
 import tempfile
 import time
 
+import singa  # first: it picks OpenBLAS's kernels before numpy loads it
 import numpy as np
 
 import conv_reference
 from bench_mlp_step import (FIXTURES, Runtime, at_blas_threads, interleaved, print_blas,
                             print_table, profile, set_torch_threads)
-import singa
 from singa import config, threads
 from singa.io.kvfile import KVFile
 from singa.proto import common_pb2, job_pb2

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import threading
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
 import zmq
 

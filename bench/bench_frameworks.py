@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
 
 from bench_mlp_step import mlp_job, print_blas, print_table

@@ -23,10 +23,11 @@ import tempfile
 import threading
 import time
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
+from threadpoolctl import threadpool_info
 
 import mlp_reference
-import singa
 from singa import config, threads
 from singa.comm import msg as m
 from singa.proto import job_pb2
@@ -144,13 +145,15 @@ def set_torch_threads(n):
 
 
 def print_blas():
-    """The BLAS numpy uses and the thread env vars, in a few lines (OPENBLAS env left as set)."""
+    """The BLAS numpy uses, the kernels it loaded and the BLAS env vars, in a few lines."""
     cfg = np.show_config(mode="dicts")
     blas = cfg.get("Build Dependencies", {}).get("blas", {})
     env = {k: v for k, v in os.environ.items()
            if k.startswith(("OPENBLAS", "OMP_", "MKL_", "GOTO"))}
+    cores = {i.get("architecture") for i in threadpool_info() if i.get("user_api") == "blas"}
     print(f"numpy {np.__version__}, BLAS {blas.get('name', '?')} {blas.get('version', '')} "
-          f"({blas.get('openblas configuration', '').strip()}); cpus {os.cpu_count()}; "
+          f"({blas.get('openblas configuration', '').strip()}; kernels {', '.join(cores)}); "
+          f"cpus {os.cpu_count()}; "
           f"env {env or 'no BLAS/OMP thread variables set'}")
 
 

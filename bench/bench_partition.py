@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
 
 from bench_mlp_step import mlp_job, print_blas

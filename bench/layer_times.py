@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections import defaultdict
 
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
 
 import bench_conv

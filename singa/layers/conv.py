@@ -218,7 +218,9 @@ class ConvolutionLayer(Layer):
         b = rows.stop - rows.start
         buf = self._scratch[slot, b]["col"] if self._cols is None else self._cols[i]
         if self._loops is not None:
-            return self._loops.im2col(x[rows], *self.pad, *self.stride, buf, False)
+            # a group's channels of a cut source are copied out: the loops read planes flat
+            return self._loops.im2col(np.ascontiguousarray(x[rows]), *self.pad, *self.stride,
+                                      buf, False)
         xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         return _im2col(xp, self.kernel, self.stride, buf)
 

@@ -10,28 +10,68 @@ import numpy as np
 
 jit = numba.njit(nogil=True, cache=True)
 
+# Indices are cast to unsigned where numba cannot prove them non-negative: a signed index
+# costs a branch per element (Python's negative indices), which keeps LLVM from vectorising
+# the loop (4-5x slower copies).
+U = np.uint64
+
 
 @jit
 def im2col(x, ph, pw, sh, sw, col, channels_first):
     """col[c, i, j, n, y, z] = x[n, c, y·sh + i − ph, z·sw + j − pw], 0 outside x; x is
-    (b, C, H, W), or (C, b, H, W) if channels_first."""
+    (b, C, H, W), or (C, b, H, W) if channels_first. With stride 1 and oh·ow = H·W ("same"
+    padding) each (c, i, j, n) block is one run of the flat plane, shifted, with the cells
+    whose column falls outside the row set to 0; else row by row."""
     nc, kh, kw, b, oh, ow = col.shape
     h, w = x.shape[2], x.shape[3]
     zero = np.float32(0)
+    xf = x.reshape(x.shape[0], x.shape[1], h * w)
+    if sh == 1 and sw == 1 and ow == w:
+        m = oh * ow
+        cf = col.reshape(nc, kh, kw, b, m)
+        inside = np.empty((kw, m), np.bool_)       # column t % ow + j − pw lies in the row
+        for j in range(kw):
+            for t in range(m):
+                inside[j, t] = 0 <= t % ow + j - pw < w
+        for c in range(nc):
+            for i in range(kh):
+                for j in range(kw):
+                    shift = (i - ph) * w + j - pw
+                    tlo = min(m, max(0, (ph - i) * w, -shift))      # rows inside x
+                    thi = max(tlo, min(m, (h + ph - i) * w, h * w - shift))
+                    ok = inside[j]
+                    for n in range(b):
+                        src = xf[c, n] if channels_first else xf[n, c]
+                        dst = cf[c, i, j, n]
+                        for t in range(tlo):
+                            dst[t] = zero
+                        for u in range(thi - tlo):
+                            v = src[U(tlo + u + shift)]
+                            dst[U(tlo + u)] = v if ok[U(tlo + u)] else zero
+                        for u in range(m - thi):
+                            dst[U(thi + u)] = zero
+        return col
     for c in range(nc):
         for i in range(kh):
             for j in range(kw):
+                zlo = min(ow, max(0, (pw - j + sw - 1) // sw))      # columns inside x
+                zhi = max(zlo, min(ow, (w - 1 + pw - j) // sw + 1))
                 for n in range(b):
-                    plane = x[c, n] if channels_first else x[n, c]
+                    src = xf[c, n] if channels_first else xf[n, c]
                     for y in range(oh):
+                        row = col[c, i, j, n, y]
                         r = y * sh + i - ph
                         if r < 0 or r >= h:
                             for z in range(ow):
-                                col[c, i, j, n, y, z] = zero
+                                row[z] = zero
                             continue
-                        for z in range(ow):     # branch-free: LLVM vectorises it
-                            q = z * sw + j - pw
-                            col[c, i, j, n, y, z] = plane[r, q] if 0 <= q < w else zero
+                        start = r * w + j - pw
+                        for z in range(zlo):
+                            row[z] = zero
+                        for u in range(zhi - zlo):
+                            row[U(zlo + u)] = src[U(start + (zlo + u) * sw)]
+                        for u in range(ow - zhi):
+                            row[U(zhi + u)] = zero
     return col
 
 
@@ -45,13 +85,15 @@ def col2im(col, ph, pw, sh, sw, gx):
     for c in range(nc):
         for i in range(kh):
             for j in range(kw):
+                zlo = min(ow, max(0, (pw - j + sw - 1) // sw))
+                zhi = max(zlo, min(ow, (w - 1 + pw - j) // sw + 1))
                 for n in range(b):
                     for y in range(oh):
                         r = y * sh + i - ph
                         if r < 0 or r >= h:
                             continue
-                        for z in range(ow):
-                            q = z * sw + j - pw
-                            if 0 <= q < w:
-                                gx[n, c, r, q] += col[c, i, j, n, y, z]
+                        dst, src = gx[n, c, r], col[c, i, j, n, y]
+                        start = j - pw
+                        for u in range(zhi - zlo):
+                            dst[U(start + (zlo + u) * sw)] += src[U(zlo + u)]
     return gx
