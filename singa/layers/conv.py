@@ -85,8 +85,12 @@ GW_BY_SAMPLE = 32
 
 # The forward pass keeps every chunk's col for the backward pass while they total at most
 # KEEP_COL_BYTES (AlexNet's conv1 at batch 256 would keep 1.1 GB); beyond, each compute thread
-# has one col and the backward pass makes it again.
+# has one col and the backward pass makes it again. The compiled im2col makes a col at about
+# the cost of the memory traffic of keeping one past the caches: it keeps at most
+# KEEP_COMPILED_COL_BYTES (cifar10 at batch 100, cols of 16-72 MB made again: 111 -> 107 ms a
+# step at one thread, 71 -> 65 at two; LeNet's 4-8 MB kept, a tie).
 KEEP_COL_BYTES = 1 << 27
+KEEP_COMPILED_COL_BYTES = 1 << 23
 
 
 @register(job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
@@ -138,7 +142,8 @@ class ConvolutionLayer(Layer):
         self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
         self.chunks = threads.chunks(n, k * oh * ow * 4)
         self._cols = None
-        if n * k * oh * ow * 4 <= KEEP_COL_BYTES:
+        if n * k * oh * ow * 4 <= (KEEP_COL_BYTES if self._loops is None
+                                   else KEEP_COMPILED_COL_BYTES):
             flat = np.empty(n * k * oh * ow, np.float32)
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]

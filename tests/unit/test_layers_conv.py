@@ -96,6 +96,7 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
     monkeypatch.setattr(threads, "MIN_CHUNKS", 2)
     if not keep:
         monkeypatch.setattr(conv, "KEEP_COL_BYTES", 0)
+        monkeypatch.setattr(conv, "KEEP_COMPILED_COL_BYTES", 0)
     src = Source(np.random.default_rng(0).standard_normal((5, 2, 5, 5)))
     layer = make_layer(conv_conf(**window), [src])
     assert [r.stop - r.start for r in layer.chunks] == [2, 2, 1]
@@ -334,6 +335,7 @@ def test_group_convolution_in_chunks_of_samples(monkeypatch, window, keep, nthre
     monkeypatch.setattr(threads, "MIN_CHUNKS", 3)
     if not keep:
         monkeypatch.setattr(conv, "KEEP_COL_BYTES", 0)
+        monkeypatch.setattr(conv, "KEEP_COMPILED_COL_BYTES", 0)
     src = Source(np.random.default_rng(0).standard_normal((5, 4, 5, 5)))
     layer = make_layer(conv_conf(num_filters=4, group=2, **window), [src])
     assert len(layer.chunks) >= 3
