@@ -105,9 +105,9 @@ class ConvolutionLayer(Layer):
     order (each as gWᵀ = col·gᵀ, the faster product). With stride 1 and pad < kernel, gx is
     computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
     convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C;
-    else col2im scatter-adds, in long runs for stride 1. Where numba is installed
-    (`kernels.compiled`), im2col and col2im are compiled loops that pad as they copy, to
-    the same bits.
+    else col2im scatter-adds, one numpy add per kernel tap. Where numba is installed
+    (`kernels.compiled`), im2col and col2im are compiled loops that pad as they copy, around
+    the same products: the same bits.
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
     channels get a zero gradient from it).
@@ -199,10 +199,6 @@ class ConvolutionLayer(Layer):
                 s["gtpad"] = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border 0
             s["gcol"] = np.empty((f, kh, kw, b, h, w), np.float32)
             s["gx"] = np.empty((c, b, h, w), np.float32)
-        elif self.stride == (1, 1) and self._loops is None:
-            wp = w + 2 * self.pad[1]
-            s["gwide"] = np.zeros((f, b, oh, wp), np.float32)     # columns ow.. stay 0
-            s["colwide"] = np.empty((c, kh, kw, b, oh * wp), np.float32)
         return s
 
     def compute_feature(self, flag, srclayers):
@@ -277,45 +273,18 @@ class ConvolutionLayer(Layer):
         if self.transposed:
             self._transposed_conv(gt, gx[rows], s)
             return
-        if "gwide" in s:
-            gp = self._zeroed_gpad(gx, rows)
-            self._col2im_wide(gt, gp, s)
-        else:
-            # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
-            _matmul(self._gw().transpose(0, 2, 1), gt.reshape(g, f // g, -1),
-                    col.reshape(g, k, -1))
-            if self._loops is not None:
-                self._loops.col2im(col, *self.pad, *self.stride, gx[rows])
-                return
-            gp = self._zeroed_gpad(gx, rows)
-            for ti, tj, r, c in self.taps:
-                gp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
+        # col is no longer needed: reuse it for Wᵀ·g, then scatter back (col2im).
+        _matmul(self._gw().transpose(0, 2, 1), gt.reshape(g, f // g, -1), col.reshape(g, k, -1))
+        if self._loops is not None:
+            self._loops.col2im(col, *self.pad, *self.stride, gx[rows])
+            return
+        gp = gx[rows] if self._gpad is None else self._gpad[rows]
+        gp[...] = 0
+        for ti, tj, r, c in self.taps:
+            gp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
         if self._gpad is not None:
             (ph, pw), (h, w) = self.pad, self.chw[1:]
             gx[rows] = gp[:, :, ph:ph + h, pw:pw + w]
-
-    def _zeroed_gpad(self, gx, rows):
-        """The samples' rows of gx, or of its padded buffer, zeroed."""
-        gp = gx[rows] if self._gpad is None else self._gpad[rows]
-        gp[...] = 0
-        return gp
-
-    def _col2im_wide(self, gt, gp, s):
-        """gp (b, C, Hp, Wp) += col2im(Wᵀ·g) for stride 1, g widened to Wp columns by zeros:
-        then tap (i, j) adds to the flat run [i·Wp + j, … + (oh−1)·Wp + ow) of every plane,
-        one long run where the rows of the window are ow floats each; the widened columns add
-        zeros across row ends."""
-        f, b, oh, ow = gt.shape
-        gwide, colwide = s["gwide"], s["colwide"]
-        wp = gwide.shape[3]
-        gwide[:, :, :, :ow] = gt
-        g = self.group
-        _matmul(self._gw().transpose(0, 2, 1), gwide.reshape(g, f // g, -1),
-                colwide.reshape(g, self._gws.shape[2], -1))
-        flat, run = gp.reshape(b, gp.shape[1], -1), (oh - 1) * wp + ow
-        for ti, tj, _, _ in self.taps:
-            start = ti * wp + tj
-            flat[:, :, start:start + run] += colwide[:, ti, tj, :, :run].transpose(1, 0, 2)
 
     def _input(self, srclayers):
         x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.src_chw)
