@@ -258,9 +258,10 @@ class ConvolutionLayer(Layer):
         col = self._cols[i] if self._cols is not None else self._col(x, i, slot)
         f, b, k, g = self.data.shape[1], col.shape[3], self._gws.shape[2], self.group
         s = self._scratch[slot, b]
-        gt = s["gt"]
-        np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
-        if "gws_by_sample" in s:     # one product per (group, sample), summed in sample order
+        gt, by_sample = s["gt"], "gws_by_sample" in s
+        if gx is not None or not by_sample:     # g as (F, b, oh, ow)
+            np.copyto(gt, self.grad[rows].transpose(1, 0, 2, 3))
+        if by_sample:     # one product per (group, sample), summed in sample order
             np.matmul(col.reshape(g, k, b, -1).transpose(0, 2, 1, 3),
                       self.grad[rows].reshape(b, g, f // g, -1).transpose(1, 0, 3, 2),
                       out=s["gws_by_sample"])
