@@ -1,4 +1,8 @@
 """singa.layers.kernels: numba's compiled copies give numpy's bits, and the choice is checked."""
+import functools
+import logging
+import sys
+
 import numpy as np
 import pytest
 
@@ -53,6 +57,14 @@ def test_numpy_is_chosen_by_the_environment(monkeypatch):
     assert kernels.compiled() is None
     monkeypatch.delenv("SINGA_KERNELS")
     assert kernels.compiled().__name__ == "singa.layers.loops"
+
+
+def test_a_numba_that_does_not_load_leaves_numpys_copies(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "singa.layers.loops", None)    # its import fails
+    monkeypatch.setattr(kernels, "_loops", functools.cache(kernels._loops.__wrapped__))
+    monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
+    assert kernels.compiled() is None and kernels.compiled() is None
+    assert caplog.text.count("numba does not load") == 1
 
 
 def test_an_unknown_choice_is_refused(monkeypatch):
