@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import singa
+from singa import threads
 from singa.checkpoint import CheckpointReader
 from singa.config import parse_job
 from singa.runtime import Process
@@ -43,8 +44,10 @@ def numbers(lines):
 
 
 def train_in_process(job, caplog):
+    """The job's process run here, with the compute threads and BLAS at one thread as the
+    driver runs it (not OpenBLAS's own threads called by both worker threads at once)."""
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="singa"):
+    with caplog.at_level(logging.INFO, logger="singa"), threads.limit(job.num_openblas_threads):
         Process(job).run()
     lines = [r.getMessage() for r in caplog.records]
     curve = [(int(m[1]), float(m[2]), float(m[3])) for m in map(TRAIN.fullmatch, lines) if m]
