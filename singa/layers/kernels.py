@@ -5,7 +5,6 @@ SINGA_KERNELS=numpy chooses numpy's where numba is installed. Both give the same
 bits, so a job may resume on either. A layer chooses at its setup.
 """
 import functools
-import importlib
 import importlib.util
 import logging
 import os

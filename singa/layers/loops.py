@@ -17,11 +17,18 @@ U = np.uint64
 
 
 @jit
+def _columns(ow, j, pw, sw, w):
+    """[lo, hi): the output columns z whose input column z·sw + j − pw lies in [0, w)."""
+    lo = min(ow, max(0, (pw - j + sw - 1) // sw))
+    return lo, max(lo, min(ow, (w - 1 + pw - j) // sw + 1))
+
+
+@jit
 def im2col(x, ph, pw, sh, sw, col, channels_first):
     """col[c, i, j, n, y, z] = x[n, c, y·sh + i − ph, z·sw + j − pw], 0 outside x; x is
-    (b, C, H, W), or (C, b, H, W) if channels_first. With stride 1 and oh·ow = H·W ("same"
-    padding) each (c, i, j, n) block is one run of the flat plane, shifted, with the cells
-    whose column falls outside the row set to 0; else row by row."""
+    (b, C, H, W), or (C, b, H, W) if channels_first. With stride 1 and ow = W (as with
+    "same" padding) each (c, i, j, n) block is one run of the flat plane, shifted, with the
+    cells whose column falls outside the row set to 0; else row by row."""
     nc, kh, kw, b, oh, ow = col.shape
     h, w = x.shape[2], x.shape[3]
     zero = np.float32(0)
@@ -54,8 +61,7 @@ def im2col(x, ph, pw, sh, sw, col, channels_first):
     for c in range(nc):
         for i in range(kh):
             for j in range(kw):
-                zlo = min(ow, max(0, (pw - j + sw - 1) // sw))      # columns inside x
-                zhi = max(zlo, min(ow, (w - 1 + pw - j) // sw + 1))
+                zlo, zhi = _columns(ow, j, pw, sw, w)
                 for n in range(b):
                     src = xf[c, n] if channels_first else xf[n, c]
                     for y in range(oh):
@@ -85,8 +91,7 @@ def col2im(col, ph, pw, sh, sw, gx):
     for c in range(nc):
         for i in range(kh):
             for j in range(kw):
-                zlo = min(ow, max(0, (pw - j + sw - 1) // sw))
-                zhi = max(zlo, min(ow, (w - 1 + pw - j) // sw + 1))
+                zlo, zhi = _columns(ow, j, pw, sw, w)
                 for n in range(b):
                     for y in range(oh):
                         r = y * sh + i - ph
