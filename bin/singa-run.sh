@@ -57,8 +57,11 @@ cd "$SINGA_HOME"
 grace=${SINGA_KILL_GRACE:-10}
 [[ $grace =~ ^[0-9]+$ ]] || { echo "singa-run: SINGA_KILL_GRACE must be whole seconds, not '$grace'" >&2; exit 2; }
 
-# The whole conf, once, before anything starts (a mistake: one line, exit 2).
-"${exe[@]}" -check "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf"
+# The whole conf, once, before anything starts (a mistake: one line, exit 2). Inside a Slurm
+# allocation Slurm places the processes: no hostfile (there may be none), no load per host.
+check=(-check)
+[ -z "${SLURM_JOB_ID:-}" ] || check+=(-oversubscribe)
+"${exe[@]}" "${check[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf"
 
 # The embedded default: a local ZooKeeper that does not answer is started here.
 zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
@@ -73,7 +76,8 @@ fi
 
 # max_restarts (ours): a failed job starts again from its newest complete snapshot.
 max_restarts=$("$PYTHON" -c 'import sys; from singa import config
-print(config.load_job(sys.argv[1], check_paths=False, check_layers=False).max_restarts)' "$conf" 2>/dev/null) \
+print(config.load_job(sys.argv[1], check_paths=False, check_layers=False,
+                      test="-test" in sys.argv[2:]).max_restarts)' "$conf" "${args[@]}" 2>/dev/null) \
   || max_restarts=0
 restarts=0
 while :; do
@@ -86,11 +90,13 @@ while :; do
   log_dir="$SINGA_LOG/job-info/job-$job_id-$(date +%Y%m%d-%H%M%S)"
   mkdir -p "$log_dir"
   echo "Record job information to $log_dir"
-  singatool genhost "$conf" -confdir "$SINGA_CONF" >"$log_dir/job.hosts"
   cp "$conf" "$log_dir/job.conf"
-  while read -r host _; do
-    [ -z "$host" ] || valid_host "$host" || { echo "singa-run: bad host name '$host' in $SINGA_CONF/hostfile" >&2; exit 2; }
-  done <"$log_dir/job.hosts"
+  if [ -z "${SLURM_JOB_ID:-}" ]; then
+    singatool genhost "$conf" -confdir "$SINGA_CONF" >"$log_dir/job.hosts"
+    while read -r host _; do
+      [ -z "$host" ] || valid_host "$host" || { echo "singa-run: bad host name '$host' in $SINGA_CONF/hostfile" >&2; exit 2; }
+    done <"$log_dir/job.hosts"
+  fi
 
   # SIGINT/SIGTERM/SIGHUP: SIGTERM to the processes started here; remote ones are stopped
   # through their pids in ZooKeeper (singa-console.sh kill, at once, even when their ssh clients
@@ -163,9 +169,10 @@ while :; do
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
   slurm_step=""
   if [ -n "${SLURM_JOB_ID:-}" ]; then
-    # inside a Slurm allocation: one srun step, a task per process, each listening on the
-    # address of its node on the route to ZooKeeper
-    nprocs=$(grep -c . "$log_dir/job.hosts")
+    # inside a Slurm allocation: one srun step, a task per process (Slurm places them: no
+    # hostfile), each listening on the address of its node on the route to ZooKeeper
+    nprocs=$("$PYTHON" -c 'import sys; from singa import cluster, tool
+print(cluster.nprocs(tool.read_cluster(sys.argv[1])))' "$conf")
     if [ "${SLURM_NTASKS:-}" != "$nprocs" ]; then
       echo "singa-run: $conf runs $nprocs processes but Slurm job $SLURM_JOB_ID has ${SLURM_NTASKS:-no} tasks (--ntasks=$nprocs; bin/singa-sbatch.sh works it out)" >&2
       exit 2
@@ -175,21 +182,22 @@ while :; do
     echo "Executing : srun --ntasks=$nprocs ${cmd[*]} -host auto"
     srun --ntasks="$nprocs" --job-name="$slurm_step" --kill-on-bad-exit=0 "${cmd[@]}" -host auto &
     local_pids+=($!)
+  else
+    while read -r host _; do
+      [ -n "$host" ] || continue
+      if [ "$host" = localhost ]; then
+        echo "Executing : ${cmd[*]}"
+        (exec "${cmd[@]}") &
+        local_pids+=($!)
+      else
+        remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
+        # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
+        # ssh within 15 s), a bounded connect
+        singa_ssh -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
+        remote_pids+=($!); remote_hosts+=("$host")
+      fi
+    done <"$log_dir/job.hosts"
   fi
-  while [ -z "$slurm_step" ] && read -r host _; do
-    [ -n "$host" ] || continue
-    if [ "$host" = localhost ]; then
-      echo "Executing : ${cmd[*]}"
-      (exec "${cmd[@]}") &
-      local_pids+=($!)
-    else
-      remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
-      # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
-      # ssh within 15 s), a bounded connect
-      singa_ssh -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
-      remote_pids+=($!); remote_hosts+=("$host")
-    fi
-  done <"$log_dir/job.hosts"
 
   sleep 2
   singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true

@@ -19,7 +19,8 @@ from singa import extensions, graph, resolve
 from singa.proto import job_pb2, singa_pb2
 from singa.textproto import TextConf, read_text
 
-#: Phases whose nets a job builds: kTrain always, kVal / kTest when their steps are > 0.
+#: Phases whose nets a training run builds: kTrain always, kVal / kTest when their steps are
+#: > 0 (`-test` builds only kTest: `_run_phases`).
 _PHASES = (("kTrain", job_pb2.kTrain, None), ("kVal", job_pb2.kVal, "validate_steps"),
           ("kTest", job_pb2.kTest, "test_steps"))
 _OUTPUT_TYPES = (job_pb2.kCSVOutput, job_pb2.kRecordOutput)
@@ -71,29 +72,33 @@ _MINIMUM = {
 _FLOATS = (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE)
 
 
-def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=()):
+def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=(),
+             test=False):
     """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
     return parse_job(read_text(path), path, check_paths=check_paths, check_layers=check_layers,
-                     user_proto=user_proto, user_layers=user_layers)
+                     user_proto=user_proto, user_layers=user_layers, test=test)
 
 
 def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_proto=(),
-              user_layers=()):
+              user_layers=(), test=False):
     """Parse and validate job conf `text`; `path` only names the file in error messages.
 
     check_paths: data files must exist and the workspace is created if missing.
     check_layers: every layer type must be registered in `singa.layers`.
     user_proto, user_layers: files loaded (`singa.extensions`) besides the conf's own
     `user_proto` / `user_layers`, before the conf is parsed for good.
+    test: the conf is for `-test`, which builds only the kTest net (SINGA's Driver::Test): only
+    that net and its data files are checked and no updater is needed, so a conf made for
+    testing alone (its data layer `include: kTest`) loads.
     """
     conf = _Conf(text, path)
     named = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
     _load_extensions(conf, named, user_proto, user_layers)
     job = conf.parse(job_pb2.JobProto())
     _check_name(conf, job)
-    _check_job(conf, job, check_layers)
+    _check_job(conf, job, check_layers, test)
     if check_paths:
-        _check_paths(conf, job)
+        _check_paths(conf, job, test)
     return job
 
 
@@ -132,6 +137,15 @@ def parse_block(text, msg, path, first_line=1):
     """Parse `text`, a block of a conf file starting at line `first_line`, into `msg` and check
     its sizes and floats (as load_job does); errors name `path` and the line in the file."""
     return _Conf(text, path, first_line - 1).parse(msg)
+
+
+def _run_phases(job, test):
+    """(name, phase) of the nets a run builds: `-test` (`test`) only kTest; training kTrain and
+    the phases it tests or validates (`_PHASES`)."""
+    if test:
+        return [("kTest", job_pb2.kTest)]
+    return [(pname, phase) for pname, phase, steps in _PHASES
+            if steps is None or getattr(job, steps) > 0]
 
 
 def _phase_layers(job, phase):
@@ -212,12 +226,12 @@ def _check_name(conf, job):
                   f"have at most {MAX_JOB_NAME_BYTES} (it names the log file)")
 
 
-def _check_job(conf, job, check_layers):
+def _check_job(conf, job, check_layers, test):
     alg = job.train_one_batch
     if not alg.HasField("alg") and not alg.HasField("user_alg"):
         conf.fail(conf.line("train_one_batch"),
                   "train_one_batch.alg is not set (kBP, kBPTT or kCD)")
-    if job.train_steps > 0:
+    if job.train_steps > 0 and not test:
         up = job.updater
         if not up.HasField("type") and not up.HasField("user_type"):
             conf.fail(conf.line("updater.type", "updater"),
@@ -231,9 +245,8 @@ def _check_job(conf, job, check_layers):
     layers = job.neuralnet.layer
     _check_include_exclude(conf, layers)
     all_names = {layer.name for layer in layers}
-    for pname, phase, steps in _PHASES:
-        if steps is None or getattr(job, steps) > 0:
-            _check_phase(conf, _phase_layers(job, phase), pname, all_names)
+    for pname, phase in _run_phases(job, test):
+        _check_phase(conf, _phase_layers(job, phase), pname, all_names)
     if check_layers:
         import singa.layers  # noqa: F401  (registers the layer types)
         from singa.layers.base import unavailable
@@ -320,10 +333,8 @@ def _check_phase(conf, members, pname, all_names):
                           f"of the {pname} net")
 
 
-def _check_paths(conf, job):
-    for pname, phase, steps in _PHASES:
-        if steps is not None and getattr(job, steps) <= 0:
-            continue
+def _check_paths(conf, job, test):
+    for _, phase in _run_phases(job, test):
         for i, layer in _phase_layers(job, phase):
             prefix = f"neuralnet.layer[{i}]"
             files = []

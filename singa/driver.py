@@ -67,7 +67,7 @@ def main(argv=None):
     try:
         flags = parse_flags(argv)
         job = config.load_job(os.path.abspath(flags["conf"]), user_proto=flags["user_proto"],
-                              user_layers=flags["user_layers"])
+                              user_layers=flags["user_layers"], test=flags["test"])
         singa_conf_path = flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf")
         singa_conf = config.load_singa_conf(singa_conf_path)
         if flags["check"]:

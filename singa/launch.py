@@ -15,22 +15,25 @@ PROCS_PER_CORE = 4      # more processes of one job per core than this are refus
 
 
 def check(job, hostfile, test=False, oversubscribe=False):
-    """Build the net a worker builds (train, or test for -test) and check the hosts' load."""
+    """Build the net a worker builds (train, or test for -test) and check the hosts' load,
+    unless `oversubscribe` allows any: then `hostfile` is not read (bin/singa-sbatch.sh, and
+    singa-run.sh inside a Slurm allocation, pass it: Slurm places the processes, and the conf
+    folder may have no hostfile)."""
     cl = job.cluster
     if test:
         NeuralNet(job.neuralnet, job_pb2.kTest, np.random.default_rng(0))
     else:
         NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), None,
                   cl.nworkers_per_group)
-    check_hosts(cluster.nprocs(cl), read_hostfile(hostfile), len(os.sched_getaffinity(0)),
-                oversubscribe)
+    if not oversubscribe:
+        check_hosts(cluster.nprocs(cl), read_hostfile(hostfile), len(os.sched_getaffinity(0)))
 
 
-def check_hosts(nprocs, hosts, cores, oversubscribe=False):
+def check_hosts(nprocs, hosts, cores):
     """ConfigError when `nprocs` processes, given round-robin to `hosts` (the hostfile's lines,
     from any line on), may put more than PROCS_PER_CORE × `cores` on one host."""
     host, most = busiest_host(hosts, nprocs)
-    if most > PROCS_PER_CORE * cores and not oversubscribe:
+    if most > PROCS_PER_CORE * cores:
         raise ConfigError(f"cluster: the job's {nprocs} processes put {most} on host {host}, "
                           f"which has {cores} cores: more than {PROCS_PER_CORE} per core; pass "
                           f"-oversubscribe to singa-run.sh to run it anyway")

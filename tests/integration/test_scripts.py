@@ -27,6 +27,10 @@ def zk_server(tmp_path_factory):
 BIN = os.path.join(singa.HOME, "bin")
 TRAIN = re.compile(r"\] Train @ step \d+  Loss = \d+\.\d{6}, accuracy = \d+\.\d{6}$", re.M)
 TEST = re.compile(r"\] Test @ step \d+\n.*\]    Loss = \d+\.\d{6}, accuracy = (\d+\.\d{6})$", re.M)
+TRAIN_DATA = """\
+  layer { name: "data" type: kRecordInput include: kTrain
+    store_conf { backend: "kvfile" path: "tests/fixtures/singa-0.3/train-1000.bin" batchsize: 50 shape: 784 std_value: 255 } }
+"""
 LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq: 0",
         "checkpoint_freq: 100": "checkpoint_freq: 0", "disp_freq: 20": "disp_freq: 1000"}
 
@@ -145,8 +149,10 @@ def test_run_trains_with_job_info_and_test_reads_its_checkpoint(fixture_job, env
     assert "-m singa.driver" in executing and executing.endswith(f"-singa_job {n} -conf {conf}")
     assert len(TRAIN.findall(r.stderr)) == 10
 
+    # a conf made for testing alone, as SINGA's Driver::Test allows: no kTrain data layer
     snap = tmp_path / "ws" / "checkpoint" / "step200-worker0.bin"
-    test_conf = fixture_job("test.conf", head=f'checkpoint_path: "{snap}"\n')
+    test_conf = fixture_job("test.conf", head=f'checkpoint_path: "{snap}"\n',
+                            edits={TRAIN_DATA: ""})
     r = script("singa-run.sh", "-conf", str(test_conf), "-test", env=env)
     assert r.returncode == 0, r.stderr
     assert job_id(r.stdout) > n
@@ -427,3 +433,41 @@ def test_paths_with_spaces(fixture_job, env, tmp_path, singa_conf):
     r = subprocess.run([str(home / "bin" / "singa-console.sh"), "list"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("JOB ID"), r.stderr
+
+
+FAKE_SBATCH = """#!/usr/bin/env bash
+# sbatch stand-in: logs its arguments, runs the batch script (the last one) here at once, as
+# Slurm would in an allocation of one node with --ntasks tasks, then says it submitted it
+printf '%s\\n' "$*" >> {log}
+for a; do case $a in --ntasks=*) ntasks=${{a#--ntasks=}} ;; esac; done
+SLURM_JOB_ID=4242 SLURM_NTASKS=$ntasks SLURM_JOB_NUM_NODES=1 "${{@: -1}}"
+echo "Submitted batch job 4242"
+"""
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun stand-in: the step's one task, here
+while [[ $1 == --* ]]; do shift; done
+exec "$@"
+"""
+
+
+def test_sbatch_needs_no_hostfile(fixture_job, env, singa_conf, tmp_path):
+    """Slurm places the processes: singa-sbatch.sh, its batch script and singa-run.sh inside
+    the allocation run a job from a conf folder without a hostfile (fake sbatch and srun: the
+    batch script runs here, its step is the one process)."""
+    (singa_conf.parent / "hostfile").unlink()
+    bindir = tmp_path / "fake bin"
+    bindir.mkdir()
+    log = tmp_path / "sbatch.log"
+    for name, text in (("sbatch", FAKE_SBATCH.format(log=shlex.quote(str(log)))),
+                       ("srun", FAKE_SRUN)):
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    conf = fixture_job(edits={"train_steps: 200": "train_steps: 20"})
+    r = script("singa-sbatch.sh", "-conf", str(conf), env=dict(env, PATH=f"{bindir}:{env['PATH']}"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.endswith("Submitted batch job 4242\n")
+    assert "--ntasks=1 --job-name=singa-fixture-mlp " in log.read_text()
+    assert re.search(r"^Executing : srun --ntasks=1 .* -host auto$", r.stdout, re.M), r.stdout
+    assert len(TRAIN.findall(r.stderr)) == 1, r.stderr
+    info = re.search(r"^Record job information to (.+)$", r.stdout, re.M)[1]
+    assert open(os.path.join(info, "slurm.job")).read() == "4242\n"

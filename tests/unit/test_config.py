@@ -75,11 +75,12 @@ def test_srclayer_naming_no_layer(tmp_path):
             "layer 'loss': srclayer 'fc9' names no layer", check_layers=False)
 
 
-def test_srclayer_missing_from_phase(tmp_path):
+@pytest.mark.parametrize("test", [False, True], ids=["train", "test"])
+def test_srclayer_missing_from_phase(tmp_path, test):
     text = GOOD.replace("    include: kTest\n", "    include: kTest\n    srclayers: \"fc\"\n", 1)
     text = text.replace('    name: "fc"\n', '    name: "fc"\n    include: kTrain\n')
     expect_error(tmp_path, text, '    srclayers: "fc"', "srclayer 'fc' is not in the kTest net",
-            check_layers=False)
+            check_layers=False, test=test)
 
 
 def test_duplicate_layer_name_in_one_phase(tmp_path):
@@ -160,6 +161,47 @@ def test_val_net_checked_only_with_validate_steps(tmp_path):
     config.load_job(str(write_conf(tmp_path, text)), check_layers=False)
     expect_error(tmp_path, text.replace("test_steps: 2", "test_steps: 2\nvalidate_steps: 1"),
             'srclayers: "x"', "srclayer 'x' names no layer", check_layers=False)
+
+
+TRAIN_DATA = """\
+  layer {
+    name: "data"
+    type: kRecordInput
+    store_conf {
+      path: "TRAIN"
+      batchsize: 4
+    }
+    include: kTrain
+  }
+"""
+
+
+def test_conf_made_for_testing_alone_loads_for_test_only(tmp_path):
+    """-test builds only the kTest net (SINGA's Driver::Test): a conf whose one data layer is
+    `include: kTest` loads for it; training still refuses it."""
+    assert TRAIN_DATA in GOOD
+    text = GOOD.replace(TRAIN_DATA, "")
+    job = config.load_job(str(write_conf(tmp_path, text)), test=True)
+    assert [layer.name for layer in job.neuralnet.layer] == ["data", "fc", "loss"]
+    expect_error(tmp_path, text, '    srclayers: "data"',
+                 "layer 'fc': srclayer 'data' is not in the kTrain net")
+
+
+VAL_NET = GOOD.replace("test_steps: 2", "test_steps: 2\nvalidate_steps: 1").replace(
+    '  layer {\n    name: "fc"', '  layer {\n    name: "v"\n    type: kSigmoid\n    include: kVal\n'
+                                 '    srclayers: "x"\n  }\n  layer {\n    name: "fc"')
+
+
+@pytest.mark.parametrize("text, needle, what", [
+    (GOOD.replace("TRAIN", "/nonexistent/train.bin"), "/nonexistent/train.bin",
+     "layer 'data': store_conf.path '/nonexistent/train.bin' does not exist"),
+    (GOOD.replace("  type: kSGD\n", ""), "updater {", "updater.type is not set"),
+    (VAL_NET, 'srclayers: "x"', "srclayer 'x' names no layer"),
+], ids=["train-data", "updater", "val-net"])
+def test_test_run_checks_nothing_only_training_uses(tmp_path, text, needle, what):
+    """Training refuses each; -test, which uses none of them, loads the conf."""
+    expect_error(tmp_path, text, needle, what)
+    config.load_job(str(write_conf(tmp_path, text)), test=True)
 
 
 def test_parse_job_from_string():

@@ -1,8 +1,11 @@
 """singa.launch: how many processes a job puts on its busiest host, and the refusal above
 PROCS_PER_CORE per core."""
+import os
+
 import pytest
 
-from singa import launch
+import singa
+from singa import config, launch
 from singa.errors import ConfigError
 
 
@@ -33,5 +36,17 @@ def test_more_than_four_processes_per_core_are_refused_unless_asked_for():
     assert str(e.value) == (
         "cluster: the job's 9 processes put 9 on host localhost, which has 2 cores: more than "
         "4 per core; pass -oversubscribe to singa-run.sh to run it anyway")
-    launch.check_hosts(9, ["localhost"], cores=2, oversubscribe=True)
     launch.check_hosts(9, ["h1", "h2", "h3"], cores=1)  # 3 on each
+
+
+def test_oversubscribe_reads_no_hostfile(tmp_path):
+    """-oversubscribe allows any load, so the hosts are not read: a conf folder without a
+    hostfile (Slurm's: bin/singa-sbatch.sh passes it) passes; else its absence is one line."""
+    job = config.load_job(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf"),
+                          check_paths=False)
+    for layer in job.neuralnet.layer:
+        layer.store_conf.path = singa.resolve(layer.store_conf.path)
+    hostfile = tmp_path / "hostfile"
+    launch.check(job, str(hostfile), oversubscribe=True)
+    with pytest.raises(ConfigError, match=f"^{hostfile}: cannot read hostfile "):
+        launch.check(job, str(hostfile))
