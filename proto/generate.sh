@@ -9,7 +9,9 @@ py=${2:-${PYTHON:-python3}}
 mkdir -p "$out"
 "$py" -m grpc_tools.protoc -I "$here" --python_out="$out" \
     "$here/common.proto" "$here/job.proto" "$here/singa.proto" "$here/caffe.proto"
-# protoc writes `import common_pb2`; inside the singa.proto package the import must be absolute.
+# protoc writes `import common_pb2`; inside the singa.proto package the import must be absolute,
+# and the messages' module must be the package's, so that they pickle (a Model holds them).
 for f in "$out"/*_pb2.py; do
-    sed -i 's/^import \([a-z_]*_pb2\) as /from singa.proto import \1 as /' "$f"
+    sed -i -e 's/^import \([a-z_]*_pb2\) as /from singa.proto import \1 as /' \
+        -e "s/(DESCRIPTOR, '\([a-z_]*_pb2\)', _globals)/(DESCRIPTOR, 'singa.proto.\1', _globals)/" "$f"
 done

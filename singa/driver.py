@@ -20,13 +20,12 @@ import sys
 import threading
 
 import singa
-from singa import checkpoint, cluster, config, launch, threads, workspace
+from singa import checkpoint, cluster, config, evaluation, launch, threads, workspace
 from singa import log as singa_log
 from singa.cluster_rt import ZKClusterRuntime
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.job_manager import JobManager
 from singa.metrics import Reporter
-from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.runtime import Process, Transport, resume_from, seeds
 from singa.trust import ENV, JobTrust, new_secret
@@ -143,10 +142,15 @@ class Driver:
     ClusterRuntime): trains (continuing from the newest snapshot when `resume`) or tests.
     `reporter` (a `singa.metrics.Reporter`, or None) receives what the workers display."""
 
+    #: how the user continues a run, as its warnings name it
+    resume_hint = "-resume"
+
     def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
                  trust=None):
-        """`trust` (a `singa.trust.JobTrust`): the keys of the job's tcp traffic (None, or
-        the job's `cluster.trusted_network`: plain tcp)."""
+        """`resume`: continue from the newest snapshot (True, or that Snapshot, its files
+        parsed, when the caller found it already). `trust` (a `singa.trust.JobTrust`): the
+        keys of the job's tcp traffic (None, or the job's `cluster.trusted_network`: plain
+        tcp)."""
         self.job = job
         self.trust = None if job.cluster.trusted_network else trust
         self.cluster_rt = cluster_rt
@@ -182,6 +186,15 @@ class Driver:
             log.warning("%s: stopping", name)
             self.process.stub.stop()
 
+    def stop_after_snapshot(self, step):
+        """Have the job stop after a snapshot at `step` (or the next step no worker has
+        passed), as SIGUSR1 asks; from any thread, once (a signal's stop stays as it is)."""
+        if self.process is None or self.signal or self.snapshot:
+            return
+        self.snapshot = True
+        log.info("Stopping after a snapshot at step %d, as asked", step)
+        self.process.stub.request_snapshot(step)
+
     def run(self, test=False):
         """Hold the workspace, then train (or test) with the job's compute threads."""
         job = self.job
@@ -208,14 +221,18 @@ class Driver:
         stale = checkpoint.remove_stale_temporaries(self.folder)
         if stale:
             log.info("Removed %d temporary files of interrupted checkpoint writes", len(stale))
-        resume = resume_from(self.job, self.folder) if self.resume else None
+        found = self.resume if isinstance(self.resume, checkpoint.Snapshot) else None
+        self.resume = bool(self.resume)     # the workers alone hold the parsed files, and briefly
+        resume = resume_from(self.job, self.folder, found) if self.resume else None
+        del found
         if not self.resume:
             steps = sorted({sw[0] for sw in map(checkpoint.parse_step_worker,
                                                 os.listdir(self.folder)) if sw})
             if steps:
                 log.warning("%s holds snapshots of an earlier run (steps %d to %d): this run "
-                            "writes over those of the steps it reaches (-resume continues from "
-                            "the newest instead)", self.folder, steps[0], steps[-1])
+                            "writes over those of the steps it reaches (%s continues from "
+                            "the newest instead)", self.folder, steps[0], steps[-1],
+                            self.resume_hint)
         cl, rt = self.job.cluster, self.cluster_rt
         transport, process = Transport(self.trust, self.job_id), None
         try:
@@ -287,7 +304,7 @@ class Driver:
         job = self.job
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
-        net = NeuralNet(job.neuralnet, job_pb2.kTest, seeds(job, 3)[1])
+        net = evaluation.eval_net(job.neuralnet, job_pb2.kTest, seeds(job, 3)[1])
         with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
             f.write(net.to_json())
         owners = {p.name: p for p in net.owner_params}
@@ -299,11 +316,11 @@ class Driver:
         if missing:
             raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "
                               f"checkpoint_path files")
+        log.info("%s", checkpoint.loaded_line(files, owners, loaded))
         step = files[-1].step
         step = job.step if step is None else step
         log.info("Test @ step %d", step)
-        for i in range(job.test_steps):
-            worker_class(job).test_one_batch(job_pb2.kTest, net, i)
+        evaluation.run(net, job_pb2.kTest, job.test_steps, worker_class(job).test_one_batch)
         metrics = {}
         for values in net.metrics(job_pb2.kTest).values():
             log.info("   %s", singa_log.format_metrics(values))

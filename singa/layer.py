@@ -500,7 +500,16 @@ def load_model_parameter(fin, neuralnet, batchsize=1, data_shape=None):
             ly.setup(ly.src or [prev])
         prev = ly
     params = _stored_params(neuralnet, 'load_model_parameter')
-    return checkpoint.load_params([checkpoint.existing_file(fin)], params, log=log.info)
+    path = checkpoint.existing_file(fin)
+    loaded = checkpoint.load_params([path], params, log=log.info)
+    if params and not loaded:
+        stored = checkpoint.CheckpointReader(path).names
+        raise ConfigError(f"load_model_parameter: none of the layers' params "
+                          f"({', '.join(list(params)[:4])}{', ...' if len(params) > 4 else ''}) "
+                          f"is in {path}, which holds "
+                          f"{', '.join(stored[:4]) or 'none'}{', ...' if len(stored) > 4 else ''}"
+                          f": the names differ")
+    return loaded
 
 
 # --- helpers ------------------------------------------------------------------------------------

@@ -5,6 +5,11 @@ import sys
 import time
 
 LOGGER = logging.getLogger("singa")
+#: `extra=` of an info line that the Python API shows even without `verbose`
+SHOWN = {"shown": True}
+#: `extra=` of an error line whose error the process also raises: the Python API, which hands
+#: it to the caller, does not print it as well
+RAISED = {"raised": True}
 
 
 class GlogFormatter(logging.Formatter):

@@ -191,7 +191,8 @@ class History:
     """What `Model.fit` returns: the metrics of each event as floats, and the snapshots.
 
     `history[phase]` is [(step, {metric: value})] in step order (phase: "train", "validation",
-    "test"); `snapshots` is [(step, path of worker 0's file)]; `last(phase)` the newest
+    "test"; another is a KeyError); `history.history` the same as Keras' {name: [values]};
+    `snapshots` is [(step, path of worker 0's file)]; `last(phase)` the newest
     metrics of a phase ({} if none).
     """
 
@@ -220,7 +221,21 @@ class History:
         return h
 
     def __getitem__(self, phase):
-        return self.events.get(phase, [])
+        if phase not in self.events:
+            raise KeyError(f"History has the phases {', '.join(map(repr, self.events))}; "
+                           f"Keras' names ('loss', 'val_loss', ...) are in History.history")
+        return self.events[phase]
+
+    @property
+    def history(self):
+        """Keras' History.history: {metric: [values]} of the train events, `val_<metric>` of
+        the validations and `test_<metric>` of the tests, in step order."""
+        out = {}
+        for phase, prefix in (("train", ""), ("validation", "val_"), ("test", "test_")):
+            for _, values in self.events.get(phase, []):
+                for k, v in values.items():
+                    out.setdefault(prefix + k, []).append(v)
+        return out
 
     def last(self, phase):
         events = self[phase]

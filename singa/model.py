@@ -19,9 +19,13 @@ import os
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, config, naming, session
+from singa import checkpoint, config, evaluation, files, naming, session
+from singa.callbacks import Callback
+from singa.cluster import nprocs as cluster_nprocs
 from singa.errors import ConfigError
 from singa.io import memory
+from singa.io.records import write_records
+from singa.io.store import count_records
 from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
 from singa.layer import (Accuracy, Data, Dense, Layer, LayerUpdater, Loss, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
@@ -29,8 +33,8 @@ from singa.metrics import History
 from singa.parameter import Parameter
 from singa.proto import job_pb2
 
-__all__ = ["Model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
-           "Cluster", "History", "Parameter", "load_model_parameter", "save_model_parameter"]
+__all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
+           "Nesterov", "RMSProp", "AdaDelta", "Adam", "AdamMax", "Cluster", "History", "Parameter", "load_model_parameter", "save_model_parameter"]
 __all__ += [name for name in dir() if name[:1].isupper() and name not in __all__
             and isinstance(globals()[name], type) and globals()[name].__module__ == "singa.layer"]
 
@@ -58,6 +62,9 @@ class Model:
         self.cudnn = False
         self.accuracy = False
         self.conf_net = None      # the NetProto of a model loaded by from_conf
+        self.best_monitor = None  # what ranks the snapshots of the last fit ('best')
+        self.zookeeper_host = None    # of a job of several processes (Cluster's)
+        self.stop_training = False    # a callback stops the running fit (Keras' flag)
         naming.reset_names()      # its generated names depend on its own layers only
 
     # --- building ---------------------------------------------------------------------------
@@ -73,21 +80,43 @@ class Model:
     def exist_datalayer(self, phase):
         return any(_phase(phase) in ly.layer.include for ly in self.layers if ly.is_datalayer)
 
-    def compile(self, optimizer=None, cluster=None, loss=None, topk=1, **kwargs):
-        """Set the updater (`optimizer`, e.g. SGD) and `cluster` (a Cluster with the workspace);
-        `loss` 'categorical_crossentropy' turns a last softmax into kSoftmaxLoss (or adds one),
-        'mean_squared_error' into kEuclideanLoss."""
+    def compile(self, optimizer=None, cluster=None, loss=None, topk=1, metrics=None):
+        """Set the updater (`optimizer`: an Updater such as SGD(lr=0.01), or a name: 'sgd',
+        'adagrad', 'rmsprop', 'nesterov', 'adadelta', 'adam', 'adamax', with their defaults)
+        and `cluster` (a Cluster with the workspace); `loss` 'categorical_crossentropy' (alias
+        'sparse_categorical_crossentropy': labels are class indices, or one-hot rows) turns a
+        last softmax into kSoftmaxLoss (or adds one), 'mean_squared_error' ('mse') into
+        kEuclideanLoss. `metrics`: what the loss layer computes, ['accuracy'] of a softmax
+        loss (it is always computed); others are refused."""
         if optimizer is None:
-            raise ConfigError("compile: optimizer (an Updater such as SGD) is required")
+            raise ConfigError("compile: optimizer (an Updater such as SGD, or 'sgd') is required")
         if cluster is None:
             raise ConfigError("compile: cluster (a Cluster with a workspace) is required")
+        if isinstance(optimizer, str):
+            if optimizer.lower() not in OPTIMIZERS:
+                raise ConfigError(f"compile: optimizer {optimizer!r} is not known "
+                                  f"({', '.join(map(repr, OPTIMIZERS))}, or an Updater)")
+            optimizer = OPTIMIZERS[optimizer.lower()]()
+        if not isinstance(optimizer, Updater):
+            raise ConfigError(f"compile: optimizer must be an Updater (SGD(lr=...), ...) or its "
+                              f"name, got {type(optimizer).__name__}")
         self.jobconf.updater.CopyFrom(optimizer.proto)
         self.jobconf.cluster.CopyFrom(cluster.proto)
+        self.zookeeper_host = cluster.zookeeper_host
+        loss = LOSSES.get(loss, loss)
+        if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
+            raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
+                              f"or 'mean_squared_error', or their aliases "
+                              f"{', '.join(map(repr, LOSSES))})")
+        computed = {None: (), 'categorical_crossentropy': ('accuracy', 'acc', 'loss'),
+                    'mean_squared_error': ('loss', 'mse')}[loss]
+        for name in _list(metrics) if metrics is not None else ():
+            if name not in computed:
+                raise ConfigError(f"compile: metric {name!r} is not computed by the "
+                                  f"{loss or 'model'}'s layers (they give "
+                                  f"{', '.join(computed[:1] + computed[2:]) or 'none'})")
         if loss is None:
             return
-        if loss not in ('categorical_crossentropy', 'mean_squared_error'):
-            raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
-                              f"or 'mean_squared_error')")
         if not self.layers:
             raise ConfigError("compile: add layers before compiling")
         last = self.layers[-1]
@@ -157,10 +186,30 @@ class Model:
         self.jobconf.neuralnet.CopyFrom(net)
         return net
 
-    def to_conf(self):
-        """The text JobProto of the model: what `singa-run.sh -conf` would run."""
+    def to_conf(self, path=None):
+        """The text JobProto of the model, what `singa-run.sh -conf` runs: its paths absolute
+        (the Python API resolves them against the current directory, the command line against
+        the SINGA home). With `path`, also written there (whole or not at all), its numpy data
+        as kvfiles beside it (`<conf name>-<layer>-<phases>.bin`); without, numpy data are an
+        error: they live in this process only."""
         self.build()
-        return text_format.MessageToString(self.jobconf)
+        job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
+        numpy_data = [ly.name for ly in job.neuralnet.layer if ly.store_conf.backend == 'memory']
+        if numpy_data and path is None:
+            raise ConfigError(f"to_conf: layer '{numpy_data[0]}' reads numpy data, which live in "
+                              f"this process: give a path, to_conf('job.conf'), to write them "
+                              f"as kvfiles beside the conf")
+        if path is not None:
+            path = os.path.abspath(path)
+            stem = os.path.splitext(os.path.basename(path))[0]
+            job = session.with_kvfiles(job, os.path.dirname(path), stem + '-')
+        text = text_format.MessageToString(job)
+        if path is not None:
+            try:
+                files.write_atomic(path, lambda f: f.write(text.encode()))
+            except OSError as e:
+                raise ConfigError(f"to_conf: cannot write {path}: {e.strerror}") from None
+        return text
 
     @classmethod
     def from_conf(cls, path, user_proto=(), user_layers=()):
@@ -184,26 +233,35 @@ class Model:
     # --- running ------------------------------------------------------------------------------
     def fit(self, data_or_x=None, y=None, nb_epoch=0, batch_size=None, with_test=False,
             test_steps=None, test_freq=None, disp_freq=None, checkpoint_freq=None,
-            resume=False, *, alg=None, test_data=None, validate_data=None, verbose=False,
-            progress=True, execpath='', device=None, **fields):
+            resume=False, *, alg=None, test_data=None, validate_data=None,
+            validation_data=None, validation_split=None, epochs=None, callbacks=(),
+            verbose=False, progress=True, execpath='', device=None, **fields):
         """Train for `nb_epoch` steps (SINGA's meaning: train steps, not passes over the
-        data) on `data_or_x`: a Data layer, numpy samples with labels `y`, or (x, y) (SINGA's
+        data), or `epochs` passes over the data given, on `data_or_x`: a Data layer, numpy
+        samples with labels `y`, (x, y), or an iterable of (x, y) batches (data larger than
+        memory: written once as a kvfile in `<workspace>/data`, then read as a store) (SINGA's
         keyword `data=` too). Returns a History.
+
+        A second `fit` of the model continues from the params the first one left (its final
+        snapshot, bit-exact) for `nb_epoch` (or `epochs`) more steps; a new model starts
+        afresh. `resume`: continue from the newest complete snapshot in the workspace, that
+        of an earlier process too; `nb_epoch` is then the step to reach.
 
         `batch_size`: of numpy samples (default 64), else the new batch size of the train
         data layer. `with_test`: also test during training, every `test_freq` steps (default
-        nb_epoch/10) on `test_steps` batches (default 10) of `test_data` (a Data layer, or
-        numpy (x, y)) or the model's test data layer; with no test data it means what SINGA's
-        meant, test later (`evaluate`), and fit only trains. `validate_data` likewise
-        validates (`validate_freq`, `validate_steps`). `disp_freq`: train metrics every so
-        many steps (default nb_epoch/10); `checkpoint_freq`: a snapshot every so many steps
-        (one is written at the end in any case). `resume`: continue from the newest complete
-        snapshot in the workspace (bit-exact; nb_epoch is the step to reach); a snapshot that
-        lacks the net's params is an error, not a fresh start. `alg`: 'bp' (default), 'bptt'
-        or 'cd'. Other keywords set JobProto fields (`seed`, `checkpoint_path`, ...).
-        `verbose` logs SINGA's lines to stderr; `progress` shows a progress bar. A model loaded
-        by `from_conf` trains as its conf says (nb_epoch 0: its train_steps; its tests) unless
-        told otherwise.
+        nb_epoch/10, or each pass for `epochs`) on `test_data` (a Data layer, or numpy (x, y):
+        every sample once, unless `test_steps` batches are asked for) or the model's test data
+        layer (`test_steps` batches, default 10); with no test data it means what SINGA's
+        meant, test later (`evaluate`), and fit only trains. `validation_data` (alias
+        `validate_data`) or `validation_split` (the last fraction of numpy x, y) likewise
+        validates (`validate_freq`, `validate_steps`). Tests and validations run at the last
+        step too. `callbacks`: singa.callbacks objects (EarlyStopping, ModelCheckpoint,
+        LearningRateScheduler, LambdaCallback, or a Callback of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
+        `checkpoint_freq`: a snapshot every so many steps (one is written at the end in any
+        case). `alg`: 'bp' (default), 'bptt' or 'cd'. Other keywords set JobProto fields
+        (`seed`, `checkpoint_path`, ...). `verbose` logs SINGA's lines to stderr; `progress`
+        shows a progress bar. A model loaded by `from_conf` trains as its conf says
+        (nb_epoch 0: its train_steps; its tests) unless told otherwise.
         """
         if execpath or device is not None:
             raise ConfigError("fit: execpath and device (GPUs) are not supported; the job runs "
@@ -212,37 +270,65 @@ class Model:
             if data_or_x is not None:
                 raise ConfigError("fit: give the data once (data_or_x or data=)")
             data_or_x = fields.pop('data')
+        if validation_data is not None:
+            if validate_data is not None:
+                raise ConfigError("fit: give validation_data or validate_data, not both")
+            validate_data = validation_data
+        if validation_split is not None:
+            if validate_data is not None:
+                raise ConfigError("fit: give validation_split or validation_data, not both")
+            data_or_x, y, validate_data = _split(data_or_x, y, validation_split)
         for key, value in (('test_steps', test_steps), ('test_freq', test_freq),
                            ('disp_freq', disp_freq), ('checkpoint_freq', checkpoint_freq)):
             if value is not None:
                 fields[key] = value
         from_conf = self.conf_net is not None
+        if epochs is not None and nb_epoch:
+            raise ConfigError("fit: give epochs (passes over numpy data) or nb_epoch (steps), "
+                              "not both")
+        job = self._job(fields)
+        if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
+            train = _as_data(data_or_x, y, kTrain, batch_size, 'fit', self._streams_folder())
+            self._check_input(train, 'fit')
+            self._put_data(train, kTrain)
+        elif batch_size is not None:
+            self._set_batchsize(kTrain, batch_size)
+        per_pass = None
+        if epochs is not None:
+            if not isinstance(epochs, (int, np.integer)) or epochs <= 0:
+                raise ConfigError(f"fit: epochs (passes over the data) must be a positive int, "
+                                  f"got {epochs!r}")
+            per_pass = self._steps_per_pass()
+            nb_epoch = int(epochs) * per_pass
         if not isinstance(nb_epoch, (int, np.integer)) or nb_epoch < 0 \
                 or (nb_epoch == 0 and not from_conf):
             raise ConfigError(f"fit: nb_epoch (the number of training steps) must be a "
                               f"positive int, got {nb_epoch!r}")
-        job = self._job(fields)
-        if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
-            self._put_data(_as_data(data_or_x, y, kTrain, batch_size, 'fit'), kTrain)
-        elif batch_size is not None:
-            self._set_batchsize(kTrain, batch_size)
-        for key, data, phase in (('validate_data', validate_data, kVal),
+        for key, data, phase in (('validation_data', validate_data, kVal),
                                  ('test_data', test_data, kTest)):
             if data is not None:
-                self._put_data(_as_data(data, None, phase, batch_size, 'fit: ' + key), phase)
+                own = _as_data(data, None, phase, batch_size, 'fit: ' + key,
+                               self._streams_folder())
+                self._check_input(own, 'fit: ' + key)
+                self._put_data(own, phase)
         job.neuralnet.CopyFrom(self.build())
+        _check_loss(job)
         if nb_epoch:
             job.train_steps = int(nb_epoch)
-        every = max(1, job.train_steps // 10)
+        every = per_pass or max(1, job.train_steps // 10)
         if not from_conf and 'disp_freq' not in fields:
             job.disp_freq = every
         if validate_data is not None:
             job.validate_freq = fields.get('validate_freq', every)
-            job.validate_steps = fields.get('validate_steps', 10)
+            job.validate_steps = _whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
+                                             self._streams_folder()) \
+                or fields.get('validate_steps', 10)
         has_test = any(_in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
                        for ly in job.neuralnet.layer)
         if with_test and has_test:
-            job.test_steps = fields.get('test_steps', job.test_steps or 10)
+            job.test_steps = _whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
+                                         self._streams_folder()) \
+                or fields.get('test_steps', job.test_steps or 10)
             job.test_freq = fields.get('test_freq', job.test_freq or every)
         elif not from_conf:
             job.test_steps = 0
@@ -252,40 +338,105 @@ class Model:
                 job.checkpoint_path.extend(_list(item.checkpoint))
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
-        history = session.train(session.prepare(job), resume, verbose, progress)
+        job = session.prepare(job)
+        if resume:
+            _check_steps_left(job)
+        elif self.last_checkpoint_path is not None:
+            resume = self._continue(job)
+        hearing = self._configure(callbacks, job)
+        history = session.train(session.prepare(job), resume, verbose, progress,
+                                self._on_event(hearing) if hearing else None,
+                                self.zookeeper_host)
         if history.snapshots:
             self.last_checkpoint_path = history.snapshots[-1][1]
         self.result = history
+        for cb in callbacks:
+            cb.on_train_end(history)
         return history
 
+    def _configure(self, callbacks, job):
+        """Hand `callbacks` the model and the job's fields; those that hear events."""
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"fit: callbacks must be singa.callbacks.Callback objects, got "
+                                  f"{type(cb).__name__}")
+            cb.model = self
+            cb.configure(job)
+        self.best_monitor = job.checkpoint_keep_best or None
+        hearing = [cb for cb in callbacks if cb.hears_events]
+        if hearing and cluster_nprocs(job.cluster) > 1:
+            raise ConfigError(f"fit: {type(hearing[0]).__name__} hears the metrics as they come, "
+                              f"which a job of several processes does not send to this one; "
+                              f"ModelCheckpoint and LearningRateScheduler work there")
+        self.stop_training = False
+        for cb in callbacks:
+            cb.on_train_begin()
+        return hearing
+
+    def _on_event(self, hearing):
+        """What the job calls at each event: the callbacks; True once they stop training."""
+        def on_event(step, phase, values):
+            for cb in hearing:
+                if phase == 'train':
+                    cb.on_step_end(step, dict(values))
+                else:
+                    cb.on_test_end(step, phase, dict(values))
+            return self.stop_training
+        return on_event
+
     def evaluate(self, data=None, y=None, alg=None, checkpoint_path=None, execpath='',
-                 device=None, show_acc=False, batch_size=None, verbose=False, **fields):
-        """Test on `test_steps` batches (default 10) of `data` (a Data layer or numpy samples
-        with labels `y`) with the params of `checkpoint_path` (files, "latest" or "best"),
-        by default the newest snapshot `fit` wrote; returns {metric: value}."""
+                 device=None, show_acc=False, batch_size=None, verbose=1, **fields):
+        """Test the params of `checkpoint_path` (files, "latest" or "best"; by default the
+        newest snapshot `fit` wrote) on `data`: numpy samples with labels `y` or an iterable
+        of (x, y) batches (every sample once, a last partial batch counted by its size;
+        batches of `batch_size`, default 64),
+        or a Data layer (`test_steps` batches, default 10, SINGA's meaning; numpy data too
+        when `test_steps` is given). Returns {metric: value}. `verbose`: 1 (default) prints
+        the result in one line, 0 nothing, 2 also SINGA's log lines (stderr)."""
         if execpath or device is not None:
             raise ConfigError("evaluate: execpath and device (GPUs) are not supported")
         job = self._job(fields)
         if data is not None:
-            self._put_data(_as_data(data, y, kTest, batch_size, 'evaluate'), kTest)
+            own = _as_data(data, y, kTest, batch_size, 'evaluate', self._streams_folder())
+            self._check_input(own, 'evaluate')
+            self._put_data(own, kTest)
         elif batch_size is not None:
             self._set_batchsize(kTest, batch_size)
         self.accuracy = show_acc
-        job.neuralnet.CopyFrom(_net_of(self.build(), kTest))
-        job.test_steps = fields.get('test_steps', job.test_steps if self.conf_net else 10) or 10
+        net = self.build()
+        whole = _whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
+        job.neuralnet.CopyFrom(_net_of(net, kTest))
+        job.test_steps = whole or fields.get('test_steps',
+                                             job.test_steps if self.conf_net else 10) or 10
         job.train_steps = 0
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
         del job.checkpoint_path[:]
         job.checkpoint_path.extend(self._params_from(checkpoint_path, 'evaluate'))
-        metrics = session.test(session.prepare(job), verbose)
+        tested = {}
+        metrics = session.test(session.prepare(job), verbose == 2 or verbose is True,
+                               lambda step, phase, values: tested.update(step=step))
+        if verbose:
+            inputs = [ly for ly in job.neuralnet.layer if ly.type in session.STORE_INPUTS]
+            sc = inputs[0].store_conf
+            size = f"{count_records(sc.backend, sc.path)} samples" if whole \
+                else f"{job.test_steps} batches"
+            print(f"Test @ step {tested.get('step', 0)} on {size}:  "
+                  + ", ".join(f"{k} = {v:.6f}" for k, v in metrics.items()))
         self.result = metrics
         return metrics
 
     def predict(self, x, checkpoint_path=None):
-        """The net's outputs for the numpy samples `x` (probabilities for a softmax net), with
+        """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined)
+        (probabilities for a softmax net), with
         the params `fit` left or those of `checkpoint_path`; `x` gets the preprocessing of the
         model's (test, else train) data layer, and is fed as it is when the model has none."""
+        if not isinstance(x, np.ndarray) and hasattr(x, '__iter__') and not isinstance(x, list):
+            outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path)
+                    for item in x]
+            if not outs:
+                raise ConfigError("predict: the iterable of batches gave no samples")
+            return np.concatenate(outs)
         job = self._job({})
         if self.conf_net is None and not any(item.is_datalayer for item in self.layers):
             # the input layer of x's samples (predict feeds them in batches of its own)
@@ -302,10 +453,56 @@ class Model:
             raise ConfigError("predict: the model's net has no input layer reading a store")
         tested = any(_in_phase(ly, kTest) for ly in data)
         job.neuralnet.CopyFrom(_net_of(net, kTest if tested else kTrain))
+        for ly in job.neuralnet.layer:      # x replaces their data: a conf's file may be gone
+            if ly.type in session.STORE_INPUTS:
+                ly.store_conf.backend, ly.store_conf.path = 'memory', 'memory://predict'
+                ly.type = job_pb2.kRecordInput
         job.train_steps, job.test_steps, job.validate_steps = 0, 0, 0
         del job.checkpoint_path[:]
         job.checkpoint_path.extend(self._params_from(checkpoint_path, 'predict'))
         return session.predict(session.prepare(job), x)
+
+    # --- saving -------------------------------------------------------------------------------
+    def save(self, path):
+        """Write the model to the folder `path` (made if missing; what it holds of an earlier
+        save is replaced): `job.conf`, the model's job, whose input layers keep their
+        preprocessing (numpy inputs as layers without data, mean/std files copied beside it),
+        and the params of its last fit (the final snapshot's files, their `checkpoint_path`).
+        `load_model(path)` gives the model back in any process."""
+        if self.last_checkpoint_path is None:
+            raise ConfigError("save: the model has no params yet: fit it first")
+        path = os.path.abspath(path)
+        folder, name = os.path.split(self.last_checkpoint_path)
+        step = checkpoint.parse_step_worker(name)[0]
+        job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
+        job.neuralnet.CopyFrom(self.build())
+        config.absolute_paths(job, os.getcwd())
+        try:
+            os.makedirs(path, exist_ok=True)
+            for old in os.listdir(path):
+                if checkpoint.parse_step_worker(old.removesuffix(checkpoint.META_SUFFIX)):
+                    os.unlink(os.path.join(path, old))
+            del job.checkpoint_path[:]
+            snap = [s for s in checkpoint.list_snapshots(folder) if s.step == step]
+            for src in ([snap[0].files[w] for w in sorted(snap[0].files)] if snap
+                        else [self.last_checkpoint_path]):
+                for f in (src, checkpoint.meta_path(src)):
+                    if os.path.exists(f):
+                        _copy_file(f, os.path.join(path, os.path.basename(f)))
+                job.checkpoint_path.append(os.path.join(path, os.path.basename(src)))
+            for ly in job.neuralnet.layer:
+                sc = ly.store_conf
+                if sc.backend == 'memory':
+                    sc.path = SAVED_INPUT
+                for field in ('mean_file', 'std_file'):
+                    if sc.HasField(field):
+                        copied = os.path.join(path, f"{ly.name}-{field[:-5]}.bin")
+                        _copy_file(getattr(sc, field), copied)
+                        setattr(sc, field, copied)
+            text = text_format.MessageToString(job)
+            files.write_atomic(os.path.join(path, 'job.conf'), lambda f: f.write(text.encode()))
+        except OSError as e:
+            raise ConfigError(f"save: cannot write {e.filename or path}: {e.strerror}") from None
 
     # --- helpers ------------------------------------------------------------------------------
     def _job(self, fields):
@@ -321,13 +518,71 @@ class Model:
             setval(job, **{key: value})
         return job
 
+    def _continue(self, job):
+        """A second fit: the model's params are its final snapshot, which must be the newest
+        in the workspace; train `job.train_steps` more steps from it (True: resume). A model
+        moved to another workspace starts afresh there (False)."""
+        step = checkpoint.parse_step_worker(os.path.basename(self.last_checkpoint_path))[0]
+        folder = os.path.join(job.cluster.workspace, "checkpoint")
+        if os.path.dirname(os.path.abspath(self.last_checkpoint_path)) != folder:
+            return False
+        newest = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
+        if newest is None or newest.step != step:
+            found = "none" if newest is None else f"step {newest.step}"
+            raise ConfigError(f"fit: the model's params are those of step {step} "
+                              f"({self.last_checkpoint_path}), but the newest snapshot in "
+                              f"{folder} is {found}: fit(..., resume=True) continues from "
+                              f"the newest; a new model starts afresh")
+        job.train_steps += step
+        return True
+
+    def _steps_per_pass(self):
+        """The train steps of one pass over the train data given to fit."""
+        folder = self._streams_folder()
+        data = [item.layer for item in self.layers if item.is_datalayer
+                and _in_phase(item.layer, kTrain) and _given(item.layer.store_conf, folder)]
+        if not data:
+            raise ConfigError("fit: epochs counts passes over data given to fit (numpy, or "
+                              "an iterable of batches); for a store give nb_epoch (steps)")
+        sc = data[0].store_conf
+        return evaluation.pass_steps(count_records(sc.backend, sc.path), sc.batchsize[0])
+
+    def _check_input(self, data, what):
+        """Numpy data that the model would read wrongly without a word: no labels for a
+        layer that compares with them, images channels-last for a convolution."""
+        if not hasattr(data, 'samples'):
+            return
+        shape, labelled = data.samples
+        protos = [p for item in self.layers for p in (item.layer, getattr(item, 'mask', None))
+                  if p is not None]
+        if self.conf_net is not None:
+            protos = list(self.conf_net.layer)
+        needs = [p.name for p in protos if p.type in LABELLED]
+        if not labelled and needs:
+            raise ConfigError(f"{what}: layer '{needs[0]}' compares the outputs with labels: "
+                              f"give y (without it every sample would count as label 0)")
+        if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3) \
+                and any(p.type in CONVOLUTIONS for p in protos):
+            raise ConfigError(f"{what}: images are (N, C, H, W), and samples of shape {shape} "
+                              f"look channels-last (H, W, C): give x.transpose(0, 3, 1, 2)")
+
+    def _streams_folder(self):
+        """Where iterables of batches are written as kvfiles: `<workspace>/data`."""
+        if not self.jobconf.cluster.workspace:
+            raise ConfigError("compile the model with a Cluster (its workspace) first")
+        return os.path.join(os.path.abspath(self.jobconf.cluster.workspace), 'data')
+
     def _put_data(self, data, phase):
         """Make `data` (a Data layer of `phase` only, ours to change) the model's data layer of
         `phase`, first (as SINGA inserts it), replacing those it had, and named as its data
         layers of the other phases: a net's layers read one input name whatever the phase."""
         if self.conf_net is not None:
-            raise ConfigError("a model loaded from a conf reads the data its conf names; give "
-                              "fit/evaluate no data (or change the conf)")
+            self._put_conf_data(data, phase)
+            return
+        mine = [ly.layer for ly in self.layers if ly.is_datalayer]
+        template = next((ly for ly in mine if _in_phase(ly, phase)), mine[0] if mine else None)
+        if getattr(data, 'from_numpy', False) and template is not None:
+            _take_preprocessing(data.layer.store_conf, template.store_conf)
         self.layers = [ly for ly in self.layers
                        if not (ly.is_datalayer and _in_phase(ly.layer, phase))]
         others = [ly for ly in self.layers if ly.is_datalayer]
@@ -336,6 +591,47 @@ class Model:
         elif getattr(data, 'generated_name', False):
             data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
         self.layers.insert(0, data)
+
+    def _put_conf_data(self, data, phase):
+        """Read numpy `data` (a Data layer) in `phase` through the conf's input layer of that
+        phase (else of another): its name and preprocessing (shape, mean, std) kept, its store
+        the numpy data's; the conf's inputs of `phase` give way (excluded, or removed when
+        they serve only `phase`)."""
+        inputs = [ly for ly in self.conf_net.layer if ly.type in session.STORE_INPUTS]
+        if not inputs:
+            raise ConfigError("the conf's net has no input layer reading a store (kRecordInput, "
+                              "kCSVInput) to read numpy data through")
+        template = next((ly for ly in inputs if _in_phase(ly, phase)), inputs[0])
+        given = data.layer.store_conf
+        own = job_pb2.LayerProto()
+        own.CopyFrom(template)
+        own.type = job_pb2.kRecordInput
+        own.ClearField('include')
+        own.ClearField('exclude')
+        own.include.append(phase)
+        sc = own.store_conf
+        x = memory.arrays(given.path)[0]
+        if x[0].size != int(np.prod(sc.shape)):
+            raise ConfigError(f"numpy data: samples of shape {x.shape[1:]} do not fit input "
+                              f"layer '{own.name}' of shape {tuple(sc.shape)}")
+        sc.backend, sc.path, sc.random_skip = 'memory', given.path, given.random_skip
+        del sc.batchsize[:]
+        sc.batchsize.extend(given.batchsize)
+        sc.ClearField('whole_pass')
+        if not getattr(data, 'from_numpy', False):      # a Data layer's own preprocessing
+            _take_preprocessing(sc, given, shape=False)
+        layers = []
+        for ly in self.conf_net.layer:
+            if ly in inputs and _in_phase(ly, phase):
+                if list(ly.include) == [phase]:
+                    continue
+                ly.exclude.append(phase)
+            layers.append(ly)
+        net = job_pb2.NetProto()
+        net.layer.add().CopyFrom(own)
+        for ly in layers:
+            net.layer.add().CopyFrom(ly)
+        self.conf_net = net
 
     def _set_batchsize(self, phase, batch_size):
         """Set the batch size of the model's data layers of `phase`."""
@@ -347,15 +643,57 @@ class Model:
                 ly.store_conf.batchsize.append(batch_size)
 
     def _params_from(self, checkpoint_path, what):
+        """The checkpoint files to load: `checkpoint_path`'s ("best" ranked by the last fit's
+        monitor, when it had one), else the final snapshot of the last fit."""
         if checkpoint_path is not None:
-            return _list(checkpoint_path)
+            entries = _list(checkpoint_path)
+            if 'best' not in entries or not self.best_monitor:
+                return entries
+            folder = os.path.join(os.path.abspath(self.jobconf.cluster.workspace), "checkpoint")
+            snap = checkpoint.best_snapshot(folder, self.best_monitor)
+            if snap is None:
+                raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot in "
+                                  f"{folder} records {self.best_monitor}")
+            best = [snap.files[w] for w in sorted(snap.files)]
+            return [f for e in entries for f in (best if e == 'best' else [e])]
         if self.last_checkpoint_path is None:
+            if self.conf_net is not None and self.jobconf.checkpoint_path:
+                return list(self.jobconf.checkpoint_path)     # what a conf made to test names
             raise ConfigError(f"{what}: no params: fit the model first or give checkpoint_path")
         folder, name = os.path.split(self.last_checkpoint_path)
         step = checkpoint.parse_step_worker(name)[0]
         snaps = [s for s in checkpoint.list_snapshots(folder) if s.step == step]
         return [snaps[0].files[w] for w in sorted(snaps[0].files)] if snaps \
             else [self.last_checkpoint_path]
+
+
+def load_model(path, workspace=None):
+    """The model `Model.save` wrote to the folder `path`: it predicts, evaluates (numpy data
+    through its saved preprocessing) and fits on, with the saved params; its workspace is
+    `workspace`, by default `<path>/workspace`."""
+    conf = os.path.join(path, 'job.conf')
+    if not os.path.isfile(conf):
+        raise ConfigError(f"load_model: {conf}: no such file (a folder Model.save wrote)")
+    m = Model.from_conf(conf)
+    saved = sorted((checkpoint.parse_step_worker(f)[1], os.path.join(os.path.abspath(path), f))
+                   for f in os.listdir(path) if checkpoint.parse_step_worker(f)
+                   and f.endswith(checkpoint.SUFFIX))
+    if not saved:
+        raise ConfigError(f"load_model: {path} holds no params (step<N>-worker<W>.bin)")
+    del m.jobconf.checkpoint_path[:]
+    m.jobconf.checkpoint_path.extend(f for _, f in saved)
+    m.jobconf.cluster.workspace = os.path.abspath(workspace or os.path.join(path, 'workspace'))
+    return m
+
+
+#: the store path of a saved model's numpy input: it reads the data given to evaluate or fit
+SAVED_INPUT = 'memory://saved-model-input'
+
+
+def _copy_file(src, dst):
+    with open(src, 'rb') as f:
+        data = f.read()
+    files.write_atomic(dst, lambda out: out.write(data))
 
 
 class Energy(Model):
@@ -481,13 +819,72 @@ class AdaGrad(Updater):
         super().__init__(job_pb2.kAdaGrad, lr, lr_type, decay, momentum, step, step_lr, **fields)
 
 
+class Nesterov(Updater):
+    """kNesterov: SGD with Nesterov momentum (`momentum`, default 0.9)."""
+
+    def __init__(self, lr=0.01, lr_type=None, decay=0, momentum=0.9, step=(0,),
+                 step_lr=(0.01,), **fields):
+        super().__init__(job_pb2.kNesterov, lr, lr_type, decay, momentum, step, step_lr, **fields)
+
+
+class RMSProp(Updater):
+    """kRMSProp: running mean of g² with factor `rho` (default 0.9), as Keras' RMSprop."""
+
+    def __init__(self, lr=0.001, rho=0.9, lr_type=None, decay=0, step=(0,), step_lr=(0.01,),
+                 **fields):
+        super().__init__(job_pb2.kRMSProp, lr, lr_type, decay, 0, step, step_lr,
+                         rmsprop_conf=job_pb2.RMSPropProto(rho=rho), **fields)
+
+
+class AdaDelta(Updater):
+    """kAdaDelta: running means of g² and of the update², factor `rho` (default 0.95, Keras')."""
+
+    def __init__(self, lr=1.0, rho=0.95, lr_type=None, decay=0, step=(0,), step_lr=(0.01,),
+                 **fields):
+        super().__init__(job_pb2.kAdaDelta, lr, lr_type, decay, 0, step, step_lr,
+                         adadelta_conf=job_pb2.AdaDeltaProto(rho=rho), **fields)
+
+
+class Adam(Updater):
+    """kAdam: moment factors `beta1`, `beta2` (defaults 0.9, 0.999)."""
+
+    def __init__(self, lr=0.001, beta1=0.9, beta2=0.999, lr_type=None, decay=0, step=(0,),
+                 step_lr=(0.01,), **fields):
+        super().__init__(job_pb2.kAdam, lr, lr_type, decay, 0, step, step_lr,
+                         adam_conf=job_pb2.AdamProto(beta1=beta1, beta2=beta2), **fields)
+
+
+class AdamMax(Updater):
+    """kAdamMax: Adam's infinity-norm variant, factors `beta1`, `beta2`."""
+
+    def __init__(self, lr=0.002, beta1=0.9, beta2=0.999, lr_type=None, decay=0, step=(0,),
+                 step_lr=(0.01,), **fields):
+        super().__init__(job_pb2.kAdamMax, lr, lr_type, decay, 0, step, step_lr,
+                         adammax_conf=job_pb2.AdamMaxProto(beta1=beta1, beta2=beta2), **fields)
+
+
+#: compile's optimizer names
+OPTIMIZERS = {'sgd': SGD, 'adagrad': AdaGrad, 'nesterov': Nesterov, 'rmsprop': RMSProp,
+              'adadelta': AdaDelta, 'adam': Adam, 'adamax': AdamMax}
+#: Keras' loss names for compile's two
+LOSSES = {'sparse_categorical_crossentropy': 'categorical_crossentropy',
+          'mse': 'mean_squared_error'}
+
+
 class Cluster:
-    """ClusterProto: the `workspace` (required) and the topology."""
+    """ClusterProto: the `workspace` (required), the topology and its other fields; a job of
+    several processes is launched with the ZooKeeper at `zookeeper_host` ("host:port"; by
+    default conf/singa.conf's)."""
 
     def __init__(self, workspace=None, nworker_groups=1, nserver_groups=1, nworkers_per_group=1,
-                 nservers_per_group=1, nworkers_per_procs=1, nservers_per_procs=1, **fields):
+                 nservers_per_group=1, nworkers_per_procs=1, nservers_per_procs=1,
+                 zookeeper_host=None, **fields):
         if not workspace:
             raise ConfigError("Cluster: workspace is required")
+        unknown = [k for k in fields if k not in job_pb2.ClusterProto.DESCRIPTOR.fields_by_name]
+        if unknown:
+            raise ConfigError(f"Cluster: {unknown[0]!r} is no ClusterProto field")
+        self.zookeeper_host = zookeeper_host
         self.proto = job_pb2.ClusterProto(
             workspace=workspace, nworker_groups=nworker_groups, nserver_groups=nserver_groups,
             nworkers_per_group=nworkers_per_group, nservers_per_group=nservers_per_group,
@@ -495,20 +892,100 @@ class Cluster:
         setval(self.proto, **fields)
 
 
-def _as_data(data, y, phase, batch_size, what):
-    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`) or from a
-    Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps its
-    default phase 'train' when given as test or validation data), the caller's untouched."""
+#: layers whose metrics compare outputs with labels
+LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
+LOSSES_OF_BP = LABELLED[:2] + (job_pb2.kEuclideanLoss,)
+CONVOLUTIONS = (job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
+
+
+def _check_loss(job):
+    """A net trained by back-propagation needs a loss layer (or a user layer that may be one)."""
+    if job.train_one_batch.alg == job_pb2.kCD:
+        return
+    if not any(ly.type in LOSSES_OF_BP or ly.type == job_pb2.kUserLayer
+               or ly.HasField('user_type') for ly in job.neuralnet.layer):
+        raise ConfigError(f"fit: model '{job.name}' has no loss layer, so training would change "
+                          f"nothing: compile(loss='categorical_crossentropy' or "
+                          f"'mean_squared_error', ...), or add a Loss layer")
+
+
+def _check_steps_left(job):
+    """fit(resume=True) must have steps to train beyond the newest snapshot."""
+    newest = checkpoint.latest_snapshot(os.path.join(job.cluster.workspace, "checkpoint"),
+                                        job.cluster.nworkers_per_group)
+    if newest is not None and newest.step >= job.train_steps:
+        raise ConfigError(f"fit(resume=True): the newest snapshot is at step {newest.step}, "
+                          f"and nb_epoch {job.train_steps} (the step to reach) leaves nothing "
+                          f"to train: give nb_epoch > {newest.step}")
+
+
+def _whole_pass(net, phase, explicit, streams):
+    """Mark the inputs of `phase` alone in NetProto `net` that read data given to fit or
+    evaluate (numpy: memory stores; iterables: kvfiles in `streams`) to read every sample once
+    per test (store_conf.whole_pass); the steps of that pass, or 0 (none, or steps
+    `explicit`ly asked for, SINGA's way)."""
+    if explicit:
+        return 0
+    steps = 0
+    for ly in net.layer:
+        sc = ly.store_conf
+        if ly.type in session.STORE_INPUTS and _given(sc, streams) \
+                and list(ly.include) == [phase]:
+            sc.whole_pass = True
+            steps = max(steps, evaluation.pass_steps(count_records(sc.backend, sc.path),
+                                                     sc.batchsize[0]))
+    return steps
+
+
+def _given(sc, streams):
+    """Whether StoreProto `sc` reads data handed to the API (numpy, or an iterable written to
+    the folder `streams`), not a store a conf or Data layer names."""
+    return sc.backend == 'memory' or os.path.dirname(sc.path) == streams
+
+
+def _split(x, y, fraction):
+    """Keras' validation_split: (x, y to train, (x, y) to validate), the last `fraction` of
+    the samples validating."""
+    if isinstance(x, tuple) and len(x) == 2 and y is None:
+        x, y = x
+    if not isinstance(x, np.ndarray):
+        raise ConfigError("fit: validation_split splits numpy x (and y); for a Data layer give "
+                          "validation_data")
+    if not (isinstance(fraction, (float, int)) and 0 < fraction < 1):
+        raise ConfigError(f"fit: validation_split must be a fraction in (0, 1), got "
+                          f"{fraction!r}")
+    at = int(len(x) * (1 - fraction))
+    if at in (0, len(x)):
+        raise ConfigError(f"fit: validation_split {fraction} of {len(x)} samples leaves no "
+                          f"sample to {'train' if at == 0 else 'validate'}")
+    y = None if y is None else np.asarray(y)
+    return x[:at], None if y is None else y[:at], (x[at:], None if y is None else y[at:])
+
+
+def _as_data(data, y, phase, batch_size, what, folder):
+    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`), from an
+    iterable of (x, y) batches (written first as a kvfile in `folder`, see `_streamed`) or
+    from a Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps
+    its default phase 'train' when given as test or validation data), the caller's
+    untouched."""
     if data is None:
         raise ConfigError(f"{what}: no data given")
     if isinstance(data, tuple) and len(data) == 2 and y is None:
         data, y = data
     name = job_pb2.Phase.Name(phase)[1:].lower()
+    if isinstance(data, list) and y is not None:
+        data = np.asarray(data)
     if isinstance(data, np.ndarray):
-        return Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
+        own = Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
+        own.from_numpy = True   # preprocessed as the model's data layer (_take_preprocessing)
+        x, y = memory.arrays(own.layer.store_conf.path)
+        own.samples = (x.shape[1:], y is not None)
+        return own
     if not getattr(data, 'is_datalayer', False):
-        raise ConfigError(f"{what}: data must be a Data layer or a numpy array, "
-                          f"got {type(data).__name__}")
+        if y is None and hasattr(data, '__iter__'):
+            return _streamed(data, name, batch_size, what, folder)
+        raise ConfigError(f"{what}: data must be numpy samples, an iterable of (x, y) "
+                          f"batches or a Data layer, got {type(data).__name__}")
     own = _copy_data(data)
     own.layer.ClearField('include')
     own.layer.ClearField('exclude')
@@ -517,6 +994,47 @@ def _as_data(data, y, phase, batch_size, what):
         del own.layer.store_conf.batchsize[:]
         own.layer.store_conf.batchsize.append(batch_size)
     return own
+
+
+def _streamed(batches, phase, batch_size, what, folder):
+    """A Data layer of `phase` reading the (x, y) batches (or x alone, labels 0) of the
+    iterable `batches`, written chunk by chunk as the kvfile `<folder>/<phase>-stream.bin`
+    first: data larger than memory, read like any store, by every process of the job."""
+    seen = {}
+
+    def chunks():
+        for item in batches:
+            x, y = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+            x = np.asarray(x)
+            if seen.setdefault('shape', x.shape[1:]) != x.shape[1:]:
+                raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
+                                  f"samples of shape {seen['shape']}")
+            seen['labelled'] = seen.get('labelled', True) and y is not None
+            yield x, y
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot make {folder}: {e.strerror}") from None
+    path = os.path.join(folder, f"{phase}-stream.bin")
+    if not write_records(path, chunks()):
+        raise ConfigError(f"{what}: the iterable of batches gave no samples")
+    own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
+               shape=list(seen['shape']), batchsize=batch_size or 64)
+    own.from_numpy, own.streamed = True, True
+    own.samples = (seen['shape'], seen['labelled'])
+    return own
+
+
+def _take_preprocessing(dst, src, shape=True):
+    """StoreProto `dst` preprocesses as `src` does (mean, std: values or files), and takes its
+    sample shape when the sizes agree."""
+    for field in ('mean_value', 'std_value', 'mean_file', 'std_file'):
+        dst.ClearField(field)
+        if src.HasField(field):
+            setattr(dst, field, getattr(src, field))
+    if shape and src.shape and int(np.prod(src.shape)) == int(np.prod(dst.shape)):
+        del dst.shape[:]
+        dst.shape.extend(src.shape)
 
 
 def _copy_data(data):

@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from singa import checkpoint, cluster, errors
+from singa import checkpoint, cluster, errors, evaluation
 from singa.comm import msg as m
 from singa.comm.socket import Peer, Router
 from singa.errors import ClusterError
@@ -33,12 +33,14 @@ def seeds(job, n):
     return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
 
-def resume_from(job, folder):
+def resume_from(job, folder, snap=None):
     """-resume (SINGA's Trainer::Resume): set `job` to continue from the newest complete
-    snapshot in `folder` (ours: verified, every worker's file): its step, and versions kept
-    unless the conf says otherwise. Returns that Snapshot, its files parsed (the workers load
-    from it, not from checkpoint_path), or None when there is none (a fresh start)."""
-    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
+    snapshot in `folder` (ours: verified, every worker's file; `snap` when the caller found
+    it already): its step, and versions kept unless the conf says otherwise. Returns that
+    Snapshot, its files parsed (the workers load from it, not from checkpoint_path), or None
+    when there is none (a fresh start)."""
+    if snap is None:
+        snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
         return None
@@ -121,8 +123,9 @@ class Process:
             for name, phase, steps, rng in (("test", job_pb2.kTest, job.test_steps, rngs[1]),
                                             ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
                 if steps > 0:
-                    net = NeuralNet(job.neuralnet, phase, rng.spawn(K) if K > 1 else rng,
-                                    self.train_graph, K, first_id=next_id)
+                    net = evaluation.eval_net(job.neuralnet, phase,
+                                              rng.spawn(K) if K > 1 else rng,
+                                              self.train_graph, K, first_id=next_id)
                     next_id = net.next_id
                     eval_nets[name] = {j: net.partition(j) if K > 1 else net
                                        for g, j in nets if g == 0}

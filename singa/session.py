@@ -27,12 +27,13 @@ import numpy as np
 from google.protobuf import text_format
 
 import singa
-from singa import checkpoint, cluster, config
+from singa import checkpoint, cluster, config, files
 from singa import log as singa_log
 from singa.cluster_rt import SPClusterRuntime
 from singa.driver import Driver, Stopped
 from singa.errors import CheckpointError, ClusterError, ConfigError
 from singa.io import memory
+from singa.io.records import write_records
 from singa.metrics import History, Reporter, read_rows
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
@@ -49,7 +50,7 @@ def prepare(job, base=None):
     """A validated copy of `job` with relative paths resolved against `base` (default: the
     current directory): what `singa-run.sh -conf` would read, checked the same way. The
     workspace is made with its parents."""
-    job = config.absolute_paths(_copy(job), base or os.getcwd())
+    job = config.absolute_paths(copy_job(job), base or os.getcwd())
     try:
         if job.cluster.workspace:
             os.makedirs(job.cluster.workspace, exist_ok=True)
@@ -60,15 +61,18 @@ def prepare(job, base=None):
     return config.parse_job(text, f"<job '{job.name}'>")
 
 
-def train(job, resume=False, verbose=False, progress=True):
-    """Train the prepared `job` (testing and validating as it says); returns its History."""
-    if resume:
-        check_resumable(job)
+def train(job, resume=False, verbose=False, progress=True, on_event=None,
+          zookeeper_host=None):
+    """Train the prepared `job` (testing and validating as it says); returns its History.
+    `on_event(step, phase, metrics)` hears each display, test and validation (in the worker's
+    thread); once it returns True the job stops a step or two later, after a snapshot. A job
+    of several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
+    snap = check_resumable(job) if resume else None
     if cluster.nprocs(job.cluster) > 1:
-        return _launch(job, resume, verbose)
+        return _launch(job, resume, verbose, zookeeper_host)
     write_conf(job)
     history = History()
-    bar = _progress(job, progress)
+    bar = _progress(job, progress, snap.step if snap is not None else 0)
 
     def listener(step, phase, values):
         history.add(step, phase, values)
@@ -76,7 +80,8 @@ def train(job, resume=False, verbose=False, progress=True):
             bar.update(step + 1 - bar.n)
             bar.set_postfix(values, refresh=False)
     try:
-        _run_here(job, False, resume, verbose, listener, history.add_snapshot)
+        _run_here(job, False, snap or resume, verbose, listener, history.add_snapshot,
+                  on_event)
         bar.update(job.train_steps - bar.n)
     finally:
         bar.close()
@@ -84,41 +89,38 @@ def train(job, resume=False, verbose=False, progress=True):
 
 
 def check_resumable(job):
-    """A resume of `job` starts from the newest snapshot of its workspace: that snapshot (as
-    its `.meta` files list it) must hold every param of the job's net, else the job would
-    start afresh under the "Resume" line and write over it (a net whose params are named
-    otherwise: another model, or one whose generated names differ). CheckpointError naming
-    the missing params."""
+    """The snapshot a resume of `job` starts from, its files parsed: the newest complete one
+    of its workspace (resume's own rule), or None. It must hold every param
+    of the job's net, else the job would start afresh under the "Resume" line and write over
+    it (a net whose params are named otherwise: another model, or one whose generated names
+    differ): CheckpointError naming the missing params."""
     folder = os.path.join(job.cluster.workspace, "checkpoint")
     if not os.path.isdir(folder):
-        return
-    by_step = {}       # the .meta texts name the params: the snapshot itself is read once, later
-    for name in os.listdir(folder):
-        sw = checkpoint.parse_step_worker(name[:-len(checkpoint.META_SUFFIX)])
-        if sw and name.endswith(checkpoint.META_SUFFIX):
-            by_step.setdefault(sw[0], []).append(os.path.join(folder, name))
-    if not by_step:
-        return
-    step = max(by_step)
-    stored = {p[0] if "#" in p[0] else f"0#{p[0]}"
-              for path in by_step[step] for p in checkpoint.read_meta(path)["params"]}
+        return None
+    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
+    if snap is None:
+        return None
+    stored = {name for r in snap.readers.values() for name in r.names}
+    stored |= {f"0#{name}" for name in stored if "#" not in name}     # SINGA 0.1's names
     net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
     missing = [p.name for p in net.owner_params if p.name not in stored]
     if missing:
         shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
         raise CheckpointError(
-            f"resume: the newest snapshot {checkpoint.snapshot_file(folder, step, 0)} "
-            f"(step {step}) "
+            f"resume: the newest snapshot {checkpoint.snapshot_file(folder, snap.step, 0)} "
+            f"(step {snap.step}) "
             f"lacks {len(missing)} of the {len(net.owner_params)} params of '{job.name}' "
             f"({shown}): it is another net's; resume in this net's workspace, or train "
             f"without resume (which writes over it)")
+    return snap
 
 
-def test(job, verbose=False):
-    """Test the params `job.checkpoint_path` names on `test_steps` batches; {metric: value}."""
+def test(job, verbose=False, listener=None):
+    """Test the params `job.checkpoint_path` names on `test_steps` batches (or the whole pass
+    of its numpy data); {metric: value}. `listener(step, "test", metrics)` hears the result."""
     if not job.test_steps:
         raise ConfigError(f"{job.name}: testing needs test_steps > 0")
-    return _run_here(job, True, False, verbose, None, None)
+    return _run_here(job, True, False, verbose, listener, None)
 
 
 def predict(job, x):
@@ -134,9 +136,15 @@ def predict(job, x):
         raise ConfigError(f"{job.name}: predict needs an input layer that reads a store "
                           f"(kRecordInput or kCSVInput) in the test net")
     shape = tuple(inputs[0].store_conf.shape)
+    if x.shape == shape or (x.ndim == 1 and x.size == int(np.prod(shape))):
+        raise ConfigError(f"predict: x of shape {x.shape} is one sample; give a batch of one, "
+                          f"x[None] (shape {(1,) + x.shape})")
     if x.shape[1:] != shape and (x.ndim != 2 or x.shape[1] != int(np.prod(shape))):
+        hint = ""
+        if x.ndim == 4 and x.shape[1:] == shape[1:] + shape[:1]:
+            hint = ": images are (N, C, H, W); give x.transpose(0, 3, 1, 2)"
         raise ConfigError(f"predict: samples of shape {x.shape[1:]} do not fit input layer "
-                          f"'{inputs[0].name}' of shape {shape}")
+                          f"'{inputs[0].name}' of shape {shape}{hint}")
     n = len(x)
     batch = min(n, PREDICT_BATCH)
     path = memory.register(x.reshape((n,) + shape))
@@ -180,16 +188,23 @@ def _output(net):
     return last.data
 
 
-def _run_here(job, test, resume, verbose, listener, on_snapshot):
+def _run_here(job, test, resume, verbose, listener, on_snapshot, on_event=None):
     rt = SPClusterRuntime(-os.getpid())   # never a ZooKeeper job id
-    reporter = Reporter(job.cluster.workspace, rt.job_id, listener, on_snapshot)
+
+    def hear(step, phase, values):
+        if listener is not None:
+            listener(step, phase, values)
+        if on_event is not None and on_event(step, phase, values):
+            driver.stop_after_snapshot(step + 1)
+    reporter = Reporter(job.cluster.workspace, rt.job_id, hear, on_snapshot)
     driver = Driver(job, rt, "localhost", resume, reporter)
+    driver.resume_hint = "fit(..., resume=True)"
     result = None
     with _logging(job, verbose), _signals(driver.on_signal):
         try:
             result = driver.run(test)
             if not test and not driver.signal:
-                hint = "fit(..., resume=True) with a larger nb_epoch"
+                hint = "fit(...) again continues; another process: fit(..., resume=True)"
                 for line in reporter.summary(job.step, job.train_steps, hint):
                     log.info("%s", line)
         except Stopped:
@@ -212,7 +227,10 @@ def _logging(job, verbose):
     except OSError as e:
         raise ConfigError(f"cannot write the job log {path}: {e.strerror}") from None
     console = logging.StreamHandler(sys.stderr)
-    console.setLevel(logging.INFO if verbose else logging.WARNING)
+    # not the failure the caller gets raised; without verbose, warnings and the few info
+    # lines marked to be shown (log.SHOWN)
+    console.addFilter(lambda r: not getattr(r, "raised", False) and (
+        verbose or r.levelno >= logging.WARNING or getattr(r, "shown", False)))
     to_file.setFormatter(singa_log.GlogFormatter())
     # SINGA's log lines when asked for (verbose); else warnings as short plain lines
     console.setFormatter(singa_log.GlogFormatter() if verbose else
@@ -242,11 +260,11 @@ def _signals(handler):
             signal.signal(sig, old)
 
 
-def _progress(job, enabled):
-    """A tqdm bar over the train steps (a widget in Jupyter when ipywidgets is there, else
-    text), or a silent stand-in."""
+def _progress(job, enabled, start=0):
+    """A tqdm bar over the train steps from `start` (a widget in Jupyter when ipywidgets is
+    there, else text), or a silent stand-in."""
     if not enabled:
-        return _NoBar()
+        return _NoBar(start)
     try:
         if importlib.util.find_spec("ipywidgets"):
             from tqdm.auto import tqdm
@@ -254,11 +272,12 @@ def _progress(job, enabled):
             from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=job.train_steps, unit="step", desc=job.name, leave=True)
+    return tqdm(total=job.train_steps, initial=start, unit="step", desc=job.name, leave=True)
 
 
 class _NoBar:
-    n = 0
+    def __init__(self, start):
+        self.n = start
 
     def update(self, k):
         self.n += k
@@ -272,26 +291,26 @@ class _NoBar:
 
 # --- jobs of several processes ------------------------------------------------------------
 
-def _launch(job, resume, verbose):
+def _launch(job, resume, verbose, zookeeper_host=None):
     """Run `job` through `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History from
-    metrics.csv. Ctrl-C stops the job (singa-run.sh stops every process) and is re-raised."""
+    metrics.csv. With `zookeeper_host` the launcher reads a conf folder of its own,
+    `<workspace>/conf` (singa.conf naming that ZooKeeper, the hostfile copied). What the
+    launcher says of a ZooKeeper it leaves running is shown. Ctrl-C stops the job
+    (singa-run.sh stops every process) and is re-raised."""
     launcher = os.path.join(singa.HOME, "bin", "singa-run.sh")
     if not os.path.isfile(launcher):
         raise ConfigError(f"a job of {cluster.nprocs(job.cluster)} processes is launched by "
                           f"bin/singa-run.sh of a SINGA checkout, and {singa.HOME} has none")
     ws = job.cluster.workspace
-    job = _copy(job)
-    for layer in job.neuralnet.layer:
-        sc = layer.store_conf
-        if sc.backend == "memory":
-            x, y = memory.arrays(sc.path)
-            shard = os.path.join(ws, f"{layer.name}-{_phase_name(layer)}.bin")
-            memory.write_kvfile(shard, x, y)
-            sc.backend, sc.path = "kvfile", shard
+    job = with_kvfiles(job, ws)
     conf = write_conf(job)
     cmd = [launcher, "-conf", conf] + (["-resume"] if resume else [])
     started = time.time()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = None
+    if zookeeper_host:
+        env = dict(os.environ, SINGA_CONF=_conf_folder(ws, zookeeper_host))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     job_id, lines = None, []
     try:
         for line in proc.stdout:
@@ -299,7 +318,7 @@ def _launch(job, resume, verbose):
             m = re.match(r"Unique JOB_ID is (\d+)", line)
             if m:
                 job_id = int(m.group(1))
-            if verbose:
+            if verbose or "ZooKeeper keeps running" in line:
                 print(line, end="", file=sys.stderr)
         rc = proc.wait()
     except KeyboardInterrupt:
@@ -318,6 +337,38 @@ def _launch(job, resume, verbose):
     return history
 
 
+def _conf_folder(workspace, zookeeper_host):
+    """`<workspace>/conf`: the SINGA home's singa.conf naming `zookeeper_host`, and its
+    hostfile; returns the folder."""
+    home = os.environ.get("SINGA_CONF") or os.path.join(singa.HOME, "conf")
+    conf = config.load_singa_conf(os.path.join(home, "singa.conf"))
+    conf.zookeeper_host = zookeeper_host
+    folder = os.path.join(workspace, "conf")
+    os.makedirs(folder, exist_ok=True)
+    text = text_format.MessageToString(conf).encode()
+    files.write_atomic(os.path.join(folder, "singa.conf"), lambda f: f.write(text))
+    hostfile = os.path.join(home, "hostfile")
+    if os.path.isfile(hostfile):
+        with open(hostfile, "rb") as f:
+            hosts = f.read()
+        files.write_atomic(os.path.join(folder, "hostfile"), lambda f: f.write(hosts))
+    return folder
+
+
+def with_kvfiles(job, folder, prefix=""):
+    """A copy of `job` whose numpy data (memory stores) are kvfiles written in `folder`,
+    `<prefix><layer>-<phases>.bin`: what another process can read."""
+    job = copy_job(job)
+    for layer in job.neuralnet.layer:
+        sc = layer.store_conf
+        if sc.backend == "memory":
+            x, y = memory.arrays(sc.path)
+            shard = os.path.join(folder, f"{prefix}{layer.name}-{_phase_name(layer)}.bin")
+            write_records(shard, x, y)
+            sc.backend, sc.path = "kvfile", shard
+    return job
+
+
 def write_conf(job):
     """`<workspace>/run.conf`: the text of the job that runs (numpy data appear as memory://
     paths of this process), written whole or not at all; returns its path."""
@@ -333,7 +384,7 @@ def _phase_name(layer):
     return "-".join(job_pb2.Phase.Name(p)[1:].lower() for p in layer.include) or "all"
 
 
-def _copy(job):
+def copy_job(job):
     out = job_pb2.JobProto()
     out.CopyFrom(job)
     return out

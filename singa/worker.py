@@ -15,14 +15,14 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, cluster, numerics, resolve
+from singa import checkpoint, cluster, evaluation, numerics, resolve
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
-from singa.log import format_duration, format_metrics
+from singa.log import SHOWN, format_duration, format_metrics
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.param import fill, piece
@@ -110,22 +110,8 @@ class Worker:
             while self.drain() < self.last_step():
                 s = self.step
                 evaluate = not (self.resumed_evaluated and s == job.step)
-                if evaluate and self.val_net and job.validate_steps > 0 \
-                        and every(job.validate_freq, job.validate_after, s):
-                    self.collect_all()
-                    if self.id == 0:
-                        log.info("Validation @ step %d", s)
-                    self.last_val = (s, self.test(job.validate_steps, kVal, self.val_net))
-                    self.check_monitored("validation", self.last_val[1])
-                    self.report(s, "validation", self.last_val[1])
-                if evaluate and self.test_net and job.test_steps > 0 \
-                        and every(job.test_freq, job.test_after, s):
-                    self.collect_all()
-                    if self.id == 0:
-                        log.info("Test @ step %d", s)
-                    self.last_test = (s, self.test(job.test_steps, kTest, self.test_net))
-                    self.check_monitored("test", self.last_test[1])
-                    self.report(s, "test", self.last_test[1])
+                if evaluate:
+                    self.evaluate(s, lambda freq, after: every(freq, after, s))
                 due = every(job.checkpoint_freq, job.checkpoint_after, s)
                 if evaluate and self.grp == 0 and (self.improved(s) or due):
                     self.collect_all()
@@ -142,6 +128,8 @@ class Worker:
             if self.step < job.train_steps:
                 log.info("Worker (group = %d, id = %d): stopping at step %d after a snapshot, "
                          "as asked", self.grp, self.id, self.step)
+            else:
+                self.evaluate_final()
             if self.grp == 0:
                 self.checkpoint(self.step, final=True)
         except AbortedError:
@@ -160,6 +148,38 @@ class Worker:
             finally:    # the stub waits for this stop, whatever leaving did
                 self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
+
+    def evaluate(self, step, due):
+        """Validate, then test, at `step` where `due(freq, after)` says (SINGA's
+        ValidateNow/TestNow), recording and reporting the metrics."""
+        job = self.job
+        for phase, name, net, steps, freq, after in (
+                (kVal, "validation", self.val_net, job.validate_steps, job.validate_freq,
+                 job.validate_after),
+                (kTest, "test", self.test_net, job.test_steps, job.test_freq, job.test_after)):
+            if net is None or steps <= 0 or not due(freq, after):
+                continue
+            self.collect_all()
+            if self.id == 0:
+                log.info("%s @ step %d", name.capitalize(), step)
+            result = (step, self.test(steps, phase, net))
+            if phase == kVal:
+                self.last_val = result
+            else:
+                self.last_test = result
+            self.check_monitored(name, result[1])
+            self.report(step, name, result[1])
+
+    def evaluate_final(self):
+        """Validate and test the params training ends with (at train_steps, where the loop
+        never does), so that the last metrics are those of the params returned and of the
+        final snapshot. The nets' streams stand afterwards where they stood before: a run
+        resumed from the final snapshot tests as an unbroken longer run does."""
+        nets = [net for _, net in self.named_nets()[1:]]
+        saved = [net.streams() for net in nets]
+        self.evaluate(self.step, lambda freq, after: freq > 0 and self.step >= after)
+        for net, (rng, readers) in zip(nets, saved):
+            net.restore_streams(rng, readers)
 
     def improved(self, step):
         """checkpoint_on_improvement: whether the test or validation at `step` bettered the
@@ -243,9 +263,9 @@ class Worker:
         net.forward(phase | kForward)
 
     def test(self, nsteps, phase, net):
-        """Run `nsteps` test batches of `net`; display and return the metrics."""
-        for step in range(nsteps):
-            self.test_one_batch(phase, net, step)
+        """Run `nsteps` test batches of `net` (or its whole pass); display and return the
+        metrics."""
+        evaluation.run(net, phase, nsteps, self.test_one_batch)
         return self.display(phase, " ", net)
 
     def pace(self, step):
@@ -359,6 +379,8 @@ class Worker:
             loaded = checkpoint.load_params(files, owners, log=log.info)
         else:
             files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
+            if files and self.id == 0:
+                log.info("%s", checkpoint.loaded_line(files, owners, loaded), extra=SHOWN)
         if not files:
             return set()
         for p in self.owned:

@@ -34,7 +34,7 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=No
             continue
         if snap is None:
             what = "complete snapshot" if entry == "latest" else \
-                f"complete snapshot recording {monitor or 'a test metric'}"
+                f"complete snapshot recording {monitor or 'a test or validation metric'}"
             raise CheckpointError(f"checkpoint_path \"{entry}\": no {what} in {folder}")
         out += [snap.readers[w] for w in sorted(snap.readers)]
     return out
@@ -46,7 +46,29 @@ def load_checkpoint_path(job, params, warn=None, info=None):
     files = open_checkpoint_path(list(job.checkpoint_path), job.cluster.workspace, warn,
                                  job.cluster.nworkers_per_group,
                                  job.checkpoint_keep_best or None)
-    return files, load_params(files, params, log=info) if files else {}
+    if not files:
+        return files, {}
+    loaded = load_params(files, params, log=info)
+    if params and not loaded:
+        stored = sorted({n for r in files for n in r.names})
+        raise CheckpointError(
+            f"checkpoint_path: none of the net's {len(params)} params ({_some(params)}) is in "
+            f"{_some([r.path for r in files])}, which hold {_some(stored) or 'no params'}: "
+            f"the names differ")
+    return files, loaded
+
+
+def loaded_line(files, params, loaded):
+    """What `checkpoint_path` gave, in one line: `Loaded 4 of 6 params from <files>`."""
+    paths = list(dict.fromkeys(r.path for r in files))
+    fresh = len(params) - len(loaded)
+    return (f"Loaded {len(loaded)} of {len(params)} params from {', '.join(paths)}"
+            + (f" ({fresh} initialised afresh)" if fresh else ""))
+
+
+def _some(names, k=4):
+    names = list(names)
+    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
 
 
 def sources(files):

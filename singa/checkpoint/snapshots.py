@@ -142,6 +142,10 @@ def lower_is_better(metric):
     return metric in LOWER_IS_BETTER or "error" in metric
 
 
+#: what ranks snapshots when no monitor is named: the first that a snapshot records
+DEFAULT_MONITORS = ("test/accuracy", "test/loss", "validation/accuracy", "validation/loss")
+
+
 def parse_monitor(name):
     """(phase, metric) of a `checkpoint_keep_best` value "[test/|validation/]<metric>": the
     phase is "test" when none is given; both lower-cased."""
@@ -165,11 +169,10 @@ def ranked(snaps, monitor=None):
     """The snapshots of `snaps` that record `monitor`, best first; among equal values one
     measured at its own step first (a later snapshot that carries the same measurement has
     params nobody measured), then the newer. `monitor` None: test accuracy if any snapshot
-    records it, else test loss."""
+    records it, else test loss, validation accuracy, validation loss (the first recorded)."""
     if monitor is None:
-        monitor = "test/accuracy"
-        if not any(recorded(s, monitor) is not None for s in snaps):
-            monitor = "test/loss"
+        monitor = next((m for m in DEFAULT_MONITORS
+                        if any(recorded(s, m) is not None for s in snaps)), DEFAULT_MONITORS[0])
     phase, metric = parse_monitor(monitor)
     sign = 1 if lower_is_better(metric) else -1
 
@@ -186,13 +189,13 @@ def best_of(snaps, monitor=None):
 
 
 def best_snapshot(folder, monitor=None, nworkers=None, log=None):
-    """The complete snapshot of `folder` best by `monitor` (see `ranked`), or None."""
-    best = None
-    for step, files in sorted(_files_by_step(folder, nworkers, log).items()):
-        snap = _snapshot(folder, step, files, nworkers)
-        if snap.complete:    # only the best so far keeps its readers
-            best = best_of([s for s in (best, snap) if s is not None], monitor)
-    return best
+    """The complete snapshot of `folder` best by `monitor` (see `ranked`: the default
+    monitor is chosen over all of them), its files parsed; or None."""
+    by_step = _files_by_step(folder, nworkers, log)
+    snaps = [_snapshot(folder, step, files, nworkers, keep_readers=False)
+             for step, files in sorted(by_step.items())]
+    best = best_of([s for s in snaps if s.complete], monitor)
+    return None if best is None else _snapshot(folder, best.step, by_step[best.step], nworkers)
 
 
 def prune(folder, keep_newest, keep_best=None, keep_best_k=1):

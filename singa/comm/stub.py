@@ -18,6 +18,7 @@ import time
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.errors import ClusterError
+from singa.log import RAISED
 
 log = logging.getLogger("singa")
 
@@ -88,11 +89,11 @@ class Stub:
         Thread-safe."""
         self.requests.put(("servers", None))
 
-    def request_snapshot(self):
-        """Have every worker of the job stop after a snapshot, a step or two from now: the step
-        goes to this process's workers and the other processes' stubs. Thread-safe, and safe
-        in a signal handler."""
-        self.requests.put(("snapshot", None))
+    def request_snapshot(self, step=None):
+        """Have every worker of the job stop after a snapshot, a step or two from now (or at
+        `step`, if no worker has passed it yet): the step goes to this process's workers and
+        the other processes' stubs. Thread-safe, and safe in a signal handler."""
+        self.requests.put(("snapshot", step))
 
     def report_lost(self, text):
         """A process of the job was lost (`text` says which): `run` stops every local executor
@@ -121,14 +122,17 @@ class Stub:
         """Seconds since the last message arrived (for any executor here, or this stub)."""
         return time.monotonic() - self.heard
 
-    def take_request(self, what, text):
-        """Carry out a request of `stop`, `stop_servers` or `report_lost`."""
+    def take_request(self, what, arg):
+        """Carry out a request of `stop`, `stop_servers`, `snapshot` (at step `arg`) or
+        `report_lost` (the failure's text `arg`)."""
         if what == "servers":
             self.stop_local(m.kServer)
             return
         if what == "snapshot":
-            self.spread_snapshot(self.latest + self.lead())
+            self.spread_snapshot(self.latest + self.lead() if arg is None
+                                 else max(arg, self.latest + 1))
             return
+        text = arg
         if what == "lost" and self.error is None:
             self.error = ("ClusterError", text)
             log.error("%s; stopping", text)
@@ -235,7 +239,7 @@ class Stub:
         if self.error is None:
             self.error = (kind, text)
             log.error("%s failed: %s", "Server" if m.addr_type(msg.src) == m.kServer else "Worker",
-                      text)
+                      text, extra=RAISED)
             self.stop_local(None)
 
     def entry(self, grp, owner):

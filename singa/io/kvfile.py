@@ -7,7 +7,7 @@ import struct
 
 from singa.errors import DataError
 
-__all__ = ["KVFile", "CAPACITY"]
+__all__ = ["KVFile", "CAPACITY", "pack"]
 
 #: SINGA's default write-buffer capacity in bytes.
 CAPACITY = 10485760
@@ -96,7 +96,7 @@ class KVFile:
         key, value = _bytes(key), _bytes(value)
         if not value or key in self._keys:
             return False
-        tuple_ = b"".join((_LEN.pack(len(key)), key, _LEN.pack(len(value)), value))
+        tuple_ = pack(key, value)
         if len(self._buf) + len(tuple_) > self.capacity:
             self._write_buffer()
         if len(tuple_) > self.capacity:
@@ -157,6 +157,11 @@ class KVFile:
         if self._buf:
             self._file.write(self._buf)
             self._buf.clear()
+
+
+def pack(key, value):
+    """The bytes of one tuple (`key`, `value`: bytes)."""
+    return b"".join((_LEN.pack(len(key)), key, _LEN.pack(len(value)), value))
 
 
 def _walk(f):

@@ -5,7 +5,7 @@ bytes, other dtypes float `data`) and N integer labels `y` (None: label 0) under
 `memory://<n>`; `open_store("memory", path)` reads them as (key, RecordProto bytes) tuples in
 order, so the input layers batch, skip and preprocess them exactly as a kvfile of the same
 records. Positions (`tell`/`seek`) are record indices. Arrays live in this process only: a
-job of several processes reads numpy data from a kvfile (`write_kvfile`).
+job of several processes reads numpy data from a kvfile (`records.write_records`).
 """
 import itertools
 import threading
@@ -13,8 +13,7 @@ import threading
 import numpy as np
 
 from singa.errors import ConfigError, DataError
-from singa.io.kvfile import KVFile
-from singa.proto import common_pb2
+from singa.io.records import class_indices, encode_record
 
 PREFIX = "memory://"
 _ARRAYS = {}        # path -> (x, y)
@@ -30,13 +29,7 @@ def register(x, y=None):
     if not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.number)):
         raise ConfigError(f"numpy data: x must be numbers, got dtype {x.dtype}")
     if y is not None:
-        y = np.asarray(y).reshape(-1)
-        if len(y) != len(x):
-            raise ConfigError(f"numpy data: {len(y)} labels for {len(x)} samples")
-        if not np.issubdtype(y.dtype, np.integer):
-            if not np.array_equal(y, np.round(y)):
-                raise ConfigError("numpy data: labels y must be integers")
-        y = y.astype(np.int64)
+        y = class_indices(y, len(x))
     with _LOCK:
         path = f"{PREFIX}{next(_NUMBERS)}"
         _ARRAYS[path] = (x, y)
@@ -59,23 +52,6 @@ def arrays(path):
     return found
 
 
-def record(x, label):
-    """The RecordProto bytes of one sample, as SINGA's create_data writes them."""
-    rec = common_pb2.RecordProto(label=int(label))
-    if x.dtype == np.uint8:
-        rec.pixel = x.tobytes()
-    else:
-        rec.data.extend(x.reshape(-1).astype(np.float32).tolist())
-    return rec.SerializeToString()
-
-
-def write_kvfile(path, x, y=None):
-    """Write samples `x` and labels `y` to the kvfile `path` (keys `%05d`, SINGA's create_data)."""
-    with KVFile(path, "create") as store:
-        for i in range(len(x)):
-            store.insert(f"{i:05d}".encode(), record(x[i], 0 if y is None else y[i]))
-
-
 class MemoryStore:
     """A read-only store over registered arrays (see `singa.io.store.open_store`)."""
 
@@ -91,7 +67,7 @@ class MemoryStore:
             return None
         i = self.pos
         self.pos += 1
-        return f"{i:05d}".encode(), record(self.x[i], 0 if self.y is None else self.y[i])
+        return f"{i:05d}".encode(), encode_record(self.x[i], 0 if self.y is None else self.y[i])
 
     def seek_to_first(self):
         self.pos = 0

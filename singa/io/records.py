@@ -1,11 +1,15 @@
-"""Decode store values (RecordProto of 0.2/0.3, 0.1 Record{image}) into float32 (src/io/)."""
+"""Store values: decode RecordProto (0.2/0.3) and 0.1 Record{image} into float32 (src/io/),
+and write numpy samples as a kvfile of RecordProto, as SINGA's create_data does."""
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa.errors import DataError
+from singa.errors import ConfigError, DataError
+from singa.files import write_atomic
+from singa.io.kvfile import pack
 from singa.proto import common_pb2
 
-__all__ = ["record_values", "decode_batch", "parse_record"]
+__all__ = ["record_values", "decode_batch", "parse_record", "class_indices", "encode_record",
+           "write_records"]
 
 
 def record_values(value, shape, key=b""):
@@ -64,3 +68,59 @@ def parse_record(value, key="", rec=None):
 def _key(keys, i):
     key = keys[i] if keys is not None else b""
     return key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key)
+
+
+def class_indices(y, n):
+    """The (n,) int64 class indices of labels `y`: class indices, or one-hot rows (n, C) as
+    Keras' categorical labels (each row's one 1 gives the class); ConfigError otherwise."""
+    y = np.asarray(y)
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
+        raise ConfigError(f"numpy data: labels y must be class indices (ints), got dtype "
+                          f"{y.dtype}; map them to 0..C-1 first")
+    if y.ndim == 2 and y.shape[0] == n and y.shape[1] > 1:
+        if not (np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all()):
+            raise ConfigError(f"numpy data: labels y of shape {y.shape} are not one-hot rows "
+                              f"(one 1 per row); give class indices of shape ({n},)")
+        return np.argmax(y, axis=1).astype(np.int64)
+    y = y.reshape(-1)
+    if len(y) != n:
+        raise ConfigError(f"numpy data: {len(y)} labels for {n} samples (labels y are class "
+                          f"indices of shape ({n},), or one-hot rows ({n}, C))")
+    if not np.issubdtype(y.dtype, np.integer) and not np.array_equal(y, np.round(y)):
+        raise ConfigError("numpy data: labels y must be integers (class indices)")
+    return y.astype(np.int64)
+
+
+def encode_record(x, label):
+    """The RecordProto bytes of one sample, as SINGA's create_data writes them: uint8 `x` as
+    `pixel` bytes, other numbers as float `data`."""
+    rec = common_pb2.RecordProto(label=int(label))
+    if x.dtype == np.uint8:
+        rec.pixel = x.tobytes()
+    else:
+        rec.data.extend(x.reshape(-1).astype(np.float32).tolist())
+    return rec.SerializeToString()
+
+
+def write_records(path, x, y=None):
+    """Write numpy samples as the kvfile `path` (keys `%05d` counting from 0, SINGA's
+    create_data; labels 0 when `y` is None) and return the number written. `x` is an array
+    (N, ...) with labels `y` (N,: class indices, or one-hot rows), or an iterable of (x, y)
+    chunks, so data larger than memory are written chunk by chunk. The file appears whole or
+    not at all (`singa.files.write_atomic`); an error names `path`."""
+    chunks = [(x, y)] if isinstance(x, np.ndarray) else x
+    written = 0
+
+    def fill(f):
+        nonlocal written
+        for cx, cy in chunks:
+            cx = np.asarray(cx)
+            cy = np.zeros(len(cx), np.int64) if cy is None else class_indices(cy, len(cx))
+            f.write(b"".join(pack(b"%05d" % (written + i), encode_record(cx[i], cy[i]))
+                             for i in range(len(cx))))
+            written += len(cx)
+    try:
+        write_atomic(path, fill)
+    except OSError as e:
+        raise DataError(f"{path}: cannot write the records: {e.strerror}") from None
+    return written

@@ -4,7 +4,7 @@ from singa.io.kvfile import KVFile
 from singa.io.memory import MemoryStore
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "read_cyclic", "KVFileStore", "TextFileStore", "BACKENDS"]
+__all__ = ["open_store", "read_cyclic", "count_records", "KVFileStore", "TextFileStore", "BACKENDS"]
 
 
 class KVFileStore(KVFile):
@@ -39,3 +39,12 @@ def read_cyclic(store, path, backend):
         if kv is None:
             raise DataError(f"{path}: the {backend} store is empty")
     return kv
+
+
+def count_records(backend, path):
+    """The number of tuples in the store of `backend` at `path` (read through once; numpy
+    data: their length)."""
+    with open_store(backend, path, "read") as store:
+        if isinstance(store, MemoryStore):
+            return len(store.x)
+        return sum(1 for _ in iter(store.read, None))

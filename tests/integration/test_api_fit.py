@@ -108,8 +108,8 @@ def test_a_data_layer_of_the_train_phase_serves_as_test_and_validation_data(tmp_
     h = m.fit(Data(x=x, y=y, batch_size=50), nb_epoch=20, with_test=True, test_data=held_out,
               validate_data=held_out, test_freq=10, test_steps=2, validate_freq=10,
               validate_steps=3, seed=1, progress=False)
-    assert [s for s, _ in h["test"]] == [0, 10]
-    assert [s for s, _ in h["validation"]] == [0, 10]
+    assert [s for s, _ in h["test"]] == [0, 10, 20]
+    assert [s for s, _ in h["validation"]] == [0, 10, 20]
     assert set(h.last("validation")) == {"loss", "accuracy"}
     assert list(held_out.layer.include) == [job_pb2.kTrain]
     result = m.evaluate(held_out, test_steps=5)
@@ -120,7 +120,7 @@ def test_validate_data_fills_the_history_validation(tmp_path, train, test):
     x, y = train
     h = mlp(tmp_path / "ws").fit(x, y, nb_epoch=30, batch_size=50, validate_data=test,
                                  validate_freq=10, seed=2, progress=False)
-    assert [s for s, _ in h["validation"]] == [0, 10, 20]
+    assert [s for s, _ in h["validation"]] == [0, 10, 20, 30]
     assert h["test"] == []
     losses = [v["loss"] for _, v in h["validation"]]
     assert all(isinstance(v, float) for v in losses) and losses[-1] < losses[0]
@@ -162,7 +162,7 @@ def test_a_model_from_a_conf_fits_evaluates_and_predicts(tmp_path, fixture_job, 
                               "tests/fixtures/singa-0.3/": FIXTURES + "/"})
     m = Model.from_conf(str(conf))
     h = m.fit(progress=False)
-    assert [s for s, _ in h["test"]] == [0, 20] and h.snapshots[-1][0] == 40
+    assert [s for s, _ in h["test"]] == [0, 20, 40] and h.snapshots[-1][0] == 40
     assert m.last_checkpoint_path == str(tmp_path / "ws" / "checkpoint" / "step40-worker0.bin")
     result = m.evaluate(test_steps=5)
     assert set(result) == {"loss", "accuracy"} and result["accuracy"] > 0.3
@@ -222,7 +222,7 @@ def test_a_one_process_fit_opens_no_connection_and_starts_no_process(tmp_path):
     lines = run.stdout.splitlines()
     assert "EVENTS []" in lines, run.stdout
     assert "EVALUATE ['accuracy', 'loss']" in lines and "PREDICT (3, 2)" in lines
-    assert "TESTS [0, 10, 20]" in lines
+    assert "TESTS [0, 10, 20, 30]" in lines
     assert (tmp_path / "ws" / "checkpoint" / "step30-worker0.bin").is_file()
     assert not GLOG_LINE.search(run.stderr), run.stderr
 

@@ -184,7 +184,29 @@ def test_a_job_of_two_processes_runs_through_the_launcher_and_returns_its_histor
     monkeypatch.setenv("SINGA_CONF", str(singa_conf.parent))
     history = session.train(session.prepare(job), progress=False)
     assert [s for s, _ in history["train"]] == [0, 10, 20, 30]
-    assert [s for s, _ in history["test"]] == [0, 20]
+    assert [s for s, _ in history["test"]] == [0, 20, 40]
     assert set(history.last("test")) == {"loss", "accuracy"}
     assert [s for s, _ in history.snapshots] == [0, 20, 40]
     assert os.path.exists(tmp_path / "ws" / "data-train.bin")
+
+
+def test_a_model_of_two_processes_uses_the_zookeeper_its_cluster_names(tmp_path, zk_server,
+                                                                       monkeypatch):
+    """Cluster(zookeeper_host=...): the launcher reads a conf folder in the workspace naming
+    it, with the SINGA home's hostfile; conf/singa.conf's ZooKeeper is never asked."""
+    from singa.model import Cluster, Dense, Sequential
+    monkeypatch.delenv("SINGA_CONF", raising=False)
+    x, y = read_records(os.path.join(FIXTURES, "train-1000.bin"))
+    m = Sequential('two')
+    m.add(Dense(16, init='uniform', activation='tanh'))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer='sgd',
+              cluster=Cluster(str(tmp_path / "ws"), nworkers_per_group=2, nworkers_per_procs=1,
+                              zookeeper_host=zk_server))
+    h = m.fit(x, y, nb_epoch=20, seed=1, progress=False)
+    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [0, 2, 4, 6, 8, 10, 12,
+                                                                       14, 16, 18]
+    conf = (tmp_path / "ws" / "conf" / "singa.conf").read_text()
+    assert f'zookeeper_host: "{zk_server}"' in conf
+    with pytest.raises(ConfigError, match="'nworkers' is no ClusterProto field"):
+        Cluster(str(tmp_path), nworkers=2)

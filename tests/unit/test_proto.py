@@ -60,7 +60,8 @@ def test_additions_stay_outside_singa_extension_ranges():
              job_pb2.JobProto: {"seed": 300, "checkpoint_keep_newest": 301, "max_restarts": 310,
                                 "checkpoint_keep_best": 302, "checkpoint_keep_best_k": 303,
                                 "checkpoint_on_improvement": 304},
-             job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300}}
+             job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300},
+             job_pb2.StoreProto: {"whole_pass": 300}}
     for msg, fields in added.items():
         for name, number in fields.items():
             assert _field(msg, name).number == number
@@ -93,7 +94,7 @@ def _singa_protos():
 
 # our fields and values start here
 ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300,
-         "ConvolutionProto": 300, "PoolingProto": 300}
+         "ConvolutionProto": 300, "PoolingProto": 300, "StoreProto": 300}
 
 
 def _label(f):

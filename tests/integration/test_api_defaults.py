@@ -1,0 +1,395 @@
+"""The Python API's defaults give the right numbers or one clear line: evaluate scores every
+sample once, fit validates and tests its final params, a second fit continues, labels and
+losses are checked, and Keras' spellings mean what Keras means."""
+import json
+import os
+import pickle
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+
+import singa
+from conftest import FIXTURES, PYTHON
+from singa import checkpoint, config, session
+from singa.callbacks import (EarlyStopping, LambdaCallback, LearningRateScheduler,
+                             ModelCheckpoint)
+from singa.io import write_records
+from singa.errors import CheckpointError, ConfigError
+from singa.io.kvfile import KVFile
+from singa.io.records import decode_batch
+from singa.model import (SGD, Adam, Cluster, Convolution2D, Data, Dense, Model, Parameter,
+                         RMSProp, Sequential)
+
+FLT_MIN = np.finfo(np.float32).tiny
+
+
+def read_records(path):
+    with KVFile(path) as f:
+        x, y = decode_batch([v for _, v in f], 784)
+    return x / np.float32(255), y
+
+
+@pytest.fixture(scope="module")
+def train():
+    return read_records(os.path.join(FIXTURES, "train-1000.bin"))
+
+
+@pytest.fixture(scope="module")
+def test():
+    return read_records(os.path.join(FIXTURES, "test-500.bin"))
+
+
+def mlp(workspace, optimizer=None, loss='categorical_crossentropy'):
+    m = Sequential('mlp')
+    m.add(Dense(16, init='uniform', activation='tanh'))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss=loss, optimizer=optimizer or SGD(lr=0.05, momentum=0.9),
+              cluster=Cluster(str(workspace)))
+    return m
+
+
+def params(path):
+    r = checkpoint.CheckpointReader(str(path))
+    return {name: r.param(name).tobytes() for name in r.names}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, train):
+    m = mlp(tmp_path_factory.mktemp("trained") / "ws")
+    m.fit(*train, nb_epoch=30, batch_size=50, seed=3, progress=False)
+    return m
+
+
+def hand_count(m, x, y):
+    """Loss and accuracy of every sample, from predict's probabilities."""
+    p = m.predict(x).astype(np.float64)
+    loss = -np.log(np.maximum(p[np.arange(len(y)), y], FLT_MIN)).mean()
+    return loss, float(np.mean(np.argmax(p, axis=1) == y))
+
+
+@pytest.mark.parametrize("n", [2000, 300, 50])
+def test_evaluate_scores_every_sample_once_as_a_hand_count(trained, train, test, n):
+    """2000 samples (31 batches of 64 and one of 16), 300 (4 and one of 44), 50 (fewer than a
+    batch): the mean over exactly those samples."""
+    x = np.concatenate([train[0], test[0], train[0]])[:n]
+    y = np.concatenate([train[1], test[1], train[1]])[:n]
+    loss, accuracy = hand_count(trained, x, y)
+    got = trained.evaluate(x, y, verbose=0)
+    assert got["accuracy"] == pytest.approx(accuracy, abs=1e-12)
+    assert got["loss"] == pytest.approx(loss, rel=1e-5)
+
+
+def test_evaluate_prints_one_result_line_unless_verbose_0(trained, test, capsys):
+    trained.evaluate(*test)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("Test @ step 30 on 500 samples:  loss = ")
+    trained.evaluate(*test, verbose=0)
+    assert capsys.readouterr().out == ""
+
+
+def test_explicit_test_steps_keep_singa_meaning(trained, test):
+    """test_steps batches, wrapping around: 2 batches of 64 are the first 128 samples."""
+    x, y = test
+    assert trained.evaluate(x, y, test_steps=2, verbose=0) == \
+        pytest.approx(trained.evaluate(x[:128], y[:128], verbose=0), rel=1e-6)
+
+
+def test_fit_validates_and_tests_its_final_params_over_all_the_data(tmp_path, train, test):
+    m = mlp(tmp_path / "ws")
+    h = m.fit(*train, nb_epoch=20, batch_size=50, validation_data=test, with_test=True,
+              test_data=test, seed=1, progress=False)
+    assert [s for s, _ in h["validation"]] == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20]
+    assert h["test"][-1][0] == 20 and h.snapshots[-1][0] == 20
+    final = m.evaluate(*test, verbose=0)
+    for phase in ("validation", "test"):
+        assert h.last(phase) == pytest.approx(final, rel=1e-5)
+    assert h.history["val_loss"] == [v["loss"] for _, v in h["validation"]]
+
+
+def test_validation_split_holds_out_the_last_samples(tmp_path, train):
+    x, y = train
+    h = mlp(tmp_path / "ws").fit(x, y, nb_epoch=10, validation_split=0.2, seed=1,
+                                 progress=False)
+    m = mlp(tmp_path / "ws2")
+    h2 = m.fit(x[:800], y[:800], nb_epoch=10, validation_data=(x[800:], y[800:]), seed=1,
+               progress=False)
+    assert h["validation"] == h2["validation"]
+
+
+def test_epochs_are_passes_over_numpy_data(tmp_path, train):
+    h = mlp(tmp_path / "ws").fit(*train, epochs=2, batch_size=100, seed=1, progress=False)
+    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [0, 10]
+
+
+def test_a_second_fit_continues_from_the_params_the_first_left(tmp_path, train):
+    a = mlp(tmp_path / "a")
+    a.fit(*train, nb_epoch=20, batch_size=50, seed=5, progress=False)
+    h = a.fit(*train, nb_epoch=20, batch_size=50, seed=5, progress=False)
+    assert h.snapshots[-1][0] == 40
+    b = mlp(tmp_path / "b")
+    b.fit(*train, nb_epoch=40, batch_size=50, seed=5, progress=False)
+    assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
+    with pytest.raises(ConfigError, match="at step 40, and nb_epoch 40 .* leaves nothing"):
+        a.fit(*train, nb_epoch=40, batch_size=50, resume=True, progress=False)
+
+
+def test_fit_without_labels_or_without_a_loss_is_one_line(tmp_path, train):
+    with pytest.raises(ConfigError, match="layer '.*' compares the outputs with labels: give y"):
+        mlp(tmp_path / "ws").fit(train[0], nb_epoch=5, progress=False)
+    m = Sequential('noloss')
+    m.add(Dense(10, init='uniform'))
+    m.compile(optimizer=SGD(), cluster=Cluster(str(tmp_path / "ws2")))
+    with pytest.raises(ConfigError, match="has no loss layer"):
+        m.fit(*train, nb_epoch=5, progress=False)
+
+
+def test_one_hot_labels_train_as_class_indices_and_strings_are_refused(tmp_path, train):
+    x, y = train
+    a = mlp(tmp_path / "a")
+    a.fit(x, np.eye(10, dtype=np.float32)[y], nb_epoch=10, seed=2, progress=False)
+    b = mlp(tmp_path / "b")
+    b.fit(x, y, nb_epoch=10, seed=2, progress=False)
+    assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
+    with pytest.raises(ConfigError, match="labels y must be class indices .* got dtype <U"):
+        b.evaluate(x, y.astype(str))
+    with pytest.raises(ConfigError, match="3 labels for 1000 samples"):
+        b.evaluate(x, y[:3])
+
+
+def test_compile_takes_keras_names_and_refuses_what_it_cannot_do(tmp_path, train):
+    m = mlp(tmp_path / "ws", optimizer='adam', loss='sparse_categorical_crossentropy')
+    assert m.jobconf.updater.type == Adam().proto.type
+    h = m.fit(*train, nb_epoch=20, seed=1, progress=False)
+    assert h["train"][-1][1]["loss"] < h["train"][0][1]["loss"]
+    assert RMSProp(rho=0.8).proto.rmsprop_conf.rho == pytest.approx(0.8)
+    with pytest.raises(ConfigError, match="optimizer 'sgdd' is not known"):
+        mlp(tmp_path / "ws", optimizer='sgdd')
+    with pytest.raises(ConfigError, match="metric 'mae' is not computed"):
+        Sequential('m').compile(optimizer='sgd', cluster=Cluster(str(tmp_path)),
+                                loss='mse', metrics=['mae'])
+    with pytest.raises(TypeError, match="metric"):
+        Sequential('m').compile(optimizer='sgd', cluster=Cluster(str(tmp_path)), metric=['acc'])
+
+
+def test_history_names_its_phases_and_gives_keras_names(tmp_path, train):
+    h = mlp(tmp_path / "ws").fit(*train, nb_epoch=4, validation_data=train, seed=1,
+                                 progress=False)
+    with pytest.raises(KeyError, match="History.history"):
+        h["val_loss"]
+    assert set(h.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+
+
+def test_channels_last_images_are_refused_with_the_layout(tmp_path):
+    m = Sequential('conv')
+    m.add(Convolution2D(4, kernel=3, activation='relu'))
+    m.add(Dense(10, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer='sgd', cluster=Cluster(str(tmp_path)))
+    x = np.zeros((8, 28, 28, 1), np.float32)
+    with pytest.raises(ConfigError, match=r"images are \(N, C, H, W\).*transpose\(0, 3, 1, 2\)"):
+        m.fit(x, np.zeros(8, int), nb_epoch=1, progress=False)
+
+
+def test_predict_of_one_sample_says_how_to_give_a_batch(trained, test):
+    with pytest.raises(ConfigError, match=r"is one sample; give a batch of one, x\[None\]"):
+        trained.predict(test[0][0])
+
+
+def test_best_by_a_validation_monitor_loads(tmp_path, train, test):
+    m = mlp(tmp_path / "ws")
+    m.fit(*train, nb_epoch=20, validation_data=test, checkpoint_freq=5, seed=1, progress=False)
+    assert set(m.evaluate(*test, checkpoint_path='best', verbose=0)) == {"loss", "accuracy"}
+
+
+def test_loaded_params_are_reported_and_a_file_of_other_names_is_an_error(tmp_path, train,
+                                                                         trained, capfd):
+    m = mlp(tmp_path / "ws")
+    m.fit(*train, nb_epoch=2, checkpoint_path=trained.last_checkpoint_path, progress=False)
+    assert f"singa: Loaded 4 of 4 params from {trained.last_checkpoint_path}" in \
+        capfd.readouterr().err
+    other = Sequential('other')
+    for i, (dim, act) in enumerate(((16, 'tanh'), (10, 'softmax'))):
+        other.add(Dense(dim, activation=act, w_param=Parameter(name=f'fc{i}w', init='uniform'),
+                        b_param=Parameter(name=f'fc{i}b', init='constant')))
+    other.compile(loss='categorical_crossentropy', optimizer='sgd',
+                  cluster=Cluster(str(tmp_path / "ws2")))
+    with pytest.raises(CheckpointError, match="none of the net's 4 params .* the names differ"):
+        other.fit(*train, nb_epoch=2, checkpoint_path=trained.last_checkpoint_path,
+                  progress=False)
+
+
+def test_a_model_pickles(trained):
+    again = pickle.loads(pickle.dumps(trained))
+    assert again.jobconf == trained.jobconf and again.last_checkpoint_path == \
+        trained.last_checkpoint_path
+
+
+def test_to_conf_writes_absolute_paths_and_numpy_data_beside_the_conf(tmp_path, train,
+                                                                     monkeypatch):
+    """The conf runs from any folder: singa-run.sh resolves relative paths against the SINGA
+    home, not where the script ran; numpy data become a kvfile of the same records."""
+    monkeypatch.chdir(tmp_path)
+    x, y = train
+    m = mlp("ws")
+    m.fit(x, y, nb_epoch=2, progress=False)
+    with pytest.raises(ConfigError, match="reads numpy data, .* give a path"):
+        m.to_conf()
+    (tmp_path / "out").mkdir()
+    text = m.to_conf("out/job.conf")
+    job = config.load_job(str(tmp_path / "out" / "job.conf"))
+    assert text == (tmp_path / "out" / "job.conf").read_text()
+    assert job.cluster.workspace == str(tmp_path / "ws")
+    (data,) = [ly for ly in job.neuralnet.layer if ly.store_conf.path]
+    assert data.store_conf.backend == "kvfile"
+    assert data.store_conf.path == str(tmp_path / "out" / f"job-{data.name}-train.bin")
+    with KVFile(data.store_conf.path) as f:
+        got_x, got_y = decode_batch([v for _, v in f], 784)
+    assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
+    job.train_steps, job.cluster.workspace = 3, str(tmp_path / "ws2")
+    h = session.train(session.prepare(job), progress=False)
+    assert h.snapshots[-1][0] == 3
+
+
+def test_write_records_writes_chunks_as_one_kvfile_whole_or_not_at_all(tmp_path, train):
+    x, y = train
+    path = tmp_path / "data.bin"
+    chunks = ((x[i:i + 300], np.eye(10)[y[i:i + 300]]) for i in range(0, len(x), 300))
+    assert write_records(str(path), chunks) == len(x)
+    with KVFile(str(path)) as f:
+        pairs = list(f)
+    assert [k for k, _ in pairs] == [b"%05d" % i for i in range(len(x))]
+    got_x, got_y = decode_batch([v for _, v in pairs], 784)
+    assert np.array_equal(got_x, x) and np.array_equal(got_y, y)
+
+    def bad():
+        yield x[:10], y[:10]
+        yield x[:10], y[:3]
+    with pytest.raises(ConfigError, match="3 labels for 10 samples"):
+        write_records(str(tmp_path / "bad.bin"), bad())
+    assert sorted(os.listdir(tmp_path)) == ["data.bin"]
+
+
+# --- callbacks -----------------------------------------------------------------------------
+
+def test_early_stopping_stops_after_patience_with_a_snapshot_that_resumes(tmp_path, train,
+                                                                         test):
+    """min_delta 10 never counts as better: validations at 0 (the best), 5, 10 (patience 1
+    used up): the job stops a step or two after 10, after a snapshot."""
+    stop = EarlyStopping(monitor='val_loss', patience=1, min_delta=10)
+    m = mlp(tmp_path / "ws")
+    h = m.fit(*train, nb_epoch=200, validation_data=test, validate_freq=5, callbacks=[stop],
+              seed=1, progress=False)
+    assert stop.stopped_step == 10 and 10 <= h.snapshots[-1][0] <= 13
+    assert [s for s, _ in h["validation"]] == [0, 5, 10]
+    again = m.fit(*train, nb_epoch=5, validation_data=test, validate_freq=5, seed=1,
+                  progress=False)
+    assert again.snapshots[-1][0] == h.snapshots[-1][0] + 5
+
+
+def test_a_lambda_callback_sees_every_event_and_can_stop(tmp_path, train, test):
+    seen = []
+    cb = LambdaCallback(on_step_end=lambda step, metrics: seen.append(("train", step)),
+                        on_test_end=lambda step, phase, metrics:
+                        seen.append((phase, step)) or step >= 20)
+    h = mlp(tmp_path / "ws").fit(*train, nb_epoch=100, disp_freq=10, with_test=True,
+                                 test_data=test, test_freq=10, callbacks=[cb], seed=1,
+                                 progress=False)
+    assert seen[:5] == [("test", 0), ("train", 0), ("test", 10), ("train", 10), ("test", 20)]
+    assert 20 <= h.snapshots[-1][0] <= 23
+
+
+def test_model_checkpoint_keeps_the_best_and_best_loads_it(tmp_path, train, test):
+    m = mlp(tmp_path / "ws", optimizer=SGD(lr=0.5, momentum=0.9))
+    h = m.fit(*train, nb_epoch=40, validation_data=test, validate_freq=4, seed=4,
+              callbacks=[ModelCheckpoint('val_accuracy', save_best_only=True, save_top_k=2)],
+              progress=False)
+    kept = checkpoint.list_snapshots(str(tmp_path / "ws" / "checkpoint"))
+    assert len(kept) <= 3
+    best = max(v["accuracy"] for _, v in h["validation"])
+    assert m.evaluate(*test, checkpoint_path='best', verbose=0)["accuracy"] == \
+        pytest.approx(best, abs=1e-12)
+
+
+def test_a_learning_rate_schedule_is_the_job_s_fixed_step_table(tmp_path, train):
+    a = mlp(tmp_path / "a")
+    a.fit(*train, nb_epoch=20, seed=6, progress=False,
+          callbacks=[LearningRateScheduler(lambda step: 0.1 if step < 10 else 0.01)])
+    b = mlp(tmp_path / "b", optimizer=SGD(momentum=0.9, lr_type='manual', step=(0, 10),
+                                          step_lr=(0.1, 0.01)))
+    b.fit(*train, nb_epoch=20, seed=6, progress=False)
+    assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
+    with pytest.raises(ConfigError, match=r"schedule\(3\) gave nan"):
+        a.fit(*train, nb_epoch=5, progress=False,
+              callbacks=[LearningRateScheduler(lambda step: float('nan') if step == 3 else 1)])
+
+
+# --- save, load and confs ------------------------------------------------------------------
+
+def test_a_saved_model_predicts_and_evaluates_in_a_new_process(tmp_path, train, test):
+    """save writes the conf, the params and the preprocessing; a process that builds nothing
+    gets the same outputs and metrics."""
+    x, y = train
+    m = Sequential('scaled')
+    m.add(Data(x=(x * 255).astype(np.uint8), y=y, batch_size=50, mean_value=127.5,
+               std_value=127.5))
+    m.add(Dense(16, init='uniform', activation='tanh'))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer='sgd',
+              cluster=Cluster(str(tmp_path / "ws")))
+    m.fit(nb_epoch=20, seed=2, progress=False)
+    tx = (test[0] * 255).astype(np.uint8)
+    m.save(str(tmp_path / "saved"))
+    np.save(tmp_path / "x.npy", tx)
+    np.save(tmp_path / "y.npy", test[1])
+    script = textwrap.dedent(f"""
+        import json, numpy as np
+        from singa.model import load_model
+        m = load_model({str(tmp_path / "saved")!r})
+        x, y = np.load({str(tmp_path / "x.npy")!r}), np.load({str(tmp_path / "y.npy")!r})
+        np.save({str(tmp_path / "p.npy")!r}, m.predict(x))
+        print(json.dumps(m.evaluate(x, y, verbose=0)))
+        """)
+    r = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, env=dict(os.environ, PYTHONPATH=singa.HOME))
+    assert r.returncode == 0, r.stderr
+    assert np.array_equal(np.load(tmp_path / "p.npy"), m.predict(tx))
+    here = m.evaluate(tx, test[1], verbose=0)    # x preprocessed as the model's data layer
+    assert here["accuracy"] == np.mean(np.argmax(m.predict(tx), axis=1) == test[1])
+    assert json.loads(r.stdout) == pytest.approx(here, rel=1e-6)
+
+
+def test_a_conf_made_for_testing_predicts_with_its_checkpoint_path(tmp_path, trained, test):
+    """As singa-import.sh prints: Model.from_conf(job.conf).predict(x) loads the conf's
+    checkpoint_path and reads x, not the conf's data file (gone here)."""
+    text = trained.jobconf.__class__()
+    text.CopyFrom(trained.jobconf)
+    text.neuralnet.CopyFrom(trained.build())
+    for ly in text.neuralnet.layer:
+        if ly.store_conf.path:
+            ly.store_conf.backend, ly.store_conf.path = "kvfile", str(tmp_path / "gone.bin")
+    text.checkpoint_path.append(trained.last_checkpoint_path)
+    text.cluster.workspace = str(tmp_path / "ws")
+    (tmp_path / "job.conf").write_text(str(text))
+    m = Model.from_conf(str(tmp_path / "job.conf"))
+    assert np.array_equal(m.predict(test[0]), trained.predict(test[0]))
+    assert m.evaluate(*test, verbose=0) == pytest.approx(trained.evaluate(*test, verbose=0),
+                                                         rel=1e-6)
+
+
+def test_iterables_of_batches_train_evaluate_and_predict_as_the_arrays_do(tmp_path, train,
+                                                                         test):
+    """Batches streamed through a kvfile in the workspace: the same losses, params, metrics
+    and outputs as the arrays they come from."""
+    def batches(x, y, k=128):
+        return ((x[i:i + k], y[i:i + k]) for i in range(0, len(x), k))
+    a, b = mlp(tmp_path / "a"), mlp(tmp_path / "b")
+    ha = a.fit(batches(*train), epochs=2, validation_data=batches(*test), seed=3,
+               progress=False)
+    hb = b.fit(*train, epochs=2, validation_data=test, seed=3, progress=False)
+    assert ha["train"] == hb["train"] and ha["validation"] == hb["validation"]
+    assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
+    assert os.path.isfile(tmp_path / "a" / "data" / "train-stream.bin")
+    assert a.evaluate(batches(*test), verbose=0) == b.evaluate(*test, verbose=0)
+    assert np.array_equal(a.predict(x for x, _ in batches(*test)),
+                          np.concatenate([b.predict(x) for x, _ in batches(*test)]))
