@@ -20,8 +20,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from singa import checkpoint, config, evaluation, files, naming, session
-from singa.callbacks import Callback
-from singa.cluster import nprocs as cluster_nprocs
+from singa.callbacks import Callback, LearningRateScheduler
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.records import write_records
@@ -64,6 +63,7 @@ class Model:
         self.conf_net = None      # the NetProto of a model loaded by from_conf
         self.best_monitor = None  # what ranks the snapshots of the last fit ('best')
         self.zookeeper_host = None    # of a job of several processes (Cluster's)
+        self.lr_schedule = None       # a function of the step given as the updater's lr
         self.stop_training = False    # a callback stops the running fit (Keras' flag)
         naming.reset_names()      # its generated names depend on its own layers only
 
@@ -103,6 +103,7 @@ class Model:
         self.jobconf.updater.CopyFrom(optimizer.proto)
         self.jobconf.cluster.CopyFrom(cluster.proto)
         self.zookeeper_host = cluster.zookeeper_host
+        self.lr_schedule = optimizer.schedule
         loss = LOSSES.get(loss, loss)
         if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
             raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
@@ -356,6 +357,8 @@ class Model:
 
     def _configure(self, callbacks, job):
         """Hand `callbacks` the model and the job's fields; those that hear events."""
+        if self.lr_schedule is not None:
+            callbacks = [LearningRateScheduler(self.lr_schedule)] + list(callbacks)
         for cb in callbacks:
             if not isinstance(cb, Callback):
                 raise ConfigError(f"fit: callbacks must be singa.callbacks.Callback objects, got "
@@ -364,10 +367,6 @@ class Model:
             cb.configure(job)
         self.best_monitor = job.checkpoint_keep_best or None
         hearing = [cb for cb in callbacks if cb.hears_events]
-        if hearing and cluster_nprocs(job.cluster) > 1:
-            raise ConfigError(f"fit: {type(hearing[0]).__name__} hears the metrics as they come, "
-                              f"which a job of several processes does not send to this one; "
-                              f"ModelCheckpoint and LearningRateScheduler work there")
         self.stop_training = False
         for cb in callbacks:
             cb.on_train_begin()
@@ -771,11 +770,19 @@ class Algorithm:
 class Updater:
     """UpdaterProto of `upd_type` with base learning rate `lr`; `lr_type` None/'fixed' →
     kFixed, 'step' → kStep (change_freq 60, gamma 0.997), 'manual' → kFixedStep(step,
-    step_lr), 'linear' → kLinear (change_freq 10, final_lr 0.1), as SINGA's."""
+    step_lr), 'linear' → kLinear (change_freq 10, final_lr 0.1), as SINGA's. A function `lr`
+    of the step gives each step's rate (fit writes it into the job as LearningRateScheduler
+    does)."""
 
     def __init__(self, upd_type, lr, lr_type, decay, momentum, step, step_lr, **fields):
         upd = job_pb2.UpdaterProto(type=upd_type)
         setval(upd, **fields)
+        self.schedule = lr if callable(lr) else None
+        if self.schedule is not None:
+            if lr_type is not None:
+                raise ConfigError(f"{type(self).__name__}: a function lr gives every step's rate; "
+                                  f"drop lr_type {lr_type!r}")
+            lr = 0.0    # the table fit writes replaces it
         upd.learning_rate.base_lr = lr
         if decay > 0:
             upd.weight_decay = decay

@@ -44,6 +44,8 @@ log = logging.getLogger("singa")
 #: Input layers whose store a prediction replaces by the numpy batch.
 STORE_INPUTS = (job_pb2.kRecordInput, job_pb2.kCSVInput)
 PREDICT_BATCH = 256
+#: seconds between two reads of a launched job's metrics.csv for `on_event`
+LAUNCH_POLL = 0.5
 
 
 def prepare(job, base=None):
@@ -65,11 +67,11 @@ def train(job, resume=False, verbose=False, progress=True, on_event=None,
           zookeeper_host=None):
     """Train the prepared `job` (testing and validating as it says); returns its History.
     `on_event(step, phase, metrics)` hears each display, test and validation (in the worker's
-    thread); once it returns True the job stops a step or two later, after a snapshot. A job
-    of several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
+    thread; for a job of several processes, from its metrics.csv in this one); once it returns
+    True the job stops a step or two later, after a snapshot. A job of several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
     snap = check_resumable(job) if resume else None
     if cluster.nprocs(job.cluster) > 1:
-        return _launch(job, resume, verbose, zookeeper_host)
+        return _launch(job, resume, verbose, zookeeper_host, on_event)
     write_conf(job)
     history = History()
     bar = _progress(job, progress, snap.step if snap is not None else 0)
@@ -291,9 +293,10 @@ class _NoBar:
 
 # --- jobs of several processes ------------------------------------------------------------
 
-def _launch(job, resume, verbose, zookeeper_host=None):
+def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     """Run `job` through `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History from
-    metrics.csv. With `zookeeper_host` the launcher reads a conf folder of its own,
+    metrics.csv, whose rows `on_event` hears as they come (every LAUNCH_POLL s; True stops the
+    job after a snapshot: SIGUSR1 to the launcher). With `zookeeper_host` the launcher reads a conf folder of its own,
     `<workspace>/conf` (singa.conf naming that ZooKeeper, the hostfile copied). What the
     launcher says of a ZooKeeper it leaves running is shown. Ctrl-C stops the job
     (singa-run.sh stops every process) and is re-raised."""
@@ -311,21 +314,41 @@ def _launch(job, resume, verbose, zookeeper_host=None):
         env = dict(os.environ, SINGA_CONF=_conf_folder(ws, zookeeper_host))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
-    job_id, lines = None, []
-    try:
+    lines, found = [], {}
+
+    def read():
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
             m = re.match(r"Unique JOB_ID is (\d+)", line)
             if m:
-                job_id = int(m.group(1))
+                found["job"] = int(m.group(1))
             if verbose or "ZooKeeper keeps running" in line:
                 print(line, end="", file=sys.stderr)
-        rc = proc.wait()
+    reader = threading.Thread(target=read, daemon=True, name="launcher-output")
+    reader.start()
+    metrics_csv = os.path.join(ws, "metrics.csv")
+    heard, asked = 0, False
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=LAUNCH_POLL)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if on_event is not None and "job" in found and not asked:
+                heard, stop = _hear(metrics_csv, found["job"], heard, on_event)
+                if stop:    # singa-run.sh: a snapshot a step or two later, then exit 138
+                    proc.send_signal(signal.SIGUSR1)
+                    asked = True
+        reader.join()
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGINT)
         proc.wait()
         raise
-    if rc != 0:
+    job_id = found.get("job")
+    if on_event is not None and job_id is not None and not asked:
+        _hear(metrics_csv, job_id, heard, on_event)
+    if rc != 0 and not (asked and rc == 128 + signal.SIGUSR1):
         last = next((s for s in reversed(lines) if s.strip()), "")
         raise ClusterError(f"job {job_id if job_id is not None else '?'} ({conf}) failed with "
                            f"exit {rc}: {last}")
@@ -335,6 +358,23 @@ def _launch(job, resume, verbose, zookeeper_host=None):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
             history.add_snapshot(snap.step, snap.files[0])
     return history
+
+
+def _hear(path, job_id, heard, on_event):
+    """Hand `on_event` the events of job `job_id` (group 0's rows of metrics.csv `path`, one
+    event a run of rows of one phase and step) after the first `heard`; (events heard, whether
+    one of them asked to stop)."""
+    events = []
+    for r in read_rows(path, job_id):
+        if r["group"] != 0:
+            continue
+        if not events or events[-1][:2] != (r["phase"], r["step"]):
+            events.append((r["phase"], r["step"], {}))
+        events[-1][2][r["metric"]] = r["value"]
+    stop = False
+    for phase, step, values in events[heard:]:
+        stop = bool(on_event(step, phase, values)) or stop
+    return len(events), stop
 
 
 def _conf_folder(workspace, zookeeper_host):

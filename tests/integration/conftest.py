@@ -4,11 +4,14 @@ import os
 import socket
 import subprocess
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 
 import singa
 from singa import config
+from singa.io.kvfile import KVFile
+from singa.io.records import decode_batch
 from singa.job_manager import JobManager
 from singa.proto import job_pb2
 from singa.trust import ENV, JobTrust, new_secret
@@ -128,6 +131,14 @@ def mlp_job(tmp_path):
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
+
+
+def scaled_records(path):
+    """(x float32 (N, 784) scaled to [0, 1] as std_value 255 scales it, labels) of an MNIST
+    shard."""
+    with KVFile(path) as f:
+        x, y = decode_batch([v for _, v in f], 784)
+    return x / np.float32(255), y
 
 
 def fixture_proto(workspace, **fields):

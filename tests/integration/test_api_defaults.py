@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import singa
-from conftest import FIXTURES, PYTHON
+from conftest import FIXTURES, PYTHON, scaled_records
 from singa import checkpoint, config, session
 from singa.callbacks import (EarlyStopping, LambdaCallback, LearningRateScheduler,
                              ModelCheckpoint)
@@ -25,20 +25,15 @@ from singa.model import (SGD, Adam, Cluster, Convolution2D, Data, Dense, Model, 
 FLT_MIN = np.finfo(np.float32).tiny
 
 
-def read_records(path):
-    with KVFile(path) as f:
-        x, y = decode_batch([v for _, v in f], 784)
-    return x / np.float32(255), y
-
 
 @pytest.fixture(scope="module")
 def train():
-    return read_records(os.path.join(FIXTURES, "train-1000.bin"))
+    return scaled_records(os.path.join(FIXTURES, "train-1000.bin"))
 
 
 @pytest.fixture(scope="module")
 def test():
-    return read_records(os.path.join(FIXTURES, "test-500.bin"))
+    return scaled_records(os.path.join(FIXTURES, "test-500.bin"))
 
 
 def mlp(workspace, optimizer=None, loss='categorical_crossentropy'):
@@ -319,6 +314,10 @@ def test_a_learning_rate_schedule_is_the_job_s_fixed_step_table(tmp_path, train)
                                           step_lr=(0.1, 0.01)))
     b.fit(*train, nb_epoch=20, seed=6, progress=False)
     assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
+    c = mlp(tmp_path / "c", optimizer=SGD(lr=lambda step: 0.1 if step < 10 else 0.01,
+                                          momentum=0.9))
+    c.fit(*train, nb_epoch=20, seed=6, progress=False)
+    assert params(c.last_checkpoint_path) == params(b.last_checkpoint_path)
     with pytest.raises(ConfigError, match=r"schedule\(3\) gave nan"):
         a.fit(*train, nb_epoch=5, progress=False,
               callbacks=[LearningRateScheduler(lambda step: float('nan') if step == 3 else 1)])

@@ -14,11 +14,9 @@ import numpy as np
 import pytest
 
 import singa
-from conftest import FIXTURES, PYTHON
+from conftest import FIXTURES, PYTHON, scaled_records
 from singa import checkpoint
 from singa.errors import CheckpointError
-from singa.io.kvfile import KVFile
-from singa.io.records import decode_batch
 from singa.model import SGD, Cluster, Data, Dense, Model, Sequential
 from singa.proto import job_pb2
 
@@ -28,21 +26,15 @@ ENV = dict(os.environ, PYTHONPATH=singa.HOME)     # this checkout's package in s
 GLOG_LINE = re.compile(r"(?m)^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d{6} ")
 
 
-def read_records(path):
-    """(x float32 (N, 784) scaled to [0, 1] as std_value 255 scales it, labels) of a shard."""
-    with KVFile(path) as f:
-        x, y = decode_batch([v for _, v in f], 784)
-    return x / np.float32(255), y
-
 
 @pytest.fixture(scope="module")
 def train():
-    return read_records(TRAIN)
+    return scaled_records(TRAIN)
 
 
 @pytest.fixture(scope="module")
 def test():
-    return read_records(TEST)
+    return scaled_records(TEST)
 
 
 def mlp(workspace, hidden=(16,), data=None):

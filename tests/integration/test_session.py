@@ -194,6 +194,7 @@ def test_a_model_of_two_processes_uses_the_zookeeper_its_cluster_names(tmp_path,
                                                                        monkeypatch):
     """Cluster(zookeeper_host=...): the launcher reads a conf folder in the workspace naming
     it, with the SINGA home's hostfile; conf/singa.conf's ZooKeeper is never asked."""
+    from singa.callbacks import LambdaCallback
     from singa.model import Cluster, Dense, Sequential
     monkeypatch.delenv("SINGA_CONF", raising=False)
     x, y = read_records(os.path.join(FIXTURES, "train-1000.bin"))
@@ -208,5 +209,10 @@ def test_a_model_of_two_processes_uses_the_zookeeper_its_cluster_names(tmp_path,
                                                                        14, 16, 18]
     conf = (tmp_path / "ws" / "conf" / "singa.conf").read_text()
     assert f'zookeeper_host: "{zk_server}"' in conf
+    # callbacks hear the launched job's metrics.csv; a stop is a snapshot, then exit
+    seen = []
+    stop = LambdaCallback(on_step_end=lambda step, metrics: seen.append(step) or step >= 40)
+    h = m.fit(x, y, nb_epoch=3000, disp_freq=10, seed=1, progress=False, callbacks=[stop])
+    assert seen[0] == 20 and 40 < h.snapshots[-1][0] < 3020, (seen[:5], h.snapshots)
     with pytest.raises(ConfigError, match="'nworkers' is no ClusterProto field"):
         Cluster(str(tmp_path), nworkers=2)
