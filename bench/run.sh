@@ -25,3 +25,6 @@ echo "== bench_frameworks.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_startup.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_startup.py
+echo
+echo "== bench_api.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_api.py

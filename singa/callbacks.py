@@ -3,9 +3,10 @@
 A callback hears the job's events as the metrics reach the launching process: `on_step_end`
 at each display of the train metrics (every `disp_freq` steps), `on_test_end` at each test
 and validation. Setting `self.model.stop_training = True` there stops the job after a
-snapshot: at the next step in a job of one process (the events come from its worker as they
-happen), a step or two after the launcher's SIGUSR1 in a job of several (the events come
-from its metrics.csv, read every half second). Callbacks that map onto the job itself write
+snapshot a step or two later: in a job of one process the events come from its worker as
+they happen (the snapshot is asked for at the next step, which the worker may have begun);
+in a job of several they come from its metrics.csv, read every half second, and the stop is
+the launcher's SIGUSR1. Callbacks that map onto the job itself write
 its fields in `configure` before it runs: ModelCheckpoint (snapshot retention:
 `checkpoint_keep_best*`), LearningRateScheduler (a kFixedStep learning-rate table). Monitors are named as `checkpoint_keep_best` names them,
 "[test/|validation/|train/]<metric>" (test when no phase is given), or as Keras does:

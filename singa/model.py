@@ -64,6 +64,7 @@ class Model:
         self.best_monitor = None  # what ranks the snapshots of the last fit ('best')
         self.zookeeper_host = None    # of a job of several processes (Cluster's)
         self.lr_schedule = None       # a function of the step given as the updater's lr
+        self.fed = None     # the (x, y) or data the last fit was given (a next fit continues)
         self.stop_training = False    # a callback stops the running fit (Keras' flag)
         naming.reset_names()      # its generated names depend on its own layers only
 
@@ -288,10 +289,12 @@ class Model:
             raise ConfigError("fit: give epochs (passes over numpy data) or nb_epoch (steps), "
                               "not both")
         job = self._job(fields)
+        fed = self.fed
         if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
             train = _as_data(data_or_x, y, kTrain, batch_size, 'fit', self._streams_folder())
             self._check_input(train, 'fit')
             self._put_data(train, kTrain)
+            self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
         elif batch_size is not None:
             self._set_batchsize(kTrain, batch_size)
         per_pass = None
@@ -344,6 +347,9 @@ class Model:
             _check_steps_left(job)
         elif self.last_checkpoint_path is not None:
             resume = self._continue(job)
+            # other data than the last fit's are read from their start
+            job.new_data = resume and not (fed is not None and len(fed) == len(self.fed) and
+                                           all(a is b for a, b in zip(fed, self.fed)))
         hearing = self._configure(callbacks, job)
         history = session.train(session.prepare(job), resume, verbose, progress,
                                 self._on_event(hearing) if hearing else None,
@@ -604,16 +610,15 @@ class Model:
         given = data.layer.store_conf
         own = job_pb2.LayerProto()
         own.CopyFrom(template)
-        own.type = job_pb2.kRecordInput
+        own.type = data.layer.type
         own.ClearField('include')
         own.ClearField('exclude')
         own.include.append(phase)
         sc = own.store_conf
-        x = memory.arrays(given.path)[0]
-        if x[0].size != int(np.prod(sc.shape)):
-            raise ConfigError(f"numpy data: samples of shape {x.shape[1:]} do not fit input "
+        if int(np.prod(given.shape)) != int(np.prod(sc.shape)):
+            raise ConfigError(f"data: samples of shape {tuple(given.shape)} do not fit input "
                               f"layer '{own.name}' of shape {tuple(sc.shape)}")
-        sc.backend, sc.path, sc.random_skip = 'memory', given.path, given.random_skip
+        sc.backend, sc.path, sc.random_skip = given.backend, given.path, given.random_skip
         del sc.batchsize[:]
         sc.batchsize.extend(given.batchsize)
         sc.ClearField('whole_pass')

@@ -84,7 +84,10 @@ def train(job, resume=False, verbose=False, progress=True, on_event=None,
     try:
         _run_here(job, False, snap or resume, verbose, listener, history.add_snapshot,
                   on_event)
-        bar.update(job.train_steps - bar.n)
+        # retention may have deleted some; the last is where training ended (a callback's
+        # stop may come before train_steps)
+        history.snapshots = [(s, p) for s, p in history.snapshots if os.path.exists(p)]
+        bar.update((history.snapshots[-1][0] if history.snapshots else job.train_steps) - bar.n)
     finally:
         bar.close()
     return history

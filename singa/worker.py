@@ -425,10 +425,11 @@ class Worker:
         return rng, reader
 
     def restore_streams(self, snap):
-        """Each of this worker's nets continues its streams from SnapshotState `snap`."""
+        """Each of this worker's nets continues its streams from SnapshotState `snap` (its
+        readers from their start when the job reads new data: `new_data`)."""
         for name, net in self.named_nets():
             readers = {key.partition("/")[2]: at for key, at in snap.reader.items()
-                       if key.partition("/")[0] == name}
+                       if key.partition("/")[0] == name and not self.job.new_data}
             net.restore_streams(snap.rng.get(name), readers)
 
     def named_nets(self):

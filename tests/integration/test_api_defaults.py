@@ -4,6 +4,7 @@ losses are checked, and Keras' spellings mean what Keras means."""
 import json
 import os
 import pickle
+import re
 import subprocess
 import textwrap
 
@@ -16,11 +17,11 @@ from singa import checkpoint, config, session
 from singa.callbacks import (EarlyStopping, LambdaCallback, LearningRateScheduler,
                              ModelCheckpoint)
 from singa.io import write_records
-from singa.errors import CheckpointError, ConfigError
+from singa.errors import CheckpointError, ConfigError, DataError
 from singa.io.kvfile import KVFile
 from singa.io.records import decode_batch
 from singa.model import (SGD, Adam, Cluster, Convolution2D, Data, Dense, Model, Parameter,
-                         RMSProp, Sequential)
+                         RMSProp, Sequential, load_model)
 
 FLT_MIN = np.finfo(np.float32).tiny
 
@@ -356,6 +357,9 @@ def test_a_saved_model_predicts_and_evaluates_in_a_new_process(tmp_path, train, 
     here = m.evaluate(tx, test[1], verbose=0)    # x preprocessed as the model's data layer
     assert here["accuracy"] == np.mean(np.argmax(m.predict(tx), axis=1) == test[1])
     assert json.loads(r.stdout) == pytest.approx(here, rel=1e-6)
+    loaded = load_model(str(tmp_path / "saved"))        # batches through the saved layer too
+    assert loaded.evaluate(iter([(tx[:300], test[1][:300]), (tx[300:], test[1][300:])]),
+                           verbose=0) == pytest.approx(here, rel=1e-6)
 
 
 def test_a_conf_made_for_testing_predicts_with_its_checkpoint_path(tmp_path, trained, test):
@@ -392,3 +396,33 @@ def test_iterables_of_batches_train_evaluate_and_predict_as_the_arrays_do(tmp_pa
     assert a.evaluate(batches(*test), verbose=0) == b.evaluate(*test, verbose=0)
     assert np.array_equal(a.predict(x for x, _ in batches(*test)),
                           np.concatenate([b.predict(x) for x, _ in batches(*test)]))
+
+
+def test_a_worker_error_is_raised_once_and_not_printed_too(tmp_path, train, capfd):
+    x, y = train
+    m = mlp(tmp_path / "ws")
+    with pytest.raises(DataError, match="label 12 .* is outside \\[0, 10\\)"):
+        m.fit(x, np.full(len(y), 12), nb_epoch=5, progress=False)
+    assert "label 12" not in capfd.readouterr().err
+
+
+def test_a_continued_fit_s_progress_bar_starts_at_the_resumed_step(tmp_path, train, capfd):
+    m = mlp(tmp_path / "ws")
+    m.fit(*train, nb_epoch=20, progress=False)
+    m.fit(*train, nb_epoch=20)
+    states = re.findall(r"(\d+)/40 \[", capfd.readouterr().err)
+    assert states[0] == "20" and states[-1] == "40", states
+
+
+def test_a_second_fit_on_other_data_reads_them_from_their_start(tmp_path, train, test):
+    """Params and updater go on; the new data's first batch is read at the first step (the
+    snapshot's reader position belonged to the data of the first fit)."""
+    m = mlp(tmp_path / "ws")
+    m.fit(*train, nb_epoch=20, batch_size=50, seed=1, progress=False)
+    x, y = test[0][:100], test[1][:100]
+    loss, _ = hand_count(m, x[:50], y[:50])        # the params of step 20
+    h = m.fit(x, y, nb_epoch=10, batch_size=50, disp_freq=10, seed=1, progress=False)
+    assert h["train"][0][0] == 20
+    assert h["train"][0][1]["loss"] == pytest.approx(loss, rel=1e-5)
+    again = m.fit(iter([(x, y)]), nb_epoch=10, batch_size=50, disp_freq=10, progress=False)
+    assert again.snapshots[-1][0] == 40

@@ -33,7 +33,7 @@ def test_mnist_notebook_runs_in_a_real_kernel(tmp_path, monkeypatch):
     assert "fashion-mlp: 100%" in streams             # the progress bar (text without ipywidgets)
     tests = [float(a) for a in re.findall(r"Test @ step \d+  loss = [\d.]+, accuracy = ([\d.]+)",
                                           streams)]
-    assert len(tests) == 3 and tests[0] < 0.3 and tests[-1] > 0.75, tests
+    assert len(tests) == 4 and tests[0] < 0.3 and tests[-1] > 0.75, tests
     evaluated = ast.literal_eval(text_of(cells[3].outputs[-1]))
     assert set(evaluated) == {"loss", "accuracy"} and evaluated["accuracy"] > 0.75
     predicted = re.findall(r"array\(\[([\d, ]+)\]", text_of(cells[4].outputs[-1]))
@@ -41,7 +41,7 @@ def test_mnist_notebook_runs_in_a_real_kernel(tmp_path, monkeypatch):
     assert sum(g == t for g, t in zip(guess, truth)) >= 7, (guess, truth)
     summary = ast.literal_eval(text_of(cells[5].outputs[-1]))
     assert summary["first_train_step"] == 300                # fit twice: resumed at step 300
-    assert summary["resumed_test"][0] == 400 and summary["resumed_test"][1]["accuracy"] > 0.75
+    assert summary["resumed_test"][0] == 500 and summary["resumed_test"][1]["accuracy"] > 0.75
     assert summary["last_snapshot"] == str(tmp_path / "workspace" / "checkpoint" /
                                            "step500-worker0.bin")
     assert (tmp_path / "workspace" / "fashion-mlp.log").is_file()

@@ -144,6 +144,7 @@ def test_python_mnist_mlp_is_examples_mnist_job_conf_with_the_same_loss_curve(
     model = mnist_mlp()
     conf = config.load_job(os.path.join(singa.HOME, "examples", "mnist", "job.conf"),
                            check_paths=False)
+    conf = config.absolute_paths(conf, os.getcwd())     # as to_conf writes the model's paths
     job = config.parse_job(model.to_conf(), check_paths=False)
     assert text_format.MessageToString(strip_defaults(job.neuralnet)) == \
         text_format.MessageToString(strip_defaults(conf.neuralnet))
@@ -270,5 +271,8 @@ def test_mnist_mlp_runs_under_singa_run_exec(mnist_data, tmp_path):
                                    if line.startswith("RESULT "))[len("RESULT "):])
     # measured at 30 steps (seed 5): 0.423; from 0.1
     assert set(result) == {"loss", "accuracy"} and result["accuracy"] > 0.3, result
+    # evaluate shows its result, as SINGA's script did (its "Test @ step" lines)
+    assert re.search(r"(?m)^Test @ step 30 on 10 batches:  loss = [\d.]+, accuracy = [\d.]+$",
+                     r.stdout), r.stdout
     assert (home / "examples" / "mnist" / "checkpoint" / "step30-worker0.bin").is_file()
     assert r.stderr == "", r.stderr
