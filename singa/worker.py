@@ -23,6 +23,7 @@ from singa.comm.socket import Dealer
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import SHOWN, format_duration, format_metrics
+from singa.monitor import Monitor
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.param import fill, piece
@@ -90,10 +91,8 @@ class Worker:
         self.displays = 0           # display calls so far: the key of their metric messages
         self.updater_states = {}    # owner param id -> (lr index, updater buffers), for a snapshot
         self.put_buffers = {}       # owner param id -> (updater buffers put, their files)
-        self.last_test = None       # (step, metrics) of the latest test
-        self.last_val = None        # (step, metrics) of the latest validation
-        self.best = None            # the best value of checkpoint_keep_best so far
-        self.monitor_checked = False    # whether its phase's first event produced it
+        #: the latest test and validation, the best monitored value (restored on a resume)
+        self.monitor = Monitor(job)
         self.snapshot_at = None     # a snapshot on signal: the step to stop at after it
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
@@ -113,7 +112,7 @@ class Worker:
                 if evaluate:
                     self.evaluate(s, lambda freq, after: every(freq, after, s))
                 due = every(job.checkpoint_freq, job.checkpoint_after, s)
-                if evaluate and self.grp == 0 and (self.improved(s) or due):
+                if evaluate and self.grp == 0 and (self.monitor.improved(s) or due):
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
@@ -162,13 +161,9 @@ class Worker:
             self.collect_all()
             if self.id == 0:
                 log.info("%s @ step %d", name.capitalize(), step)
-            result = (step, self.test(steps, phase, net))
-            if phase == kVal:
-                self.last_val = result
-            else:
-                self.last_test = result
-            self.check_monitored(name, result[1])
-            self.report(step, name, result[1])
+            metrics = self.test(steps, phase, net)
+            self.monitor.record(name, step, metrics, check=self.id == 0)
+            self.report(step, name, metrics)
 
     def evaluate_final(self):
         """Validate and test the params training ends with (at train_steps, where the loop
@@ -180,61 +175,6 @@ class Worker:
         self.evaluate(self.step, lambda freq, after: freq > 0 and self.step >= after)
         for net, (rng, readers) in zip(nets, saved):
             net.restore_streams(rng, readers)
-
-    def improved(self, step):
-        """checkpoint_on_improvement: whether the test or validation at `step` bettered the
-        monitored metric (checkpoint_keep_best) over this run's best and the resumed
-        snapshot's; every worker of group 0 sees the same metrics, so all decide alike."""
-        job = self.job
-        if not job.checkpoint_on_improvement:
-            return False
-        phase, metric = checkpoint.parse_monitor(job.checkpoint_keep_best)
-        last = self.last_val if phase == "validation" else self.last_test
-        if last is None or last[0] != step or metric not in last[1]:
-            return False
-        value = last[1][metric]
-        if self.best is None and self.resume is not None and 0 in self.resume.readers:
-            self.best = checkpoint.recorded(self.resume, job.checkpoint_keep_best)
-        better = self.best is None or (value < self.best if checkpoint.lower_is_better(metric)
-                                       else value > self.best)
-        if better:
-            self.best = value
-        return better
-
-    def recorded_metrics(self):
-        """What a snapshot records: the latest test and validation metrics, `<phase>/<name>`,
-        with the step of each (`<phase>@step`)."""
-        out = {}
-        for phase, last in (("test", self.last_test), ("validation", self.last_val)):
-            if last and last[1]:
-                out[f"{phase}@step"] = float(last[0])
-                out.update((f"{phase}/{k}", v) for k, v in last[1].items())
-        return out
-
-    def restore_recorded(self, recorded):
-        """The latest test and validation of the run a snapshot continues (what
-        `recorded_metrics` wrote), so that the next snapshots record them as the unbroken
-        run's would."""
-        for phase, attr in (("test", "last_test"), ("validation", "last_val")):
-            if f"{phase}@step" in recorded:
-                values = {k.split("/", 1)[1]: v for k, v in recorded.items()
-                          if k.startswith(phase + "/")}
-                setattr(self, attr, (int(recorded[f"{phase}@step"]), values))
-
-    def check_monitored(self, phase, metrics):
-        """At the first event of checkpoint_keep_best's phase, stop the job (ConfigError) if
-        no layer produced its metric: the conf check cannot know a user layer's that declares
-        no METRICS."""
-        monitor = self.job.checkpoint_keep_best
-        if not monitor or self.id != 0 or self.monitor_checked:
-            return
-        watched, metric = checkpoint.parse_monitor(monitor)
-        if watched != phase:
-            return
-        self.monitor_checked = True
-        if metric not in metrics:
-            raise ConfigError(f'checkpoint_keep_best "{monitor}": the {phase} net\'s layers '
-                              f'produce {", ".join(sorted(metrics)) or "no metrics"}')
 
     def report(self, step, phase, metrics):
         """Worker 0 of each group reports (its group's metrics, averaged over the partitions);
@@ -366,7 +306,7 @@ class Worker:
         snap = own.snapshot_state(buffers=False)     # None for SINGA's own files
         if snap is not None and self.grp == 0:
             self.restore_streams(snap)
-            self.restore_recorded(snap.metrics)
+            self.monitor.restore(snap.metrics)
             self.resumed_evaluated = snap.evaluated
         return snap
 
@@ -458,7 +398,7 @@ class Worker:
         rng, reader = self.streams()
         snap = checkpoint.SnapshotState(
             step=step, param_state=param_state, rng=rng, reader=reader, lr_index=lr_index,
-            nworkers=self.job.cluster.nworkers_per_group, metrics=self.recorded_metrics(),
+            nworkers=self.job.cluster.nworkers_per_group, metrics=self.monitor.recorded(),
             evaluated=not final)
         # a full disk: CheckpointError, the temporary file gone, older snapshots intact
         path = checkpoint.write_file(checkpoint.snapshot_file(self.folder, step, self.id),

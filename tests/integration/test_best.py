@@ -124,3 +124,19 @@ def test_best_for_test_follows_the_jobs_own_monitor_lower_loss_is_better(tmp_pat
     assert [r["value"] for r in metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
             if r["step"] == want and r["metric"] == "loss"][-1] == pytest.approx(losses[want],
                                                                                  rel=1e-5)
+
+
+def test_on_improvement_after_a_resume_snapshots_as_the_unbroken_run(tmp_path):
+    """The best so far travels in the snapshot. With a learning rate of 0 every test (the
+    whole test set) gives the same loss, so after step 0 nothing improves: a run resumed at
+    step 45 writes no snapshot at its first test, step 50, either (the worker seeded its best
+    from the resumed snapshot after dropping it, so that test always counted as better)."""
+    def run(ws, steps, resume=False):
+        job = fixture_proto(ws, train_steps=steps, test_freq=10, checkpoint_freq=0, seed=5,
+                            checkpoint_keep_best="test/loss", checkpoint_on_improvement=True)
+        job.updater.learning_rate.base_lr = 0
+        session.train(session.prepare(job), resume=resume, progress=False)
+        return [s.step for s in checkpoint.list_snapshots(str(ws / "checkpoint"))]
+    assert run(tmp_path / "a", 80) == [0, 80]
+    assert run(tmp_path / "b", 45) == [0, 45]
+    assert run(tmp_path / "b", 80, resume=True) == [0, 45, 80]
