@@ -16,6 +16,7 @@ import re
 from google.protobuf import descriptor as _descriptor
 
 from singa import extensions, graph, resolve
+from singa.phase import in_phase
 from singa.proto import job_pb2, singa_pb2
 from singa.textproto import TextConf, read_text
 
@@ -150,8 +151,7 @@ def _run_phases(job, test):
 
 def _phase_layers(job, phase):
     """(index, LayerProto) of the layers in the `phase` net (SINGA's include/exclude rules)."""
-    return [(i, layer) for i, layer in enumerate(job.neuralnet.layer)
-            if phase not in layer.exclude and (not layer.include or phase in layer.include)]
+    return [(i, layer) for i, layer in enumerate(job.neuralnet.layer) if in_phase(layer, phase)]
 
 
 class _Conf(TextConf):

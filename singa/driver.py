@@ -27,7 +27,7 @@ from singa.errors import ClusterError, ConfigError, SingaError
 from singa.job_manager import JobManager
 from singa.metrics import Reporter
 from singa.proto import job_pb2
-from singa.runtime import Process, Transport, resume_from, seeds
+from singa.runtime import Process, Transport, resume_from
 from singa.trust import ENV, JobTrust, new_secret
 from singa.worker import worker_class
 from singa.zk import ZKService, route_address
@@ -159,7 +159,7 @@ class Driver:
         self.resume = resume
         self.reporter = reporter
         self.workspace = singa.resolve(job.cluster.workspace)
-        self.folder = os.path.join(self.workspace, "checkpoint")
+        self.folder = checkpoint.folder(self.workspace)
         self.signal = None          # SIGINT, SIGTERM, SIGHUP or SIGUSR1 received
         self.snapshot = False       # the signal asks for a snapshot before the job stops
         self.process = None         # the executors, once built
@@ -304,19 +304,9 @@ class Driver:
         job = self.job
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
-        net = evaluation.eval_net(job.neuralnet, job_pb2.kTest, seeds(job, 3)[1])
+        net, files = evaluation.loaded_test_net(job, "-test")
         with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
             f.write(net.to_json())
-        owners = {p.name: p for p in net.owner_params}
-        files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
-        if not files:
-            raise ConfigError("-test needs checkpoint_path in the job conf (a file, 'latest' or "
-                              "'best')")
-        missing = [n for n in owners if n not in loaded]
-        if missing:
-            raise ConfigError(f"-test: params {', '.join(missing)} are in none of the "
-                              f"checkpoint_path files")
-        log.info("%s", checkpoint.loaded_line(files, owners, loaded))
         step = files[-1].step
         step = job.step if step is None else step
         log.info("Test @ step %d", step)

@@ -8,14 +8,19 @@ with that batch size (sharing the params). Its metrics join the full batches' we
 their rows, so a per-sample mean (loss, accuracy) is that of the N samples.
 """
 import dataclasses
+import logging
 
+from singa import checkpoint
 from singa.errors import ConfigError, DataError
 from singa.io.store import count_records
 from singa.layers.input import StoreInputLayer
 from singa.neuralnet import NeuralNet
+from singa.numerics import TEST, WORKERS, seeds
 from singa.proto import job_pb2
 
-__all__ = ["WholePass", "eval_net", "run", "pass_steps"]
+log = logging.getLogger("singa")
+
+__all__ = ["WholePass", "eval_net", "loaded_test_net", "run", "pass_steps"]
 
 
 @dataclasses.dataclass
@@ -56,6 +61,25 @@ def eval_net(net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0
         net.next_id = tail.next_id
     net.whole_pass = WholePass(records, batch, full, tail)
     return net
+
+
+def loaded_test_net(job, what, net_conf=None):
+    """The kTest net of `job` (of NetProto `net_conf`, by default the job's), drawing from the
+    job's test stream, each of its params loaded by name from the job's `checkpoint_path`:
+    (net, the CheckpointReaders read). ConfigError when the job names no file or a param is in
+    none of them; `what` ("-test", "predict") names the caller in the message."""
+    net = eval_net(net_conf or job.neuralnet, job_pb2.kTest, seeds(job, WORKERS)[TEST])
+    owners = {p.name: p for p in net.owner_params}
+    files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
+    if not files:
+        raise ConfigError(f"{what} needs checkpoint_path in the job conf (a file, 'latest' or "
+                          f"'best')")
+    missing = [n for n in owners if n not in loaded]
+    if missing:
+        raise ConfigError(f"{what}: params {', '.join(missing)} are in none of the "
+                          f"checkpoint_path files ({', '.join(r.path for r in files)})")
+    log.info("%s", checkpoint.loaded_line(files, owners, loaded))
+    return net, files
 
 
 def pass_steps(records, batch):

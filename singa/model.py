@@ -30,6 +30,7 @@ from singa.layer import (Accuracy, Data, Dense, Layer, LayerUpdater, Loss, enumA
                         generate_name, load_model_parameter, save_model_parameter, setval)
 from singa.metrics import History
 from singa.parameter import Parameter
+from singa.phase import in_phase
 from singa.proto import job_pb2
 
 __all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
@@ -327,7 +328,7 @@ class Model:
             job.validate_steps = _whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
                                              self._streams_folder()) \
                 or fields.get('validate_steps', 10)
-        has_test = any(_in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
+        has_test = any(in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
                        for ly in job.neuralnet.layer)
         if with_test and has_test:
             job.test_steps = _whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
@@ -456,7 +457,7 @@ class Model:
         data = [ly for ly in net.layer if ly.type in session.STORE_INPUTS]
         if not data:
             raise ConfigError("predict: the model's net has no input layer reading a store")
-        tested = any(_in_phase(ly, kTest) for ly in data)
+        tested = any(in_phase(ly, kTest) for ly in data)
         job.neuralnet.CopyFrom(_net_of(net, kTest if tested else kTrain))
         for ly in job.neuralnet.layer:      # x replaces their data: a conf's file may be gone
             if ly.type in session.STORE_INPUTS:
@@ -528,7 +529,7 @@ class Model:
         in the workspace; train `job.train_steps` more steps from it (True: resume). A model
         moved to another workspace starts afresh there (False)."""
         step = checkpoint.parse_step_worker(os.path.basename(self.last_checkpoint_path))[0]
-        folder = os.path.join(job.cluster.workspace, "checkpoint")
+        folder = checkpoint.folder(job.cluster.workspace)
         if os.path.dirname(os.path.abspath(self.last_checkpoint_path)) != folder:
             return False
         newest = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
@@ -545,7 +546,7 @@ class Model:
         """The train steps of one pass over the train data given to fit."""
         folder = self._streams_folder()
         data = [item.layer for item in self.layers if item.is_datalayer
-                and _in_phase(item.layer, kTrain) and _given(item.layer.store_conf, folder)]
+                and in_phase(item.layer, kTrain) and _given(item.layer.store_conf, folder)]
         if not data:
             raise ConfigError("fit: epochs counts passes over data given to fit (numpy, or "
                               "an iterable of batches); for a store give nb_epoch (steps)")
@@ -585,11 +586,11 @@ class Model:
             self._put_conf_data(data, phase)
             return
         mine = [ly.layer for ly in self.layers if ly.is_datalayer]
-        template = next((ly for ly in mine if _in_phase(ly, phase)), mine[0] if mine else None)
+        template = next((ly for ly in mine if in_phase(ly, phase)), mine[0] if mine else None)
         if getattr(data, 'from_numpy', False) and template is not None:
             _take_preprocessing(data.layer.store_conf, template.store_conf)
         self.layers = [ly for ly in self.layers
-                       if not (ly.is_datalayer and _in_phase(ly.layer, phase))]
+                       if not (ly.is_datalayer and in_phase(ly.layer, phase))]
         others = [ly for ly in self.layers if ly.is_datalayer]
         if others:
             data.layer.name = others[0].layer.name
@@ -606,7 +607,7 @@ class Model:
         if not inputs:
             raise ConfigError("the conf's net has no input layer reading a store (kRecordInput, "
                               "kCSVInput) to read numpy data through")
-        template = next((ly for ly in inputs if _in_phase(ly, phase)), inputs[0])
+        template = next((ly for ly in inputs if in_phase(ly, phase)), inputs[0])
         given = data.layer.store_conf
         own = job_pb2.LayerProto()
         own.CopyFrom(template)
@@ -626,7 +627,7 @@ class Model:
             _take_preprocessing(sc, given, shape=False)
         layers = []
         for ly in self.conf_net.layer:
-            if ly in inputs and _in_phase(ly, phase):
+            if ly in inputs and in_phase(ly, phase):
                 if list(ly.include) == [phase]:
                     continue
                 ly.exclude.append(phase)
@@ -642,7 +643,7 @@ class Model:
         layers = self.conf_net.layer if self.conf_net is not None else \
             [item.layer for item in self.layers if item.is_datalayer]
         for ly in layers:
-            if ly.type in session.STORE_INPUTS and _in_phase(ly, phase):
+            if ly.type in session.STORE_INPUTS and in_phase(ly, phase):
                 del ly.store_conf.batchsize[:]
                 ly.store_conf.batchsize.append(batch_size)
 
@@ -653,7 +654,7 @@ class Model:
             entries = _list(checkpoint_path)
             if 'best' not in entries or not self.best_monitor:
                 return entries
-            folder = os.path.join(os.path.abspath(self.jobconf.cluster.workspace), "checkpoint")
+            folder = checkpoint.folder(os.path.abspath(self.jobconf.cluster.workspace))
             snap = checkpoint.best_snapshot(folder, self.best_monitor)
             if snap is None:
                 raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot in "
@@ -923,7 +924,7 @@ def _check_loss(job):
 
 def _check_steps_left(job):
     """fit(resume=True) must have steps to train beyond the newest snapshot."""
-    newest = checkpoint.latest_snapshot(os.path.join(job.cluster.workspace, "checkpoint"),
+    newest = checkpoint.latest_snapshot(checkpoint.folder(job.cluster.workspace),
                                         job.cluster.nworkers_per_group)
     if newest is not None and newest.step >= job.train_steps:
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {newest.step}, "
@@ -1061,7 +1062,7 @@ def _net_of(net, phase):
     """The layers of NetProto `net` in `phase`, as a net for every phase (no include/exclude)."""
     out = job_pb2.NetProto()
     for ly in net.layer:
-        if _in_phase(ly, phase):
+        if in_phase(ly, phase):
             new = out.layer.add()
             new.CopyFrom(ly)
             new.ClearField('include')
@@ -1073,9 +1074,6 @@ def _phase(name):
     return {'train': kTrain, 'val': kVal, 'validation': kVal, 'test': kTest}.get(name, name)
 
 
-def _in_phase(ly, phase):
-    ly = getattr(ly, 'layer', ly)
-    return phase not in ly.exclude and (not ly.include or phase in ly.include)
 
 
 def _list(value):

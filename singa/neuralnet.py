@@ -12,6 +12,7 @@ from singa import graph, layers, partition  # noqa: F401  (layers: registers eve
 from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class
+from singa.phase import in_phase
 from singa.proto import job_pb2
 
 class NeuralNet:
@@ -186,9 +187,7 @@ def filter_phase(net_conf, phase, num_partitions=1):
     marked as partition 0 of `num_partitions` (`partition.replicate` makes the others)."""
     kept = []
     for conf in net_conf.layer:
-        if phase in conf.exclude:
-            continue
-        if len(conf.include) and phase not in conf.include:
+        if not in_phase(conf, phase):
             continue
         c = job_pb2.LayerProto()
         c.CopyFrom(conf)

@@ -1,5 +1,6 @@
-"""Numerics of training: non-finite values (the loss every step, params before a snapshot) and
-the state of a random generator as a snapshot stores it.
+"""Numerics of training: non-finite values (the loss every step, params before a snapshot),
+the random streams a job draws from its seed, and the state of a random generator as a
+snapshot stores it.
 
 Cheap on the hot path: a step looks at one float per loss layer; arrays are scanned only when
 a loss is nan or inf (to name where it started) and when a snapshot is about to be written.
@@ -9,6 +10,17 @@ import math
 import numpy as np
 
 from singa.errors import NonFiniteError
+
+
+#: the streams a job spawns from its `seed`, in this order: the params' initial values, the
+#: test net, the validation net, then one per worker of every group (`seeds`)
+INIT, TEST, VALIDATION, WORKERS = 0, 1, 2, 3
+
+
+def seeds(job, n):
+    """`n` independent RNG streams from the job's `seed` (the clock when unset, as SINGA)."""
+    seq = np.random.SeedSequence(job.seed if job.HasField("seed") else None)
+    return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
 
 def check_loss(net, step):

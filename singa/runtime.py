@@ -20,17 +20,12 @@ from singa.comm.socket import Peer, Router
 from singa.errors import ClusterError
 from singa.comm.stub import ParamEntry, Stub
 from singa.neuralnet import NeuralNet
+from singa.numerics import INIT, TEST, VALIDATION, WORKERS, seeds
 from singa.proto import job_pb2
 from singa.server import Server
 from singa.worker import worker_class
 
 log = logging.getLogger("singa")
-
-
-def seeds(job, n):
-    """`n` independent RNG streams from the job's `seed` (the clock when unset, as SINGA)."""
-    seq = np.random.SeedSequence(job.seed if job.HasField("seed") else None)
-    return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
 
 def resume_from(job, folder, snap=None):
@@ -104,15 +99,16 @@ class Process:
         cl = job.cluster
         G, K = cl.nworker_groups, cl.nworkers_per_group
         self.job, self.pid = job, pid
-        rngs = seeds(job, 3 + G * K)   # init, test, validation, one per worker
+        rngs = seeds(job, WORKERS + G * K)
         graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
         for g in sorted({g for g, _ in cluster.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share
             first = min(h for h, _ in cluster.workers_of(cl, pid)
                         if cluster.server_group(cl, h) == cluster.server_group(cl, g))
             share = graphs.get(first) if g > first and cl.share_memory else None
-            graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, rngs[3 + g * K:3 + (g + 1) * K]
-                                  if K > 1 else rngs[3 + g], share, K)
+            mine = rngs[WORKERS + g * K:WORKERS + (g + 1) * K]
+            graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, mine if K > 1 else mine[0],
+                                  share, K)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
                 for g, j in cluster.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)
@@ -120,8 +116,9 @@ class Process:
         eval_nets = {}
         if self.train_graph is not None:
             next_id = self.train_graph.next_id
-            for name, phase, steps, rng in (("test", job_pb2.kTest, job.test_steps, rngs[1]),
-                                            ("validation", job_pb2.kVal, job.validate_steps, rngs[2])):
+            for name, phase, steps, rng in (
+                    ("test", job_pb2.kTest, job.test_steps, rngs[TEST]),
+                    ("validation", job_pb2.kVal, job.validate_steps, rngs[VALIDATION])):
                 if steps > 0:
                     net = evaluation.eval_net(job.neuralnet, phase,
                                               rng.spawn(K) if K > 1 else rng,
@@ -160,7 +157,7 @@ class Process:
         masters = None
         if cl.nserver_groups > 1 and cluster.servers_of(cl, pid):
             graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
-                                                                   rngs[3])
+                                                                   rngs[WORKERS])
             masters = slice_masters(job, graph.owner_params)
         asynchronous = cluster.nworker_groups_per_server_group(cl) > 1
         self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
@@ -172,7 +169,7 @@ class Process:
             cls(self.ctx, endpoint, g, j, job, net,
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
-                init_rng=copy.deepcopy(rngs[0]), resume=resume,
+                init_rng=copy.deepcopy(rngs[INIT]), resume=resume,
                 cluster_rt=cluster_rt, reporter=reporter)
             for (g, j), net in nets.items()]
         farewells = {} if single else {

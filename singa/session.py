@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf import text_format
 
 import singa
-from singa import checkpoint, cluster, config, files
+from singa import checkpoint, cluster, config, evaluation, files
 from singa import log as singa_log
 from singa.cluster_rt import SPClusterRuntime
 from singa.driver import Driver, Stopped
@@ -36,8 +36,8 @@ from singa.io import memory
 from singa.io.records import write_records
 from singa.metrics import History, Reporter, read_rows
 from singa.neuralnet import NeuralNet
+from singa.phase import in_phase
 from singa.proto import job_pb2
-from singa.runtime import seeds
 
 log = logging.getLogger("singa")
 
@@ -99,7 +99,7 @@ def check_resumable(job):
     of the job's net, else the job would start afresh under the "Resume" line and write over
     it (a net whose params are named otherwise: another model, or one whose generated names
     differ): CheckpointError naming the missing params."""
-    folder = os.path.join(job.cluster.workspace, "checkpoint")
+    folder = checkpoint.folder(job.cluster.workspace)
     if not os.path.isdir(folder):
         return None
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
@@ -135,8 +135,7 @@ def predict(job, x):
     fed through the net's input layer, so its preprocessing applies (mean, std, crop)."""
     x = np.asarray(x)
     inputs = [layer for layer in job.neuralnet.layer if layer.type in STORE_INPUTS
-              and (not layer.include or job_pb2.kTest in layer.include)
-              and job_pb2.kTest not in layer.exclude]
+              and in_phase(layer, job_pb2.kTest)]
     if not inputs:
         raise ConfigError(f"{job.name}: predict needs an input layer that reads a store "
                           f"(kRecordInput or kCSVInput) in the test net")
@@ -163,13 +162,7 @@ def predict(job, x):
                 del sc.batchsize[:]
                 sc.batchsize.append(batch)
                 layer.type = job_pb2.kRecordInput
-        net = NeuralNet(net_conf, job_pb2.kTest, seeds(job, 3)[1])
-        owners = {p.name: p for p in net.owner_params}
-        _, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning)
-        missing = [name for name in owners if name not in loaded]
-        if missing:
-            raise ConfigError(f"predict: params {', '.join(missing)} are in none of "
-                              f"{', '.join(job.checkpoint_path)}")
+        net, _ = evaluation.loaded_test_net(job, "predict", net_conf)
         out = None
         for start in range(0, n, batch):
             net.forward(job_pb2.kTest | job_pb2.kForward)
@@ -356,7 +349,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
         raise ClusterError(f"job {job_id if job_id is not None else '?'} ({conf}) failed with "
                            f"exit {rc}: {last}")
     history = History.from_rows(read_rows(os.path.join(ws, "metrics.csv"), job_id))
-    folder = os.path.join(ws, "checkpoint")
+    folder = checkpoint.folder(ws)
     for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
             history.add_snapshot(snap.step, snap.files[0])

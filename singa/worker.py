@@ -71,7 +71,7 @@ class Worker:
         self.cluster_rt = cluster_rt
         self.reporter = reporter
         self.sgroup = cluster.server_group(job.cluster, grp)
-        self.folder = os.path.join(resolve(job.cluster.workspace), "checkpoint")
+        self.folder = checkpoint.folder(resolve(job.cluster.workspace))
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False

@@ -7,7 +7,7 @@ retention; load: params by (name, piece) from `checkpoint_path`, joining and cut
 pieces of model-partitioned params; cli: ls/show/diff/merge.
 """
 from singa.checkpoint.format import (MAX_FILE_BYTES, MAX_STEP, CheckpointReader,
-                                     CheckpointWriter, existing_file, parse_step_worker,
+                                     CheckpointWriter, existing_file, folder, parse_step_worker,
                                      snapshot_file, write_file)
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, read_meta
 from singa.checkpoint.load import (Joined, joined_shape, load_checkpoint_path, load_params,
@@ -19,7 +19,7 @@ from singa.checkpoint.state import SnapshotState
 
 __all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "joined_shape", "load_checkpoint_path",
            "MAX_FILE_BYTES", "MAX_STEP", "META_SUFFIX", "SUFFIX", "Snapshot", "SnapshotState",
-           "best_of", "best_snapshot", "existing_file", "latest_snapshot", "list_snapshots",
+           "best_of", "best_snapshot", "existing_file", "folder", "latest_snapshot", "list_snapshots",
            "load_params", "loaded_line", "lower_is_better", "meta_path", "open_checkpoint_path",
            "parse_monitor", "parse_step_worker", "prune", "ranked", "read_meta", "recorded",
            "remove_stale_temporaries", "snapshot_file", "sources", "updater_state", "write_file"]

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 
+from singa.checkpoint.format import folder as snapshots_of
 from singa.checkpoint.format import (CheckpointReader, parse_step_worker, snapshot_file,
                                      write_file)
 from singa.checkpoint.load import Joined
@@ -45,8 +46,8 @@ def main(argv=None):
 
 
 def _cmd_ls(folder):
-    if os.path.isdir(os.path.join(folder, "checkpoint")):
-        folder = os.path.join(folder, "checkpoint")
+    if os.path.isdir(snapshots_of(folder)):
+        folder = snapshots_of(folder)
     snaps = list_snapshots(folder)
     print(f"checkpoint folder {folder}")
     for s in snaps:

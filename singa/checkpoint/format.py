@@ -46,6 +46,13 @@ _NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
 MAX_STEP = 2**31 - 1
 
 
+def folder(workspace):
+    """`<workspace>/checkpoint`, where a job's snapshots are (the caller resolves a relative
+    workspace: the conf's against the SINGA home, the Python API's and a command's argument
+    against the current directory)."""
+    return os.path.join(workspace, "checkpoint")
+
+
 def snapshot_file(folder, step, worker):
     """Path of worker `worker`'s file of step `step` in `folder` (ours, with `.bin`)."""
     return os.path.join(folder, f"step{step}-worker{worker}{SUFFIX}")

@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from singa import resolve
-from singa.checkpoint.format import CheckpointReader, existing_file, parse_step_worker
+from singa.checkpoint.format import CheckpointReader, existing_file, folder, parse_step_worker
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
 from singa.errors import CheckpointError
 from singa.param import cut
@@ -22,20 +22,20 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=No
     snapshot's files in `<workspace>/checkpoint` (of workers below the job's `nworkers`; best by
     `monitor`, the job's checkpoint_keep_best, as retention ranks them); other entries resolve
     against the SINGA home, `.bin` optional."""
-    folder = os.path.join(resolve(workspace), "checkpoint")
+    snapshots = folder(resolve(workspace))
     out = []
     for entry in entries:
         if entry == "latest":
-            snap = latest_snapshot(folder, nworkers, log)
+            snap = latest_snapshot(snapshots, nworkers, log)
         elif entry == "best":
-            snap = best_snapshot(folder, monitor, nworkers=nworkers, log=log)
+            snap = best_snapshot(snapshots, monitor, nworkers=nworkers, log=log)
         else:
             out.append(CheckpointReader(existing_file(resolve(entry))))
             continue
         if snap is None:
             what = "complete snapshot" if entry == "latest" else \
                 f"complete snapshot recording {monitor or 'a test or validation metric'}"
-            raise CheckpointError(f"checkpoint_path \"{entry}\": no {what} in {folder}")
+            raise CheckpointError(f"checkpoint_path \"{entry}\": no {what} in {snapshots}")
         out += [snap.readers[w] for w in sorted(snap.readers)]
     return out
 

@@ -17,10 +17,12 @@ import numpy as np
 
 from singa import config
 from singa.checkpoint.format import CheckpointReader, parse_step_worker
+from singa.checkpoint.format import folder as checkpoint_folder
 from singa.checkpoint.load import load_params
 from singa.checkpoint.snapshots import latest_snapshot, snapshot_at
 from singa.errors import CheckpointError, ConfigError
 from singa.neuralnet import NeuralNet
+from singa.phase import in_phase
 from singa.proto import job_pb2
 
 __all__ = ["Op", "Model", "read", "snapshot_readers", "deploy_net", "type_name"]
@@ -135,8 +137,7 @@ def snapshot_readers(path, nworkers=None):
             return _in_order(snapshot_at(folder, sw[0]).readers)
         return [CheckpointReader(path)]
     if os.path.isdir(path):
-        folder = os.path.join(path, "checkpoint")
-        folder = folder if os.path.isdir(folder) else path
+        folder = checkpoint_folder(path) if os.path.isdir(checkpoint_folder(path)) else path
         snap = latest_snapshot(folder, nworkers)
         if snap is None:
             raise CheckpointError(f"{folder}: no complete snapshot")
@@ -177,9 +178,7 @@ def _check_types(net_conf, conf_path, target):
         job_pb2.kDummy, job_pb2.kSplit, job_pb2.kEuclideanLoss, job_pb2.kActivation,
         job_pb2.kCudnnActivation}
     for conf in net_conf.layer:
-        in_test = job_pb2.kTest not in conf.exclude and \
-            (not conf.include or job_pb2.kTest in conf.include)
-        if in_test and (conf.HasField("user_type") or conf.type not in known):
+        if in_phase(conf, job_pb2.kTest) and (conf.HasField("user_type") or conf.type not in known):
             raise _no_equivalent(conf_path, conf, target)
 
 

@@ -15,6 +15,7 @@ from google.protobuf import text_format
 
 from singa import config
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
+from singa.checkpoint import folder as checkpoint_folder
 from singa.errors import ConfigError, DataError, run_command
 from singa.files import write_atomic
 from singa.interop.caffe import netdef
@@ -103,7 +104,7 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         job = _job(net_msg, t, out, solver_msg, solver_path)
         step = state.iter if state is not None else 0
         if model is not None:
-            job.checkpoint_path.append(snapshot_file(os.path.join(out, "checkpoint"), step, 0))
+            job.checkpoint_path.append(snapshot_file(checkpoint_folder(out), step, 0))
         text = text_format.MessageToString(job)
         config.parse_job(text, os.path.join(out, "job.conf"), check_paths=False)
         os.makedirs(os.path.join(out, "data"), exist_ok=True)

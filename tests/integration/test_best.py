@@ -56,10 +56,13 @@ def test_on_improvement_snapshots_and_top_k_retention_by_validation_accuracy(tmp
         if values["accuracy"] > best:
             best, improved = values["accuracy"], improved + [step]
     assert len(improved) < len(curve)              # the curve did fall back at times
-    assert [s for s, _ in history.snapshots] == improved + [120]
+    log = (tmp_path / "ws" / f"{job.name}.log").read_text()
+    written = [int(s) for s in re.findall(r"checkpoint to .*/step(\d+)-worker0\.bin", log)]
+    assert written == improved + [120]
     top2 = sorted(improved, key=lambda s: (-dict(curve)[s]["accuracy"], -s))[:2]
     left = [s.step for s in checkpoint.list_snapshots(str(tmp_path / "ws" / "checkpoint"))]
     assert left == sorted(set(top2) | {120})
+    assert [s for s, _ in history.snapshots] == left    # what retention kept
     best_files = checkpoint.open_checkpoint_path(["best"], str(tmp_path / "ws"),
                                                  monitor="validation/accuracy")
     assert best_files[0].step == top2[0]
