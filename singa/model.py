@@ -478,8 +478,6 @@ class Model:
         if self.last_checkpoint_path is None:
             raise ConfigError("save: the model has no params yet: fit it first")
         path = os.path.abspath(path)
-        folder, name = os.path.split(self.last_checkpoint_path)
-        step = checkpoint.parse_step_worker(name)[0]
         job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
         job.neuralnet.CopyFrom(self.build())
         config.absolute_paths(job, os.getcwd())
@@ -489,9 +487,7 @@ class Model:
                 if checkpoint.parse_step_worker(old.removesuffix(checkpoint.META_SUFFIX)):
                     os.unlink(os.path.join(path, old))
             del job.checkpoint_path[:]
-            snap = [s for s in checkpoint.list_snapshots(folder) if s.step == step]
-            for src in ([snap[0].files[w] for w in sorted(snap[0].files)] if snap
-                        else [self.last_checkpoint_path]):
+            for src in checkpoint.files_of(self.last_checkpoint_path):
                 for f in (src, checkpoint.meta_path(src)):
                     if os.path.exists(f):
                         _copy_file(f, os.path.join(path, os.path.basename(f)))
@@ -665,11 +661,7 @@ class Model:
             if self.conf_net is not None and self.jobconf.checkpoint_path:
                 return list(self.jobconf.checkpoint_path)     # what a conf made to test names
             raise ConfigError(f"{what}: no params: fit the model first or give checkpoint_path")
-        folder, name = os.path.split(self.last_checkpoint_path)
-        step = checkpoint.parse_step_worker(name)[0]
-        snaps = [s for s in checkpoint.list_snapshots(folder) if s.step == step]
-        return [snaps[0].files[w] for w in sorted(snaps[0].files)] if snaps \
-            else [self.last_checkpoint_path]
+        return checkpoint.files_of(self.last_checkpoint_path)
 
 
 def load_model(path, workspace=None):

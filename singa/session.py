@@ -105,7 +105,7 @@ def check_resumable(job):
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
     if snap is None:
         return None
-    stored = {name for r in snap.readers.values() for name in r.names}
+    stored = snap.names()
     stored |= {f"0#{name}" for name in stored if "#" not in name}     # SINGA 0.1's names
     net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
     missing = [p.name for p in net.owner_params if p.name not in stored]

@@ -284,9 +284,8 @@ class Worker:
             for p in self.owned:
                 bufs = checkpoint.updater_state(self.resume, p) if resumed is not None else []
                 if bufs:
-                    files = [r.path for _, r in sorted(self.resume.readers.items())
-                             if p.name in r.names]
-                    self.put_buffers[p.owner] = (len(bufs), ", ".join(files))
+                    self.put_buffers[p.owner] = (len(bufs),
+                                                 ", ".join(self.resume.files_holding(p.name)))
                 self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
             for p in self.owned:
                 self.collect(p)
@@ -302,8 +301,7 @@ class Worker:
         file: dim-0 readers of every partition stand at the same place."""
         if self.resume is None:
             return None
-        own = self.resume.readers.get(self.id, self.resume.readers.get(0))
-        snap = own.snapshot_state(buffers=False)     # None for SINGA's own files
+        snap = self.resume.state_of(self.id)        # None for SINGA's own files
         if snap is not None and self.grp == 0:
             self.restore_streams(snap)
             self.monitor.restore(snap.metrics)
@@ -315,7 +313,7 @@ class Worker:
         the names loaded."""
         job, owners = self.job, {p.name: p for p in self.owned}
         if self.resume is not None:     # the snapshot's own parsed files, read once
-            files = [self.resume.readers[w] for w in sorted(self.resume.readers)]
+            files = self.resume.parsed()
             loaded = checkpoint.load_params(files, owners, log=log.info)
         else:
             files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)

@@ -149,7 +149,7 @@ def _cmd_merge(path, out, axis):
         raise CheckpointError(f"merge: {target} would be a file of the snapshot it merges; "
                               f"write it to another folder")
     entries = {}
-    for _, r in sorted(snap.readers.items()):
+    for r in snap.parsed():
         for n in r.names:
             entries.setdefault(n, []).append((r, n))
     params, lines = [], []

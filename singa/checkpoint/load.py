@@ -36,7 +36,7 @@ def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=No
             what = "complete snapshot" if entry == "latest" else \
                 f"complete snapshot recording {monitor or 'a test or validation metric'}"
             raise CheckpointError(f"checkpoint_path \"{entry}\": no {what} in {snapshots}")
-        out += [snap.readers[w] for w in sorted(snap.readers)]
+        out += snap.parsed()
     return out
 
 
@@ -224,7 +224,7 @@ def updater_state(snapshot, p):
     """The updater buffers of Param `p` in `snapshot` (the one a -resume continues from),
     joined across its files and cut for `p` as its values are; [] when some piece has none or
     the pieces hold different counts (the updater then starts afresh)."""
-    entries = [(r, p.name) for _, r in sorted(snapshot.readers.items()) if p.name in r.names]
+    entries = [(r, p.name) for r in snapshot.parsed() if p.name in r.names]
     if not entries:
         return []
     joined = Joined(p.name, entries, p)

@@ -23,6 +23,24 @@ class Snapshot:
     #: or best_snapshot chose, so that restoring from it reads each file once
     readers: dict = dataclasses.field(default_factory=dict, repr=False)
 
+    def parsed(self):
+        """Its parsed files (CheckpointReaders), in worker order: a source of `load_params`."""
+        return [self.readers[w] for w in sorted(self.readers)]
+
+    def state_of(self, worker):
+        """The SnapshotState worker `worker` continues from (without updater buffers): its
+        file's, or worker 0's for a worker beyond the snapshot's (dim-0 readers of every
+        partition stand at one place); None for a file SINGA wrote (values only)."""
+        return self.readers.get(worker, self.readers.get(0)).snapshot_state(buffers=False)
+
+    def names(self):
+        """The names of the params its files hold."""
+        return {name for r in self.readers.values() for name in r.names}
+
+    def files_holding(self, name):
+        """The paths of its files that hold (a piece of) param `name`, in worker order."""
+        return [r.path for r in self.parsed() if name in r.names]
+
 
 def list_snapshots(folder, nworkers=None, log=None):
     """Every snapshot in `folder`, sorted by step, each with its files verified.
@@ -101,6 +119,15 @@ def _snapshot(folder, step, files, nworkers, keep_readers=True):
     metrics = readers[0].metrics if 0 in readers else {}
     return Snapshot(step, files, expected, not problems, problems, verified, metrics,
                     readers if keep_readers and not problems else {})
+
+
+def files_of(path):
+    """The files of the snapshot whose worker file `path` is (`step<N>-worker<W>[.bin]`), in
+    worker order, listed by name and not read; [path] for another file."""
+    folder, name = os.path.split(path)
+    sw = parse_step_worker(name)
+    files = _files_by_step(folder).get(sw[0], {}) if sw else {}
+    return [files[w] for w in sorted(files)] or [path]
 
 
 def snapshot_at(folder, step):

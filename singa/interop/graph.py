@@ -134,22 +134,18 @@ def snapshot_readers(path, nworkers=None):
         folder = os.path.dirname(os.path.abspath(path))
         if sw is not None and any(parse_step_worker(f) not in (None, sw) and
                                   parse_step_worker(f)[0] == sw[0] for f in os.listdir(folder)):
-            return _in_order(snapshot_at(folder, sw[0]).readers)
+            return snapshot_at(folder, sw[0]).parsed()
         return [CheckpointReader(path)]
     if os.path.isdir(path):
         folder = checkpoint_folder(path) if os.path.isdir(checkpoint_folder(path)) else path
         snap = latest_snapshot(folder, nworkers)
         if snap is None:
             raise CheckpointError(f"{folder}: no complete snapshot")
-        return _in_order(snap.readers)
+        return snap.parsed()
     m = re.fullmatch(r"step(\d+)", os.path.basename(path))
     if m and os.path.isdir(os.path.dirname(path) or "."):
-        return _in_order(snapshot_at(os.path.dirname(path) or ".", int(m.group(1))).readers)
+        return snapshot_at(os.path.dirname(path) or ".", int(m.group(1))).parsed()
     raise CheckpointError(f"{path}: no such snapshot file or checkpoint folder")
-
-
-def _in_order(readers):
-    return [readers[w] for w in sorted(readers)]
 
 
 def deploy_net(net_conf, conf_path):
