@@ -15,7 +15,7 @@ import re
 
 from google.protobuf import descriptor as _descriptor
 
-from singa import extensions, graph, resolve
+from singa import cluster, extensions, graph, resolve
 from singa.phase import in_phase
 from singa.proto import job_pb2, singa_pb2
 from singa.textproto import TextConf, read_text
@@ -231,6 +231,8 @@ def _check_job(conf, job, check_layers, test):
     if not alg.HasField("alg") and not alg.HasField("user_alg"):
         conf.fail(conf.line("train_one_batch"),
                   "train_one_batch.alg is not set (kBP, kBPTT or kCD)")
+    if not test:
+        _check_runnable(conf, job)
     if job.train_steps > 0 and not test:
         up = job.updater
         if not up.HasField("type") and not up.HasField("user_type"):
@@ -300,6 +302,35 @@ def _metrics_of(layers):
     return names
 
 
+def _check_runnable(conf, job):
+    """What this version trains: kBP, kBPTT or kCD (with RBM layers), a layout SINGA can run."""
+    alg = job.train_one_batch
+    at = conf.line("train_one_batch")
+    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
+        name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
+        conf.fail(at, f"train_one_batch: alg {name} is not implemented yet (kBP, kBPTT and kCD "
+                      f"are)")
+    if alg.alg == job_pb2.kCD and not any(layer.type == job_pb2.kRBMVis
+                                          for layer in job.neuralnet.layer):
+        conf.fail(at, "train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and the "
+                      "net has none")
+    cl = job.cluster
+    at = conf.line("cluster")
+    problem = cluster.check_layout(cl)
+    if problem:
+        conf.fail(at, problem)
+    if min(cl.nworker_groups, cl.nserver_groups, cl.nworkers_per_group,
+           cl.nservers_per_group) < 1:
+        conf.fail(at, "cluster: nworker_groups, nserver_groups, nworkers_per_group and "
+                      "nservers_per_group must be at least 1")
+    if cl.nworker_groups % cl.nserver_groups:
+        conf.fail(at, f"cluster: nworker_groups {cl.nworker_groups} is not a multiple of "
+                      f"nserver_groups {cl.nserver_groups} (each server group serves as many "
+                      f"worker groups)")
+    if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
+        conf.fail(at, "cluster: several worker groups in one process need share_memory: true")
+
+
 def _check_include_exclude(conf, layers):
     first = {}
     for i, layer in enumerate(layers):
@@ -353,18 +384,15 @@ def _check_paths(conf, job, test):
                               f"layer '{layer.name}': {field} '{value}' does not exist "
                               f"(resolved to {resolve(value)})")
     ws = resolve(job.cluster.workspace)
-    if not os.path.isdir(ws):
-        if not os.path.isdir(os.path.dirname(ws)):
-            conf.fail(conf.line("cluster.workspace"), f"cluster.workspace '{job.cluster.workspace}'"
-                      f" does not exist and neither does its parent ({os.path.dirname(ws)})")
-        try:
-            os.makedirs(ws, exist_ok=True)      # the job's other processes may make it too
-        except OSError as e:
-            conf.fail(conf.line("cluster.workspace"),
-                      f"cluster.workspace: cannot create {ws}: {e.strerror}")
-    why = _unwritable(ws)
+    made = ws if os.path.isdir(ws) else os.path.dirname(ws)    # the job makes it (workspace)
+    if not os.path.isdir(made):
+        conf.fail(conf.line("cluster.workspace"), f"cluster.workspace '{job.cluster.workspace}'"
+                  f" does not exist and neither does its parent ({made})")
+    why = _unwritable(made)
     if why:
-        conf.fail(conf.line("cluster.workspace"), f"cluster.workspace: cannot write to {ws}: {why}")
+        conf.fail(conf.line("cluster.workspace"),
+                  f"cluster.workspace: cannot {'write to' if made == ws else 'create'} {ws}: "
+                  f"{why}")
 
 
 def _unwritable(folder):

@@ -70,13 +70,9 @@ def main(argv=None):
         singa_conf_path = flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf")
         singa_conf = config.load_singa_conf(singa_conf_path)
         if flags["check"]:
-            if not flags["test"]:
-                check_runnable(job)
             hostfile = os.path.join(os.path.dirname(os.path.abspath(singa_conf_path)), "hostfile")
             launch.check(job, hostfile, flags["test"], flags["oversubscribe"])
             return 0
-        if not flags["test"]:
-            check_runnable(job)
         trust = job_trust(job)
         with ZKService(singa_conf.zookeeper_host, trust=trust) as zk:
             job_id = int(flags.get("singa_job", -1))
@@ -328,33 +324,6 @@ def silence_message(job_id, pid, endpoints):
     return (f"ZooKeeper is unreachable and no message came for {SILENCE_TIMEOUT:.0f} s: the "
             f"other processes of job {job_id} ({others or 'their endpoints never learned'}) "
             f"are taken for lost")
-
-
-def check_runnable(job):
-    """What this version runs: kBP, kBPTT or kCD, a layout SINGA can run."""
-    alg = job.train_one_batch
-    if alg.user_alg or alg.alg not in (job_pb2.kBP, job_pb2.kBPTT, job_pb2.kCD):
-        name = alg.user_alg or job_pb2.AlgType.Name(alg.alg)
-        raise ConfigError(f"train_one_batch: alg {name} is not implemented yet (kBP, kBPTT and "
-                          f"kCD are)")
-    if alg.alg == job_pb2.kCD and not any(layer.type == job_pb2.kRBMVis
-                                          for layer in job.neuralnet.layer):
-        raise ConfigError("train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "
-                          "the net has none")
-    cl = job.cluster
-    problem = cluster.check_layout(cl)
-    if problem:
-        raise ConfigError(problem)
-    if min(cl.nworker_groups, cl.nserver_groups, cl.nworkers_per_group,
-           cl.nservers_per_group) < 1:
-        raise ConfigError("cluster: nworker_groups, nserver_groups, nworkers_per_group and "
-                          "nservers_per_group must be at least 1")
-    if cl.nworker_groups % cl.nserver_groups:
-        raise ConfigError(f"cluster: nworker_groups {cl.nworker_groups} is not a multiple of "
-                          f"nserver_groups {cl.nserver_groups} (each server group serves as "
-                          f"many worker groups)")
-    if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
-        raise ConfigError("cluster: several worker groups in one process need share_memory: true")
 
 
 if __name__ == "__main__":

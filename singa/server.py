@@ -53,7 +53,8 @@ class Server:
         self.grp, self.id = grp, id_
         self.masters, self.sync_freq = masters or {}, sync_freq
         self.early_syncs = []   # sync requests for a slice of ours not put yet
-        self.nsyncs = [0, 0]    # sync responses received, sync requests answered
+        self.syncs_received = 0     # sync responses from master servers
+        self.syncs_answered = 0     # sync requests answered as a master
         self.nworkers, self.left = nworkers, set()
         self.copy_replies = copy_replies
         self.address = m.addr(grp, id_, m.kServer)
@@ -91,7 +92,7 @@ class Server:
         finally:
             if self.masters:
                 log.info("Server (group = %d, id = %d): %d syncs with master servers, %d as "
-                         "master", self.grp, self.id, self.nsyncs[0], self.nsyncs[1])
+                         "master", self.grp, self.id, self.syncs_received, self.syncs_answered)
             self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
             log.info("Server (group = %d, id = %d) stops", self.grp, self.id)
 
@@ -202,7 +203,7 @@ class Server:
             return
         s = self.slices[sid]
         s.data += pm.parse_sync(msg, s.data.size)
-        self.nsyncs[1] += 1
+        self.syncs_answered += 1
         self.dealer.send(pm.sync(self.address, msg.src, m.kSyncResponse, msg.trgt_val, s.version,
                                  s.data.copy()))
 
@@ -215,7 +216,7 @@ class Server:
         s.data += np.subtract(master, s.last_sync, out=s.last_sync)
         s.last_sync[:] = s.data
         s.n_pending_sync -= 1
-        self.nsyncs[0] += 1
+        self.syncs_received += 1
 
 
 def own(a):

@@ -27,7 +27,7 @@ import numpy as np
 from google.protobuf import text_format
 
 import singa
-from singa import checkpoint, cluster, config, evaluation, files
+from singa import checkpoint, cluster, config, evaluation, files, workspace
 from singa import log as singa_log
 from singa.cluster_rt import SPClusterRuntime
 from singa.driver import Driver, Stopped
@@ -53,12 +53,8 @@ def prepare(job, base=None):
     current directory): what `singa-run.sh -conf` would read, checked the same way. The
     workspace is made with its parents."""
     job = config.absolute_paths(copy_job(job), base or os.getcwd())
-    try:
-        if job.cluster.workspace:
-            os.makedirs(job.cluster.workspace, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"cannot make the workspace {job.cluster.workspace}: {e.strerror}") \
-            from None
+    if job.cluster.workspace:
+        workspace.make(job.cluster.workspace, parents=True)
     text = text_format.MessageToString(job)
     return config.parse_job(text, f"<job '{job.name}'>")
 
@@ -373,13 +369,13 @@ def _hear(path, job_id, heard, on_event):
     return len(events), stop
 
 
-def _conf_folder(workspace, zookeeper_host):
-    """`<workspace>/conf`: the SINGA home's singa.conf naming `zookeeper_host`, and its
-    hostfile; returns the folder."""
+def _conf_folder(ws, zookeeper_host):
+    """`<ws>/conf` (the workspace's): the SINGA home's singa.conf naming `zookeeper_host`,
+    and its hostfile; returns the folder."""
     home = os.environ.get("SINGA_CONF") or os.path.join(singa.HOME, "conf")
     conf = config.load_singa_conf(os.path.join(home, "singa.conf"))
     conf.zookeeper_host = zookeeper_host
-    folder = os.path.join(workspace, "conf")
+    folder = os.path.join(ws, "conf")
     os.makedirs(folder, exist_ok=True)
     text = text_format.MessageToString(conf).encode()
     files.write_atomic(os.path.join(folder, "singa.conf"), lambda f: f.write(text))

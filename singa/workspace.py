@@ -16,11 +16,28 @@ MUTEX = ".singa-lock"
 HOLDER = ".singa-job"
 
 
+def make(workspace, parents=False):
+    """Make the folder `workspace` if missing (and its missing parents with `parents`: the
+    Python API's rule; the conf check wants the parent there), as the job's other processes
+    may at the same moment; ConfigError naming it."""
+    try:
+        if parents:
+            os.makedirs(workspace, exist_ok=True)
+        elif not os.path.isdir(workspace):
+            os.mkdir(workspace)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ConfigError(f"cannot make the workspace {workspace}: {e.strerror}") from None
+
+
 def hold(workspace, job_id, wait=10.0):
-    """Hold `workspace` for job `job_id` until the returned file is closed or this process ends.
+    """Hold `workspace` for job `job_id` until the returned file is closed or this process ends
+    (the folder made first if missing).
 
     ConfigError when a process of another job holds it, naming that job.
     """
+    make(workspace)
     mutex = _open(workspace, MUTEX)
     try:
         _lock_within(mutex, wait, workspace)

@@ -5,7 +5,7 @@ import os
 import sys
 
 from singa.errors import ConfigError, SingaError
-from singa.interop import graph
+from singa.interop import deploy
 
 __all__ = ["main"]
 
@@ -30,7 +30,7 @@ def main(argv=None):
         if args.batch < 0:
             raise ConfigError(f"-batch {args.batch}: must be positive")
         target = "ONNX" if args.format == "onnx" else "Caffe"
-        model = graph.read(args.conf, args.snapshot, target)
+        model = deploy.read(args.conf, args.snapshot, target)
         if args.format == "onnx":
             from singa.interop import onnx
             onnx.write(model, args.out, args.batch or None)

@@ -1,7 +1,7 @@
 """A job's test net with a snapshot's values as an ONNX model (opset 17, standard ops only;
 opset 22 for a ceil_mode pooling whose last window would start in the padding).
 
-Each op of `graph.read` becomes nodes whose outputs onnxruntime computes as our layers do:
+Each op of `deploy.read` becomes nodes whose outputs onnxruntime computes as our layers do:
 Convolution → Conv (W as (F, C/group, kh, kw)); Pooling → MaxPool / AveragePool with our
 output size (`ceil_mode`) and divisor (kPooling/kCPooling: the window clipped at H + p, i.e.
 count_include_pad 1; kCudnnPool: the real pixels, count_include_pad 0); InnerProduct → Gemm
@@ -16,7 +16,7 @@ import numpy as np
 
 from singa.errors import ConfigError
 from singa.files import write_atomic
-from singa.interop.graph import type_name
+from singa.interop.deploy import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2
@@ -40,7 +40,7 @@ def _onnx():
 
 
 def write(model, path, batch=None):
-    """Write `model` (a graph.Model) to `path` as .onnx, checked by onnx.checker."""
+    """Write `model` (a deploy.Model) to `path` as .onnx, checked by onnx.checker."""
     onnx = _onnx()
     proto = to_onnx(model, batch)
     onnx.checker.check_model(proto, full_check=True)

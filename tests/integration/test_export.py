@@ -11,7 +11,7 @@ import pytest
 
 import singa
 from singa.checkpoint.format import write_file
-from singa.interop import graph
+from singa.interop import deploy
 from singa.io.records import decode_batch
 from singa.io.store import open_store
 
@@ -74,7 +74,7 @@ def test_a_trained_snapshot_exports_to_onnx_and_caffe(fixture_job, run_driver, t
     r = export("onnx", conf, ws, "-o", tmp_path / "cnn.onnx", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "step 20" in r.stdout
-    model = graph.read(str(conf), str(ws))
+    model = deploy.read(str(conf), str(ws))
     x, _ = records(n=100, shape=(1, 28, 28))
     ours = model.forward({"data": x})["loss"]
     sess = ort.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
@@ -90,8 +90,8 @@ def test_a_trained_snapshot_exports_to_onnx_and_caffe(fixture_job, run_driver, t
                                tmp_path / "caffe" / "model.caffemodel", "-o", tmp_path / "back"],
                               capture_output=True, text=True, timeout=300, cwd=singa.HOME)
     assert imported.returncode == 0, imported.stderr
-    at10 = graph.read(str(conf), str(ws / "checkpoint" / "step10"))
-    back = graph.read(str(tmp_path / "back" / "job.conf"), str(tmp_path / "back"))
+    at10 = deploy.read(str(conf), str(ws / "checkpoint" / "step10"))
+    back = deploy.read(str(tmp_path / "back" / "job.conf"), str(tmp_path / "back"))
     for a, b in zip([op for op in at10.ops if op.params], [op for op in back.ops if op.params]):
         for u, v in zip(a.params, b.params):
             assert np.array_equal(u, v), a.name
@@ -121,8 +121,8 @@ def test_the_mnist_mlp_goes_to_caffe_and_back_the_same(tmp_path):
                                tmp_path / "caffe" / "model.caffemodel", "-o", tmp_path / "back"],
                               capture_output=True, text=True, timeout=300, cwd=singa.HOME)
     assert imported.returncode == 0, imported.stderr
-    ours = graph.read(str(conf), str(tmp_path))
-    back = graph.read(str(tmp_path / "back" / "job.conf"), str(tmp_path / "back"))
+    ours = deploy.read(str(conf), str(tmp_path))
+    back = deploy.read(str(tmp_path / "back" / "job.conf"), str(tmp_path / "back"))
     assert [(op.name, op.type) for op in ours.ops] == [(op.name, op.type) for op in back.ops]
     assert sum(op.type == "STanh" for op in back.ops) == 5
     for a, b in zip(ours.ops, back.ops):

@@ -6,7 +6,7 @@ import numpy as np
 
 from singa import config
 from singa.checkpoint.format import write_file
-from singa.interop import graph
+from singa.interop import deploy
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
@@ -23,7 +23,7 @@ def fresh_snapshot(conf, folder, step=5, seed=1):
     """Write `folder/step<step>-worker0.bin`: the conf's params as its init methods make
     them, biases plus N(0, 0.1); returns its path."""
     job = config.load_job(os.path.abspath(conf), check_paths=False)
-    net = NeuralNet(graph.deploy_net(job.neuralnet, conf), job_pb2.kTrain,
+    net = NeuralNet(deploy.deploy_net(job.neuralnet, conf), job_pb2.kTrain,
                     np.random.default_rng(0))
     rng = np.random.default_rng(seed)
     for p in net.owner_params:

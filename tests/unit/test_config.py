@@ -7,7 +7,7 @@ import pytest
 
 import singa
 from conf_helpers import GOOD, expect_error, line_of, load_error, write_conf
-from singa import config
+from singa import config, workspace
 from singa.errors import ConfigError
 from singa.neuralnet import filter_phase
 from singa.proto import job_pb2
@@ -35,10 +35,13 @@ def test_stale_rbm_job_conf_is_recognised(name):
         config.load_job(str(CONFS / "mnist" / name), check_paths=False, check_layers=False)
 
 
-def test_good_conf_loads_and_creates_workspace(tmp_path):
+def test_good_conf_loads_and_leaves_the_workspace_to_the_job(tmp_path):
+    """The check reads; the job's hold on its workspace (singa.workspace) makes the folder."""
     job = config.load_job(str(write_conf(tmp_path, GOOD)), check_layers=False)
-    assert (tmp_path / "ws").is_dir()
     assert [layer.name for layer in job.neuralnet.layer] == ["data", "data", "fc", "loss"]
+    assert not (tmp_path / "ws").exists()
+    workspace.hold(job.cluster.workspace, 1).close()
+    assert (tmp_path / "ws").is_dir()
 
 
 def test_missing_required_field_names_layer_and_path(tmp_path):

@@ -13,7 +13,7 @@ from google.protobuf import text_format
 
 from export_helpers import fresh_snapshot, write_conf
 from singa.errors import ConfigError
-from singa.interop import exporter as cli, graph
+from singa.interop import deploy as deploy_view, exporter as cli
 from singa.interop.caffe import write as caffe
 from singa.proto import caffe_pb2
 from test_export_onnx import BRANCHES, CONVNET
@@ -72,11 +72,11 @@ def test_real_caffe_ran_our_export_to_our_outputs(name, tmp_path):
     with open(weights, "rb") as f, open(os.path.join(folder, "model.sha256")) as g:
         assert hashlib.sha256(f.read()).hexdigest() == g.read().split()[0], remake
     caffes = np.load(os.path.join(folder, "caffe_blobs.npz"))
-    model = graph.read(conf, str(snapshot), "Caffe")
+    model = deploy_view.read(conf, str(snapshot), "Caffe")
     runs = [model]
     if name != "mlp":       # the MLP's round trip: test_import_of_an_export_with_power_layers
         back = import_caffe(deploy, weights, tmp_path / "back")
-        runs.append(graph.read(back, str(tmp_path / "back")))
+        runs.append(deploy_view.read(back, str(tmp_path / "back")))
     assert set(model.outputs) <= set(caffes.files)
     for ours in runs:
         got = ours.forward({ours.inputs[0].name: x.reshape(ours.inputs[0].shape)})
@@ -100,8 +100,8 @@ def test_import_of_an_export_is_the_identity(conf_text, tmp_path):
     fresh_snapshot(conf, tmp_path / "checkpoint")
     deploy, weights = export_caffe(conf, tmp_path / "checkpoint", tmp_path / "caffe")
     back = import_caffe(deploy, weights, tmp_path / "back")
-    ours = graph.read(conf, str(tmp_path / "checkpoint"))
-    theirs = graph.read(back, str(tmp_path / "back"))
+    ours = deploy_view.read(conf, str(tmp_path / "checkpoint"))
+    theirs = deploy_view.read(back, str(tmp_path / "back"))
     assert [(op.name, op.type) for op in ours.ops] == [(op.name, op.type) for op in theirs.ops]
     for a, b in zip(ours.ops, theirs.ops):
         assert len(a.params) == len(b.params)
@@ -126,8 +126,8 @@ def test_import_of_an_export_with_power_layers_is_the_identity(name, tmp_path):
     conf, snapshot, x = exported_nets().make(name, tmp_path / "src")
     deploy, weights = export_caffe(conf, snapshot, tmp_path / "caffe")
     back = import_caffe(deploy, weights, tmp_path / "back")
-    ours = graph.read(conf, str(snapshot), "Caffe")
-    theirs = graph.read(back, str(tmp_path / "back"))
+    ours = deploy_view.read(conf, str(snapshot), "Caffe")
+    theirs = deploy_view.read(back, str(tmp_path / "back"))
     assert [(op.name, op.type) for op in ours.ops] == [(op.name, op.type) for op in theirs.ops]
     assert ours.outputs == theirs.outputs
     for a, b in zip(ours.ops, theirs.ops):
@@ -197,7 +197,7 @@ def test_stanh_becomes_power_tanh_power(tmp_path):
     conf = write_conf(tmp_path, BRANCHES.replace(
         'layer { name: "pool" type: kCudnnPool', 'layer { name: "pool" type: kCPooling'))
     fresh_snapshot(conf, tmp_path / "checkpoint")
-    deploy, _ = caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+    deploy, _ = caffe.to_caffe(deploy_view.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
     layers = {l.name: l for l in deploy.layer}
     assert [layers[n].type for n in ("a_stanh_Bx", "a_stanh_tanh", "a_stanh")] == \
         ["Power", "TanH", "Power"]
@@ -217,14 +217,14 @@ def test_a_padded_cudnn_avg_pooling_is_refused_in_one_line(tmp_path, capsys):
         f"padded window (cuDNN); Caffe's AVE counts the padding\n")
     assert not os.path.exists(tmp_path / "caffe")
     with pytest.raises(ConfigError):
-        caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+        caffe.to_caffe(deploy_view.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
 
 
 def test_the_streamed_caffemodel_is_the_message_protobuf_would_write(tmp_path):
     conf = write_conf(tmp_path, CONVNET.replace("POOLTYPE", "kCPooling")
                       .replace("CEIL", "ceil_mode: true"))
     fresh_snapshot(conf, tmp_path / "checkpoint")
-    deploy, blobs = caffe.to_caffe(graph.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
+    deploy, blobs = caffe.to_caffe(deploy_view.read(conf, str(tmp_path / "checkpoint"), "Caffe"))
     want = caffe_pb2.NetParameter()
     want.CopyFrom(deploy)
     for layer in want.layer:

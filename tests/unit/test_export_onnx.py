@@ -6,7 +6,7 @@ import pytest
 
 from export_helpers import fresh_snapshot, write_conf
 from singa.checkpoint.format import CheckpointReader, write_file
-from singa.interop import exporter as cli, graph
+from singa.interop import deploy, exporter as cli
 from singa.interop import onnx as export_onnx
 
 onnx = pytest.importorskip("onnx")
@@ -96,7 +96,7 @@ def compare(conf, snapshot, tmp_path, inputs=None, snapshot_needed=True):
     out = tmp_path / "model.onnx"
     assert cli.main(["onnx", str(conf), str(snapshot), "-o", str(out)]) == 0
     onnx.checker.check_model(onnx.load(out), full_check=True)
-    model = graph.read(str(conf), str(snapshot))
+    model = deploy.read(str(conf), str(snapshot))
     proto = export_onnx.to_onnx(model, extra_outputs=[op.name for op in model.ops
                                                       if op.type != "Input"])
     rng = np.random.default_rng(7)
@@ -151,7 +151,7 @@ def test_activations_concat_and_softmax_of_a_4d_blob(tmp_path):
 def test_the_batch_is_symbolic_unless_given(tmp_path):
     conf = "examples/mnist/conv.conf"
     fresh_snapshot(conf, tmp_path / "checkpoint")
-    model = graph.read(conf, str(tmp_path / "checkpoint"))
+    model = deploy.read(conf, str(tmp_path / "checkpoint"))
     x = np.random.default_rng(0).random(model.inputs[0].shape, dtype=np.float32)
     ours = model.forward({"data": x})["loss"]
     proto = export_onnx.to_onnx(model)
@@ -167,7 +167,7 @@ def test_params_are_the_snapshots_values(tmp_path):
     conf = write_conf(tmp_path, CONVNET.replace("POOLTYPE", "kCPooling")
                       .replace("CEIL", "ceil_mode: true"))
     fresh_snapshot(conf, tmp_path / "checkpoint")
-    model = graph.read(conf, str(tmp_path / "checkpoint"))
+    model = deploy.read(conf, str(tmp_path / "checkpoint"))
     proto = export_onnx.to_onnx(model)
     init = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
     stored = CheckpointReader(str(tmp_path / "checkpoint" / "step5-worker0.bin"))

@@ -79,7 +79,8 @@ def test_sync_sends_the_delta_to_the_master_and_keeps_later_updates(servers):
     expected = master_now - 0.5 * np.array([2.0, 2.0, 2.0], np.float32)  # master + (cur - last)
     np.testing.assert_allclose(other.slices[0].data, expected, rtol=1e-6)
     np.testing.assert_allclose(other.slices[0].last_sync, expected, rtol=1e-6)
-    assert other.nsyncs == [1, 0] and master.nsyncs == [0, 1]
+    assert (other.syncs_received, other.syncs_answered) == (1, 0)
+    assert (master.syncs_received, master.syncs_answered) == (0, 1)
 
 
 def test_master_slices_are_not_synced_and_stray_sync_messages_change_nothing(servers):

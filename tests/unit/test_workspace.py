@@ -33,7 +33,7 @@ def test_a_lock_file_with_junk_is_taken_over_when_nobody_holds_it(tmp_path):
     assert (tmp_path / workspace.HOLDER).read_text().startswith("job 3 pid ")
 
 
-def test_an_unwritable_workspace_is_one_line(tmp_path):
-    missing = tmp_path / "none"
-    with pytest.raises(ConfigError, match=f"workspace {missing}: cannot lock"):
+def test_a_workspace_that_cannot_be_made_is_one_line(tmp_path):
+    missing = tmp_path / "none" / "ws"
+    with pytest.raises(ConfigError, match=f"cannot make the workspace {missing}: No such file"):
         workspace.hold(str(missing), 1)

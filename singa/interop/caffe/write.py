@@ -2,7 +2,7 @@
 layer, the layers, a Softmax) and weights (`model.caffemodel`: a binary NetParameter with V2
 layers and blobs with `shape`), which `singa-import.sh caffe` reads back to the same values.
 
-Each op of `graph.read` becomes one Caffe layer of its name whose top is its name:
+Each op of `deploy.read` becomes one Caffe layer of its name whose top is its name:
 Convolution (weight (F, C/group, kh, kw), group), Pooling (round_mode CEIL with `ceil_mode`,
 else FLOOR; Caffe's AVE divisor is ours: the window clipped at H + p), InnerProduct (with
 `transpose` the K x N bytes as they are), LRN ACROSS_CHANNELS (both divide alpha by the
@@ -18,7 +18,7 @@ from google.protobuf import text_format
 
 from singa.errors import ConfigError
 from singa.files import write_atomic
-from singa.interop.graph import type_name
+from singa.interop.deploy import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2

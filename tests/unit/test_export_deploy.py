@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from export_helpers import fresh_snapshot
 from singa.checkpoint.format import CheckpointReader, write_file
 from singa.errors import CheckpointError
-from singa.interop import exporter as cli, graph
+from singa.interop import deploy, exporter as cli
 from singa.proto import caffe_pb2
 
 LENET = "examples/mnist/conv.conf"
@@ -23,7 +23,7 @@ def stored(path):
 
 def test_lenet_reads_as_a_sequence_of_ops(tmp_path):
     fresh_snapshot(LENET, tmp_path / "checkpoint")
-    model = graph.read(LENET, str(tmp_path))
+    model = deploy.read(LENET, str(tmp_path))
     assert [(op.name, op.type, op.inputs) for op in model.ops] == [
         ("data", "Input", []), ("conv1", "Convolution", ["data"]),
         ("pool1", "Pooling", ["conv1"]), ("conv2", "Convolution", ["pool1"]),
@@ -43,9 +43,9 @@ def test_snapshot_is_a_file_a_folder_or_a_step(tmp_path):
     w1 = {}
     for what in (str(tmp_path), str(folder), str(folder / "step5"),
                  str(folder / "step5-worker0.bin")):
-        w1[what] = graph.read(LENET, what).ops[1].params[0]
+        w1[what] = deploy.read(LENET, what).ops[1].params[0]
     # a workspace and its checkpoint folder: the newest complete snapshot, as -resume
-    assert graph.read(LENET, str(tmp_path)).step == 9
+    assert deploy.read(LENET, str(tmp_path)).step == 9
     np.testing.assert_array_equal(w1[str(tmp_path)], w1[str(folder)])
     np.testing.assert_array_equal(w1[str(folder / "step5")], w1[str(folder / "step5-worker0.bin")])
     assert not np.array_equal(w1[str(tmp_path)], w1[str(folder / "step5")])
@@ -57,7 +57,7 @@ def test_the_newest_torn_snapshot_is_passed_over(tmp_path):
     fresh_snapshot(LENET, folder, step=9)
     with open(folder / "step9-worker0.bin", "r+b") as f:       # torn: cut short
         f.truncate(100)
-    assert graph.read(LENET, str(folder)).step == 5
+    assert deploy.read(LENET, str(folder)).step == 5
 
 
 def test_a_snapshot_of_two_workers_is_read_whole(tmp_path):
@@ -73,7 +73,7 @@ def test_a_snapshot_of_two_workers_is_read_whole(tmp_path):
             entries.append((name, values[half * k:half * (k + 1) if k == 0 else None], version,
                             (0, k, 2)))
         write_file(str(folder / f"step5-worker{k}"), entries)
-    model = graph.read(LENET, str(folder / "step5-worker1.bin"))
+    model = deploy.read(LENET, str(folder / "step5-worker1.bin"))
     np.testing.assert_array_equal(model.ops[1].params[0], whole["0#w1"][0])
 
 
@@ -106,7 +106,7 @@ def test_a_snapshot_without_a_param_is_one_line(tmp_path):
                [(n, v, ver) for n, (v, ver) in params.items() if n != "0#b3"])
     with pytest.raises(CheckpointError, match=r"step5-worker0.bin: no param 'b3' for "
                                               r"examples/mnist/conv.conf$"):
-        graph.read(LENET, str(folder))
+        deploy.read(LENET, str(folder))
 
 
 def test_a_missing_conf_is_one_line(tmp_path, capsys):
