@@ -107,15 +107,17 @@ def test_unreachable_zookeeper_names_host_and_port(fixture_job, run_driver, tmp_
 
 
 def test_an_algorithm_not_implemented_is_refused(fixture_job, run_driver):
-    err = one_line_error(run_driver(fixture_job(edits={"alg: kBP": 'user_alg: "kMine"'})))
-    assert err == ("singa: train_one_batch: alg kMine is not implemented yet (kBP, kBPTT and "
-                   "kCD are)")
+    conf = fixture_job(edits={"alg: kBP": 'user_alg: "kMine"'})
+    err = one_line_error(run_driver(conf))
+    assert err == (f"singa: {conf}:7: train_one_batch: alg kMine is not implemented yet (kBP, "
+                   f"kBPTT and kCD are)")
 
 
 def test_cd_without_rbm_layers_is_refused(fixture_job, run_driver):
-    err = one_line_error(run_driver(fixture_job(edits={"alg: kBP": "alg: kCD"})))
-    assert err == ("singa: train_one_batch: alg kCD trains RBM layers (kRBMVis, kRBMHid) and "
-                   "the net has none")
+    conf = fixture_job(edits={"alg: kBP": "alg: kCD"})
+    err = one_line_error(run_driver(conf))
+    assert err == (f"singa: {conf}:7: train_one_batch: alg kCD trains RBM layers (kRBMVis, "
+                   f"kRBMHid) and the net has none")
 
 
 def test_a_process_whose_job_partners_never_start_stops_with_one_line(fixture_job, run_driver):
