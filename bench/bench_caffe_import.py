@@ -28,6 +28,7 @@ sys.path.insert(0, ROOT)
 
 from singa.checkpoint import CheckpointReader  # noqa: E402
 from singa.proto import caffe_pb2  # noqa: E402
+from singa.protowire import prefix  # noqa: E402
 
 CONVS = [("conv1_1", 3, 64), ("conv1_2", 64, 64), ("pool1",),
          ("conv2_1", 64, 128), ("conv2_2", 128, 128), ("pool2",),
@@ -73,15 +74,6 @@ def write_deploy(path, layers):
                     f'{param} }}\n')
 
 
-def _varint(v):
-    out = bytearray()
-    while True:
-        b, v = v & 0x7F, v >> 7
-        out.append(b | 0x80 if v else b)
-        if not v:
-            return bytes(out)
-
-
 def write_caffemodel(path, layers, seed=0, chunk=1 << 22):
     """The weights as Caffe writes them (NetParameter.layer = 100, LayerParameter.blobs = 7,
     BlobProto.shape = 7, packed data = 5), values N(0, 0.01) float32 written chunk by chunk.
@@ -99,13 +91,13 @@ def write_caffemodel(path, layers, seed=0, chunk=1 << 22):
             for shape in shapes:
                 n = int(np.prod(shape))
                 shape_msg = caffe_pb2.BlobShape(dim=shape).SerializeToString()
-                pre = b"\x3a" + _varint(len(shape_msg)) + shape_msg + b"\x2a" + _varint(4 * n)
+                pre = prefix(7, len(shape_msg)) + shape_msg + prefix(5, 4 * n)
                 blobs.append((pre, n))
-            body = len(head) + sum(1 + len(_varint(len(pre) + 4 * n)) + len(pre) + 4 * n
+            body = len(head) + sum(len(prefix(7, len(pre) + 4 * n)) + len(pre) + 4 * n
                                    for pre, n in blobs)
-            f.write(b"\xa2\x06" + _varint(body) + head)
+            f.write(prefix(100, body) + head)
             for i, (pre, n) in enumerate(blobs):
-                f.write(b"\x3a" + _varint(len(pre) + 4 * n) + pre)
+                f.write(prefix(7, len(pre) + 4 * n) + pre)
                 first = last = None
                 for start in range(0, n, chunk):
                     a = rng.standard_normal(min(chunk, n - start), np.float32)

@@ -37,10 +37,11 @@ from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, rea
 from singa.errors import CheckpointError
 from singa.files import fsync_dir
 from singa.proto import common_pb2
+from singa.protowire import FIXED32, floats, key
 
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
 MAX_FILE_BYTES = 2 << 30
-_CRC_TAG = b"\xb5\x13"  # field 310, wire type 5 (fixed32)
+_CRC_TAG = key(310, FIXED32)  # BlobProtos.crc32
 _NAME_RE = re.compile(r"step(\d+)-worker(\d+)(\.bin)?")
 #: Steps are int32 in JobProto and BlobProtos: a file name with a larger step is no snapshot.
 MAX_STEP = 2**31 - 1
@@ -423,7 +424,7 @@ def _array(shape, raw, copy):
     """The values as a float32 array of `shape`: a read-only view of the file's bytes unless
     `copy` (protobuf's repeated floats are always converted)."""
     if isinstance(raw, memoryview):
-        a = np.frombuffer(raw, dtype="<f4").reshape(shape)
+        a = floats(raw).reshape(shape)
         return a.astype(np.float32) if copy else a
     return np.array(raw, dtype=np.float32).reshape(shape)
 

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from singa.checkpoint import wire
+from singa.protowire import varint
 from singa.proto import common_pb2
 
 FLOATS = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4),
@@ -96,7 +97,7 @@ def test_split_of_damaged_bytes_reads_what_parse_reads_or_leaves_them_to_protobu
 
 def blob(body):
     """Field 5 (a BlobProto) holding the bytes `body`."""
-    return b"\x2a" + wire.varint(len(body)) + body
+    return b"\x2a" + varint(len(body)) + body
 
 
 F = b"\x00\x00\x80\x3f"        # 1.0f

@@ -9,6 +9,7 @@ import pytest
 import singa
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
+from singa.protowire import varint
 
 HERE = os.path.join(singa.HOME, "examples", "cifar10")
 
@@ -37,18 +38,9 @@ def write_batches(folder, sizes=(3, 2, 1, 2, 3, 2), seed=0):
     return batches
 
 
-def varint(n):
-    out = b""
-    while True:
-        out += bytes([n & 0x7F | (0x80 if n > 0x7F else 0)])
-        n >>= 7
-        if not n:
-            return out
-
-
 def record_bytes(label, pixels):
     """RecordProto{shape: 3, 32, 32; label; pixel} assembled by hand from protobuf's wire format."""
-    return (b"\x08\x03\x08\x20\x08\x20" + b"\x10" + varint(label % (1 << 64))
+    return (b"\x08\x03\x08\x20\x08\x20" + b"\x10" + varint(label)
             + b"\x1a" + varint(len(pixels)) + pixels)
 
 

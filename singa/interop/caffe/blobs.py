@@ -6,7 +6,7 @@ with protobuf would hold the file, the parsed message and Python's copies at onc
 we walk the wire format by hand: each layer's blobs become float32 arrays that are views of the
 mapped file (no copy; `double_data` is converted), and the layer's other fields (a few hundred
 bytes) are parsed with `caffe_pb2` once its blobs are cut out. Every length is checked against
-the message that holds it before anything is read.
+the message that holds it before anything is read (`singa.protowire`).
 """
 import math
 import mmap
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from singa import protowire
 from singa.errors import DataError
 from singa.proto import caffe_pb2
+from singa.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
 
 __all__ = ["Blob", "CaffeFile", "read_blob_file"]
 
@@ -25,7 +27,6 @@ __all__ = ["Blob", "CaffeFile", "read_blob_file"]
 _NET_LAYER, _NET_LAYERS = 100, 2           # NetParameter.layer (V2), .layers (V1)
 _V2_BLOBS, _V1_BLOBS, _V1_V0, _V0_BLOBS = 7, 6, 1, 50
 _STATE_HISTORY = 3                         # SolverState.history
-_VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 
 
 @dataclass
@@ -78,8 +79,8 @@ class CaffeFile:
     def net(self):
         """(NetParameter without blobs, {layer name: [Blob]}) of a `.caffemodel`."""
         header, blobs = bytearray(), {}
-        for field, wt, start, end in self._fields(0, len(self._mm), "NetParameter"):
-            if wt == _BYTES and field in (_NET_LAYER, _NET_LAYERS):
+        for field, wt, tag, start, end, _ in self._fields(0, len(self._mm), "NetParameter"):
+            if wt == LEN and field in (_NET_LAYER, _NET_LAYERS):
                 v1 = field == _NET_LAYERS
                 rest, found = self._layer(start, end, v1)
                 msg = self._parse(caffe_pb2.V1LayerParameter if v1 else caffe_pb2.LayerParameter,
@@ -88,19 +89,19 @@ class CaffeFile:
                     else msg.name
                 if found:
                     blobs[name] = found
-                header += _tag(field, _BYTES) + _varint_bytes(len(rest)) + rest
+                header += protowire.prefix(field, len(rest)) + rest
             else:
-                header += self._mm[self._tag_start:end]
+                header += self._mm[tag:end]
         return self._parse(caffe_pb2.NetParameter, header, "a NetParameter"), blobs
 
     def solver_state(self):
         """(SolverState without history, [Blob] of the history) of a `.solverstate`."""
         rest, history = bytearray(), []
-        for field, wt, start, end in self._fields(0, len(self._mm), "SolverState"):
-            if field == _STATE_HISTORY and wt == _BYTES:
+        for field, wt, tag, start, end, _ in self._fields(0, len(self._mm), "SolverState"):
+            if field == _STATE_HISTORY and wt == LEN:
                 history.append(self._blob(start, end))
             else:
-                rest += self._mm[self._tag_start:end]
+                rest += self._mm[tag:end]
         return self._parse(caffe_pb2.SolverState, rest, "a SolverState"), history
 
     # --- the walk ---------------------------------------------------------------------------
@@ -108,38 +109,37 @@ class CaffeFile:
         """(the layer's bytes without blobs, [Blob]); a V1 layer's nested V0 layer too."""
         rest, found = bytearray(), []
         blobs_field = _V1_BLOBS if v1 else _V2_BLOBS
-        for field, wt, s, e in self._fields(start, end, "a layer"):
-            tag_start = self._tag_start
-            if wt == _BYTES and field == blobs_field:
+        for field, wt, tag, s, e, _ in self._fields(start, end, "a layer"):
+            if wt == LEN and field == blobs_field:
                 found.append(self._blob(s, e))
-            elif v1 and wt == _BYTES and field == _V1_V0:
+            elif v1 and wt == LEN and field == _V1_V0:
                 inner = bytearray()
-                for f0, wt0, s0, e0 in self._fields(s, e, "a V0 layer"):
-                    if wt0 == _BYTES and f0 == _V0_BLOBS:
+                for f0, wt0, tag0, s0, e0, _ in self._fields(s, e, "a V0 layer"):
+                    if wt0 == LEN and f0 == _V0_BLOBS:
                         found.append(self._blob(s0, e0))
                     else:
-                        inner += self._mm[self._tag_start:e0]
-                rest += _tag(_V1_V0, _BYTES) + _varint_bytes(len(inner)) + inner
+                        inner += self._mm[tag0:e0]
+                rest += protowire.prefix(_V1_V0, len(inner)) + inner
             else:
-                rest += self._mm[tag_start:e]
+                rest += self._mm[tag:e]
         return bytes(rest), found
 
     def _blob(self, start, end):
         """A BlobProto at [start, end): values viewed in place where packed float32."""
         shape, legacy, parts, doubles = None, [0, 0, 0, 0], [], []
-        for field, wt, s, e in self._fields(start, end, "a blob"):
-            if field == 7 and wt == _BYTES:
+        for field, wt, _, s, e, value in self._fields(start, end, "a blob"):
+            if field == 7 and wt == LEN:
                 shape = tuple(self._parse(caffe_pb2.BlobShape, self._mm[s:e], "a blob shape").dim)
-            elif field in (1, 2, 3, 4) and wt == _VARINT:
-                legacy[field - 1] = _signed32(self._value)
-            elif field == 5 and wt == _BYTES:
+            elif field in (1, 2, 3, 4) and wt == VARINT:
+                legacy[field - 1] = protowire.int64(value)
+            elif field == 5 and wt == LEN:
                 parts.append(self._floats(s, e, "<f4"))
-            elif field == 5 and wt == _FIXED32:
-                parts.append(np.frombuffer(self._mm[s:e], "<f4"))
-            elif field == 8 and wt == _BYTES:
+            elif field == 5 and wt == FIXED32:      # one value unpacked: copied, not viewed
+                parts.append(protowire.floats(self._mm[s:e]))
+            elif field == 8 and wt == LEN:
                 doubles.append(self._floats(s, e, "<f8"))
-            elif field == 8 and wt == _FIXED64:
-                doubles.append(np.frombuffer(self._mm[s:e], "<f8"))
+            elif field == 8 and wt == FIXED64:
+                doubles.append(protowire.floats(self._mm[s:e], dtype="<f8"))
         if parts and doubles:
             raise DataError(f"{self.path}: a blob holds both data and double_data")
         if doubles:
@@ -158,61 +158,20 @@ class CaffeFile:
         return Blob(values, shape, is_legacy)
 
     def _floats(self, start, end, dtype):
-        size = np.dtype(dtype).itemsize
-        if (end - start) % size:
-            raise DataError(f"{self.path}: packed values of {end - start} bytes at offset "
-                            f"{start} (truncated or corrupt)")
-        a = np.frombuffer(self._mm, dtype, (end - start) // size, start)
+        try:
+            a = protowire.floats(self._mm, start, end, dtype)
+        except WireError as e:
+            raise DataError(f"{self.path}: {e} (truncated or corrupt)") from None
         self._views.append(a)
         return a
 
     def _fields(self, start, end, what):
-        """(field, wire type, value start, value end) of each field in [start, end); sets
-        `_tag_start` (where the field's tag begins) and `_value` (a varint's value)."""
-        pos = start
-        while pos < end:
-            self._tag_start = pos
-            key, pos = self._varint(pos, end, what)
-            field, wt = key >> 3, key & 7
-            if field == 0:
-                self._corrupt(what, pos)
-            if wt == _VARINT:
-                self._value, new = self._varint(pos, end, what)
-                yield field, wt, pos, new
-                pos = new
-            elif wt == _BYTES:
-                n, s = self._varint(pos, end, what)
-                if n > end - s:
-                    raise DataError(f"{self.path}: {what} at offset {self._tag_start} claims "
-                                    f"{n} bytes, {end - s} remain (truncated or corrupt)")
-                yield field, wt, s, s + n
-                pos = s + n
-            elif wt in (_FIXED32, _FIXED64):
-                n = 4 if wt == _FIXED32 else 8
-                if n > end - pos:
-                    self._corrupt(what, pos)
-                yield field, wt, pos, pos + n
-                pos += n
-            else:
-                self._corrupt(what, pos)
-        if pos != end:
-            self._corrupt(what, pos)
-
-    def _varint(self, pos, end, what):
-        mm, value, shift = self._mm, 0, 0
-        while True:
-            if pos >= end or shift > 63:
-                self._corrupt(what, pos)
-            b = mm[pos]
-            value |= (b & 0x7F) << shift
-            pos += 1
-            if b < 0x80:
-                return value, pos
-            shift += 7
-
-    def _corrupt(self, what, pos):
-        raise DataError(f"{self.path}: not a Caffe binary file ({what} is malformed at byte "
-                        f"{pos}; truncated or corrupt)")
+        """protowire.fields of `what` in [start, end), malformed bytes a DataError."""
+        try:
+            yield from protowire.fields(self._mm, start, end)
+        except WireError as e:
+            raise DataError(f"{self.path}: not a Caffe binary file ({what}: {e}; truncated or "
+                            f"corrupt)") from None
 
     def _parse(self, cls, data, what):
         try:
@@ -226,25 +185,3 @@ def read_blob_file(path):
     with CaffeFile(path) as f:
         blob = f._blob(0, len(f._mm))
         return Blob(np.array(blob.values, np.float32), blob.shape, blob.legacy)
-
-
-def _signed32(v):
-    v &= (1 << 64) - 1
-    v = v - (1 << 64) if v >> 63 else v
-    return v
-
-
-def _tag(field, wt):
-    return _varint_bytes(field << 3 | wt)
-
-
-def _varint_bytes(v):
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)

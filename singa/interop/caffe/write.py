@@ -22,6 +22,7 @@ from singa.interop.deploy import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2
+from singa.protowire import prefix
 
 __all__ = ["to_caffe", "write", "DEPLOY", "WEIGHTS"]
 
@@ -65,30 +66,15 @@ def write_caffemodel(f, net, blobs):
         for values in blobs.get(layer.name, ()):
             data = np.ascontiguousarray(values, "<f4")
             shape = C.BlobShape(dim=data.shape).SerializeToString()
-            blob_head = _key(7, 2) + _varint(len(shape)) + shape + \
-                _key(5, 2) + _varint(data.nbytes)
+            # BlobProto.shape (7), then .data (5) packed
+            blob_head = prefix(7, len(shape)) + shape + prefix(5, data.nbytes)
             parts.append((blob_head, data))
         sizes = [len(h) + d.nbytes for h, d in parts]
-        body = len(head) + sum(_key(7, 2).__len__() + len(_varint(n)) + n for n in sizes)
-        f.write(_key(100, 2) + _varint(body) + head)
+        body = len(head) + sum(len(prefix(7, n)) + n for n in sizes)      # LayerParameter.blobs
+        f.write(prefix(100, body) + head)                                   # NetParameter.layer
         for (blob_head, data), n in zip(parts, sizes):
-            f.write(_key(7, 2) + _varint(n) + blob_head)
+            f.write(prefix(7, n) + blob_head)
             f.write(memoryview(data).cast("B"))
-
-
-def _key(field, wire_type):
-    return _varint(field << 3 | wire_type)
-
-
-def _varint(n):
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
 
 
 def _refuse(model, op, why):
