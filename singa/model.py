@@ -343,6 +343,7 @@ class Model:
                 job.checkpoint_path.extend(_list(item.checkpoint))
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
+        job.test_at_end = True      # the History ends with the test of the params returned
         job = session.prepare(job)
         if resume:
             _check_steps_left(job)

@@ -127,7 +127,7 @@ class Worker:
             if self.step < job.train_steps:
                 log.info("Worker (group = %d, id = %d): stopping at step %d after a snapshot, "
                          "as asked", self.grp, self.id, self.step)
-            else:
+            elif job.test_at_end:
                 self.evaluate_final()
             if self.grp == 0:
                 self.checkpoint(self.step, final=True)
@@ -166,9 +166,9 @@ class Worker:
             self.report(step, name, metrics)
 
     def evaluate_final(self):
-        """Validate and test the params training ends with (at train_steps, where the loop
-        never does), so that the last metrics are those of the params returned and of the
-        final snapshot. The nets' streams stand afterwards where they stood before: a run
+        """test_at_end: validate and test the params training ends with (at train_steps, where
+        the loop never does), so that the last metrics are those of the params returned and of
+        the final snapshot. The nets' streams stand afterwards where they stood before: a run
         resumed from the final snapshot tests as an unbroken longer run does."""
         nets = [net for _, net in self.named_nets()[1:]]
         saved = [net.streams() for net in nets]

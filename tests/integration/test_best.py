@@ -25,14 +25,13 @@ class UndeclaredSigmoid(SigmoidLayer):
 
 def test_a_snapshot_records_the_latest_test_so_best_exists_without_checkpoint_freq(tmp_path):
     """SINGA's MNIST conf tests every 60 steps and has no checkpoint_freq: the one snapshot,
-    of the last step, records the test of its own params (at the last step, where the loop
-    tests no more), and "best" loads it."""
+    of the last step, records the last test's metrics and step, and "best" loads it."""
     job = fixture_proto(tmp_path / "ws", train_steps=50, test_freq=20, checkpoint_freq=0, seed=2)
     session.train(session.prepare(job), progress=False)
     (snap,) = checkpoint.list_snapshots(str(tmp_path / "ws" / "checkpoint"))
     rows = [r for r in metrics.read_rows(str(tmp_path / "ws" / "metrics.csv"))
-            if r["phase"] == "test" and r["step"] == 50]
-    assert snap.step == 50 and snap.metrics["test@step"] == 50
+            if r["phase"] == "test" and r["step"] == 40]
+    assert snap.step == 50 and snap.metrics["test@step"] == 40
     recorded = {k: v for k, v in snap.metrics.items() if k.startswith("test/")}
     assert recorded == {f"test/{r['metric']}": pytest.approx(r["value"], rel=1e-6) for r in rows}
     (best,) = checkpoint.open_checkpoint_path(["best"], str(tmp_path / "ws"))

@@ -59,7 +59,8 @@ def test_additions_stay_outside_singa_extension_ranges():
                                      "metric_value": 307, "piece": 309, "crc32": 310},
              job_pb2.JobProto: {"seed": 300, "checkpoint_keep_newest": 301, "max_restarts": 310,
                                 "checkpoint_keep_best": 302, "checkpoint_keep_best_k": 303,
-                                "checkpoint_on_improvement": 304, "new_data": 330},
+                                "checkpoint_on_improvement": 304, "new_data": 330,
+                                "test_at_end": 331},
              job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300},
              job_pb2.StoreProto: {"whole_pass": 300}}
     for msg, fields in added.items():
