@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+import processes
 import singa
+from conftest import zk_service
 from singa.job_manager import JobManager
 from singa.zk import ZKService
 
@@ -63,6 +65,7 @@ class Hosts:
             self.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e",
                                                "-f", str(config)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            processes.track(self.sshd[-1].pid, f"sshd of {ns} ({address})")
             self.addresses.append(address)
         for address in self.addresses:      # sshd answers
             deadline = time.monotonic() + 20
@@ -76,19 +79,21 @@ class Hosts:
                 f"-oLogLevel=quiet -oBatchMode=yes")
 
     def close(self):
+        """Stop sshd and every process left in the namespaces (SIGKILL), and wait until they
+        are gone, then delete the namespaces, veths and bridge."""
         for p in self.sshd:
             p.kill()
             p.wait()
+            processes.stop_server(p.pid)
+        stuck = []
         for ns in self.namespaces:
-            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            pids = [int(pid) for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+            stuck += processes.stop(pids, grace=0)
             sh("ip", "netns", "del", ns, check=False)
         for veth in self.veths:     # gone with its namespace, unless a process still holds it
             sh("ip", "link", "del", veth, check=False)
         sh("ip", "link", "del", self.bridge, check=False)
+        assert not stuck, f"processes {stuck} of the namespaces outlive SIGKILL"
 
 
 @pytest.fixture
@@ -114,9 +119,7 @@ def cluster(hosts, tmp_path):
     port = random.randint(20000, 30000)
     zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
                   ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
-    started = subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "start"], env=zk_env,
-                             capture_output=True, text=True)
-    assert started.returncode == 0, started.stderr
+    zk_service("start", zk_env)
     try:
         conf_dir = tmp_path / "conf"
         conf_dir.mkdir()
@@ -127,8 +130,7 @@ def cluster(hosts, tmp_path):
         env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
         yield env, f"{hosts.net}.1:{port}"
     finally:
-        subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
-                       capture_output=True)
+        zk_service("stop", zk_env, check=False)
 
 
 def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, cluster, tmp_path,

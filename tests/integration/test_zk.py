@@ -1,14 +1,12 @@
 """singa.zk, cluster_rt.ZKClusterRuntime and job_manager against a real ZooKeeper: SINGA's znode layout, ids, membership, listing."""
 import os
-import subprocess
 import threading
 import time
 
 import pytest
 from kazoo.client import KazooClient
 
-import singa
-from conftest import zookeeper
+from conftest import zk_service, zookeeper
 from singa.errors import ClusterError, ConfigError
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
@@ -21,9 +19,6 @@ def zk_server(tmp_path_factory):
     """This module's own ZooKeeper: its tests list every job, so no other module's may be there
     (jobs killed elsewhere stay, their nodes protected)."""
     yield from zookeeper(tmp_path_factory)
-
-
-ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
 
 @pytest.fixture
@@ -225,11 +220,11 @@ def test_zookeeper_answers(zk_server):
 def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port):
     """A server that goes away mid-session: calls fail with ClusterError instead of hanging."""
     env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"))
-    subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
+    zk_service("start", env)
     try:
         z = ZKService(f"127.0.0.1:{env['ZK_PORT']}")
     finally:
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
+        zk_service("stop", env)
     z.timeout = 1      # connect patiently (busy machine), then wait briefly for the lost server
     t = time.monotonic()
     with pytest.raises(ClusterError, match=r"ZooKeeper at 127.0.0.1:\d+ did not answer within 1 s \(create job lock\)"):
