@@ -187,7 +187,8 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
                                                             fixture_job):
     """One host's link goes down and its process dies: singa-run.sh returns within 30 s,
     non-zero, naming the lost host (not waiting on its ssh); with max_restarts: 1 it tries
-    again and says why it cannot go on."""
+    again and says why it cannot go on. Once it has returned, nothing of the launch runs on,
+    here or on a host (its watcher, `singatool wait`, outlived the restarted launch)."""
     env, _ = cluster
     for restarts in (0, 1):
         conf = fixture_job(f"dead{restarts}.conf", head=f"max_restarts: {restarts}\n",
@@ -217,12 +218,14 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
             died = time.monotonic()
             rc = run.wait(timeout=120)
             took = time.monotonic() - died
+            left = processes.mentioning(str(tmp_path / "conf"))
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
             sh("ip", "link", "set", veth, "up")
         text = log.read_text()
         assert rc != 0 and "Traceback" not in text, text
+        assert left == [], (left, text)
         assert f"singa-run: lost host {dead}" in text, text
         print(f"dead host, max_restarts {restarts}: singa-run.sh returned {took:.1f} s later")
         if restarts == 0:
@@ -256,7 +259,7 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
     """A terminal hangup (SIGHUP to singa-run.sh, or to its whole process group, ssh clients
     and all, as a closing terminal sends it): singa-run.sh stops every process on every host
     through ZooKeeper's pids and ssh with the launch's options (SINGA_SSH_OPTS), exits 129, and
-    nothing of the job runs anywhere."""
+    nothing of the job, nor of the launch, runs anywhere."""
     env, _ = cluster
     conf = fixture_job(edits={
         "cluster { nworker_groups: 1 nserver_groups: 1":
@@ -280,6 +283,7 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
         rc = run.wait(timeout=90)
         took = time.monotonic() - hung_up
         left = {ns: drivers_in(ns) for ns in hosts.namespaces}
+        launch = processes.mentioning(str(tmp_path / "conf"))
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -288,4 +292,5 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
           f"{sum(map(len, left.values()))} drivers left on the hosts")
     assert rc == 128 + signal.SIGHUP, text
     assert not any(left.values()), (left, text)
+    assert launch == [], (launch, text)
     assert "Traceback" not in text, text
