@@ -107,15 +107,24 @@ check=(-check)
 [ -z "${SLURM_JOB_ID:-}" ] || check+=(-oversubscribe)
 "${exe[@]}" "${check[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf"
 
-# The embedded default: a local ZooKeeper that does not answer is started here.
+# The embedded default: a local ZooKeeper where nothing listens is started here. Otherwise the
+# check waits for a session as long as zk-service.sh waits for its own server's start
+# (ZK_START_TIMEOUT, default 30 s, saying so after a second): a server listens before it
+# serves, and on a loaded machine that takes seconds (3 s was once too short under Slurm).
 zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
-if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
-  case $zk_hosts in
-    localhost:*|127.0.0.1:*)
-      "$SINGA_BIN/zk-service.sh" start
-      echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it" ;;
-    *) echo "singa-run: ZooKeeper at $zk_hosts does not answer" >&2; exit 1 ;;
-  esac
+zk_wait=${ZK_START_TIMEOUT:-30}
+[[ $zk_wait =~ ^[1-9][0-9]*$ ]] || { echo "singa-run: ZK_START_TIMEOUT must be whole seconds, not '$zk_wait'" >&2; exit 2; }
+case $zk_hosts in localhost:*|127.0.0.1:*) zk_local=1 ;; *) zk_local="" ;; esac
+if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers
+say = lambda line: print("singa-run:", line, file=sys.stderr, flush=True)
+sys.exit(0 if zookeeper_answers(sys.argv[1], int(sys.argv[2]), wait_refused=not sys.argv[3], waiting=say) else 1)' \
+    "$zk_hosts" "$zk_wait" "$zk_local"; then
+  if [ -n "$zk_local" ]; then
+    "$SINGA_BIN/zk-service.sh" start
+    echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it"
+  else
+    echo "singa-run: ZooKeeper at $zk_hosts does not answer (waited $zk_wait s for a session)" >&2; exit 1
+  fi
 fi
 
 # max_restarts (ours): a failed job starts again from its newest complete snapshot.

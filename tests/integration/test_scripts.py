@@ -12,7 +12,7 @@ import pytest
 
 import processes
 import singa
-from conftest import zookeeper
+from conftest import free_port, zk_service, zookeeper
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.zk import ZKService
@@ -412,6 +412,41 @@ def test_every_way_out_of_run_leaves_nothing_of_the_launch_running(way, fixture_
     if "restarted" in way:
         assert "restart 1 of 1" in text and "max_restarts 1 reached" in text, text
     assert left == [], (left, text)
+
+
+def test_run_waits_for_a_zookeeper_that_starts_after_it_looked(fixture_job, env, singa_conf,
+                                                               tmp_path):
+    """singa.conf names another host's ZooKeeper (127.0.0.2 here), which starts only once
+    singa-run.sh has looked for it: the launcher says what it waits for and how long, and the
+    job runs once ZooKeeper serves (it gave up after 3 s, and a loaded machine takes longer
+    than that to start one)."""
+    port = free_port()
+    hosts = f"127.0.0.2:{port}"
+    singa_conf.write_text(f'zookeeper_host: "{hosts}"\nlog_dir: "{tmp_path / "log"}/"\n')
+    zk_env = dict(os.environ, ZK_PORT=str(port), ZK_ADDRESS="127.0.0.2",
+                  ZK_DATA=str(tmp_path / "zk"), SINGA_MANAGES_ZK="true")
+    conf = fixture_job(edits={"train_steps: 200": "train_steps: 1"})
+    out = tmp_path / "run.out"
+    with open(out, "w") as f:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while f"waiting up to 30 s for ZooKeeper at {hosts}" not in out.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, out.read_text()
+            time.sleep(0.1)
+        zk_service("start", zk_env)
+        rc = run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        zk_service("stop", zk_env, check=False)
+    text = out.read_text()
+    assert rc == 0, text
+    assert text.count("singa-run: waiting up to 30 s for ZooKeeper") == 1, text
+    assert re.search(rf"singa-run: waiting up to 30 s for ZooKeeper at {hosts} to open a "
+                     rf"session \({hosts} Connection refused\)$", text, re.M), text
 
 
 def test_run_checks_the_whole_conf_before_starting_anything(fixture_job, env, tmp_path):

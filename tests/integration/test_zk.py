@@ -1,5 +1,6 @@
 """singa.zk, cluster_rt.ZKClusterRuntime and job_manager against a real ZooKeeper: SINGA's znode layout, ids, membership, listing."""
 import os
+import socket
 import threading
 import time
 
@@ -215,6 +216,45 @@ def test_unreachable_zookeeper_is_a_cluster_error_not_a_hang(closed_port):
 def test_zookeeper_answers(zk_server):
     assert zookeeper_answers(zk_server, 5)
     assert not zookeeper_answers("no-such-host.invalid:2181", 1)
+
+
+def test_the_check_gives_a_server_that_listens_its_whole_time_and_says_so(closed_port):
+    """A server that listens but opens no session yet (one starting on a loaded machine; here a
+    socket nobody accepts on): the check tries for its whole timeout (it once gave up after 3 s
+    while ZooKeeper was starting), saying once what it waits for; where nothing listens and
+    the caller would start a server itself (wait_refused=False), it returns at once."""
+    lines = []
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        hosts = "127.0.0.1:%d" % listening.getsockname()[1]
+        t = time.monotonic()
+        assert not zookeeper_answers(hosts, 3, wait_refused=False, waiting=lines.append)
+        took = time.monotonic() - t
+    assert 3 <= took < 6, took
+    assert lines == [f"waiting up to 3 s for ZooKeeper at {hosts} to open a session (it listens "
+                     f"but opens no session yet)"]
+    lines.clear()
+    t = time.monotonic()
+    assert not zookeeper_answers(f"127.0.0.1:{closed_port}", 30, wait_refused=False,
+                                 waiting=lines.append)
+    assert time.monotonic() - t < 2 and lines == []
+
+
+def test_zk_service_start_returns_once_the_server_serves_sessions(tmp_path, closed_port):
+    """zk-service.sh start waits until ZooKeeper serves (`srvr`), not only until its port
+    answers `ruok` (imok comes before the server has loaded its data, and sessions asked for
+    then are refused: seconds under load): a session asked for at once is not refused."""
+    env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"),
+               SINGA_MANAGES_ZK="true")
+    zk_service("start", env)
+    try:
+        with ZKService(f"127.0.0.1:{closed_port}", timeout=30):
+            pass
+    finally:
+        zk_service("stop", env)
+    log = (tmp_path / "zk" / "zookeeper.log").read_text()
+    assert "ZooKeeperServer not running" not in log, log[-3000:]
 
 
 def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port):
