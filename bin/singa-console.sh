@@ -15,7 +15,8 @@ USAGE
 
 # Stop process $3 of job $1 on host $2 (singa-kill-proc.sh: only if it is one of the job's),
 # here when the host is this machine, else over ssh. Host and pid come from ZooKeeper, which
-# anyone who reaches it may write: both are checked first.
+# anyone who reaches it may write: both are checked first. Run with & (it execs the kill, so
+# the pid kept is the kill's own).
 kill_proc() {
   local job=$1 host=$2 pid=$3
   if ! valid_host "$host"; then
@@ -27,8 +28,8 @@ kill_proc() {
     return 2
   fi
   case $host in
-    localhost|127.*|"$(hostname)") "$SINGA_BIN/singa-kill-proc.sh" "$job" "$pid" ;;
-    *) singa_ssh -- "$host" bash -s -- "$job" "$pid" "${SINGA_KILL_GRACE:-10}" \
+    localhost|127.*|"$(hostname)") exec "$SINGA_BIN/singa-kill-proc.sh" "$job" "$pid" ;;
+    *) exec "${SINGA_SSH[@]}" -- "$host" bash -s -- "$job" "$pid" "${SINGA_KILL_GRACE:-10}" \
          <"$SINGA_BIN/singa-kill-proc.sh" ;;     # bounded: singa-env.sh's connect and keep-alives
   esac
 }
@@ -47,6 +48,9 @@ case $1 in
     [[ $2 =~ ^[0-9]+$ ]] || { echo "singa-console: job id must be a number, not '$2'" >&2; exit 1; }
     procs=$(singatool view "$2" -confdir "$SINGA_CONF")
     kills=()
+    # stopped itself (bin/singa-run.sh ends a kill that outlasts its wait), it ends its kills
+    trap 'kill "${kills[@]}" 2>/dev/null || true' EXIT
+    trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
     while IFS= read -r proc; do      # all at once: each may wait out its grace period
       [ -n "$proc" ] || continue
       echo "kill ${proc%|*} pid ${proc##*|}"
@@ -55,6 +59,7 @@ case $1 in
     done <<<"$procs"
     status=0
     for k in "${kills[@]}"; do wait "$k" || status=1; done
+    kills=()
     singatool remove "$2" -confdir "$SINGA_CONF"
     exit $status ;;
   *) usage ;;

@@ -15,7 +15,8 @@
 # the program. SIGINT, SIGTERM or SIGHUP stops every process of the job (SIGKILL for those
 # still running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal;
 # SIGUSR1 has the job write a snapshot a step or two later and stop there (exit 138), so
-# that -resume loses nothing.
+# that -resume loses nothing. Whichever way it ends (the job's end, a lost host, a failure with
+# or without a restart, a signal, an error), nothing it started in the background runs on.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
@@ -57,21 +58,73 @@ cd "$SINGA_HOME"
 grace=${SINGA_KILL_GRACE:-10}
 [[ $grace =~ ^[0-9]+$ ]] || { echo "singa-run: SINGA_KILL_GRACE must be whole seconds, not '$grace'" >&2; exit 2; }
 
+# Nothing outlives the launcher. Whatever runs in the background is this shell's own child,
+# started as a command (a function started with & is a subshell: a kill of its pid would leave
+# the command an orphan): the job's processes (local_pids, and remote_pids: their ssh clients)
+# and the helpers (the watcher, the kill of remote processes). The EXIT trap, which every way
+# out passes (an exit, a signal's trap, an error under set -e), stops the job's processes still
+# running (only an unexpected exit leaves any: stop_job) and ends the helpers (end_helpers).
+job_id=""; local_pids=(); remote_pids=(); remote_hosts=(); helpers=(); watcher=""; slurm_step=""
+# True while $1 runs as this shell's child (not a zombie; a pid reused by another process is not ours)
+ours() {
+  local stat
+  read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+  stat=${stat##*) }     # after "pid (command) ": state, parent pid, ...
+  [[ $stat =~ ^([A-Za-z])\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" != Z ] && [ "${BASH_REMATCH[2]}" = $$ ]
+}
+# SIGTERM to the helpers still running, SIGKILL to those running SINGA_KILL_GRACE s later;
+# returns once none runs
+end_helpers() {
+  local deadline=$((SECONDS + grace)) pid alive
+  for pid in "${helpers[@]}"; do ! ours "$pid" || kill -TERM "$pid" 2>/dev/null || true; done
+  while :; do
+    alive=()
+    for pid in "${helpers[@]}"; do ! ours "$pid" || alive+=("$pid"); done
+    [ ${#alive[@]} -gt 0 ] || break
+    if [ $SECONDS -ge $deadline ]; then
+      kill -KILL "${alive[@]}" 2>/dev/null || true
+      wait "${alive[@]}" 2>/dev/null || true
+      break
+    fi
+    sleep 0.1
+  done
+  helpers=(); watcher=""
+}
+leave() {
+  local rc=$? pid
+  trap '' INT TERM HUP
+  for pid in "${local_pids[@]}" "${remote_pids[@]}"; do
+    if ours "$pid"; then stop_job "exiting (status $rc)"; break; fi
+  done
+  end_helpers
+  exit $rc
+}
+trap leave EXIT
+
 # The whole conf, once, before anything starts (a mistake: one line, exit 2). Inside a Slurm
 # allocation Slurm places the processes: no hostfile (there may be none), no load per host.
 check=(-check)
 [ -z "${SLURM_JOB_ID:-}" ] || check+=(-oversubscribe)
 "${exe[@]}" "${check[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf"
 
-# The embedded default: a local ZooKeeper that does not answer is started here.
+# The embedded default: a local ZooKeeper where nothing listens is started here. Otherwise the
+# check waits for a session as long as zk-service.sh waits for its own server's start
+# (ZK_START_TIMEOUT, default 30 s, saying so after a second): a server listens before it
+# serves, and on a loaded machine that takes seconds (3 s was once too short under Slurm).
 zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
-if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers; sys.exit(0 if zookeeper_answers(sys.argv[1], 3) else 1)' "$zk_hosts"; then
-  case $zk_hosts in
-    localhost:*|127.0.0.1:*)
-      "$SINGA_BIN/zk-service.sh" start
-      echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it" ;;
-    *) echo "singa-run: ZooKeeper at $zk_hosts does not answer" >&2; exit 1 ;;
-  esac
+zk_wait=${ZK_START_TIMEOUT:-30}
+[[ $zk_wait =~ ^[1-9][0-9]*$ ]] || { echo "singa-run: ZK_START_TIMEOUT must be whole seconds, not '$zk_wait'" >&2; exit 2; }
+case $zk_hosts in localhost:*|127.0.0.1:*) zk_local=1 ;; *) zk_local="" ;; esac
+if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers
+say = lambda line: print("singa-run:", line, file=sys.stderr, flush=True)
+sys.exit(0 if zookeeper_answers(sys.argv[1], int(sys.argv[2]), wait_refused=not sys.argv[3], waiting=say) else 1)' \
+    "$zk_hosts" "$zk_wait" "$zk_local"; then
+  if [ -n "$zk_local" ]; then
+    "$SINGA_BIN/zk-service.sh" start
+    echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it"
+  else
+    echo "singa-run: ZooKeeper at $zk_hosts does not answer (waited $zk_wait s for a session)" >&2; exit 1
+  fi
 fi
 
 # max_restarts (ours): a failed job starts again from its newest complete snapshot.
@@ -98,11 +151,11 @@ while :; do
     done <"$log_dir/job.hosts"
   fi
 
-  # SIGINT/SIGTERM/SIGHUP: SIGTERM to the processes started here; remote ones are stopped
-  # through their pids in ZooKeeper (singa-console.sh kill, at once, even when their ssh clients
-  # have ended: a terminal hangup signals those too; again while their ssh runs: a process may
-  # register late); whatever still runs after the grace period gets SIGKILL. The kill's ssh is
-  # bounded (singa_ssh) and so is the wait for it.
+  # SIGINT/SIGTERM/SIGHUP (the trap exits 128 + the signal after it): SIGTERM to the processes
+  # started here; remote ones are stopped through their pids in ZooKeeper (singa-console.sh
+  # kill, at once, even when their ssh clients have ended: a terminal hangup signals those too;
+  # again while their ssh runs: a process may register late); whatever still runs after the
+  # grace period gets SIGKILL. The kill's ssh is bounded (singa_ssh) and so is the wait for it.
   stop_job() {
     trap '' INT TERM HUP
     echo "singa-run: $1: stopping job $job_id" >&2
@@ -111,7 +164,7 @@ while :; do
     local deadline=$((SECONDS + grace)) killer="" alive pid
     if [ ${#remote_hosts[@]} -gt 0 ]; then
       "$SINGA_BIN/singa-console.sh" kill "$job_id" >/dev/null 2>&1 &
-      killer=$!
+      killer=$!; helpers+=("$killer")
     fi
     while :; do
       alive=()
@@ -125,7 +178,7 @@ while :; do
       fi
       if [ ${#remote_pids[@]} -gt 0 ] && { [ -z "$killer" ] || ! kill -0 "$killer" 2>/dev/null; }; then
         "$SINGA_BIN/singa-console.sh" kill "$job_id" >/dev/null 2>&1 &
-        killer=$!
+        killer=$!; helpers+=("$killer")
       fi
       sleep 0.2
     done
@@ -133,9 +186,8 @@ while :; do
     while [ -n "$killer" ] && kill -0 "$killer" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
       sleep 0.2
     done
-    [ -z "$killer" ] || kill "$killer" 2>/dev/null || true
+    end_helpers
     singatool remove "$job_id" -confdir "$SINGA_CONF" 2>/dev/null || true
-    exit "$2"
   }
   # Slurm: srun itself must not be signalled (it would kill the tasks at once): the step is
   signal_step() {
@@ -161,9 +213,9 @@ while :; do
     fi
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
-  trap 'stop_job SIGINT 130' INT
-  trap 'stop_job SIGTERM 143' TERM
-  trap 'stop_job SIGHUP 129' HUP       # a terminal hangup: nothing may train on as an orphan
+  trap 'stop_job SIGINT; exit 130' INT
+  trap 'stop_job SIGTERM; exit 143' TERM
+  trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
   trap 'snapshot_job' USR1
 
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
@@ -193,7 +245,7 @@ print(cluster.nprocs(tool.read_cluster(sys.argv[1])))' "$conf")
         remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
         # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
         # ssh within 15 s), a bounded connect
-        singa_ssh -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
+        "${SINGA_SSH[@]}" -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
         remote_pids+=($!); remote_hosts+=("$host")
       fi
     done <"$log_dir/job.hosts"
@@ -207,8 +259,8 @@ print(cluster.nprocs(tool.read_cluster(sys.argv[1])))' "$conf")
   # watcher's exit 0 says so: it rides through a ZooKeeper outage, and when it fails (ZooKeeper
   # unreachable as it starts) another starts 5 s later; it ends with the job.
   start_watcher() {
-    singatool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
-    watcher=$!
+    "$PYTHON" -m singa.tool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
+    watcher=$!; helpers+=("$watcher")
   }
   [ ${#remote_pids[@]} -eq 0 ] || start_watcher
   over=""; closed=(); rewatch=""
@@ -241,7 +293,7 @@ print(cluster.nprocs(tool.read_cluster(sys.argv[1])))' "$conf")
     fi
     sleep 0.5
   done
-  [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
+  end_helpers
   status=0
   for pid in "${local_pids[@]}"; do
     wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }

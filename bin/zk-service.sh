@@ -5,7 +5,8 @@
 #
 # Listens on $ZK_ADDRESS (default 127.0.0.1) at the port of zookeeper_host in $SINGA_CONF/singa.conf (ZK_PORT
 # overrides). zoo.cfg, data, pid file and log live in $SINGA_HOME/var/zookeeper (ZK_DATA
-# overrides). start and stop are idempotent; status exits 0 when the server answers, else 3.
+# overrides). start and stop are idempotent; start returns once the server serves sessions;
+# status exits 0 when the server serves, else 3.
 # With SINGA_MANAGES_ZK=false (a ZooKeeper run by someone else) start and stop do nothing.
 set -euo pipefail
 
@@ -37,12 +38,15 @@ conf_port() {
   esac
 }
 
-# True when the server on $PORT answers the four-letter word `ruok` with `imok`.
+# True when the server on $PORT serves: the four-letter word `srvr` gets its version, not "This
+# ZooKeeper instance is not currently serving requests". (`ruok` says imok as soon as the port
+# listens, before the server has loaded its data: sessions are refused until it has. `srvr` is
+# also the one word ZooKeeper's default 4lw.commands.whitelist allows, for a server not ours.)
 answers() {
   ( exec 3<>"/dev/tcp/$ZK_ADDRESS/$PORT" || exit 1
-    printf ruok >&3
-    read -r -t 2 -N 4 reply <&3 || true
-    [ "$reply" = imok ] ) 2>/dev/null
+    printf srvr >&3
+    read -r -t 2 reply <&3 || true
+    [[ $reply == "Zookeeper version:"* ]] ) 2>/dev/null
 }
 
 # The pid of our running server, from the pid file; empty when it is not running.

@@ -103,14 +103,15 @@ class JobManager:
             out.append(f"{proc[0]}|{proc[2]}")
         return out
 
-    def wait_ended(self, job_id, poll=0.5):
-        """Return once job `job_id` has had processes and has none left: every one of them
+    def wait_ended(self, job_id, poll=0.5, given_up=lambda: False):
+        """True once job `job_id` has had processes and has none left: every one of them
         ended or was lost (its session expired). A ZooKeeper outage is ridden through: the
         session reconnects by itself (a new one once the old has expired) and the wait goes on;
         the caller bounds it by the job's own end (bin/singa-run.sh ends it with the job), since
-        only ZooKeeper can say the job is over."""
+        only ZooKeeper can say the job is over. False as soon as `given_up()` is true (asked
+        every `poll` seconds)."""
         proc, seen, down = job_path(job_id) + "/proc", False, False
-        while True:
+        while not given_up():
             try:
                 children = self.zk.children(proc)
             except NoNodeError:     # not made yet, or deleted by the last process to leave
@@ -124,8 +125,9 @@ class JobManager:
             down = False
             seen = seen or bool(children)
             if seen and not children:
-                return
+                return True
             time.sleep(poll)
+        return False
 
     def remove_job(self, job_id):
         """Delete the job's proc nodes (its processes count as gone); returns the nodes left,

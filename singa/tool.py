@@ -30,7 +30,8 @@ Usage: singatool <command> [args] [-confdir <dir>]
   view ID            print the processes of job ID as host|pid
   progress ID        print job ID's latest train step and metrics (from its metrics.csv)
   remove ID          remove job ID's processes from ZooKeeper
-  wait ID            return once job ID has had processes and has none left (done or lost)
+  wait ID            return once job ID has had processes and has none left (done or lost),
+                     or (exit 2) once the process that started the wait has ended
   removeall          remove all jobs from ZooKeeper
   cleanup            remove all of SINGA's data from ZooKeeper
   -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
@@ -94,7 +95,12 @@ def run(cmd, rest, confdir):
                 for job_id, n in listed:
                     print("%-10d|%-10d" % (job_id, n))
         elif cmd == "wait":
-            jobs.wait_ended(int(rest[0]))
+            # the launcher that asked is gone (its end kills this wait; a SIGKILL cannot):
+            # nobody waits for the answer, so neither does this process
+            launcher = os.getppid()
+            if not jobs.wait_ended(int(rest[0]), given_up=lambda: os.getppid() != launcher):
+                raise SingaError(f"wait: stopped waiting for job {rest[0]}: the process that "
+                                 f"started the wait (pid {launcher}) has ended")
         elif cmd == "view":
             for proc in jobs.job_procs(int(rest[0])):
                 print(proc)

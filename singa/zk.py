@@ -12,6 +12,7 @@ SINGA's znodes, used by `cluster_rt.ZKClusterRuntime` (a job's processes and gro
 """
 import logging
 import socket
+import time
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (BadVersionError, KazooException, NoAuthError, NodeExistsError,
@@ -45,15 +46,43 @@ def job_path(job_id):
     return f"{APP}/job-{job_id:010d}"
 
 
-def zookeeper_answers(hosts, timeout=2.0):
-    """True when a ZooKeeper session to `hosts` can be opened within `timeout` seconds."""
-    try:
-        client = _connect(hosts, timeout)
-    except ClusterError:
-        return False
-    client.stop()
-    client.close()
-    return True
+def zookeeper_answers(hosts, timeout=2.0, wait_refused=True, waiting=None):
+    """True once a ZooKeeper session to `hosts` opens, trying for up to `timeout` seconds.
+
+    A server listens before it serves (ZooKeeperServerMain binds its port, then loads its data;
+    sessions are refused meanwhile) and that takes seconds on a loaded machine: 2-4 s under a
+    load of 7 on two cores, against 0.3 s on a free one. So the whole `timeout` is spent
+    trying, also while nothing listens yet, unless `wait_refused` is False: then a host that
+    refuses TCP ends the check at once (the launcher starts a server of its own there).
+    `waiting(line)` hears one line, once, when the first second has not been enough: what is
+    waited for and for how long at most."""
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        left = deadline - time.monotonic()
+        why = _refusals(hosts, max(left, 0.1))
+        if why and not wait_refused:
+            return False
+        if not why:
+            try:
+                # a session timeout as short as the try: it bounds kazoo's reads, and with them
+                # how far a server that never replies makes the try overrun
+                wait = max(left if said else min(left, 1.0), 0.1)
+                client = _session(hosts, wait, session_timeout=wait)
+            except ClusterError:
+                why = "it listens but opens no session yet"
+            else:
+                client.stop()
+                client.close()
+                return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if not said and waiting is not None:
+            waiting(f"waiting up to {timeout:g} s for ZooKeeper at {hosts} to open a session "
+                    f"({why})")
+        said = True
+        time.sleep(min(0.2, left))
 
 
 class ZKService:
@@ -146,7 +175,12 @@ def _connect(hosts, timeout, auth=None):
     """A started KazooClient (authenticated with `auth`, kazoo's auth_data), or ClusterError
     within `timeout` seconds."""
     _probe(hosts, timeout)
-    client = KazooClient(hosts=hosts, timeout=SESSION_TIMEOUT, auth_data=auth,
+    return _session(hosts, timeout, auth)
+
+
+def _session(hosts, timeout, auth=None, session_timeout=SESSION_TIMEOUT):
+    """`_connect` without the probe: kazoo tries until `timeout`."""
+    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth,
                          connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1})
     try:
         client.start(timeout=timeout)
@@ -169,16 +203,24 @@ def route_address(hosts):
 
 def _probe(hosts, timeout):
     """Fail at once when no host of `hosts` accepts TCP (kazoo would retry until `timeout`)."""
+    reasons = _refusals(hosts, timeout)
+    if reasons:
+        raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s ({reasons})")
+
+
+def _refusals(hosts, timeout):
+    """None when a host of `hosts` accepts TCP within `timeout` seconds (5 at most), else
+    why none does ("h:p Connection refused; unknown host x")."""
     reasons = []
     for host, port in _addresses(hosts):
         try:
             socket.create_connection((host, port), timeout=min(timeout, 5)).close()
-            return
+            return None
         except socket.gaierror:
             reasons.append(f"unknown host {host}")
         except OSError as e:
             reasons.append(f"{host}:{port} {e.strerror or 'timed out'}")
-    raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s ({'; '.join(reasons)})")
+    return "; ".join(reasons)
 
 
 def _addresses(hosts):

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Install what SINGA needs: Debian's zookeeper (with Java) and dataset-fashion-mnist, and the
-# venv $SINGA_HOME/.venv with singa installed in it (editable, with test extras).
+# venv $SINGA_HOME/.venv with singa installed in it (editable) with the extras a job uses:
+# fast (numba's compiled loops), plot (matplotlib), tensorboard (tensorboardX, the writer).
+# --tests adds the test suite's: the extra `test` (pytest, notebooks, TensorBoard's reader,
+# ONNX Runtime, ...) and Debian's sshd, iproute2 and Slurm. Either order works: the venv keeps
+# every extra installed so far (listed in .venv/.singa-installed) and gets only what it lacks.
 # Idempotent: when everything is in place it only checks files.   Usage: install.sh [--quiet] [--tests]
 set -euo pipefail
 
@@ -15,7 +19,9 @@ for arg in "$@"; do
 done
 SINGA_HOME=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=$SINGA_HOME/.venv
-STAMP=$VENV/.singa-installed   # newer than pyproject.toml: the install is current
+STAMP=$VENV/.singa-installed   # the extras installed; newer than pyproject.toml: current
+EXTRAS=fast,plot,tensorboard
+[ -z "$TESTS" ] || EXTRAS=$EXTRAS,test
 PY=${PYTHON3:-python3}
 
 say() { [ -n "$QUIET" ] || echo "install: $*"; }
@@ -58,10 +64,21 @@ if [ ! -x "$VENV/bin/python" ]; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV" || die "$PY -m venv $VENV failed"
 fi
-if [ ! -f "$STAMP" ] || [ "$SINGA_HOME/pyproject.toml" -nt "$STAMP" ]; then
-  say "pip install -e $SINGA_HOME[test]"
-  "$VENV/bin/python" -m pip install ${QUIET:+-q} --disable-pip-version-check -e "$SINGA_HOME[test]" \
+# what is installed: the stamp's extras (an empty stamp is an older install.sh's, which
+# installed `test` and with it the others); a reinstall (pyproject.toml changed) keeps them all
+have=""
+if [ -f "$STAMP" ]; then
+  have=$(tr -d ' \n' <"$STAMP")
+  [ -n "$have" ] || have=fast,plot,tensorboard,test
+  [[ $have =~ ^[a-z]+(,[a-z]+)*$ ]] || have=""
+fi
+want=$(printf '%s\n' ${have//,/ } ${EXTRAS//,/ } | sort -u | paste -sd, -)
+missing=""
+for extra in ${EXTRAS//,/ }; do [[ ,$have, == *,$extra,* ]] || missing=1; done
+if [ -n "$missing" ] || [ "$SINGA_HOME/pyproject.toml" -nt "$STAMP" ]; then
+  say "pip install -e $SINGA_HOME[$want]"
+  "$VENV/bin/python" -m pip install ${QUIET:+-q} --disable-pip-version-check -e "$SINGA_HOME[$want]" \
     || die "pip install into $VENV failed"
-  touch "$STAMP"
+  echo "$want" >"$STAMP"
 fi
 say "all installed (venv $VENV, zookeeper, dataset-fashion-mnist)"

@@ -3,11 +3,13 @@ runs of the `singa` driver on SINGA's fixture jobs."""
 import os
 import socket
 import subprocess
+import time
 
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
+import processes
 import singa
 from singa import config
 from singa.io.kvfile import KVFile
@@ -50,6 +52,43 @@ def start_drivers(conf, singa_conf, job_id, env, logs, flags=()):
     return procs
 
 
+def zk_service(cmd, env, check=True):
+    """bin/zk-service.sh `cmd` (start|stop) with `env` (ZK_PORT, ZK_DATA, ...). A server it
+    starts is tracked by pid (processes.track); one it stops is seen gone (and stopped by pid
+    if the script's stop did not end it). Returns the CompletedProcess; with `check`, a failure
+    fails the test."""
+    pid_path = os.path.join(env["ZK_DATA"], "zookeeper.pid")
+    pid = processes.pid_file(pid_path, 0) if cmd == "stop" and os.path.exists(pid_path) else None
+    done = subprocess.run(["bash", ZK_SERVICE, cmd], env=env, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        pytest.fail(f"zk-service.sh {cmd} failed: {done.stderr.strip()}", pytrace=False)
+    if cmd == "start" and done.returncode == 0:
+        processes.track(processes.pid_file(pid_path),
+                        f"ZooKeeper on port {env.get('ZK_PORT')} ({env['ZK_DATA']})")
+    if pid is not None:
+        processes.stop_server(pid)
+    return done
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_outlives_the_run(tmp_path_factory):
+    """Every server a test starts is gone when the run ends, whether its tests pass, fail or
+    are interrupted (pytest runs finalizers on Ctrl-C): each fixture stops its own by pid and
+    waits. This finalizer, the run's last, checks that no tracked server is left, nor any
+    process whose command line or environment names the run's temporary folder (what a test
+    started), and stops those that are."""
+    base = os.path.join(str(tmp_path_factory.getbasetemp()), "")
+    yield
+    left = processes.servers_left()
+    processes.stop_servers()
+    deadline = time.monotonic() + 10       # a process signalled by the last test may be ending
+    while (strays := processes.mentioning(base)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    processes.stop([pid for pid, _ in strays], 5.0)
+    assert not left and not strays, \
+        f"still running when the test run ends: servers {left}, processes of its tests {strays}"
+
+
 @pytest.fixture(scope="session")
 def zk_server(tmp_path_factory):
     """A ZooKeeper server of the test run (bin/zk-service.sh, free port, tmp data); yields
@@ -64,13 +103,11 @@ def zookeeper(tmp_path_factory):
     port = free_port()
     env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path_factory.mktemp("zookeeper")),
                SINGA_MANAGES_ZK="true")
-    started = subprocess.run(["bash", ZK_SERVICE, "start"], env=env, capture_output=True, text=True)
-    if started.returncode != 0:
-        pytest.fail(f"zk-service.sh start failed: {started.stderr.strip()}", pytrace=False)
+    zk_service("start", env)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, capture_output=True)
+        zk_service("stop", env, check=False)
 
 
 @pytest.fixture

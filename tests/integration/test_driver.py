@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ZK_SERVICE, free_port, new_job, start_drivers
+from conftest import PYTHON, free_port, new_job, start_drivers, zk_service
 from singa import checkpoint
 from singa.job_manager import JobManager
 from singa.trust import ENV, new_secret
@@ -75,12 +75,12 @@ def own_zookeeper(tmp_path):
     """A ZooKeeper server this test may stop: (singa.conf naming it, stop())."""
     env = dict(os.environ, ZK_PORT=str(free_port()), ZK_DATA=str(tmp_path / "zk"),
                SINGA_MANAGES_ZK="true")
-    subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
+    zk_service("start", env)
     conf = tmp_path / "own-singa.conf"
     conf.write_text(f'zookeeper_host: "127.0.0.1:{env["ZK_PORT"]}"\nlog_dir: "{tmp_path}/log/"\n')
 
     def stop(*_):
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
+        zk_service("stop", env)
     yield conf, stop
     stop()
 

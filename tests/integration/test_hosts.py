@@ -10,7 +10,9 @@ import time
 
 import pytest
 
+import processes
 import singa
+from conftest import zk_service
 from singa.job_manager import JobManager
 from singa.zk import ZKService
 
@@ -63,6 +65,7 @@ class Hosts:
             self.sshd.append(subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e",
                                                "-f", str(config)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            processes.track(self.sshd[-1].pid, f"sshd of {ns} ({address})")
             self.addresses.append(address)
         for address in self.addresses:      # sshd answers
             deadline = time.monotonic() + 20
@@ -76,19 +79,21 @@ class Hosts:
                 f"-oLogLevel=quiet -oBatchMode=yes")
 
     def close(self):
+        """Stop sshd and every process left in the namespaces (SIGKILL), and wait until they
+        are gone, then delete the namespaces, veths and bridge."""
         for p in self.sshd:
             p.kill()
             p.wait()
+            processes.stop_server(p.pid)
+        stuck = []
         for ns in self.namespaces:
-            for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            pids = [int(pid) for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+            stuck += processes.stop(pids, grace=0)
             sh("ip", "netns", "del", ns, check=False)
         for veth in self.veths:     # gone with its namespace, unless a process still holds it
             sh("ip", "link", "del", veth, check=False)
         sh("ip", "link", "del", self.bridge, check=False)
+        assert not stuck, f"processes {stuck} of the namespaces outlive SIGKILL"
 
 
 @pytest.fixture
@@ -114,9 +119,7 @@ def cluster(hosts, tmp_path):
     port = random.randint(20000, 30000)
     zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(tmp_path / "zk"),
                   ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
-    started = subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "start"], env=zk_env,
-                             capture_output=True, text=True)
-    assert started.returncode == 0, started.stderr
+    zk_service("start", zk_env)
     try:
         conf_dir = tmp_path / "conf"
         conf_dir.mkdir()
@@ -127,8 +130,7 @@ def cluster(hosts, tmp_path):
         env.update(SINGA_CONF=str(conf_dir), SINGA_SSH_OPTS=hosts.ssh_opts())
         yield env, f"{hosts.net}.1:{port}"
     finally:
-        subprocess.run(["bash", os.path.join(BIN, "zk-service.sh"), "stop"], env=zk_env,
-                       capture_output=True)
+        zk_service("stop", zk_env, check=False)
 
 
 def test_a_job_across_three_hosts_trains_is_killed_resumes_and_finishes(hosts, cluster, tmp_path,
@@ -185,7 +187,8 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
                                                             fixture_job):
     """One host's link goes down and its process dies: singa-run.sh returns within 30 s,
     non-zero, naming the lost host (not waiting on its ssh); with max_restarts: 1 it tries
-    again and says why it cannot go on."""
+    again and says why it cannot go on. Once it has returned, nothing of the launch runs on,
+    here or on a host (its watcher, `singatool wait`, outlived the restarted launch)."""
     env, _ = cluster
     for restarts in (0, 1):
         conf = fixture_job(f"dead{restarts}.conf", head=f"max_restarts: {restarts}\n",
@@ -215,12 +218,14 @@ def test_a_dead_host_ends_the_launch_within_30_s_naming_it(hosts, cluster, tmp_p
             died = time.monotonic()
             rc = run.wait(timeout=120)
             took = time.monotonic() - died
+            left = processes.mentioning(str(tmp_path / "conf"))
         finally:
             if run.poll() is None:
                 os.killpg(run.pid, signal.SIGKILL)
             sh("ip", "link", "set", veth, "up")
         text = log.read_text()
         assert rc != 0 and "Traceback" not in text, text
+        assert left == [], (left, text)
         assert f"singa-run: lost host {dead}" in text, text
         print(f"dead host, max_restarts {restarts}: singa-run.sh returned {took:.1f} s later")
         if restarts == 0:
@@ -254,7 +259,7 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
     """A terminal hangup (SIGHUP to singa-run.sh, or to its whole process group, ssh clients
     and all, as a closing terminal sends it): singa-run.sh stops every process on every host
     through ZooKeeper's pids and ssh with the launch's options (SINGA_SSH_OPTS), exits 129, and
-    nothing of the job runs anywhere."""
+    nothing of the job, nor of the launch, runs anywhere."""
     env, _ = cluster
     conf = fixture_job(edits={
         "cluster { nworker_groups: 1 nserver_groups: 1":
@@ -278,6 +283,7 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
         rc = run.wait(timeout=90)
         took = time.monotonic() - hung_up
         left = {ns: drivers_in(ns) for ns in hosts.namespaces}
+        launch = processes.mentioning(str(tmp_path / "conf"))
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -286,4 +292,5 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
           f"{sum(map(len, left.values()))} drivers left on the hosts")
     assert rc == 128 + signal.SIGHUP, text
     assert not any(left.values()), (left, text)
+    assert launch == [], (launch, text)
     assert "Traceback" not in text, text

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import singa
-from conftest import ZK_SERVICE, free_port, zookeeper
+from conftest import free_port, zk_service, zookeeper
 from singa.errors import ClusterError
 from singa.job_manager import JobManager
 from singa.zk import APP, HOST_IDX, JOB_LOCK, ZKService, job_path
@@ -74,8 +74,7 @@ def test_wait_ended_rides_through_a_zookeeper_outage(tmp_path):
     env = dict(os.environ, ZK_PORT=str(free_port()), ZK_DATA=str(tmp_path / "zk"),
                SINGA_MANAGES_ZK="true")
     hosts = f"127.0.0.1:{env['ZK_PORT']}"
-    service = lambda cmd: subprocess.run(["bash", ZK_SERVICE, cmd], env=env, check=True,  # noqa: E731
-                                         capture_output=True)
+    service = lambda cmd: zk_service(cmd, env)  # noqa: E731
     service("start")
     try:
         with ZKService(hosts) as proc_zk, ZKService(hosts) as watch_zk:
@@ -109,4 +108,4 @@ def test_wait_ended_rides_through_a_zookeeper_outage(tmp_path):
             assert "error" not in result, result
             assert result["ended"] - left < 10, result
     finally:
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, capture_output=True)
+        zk_service("stop", env, check=False)

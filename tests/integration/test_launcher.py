@@ -10,7 +10,7 @@ import time
 import pytest
 
 import singa
-from conftest import ZK_SERVICE, free_port
+from conftest import free_port, zk_service
 from test_scripts import FAKE_SSH
 
 BIN = os.path.join(singa.HOME, "bin")
@@ -36,7 +36,7 @@ def outage_env(tmp_path):
                   SINGA_MANAGES_ZK="true")
 
     def service(cmd):
-        subprocess.run(["bash", ZK_SERVICE, cmd], env=zk_env, check=True, capture_output=True)
+        zk_service(cmd, zk_env)
     service("start")
     conf = tmp_path / "conf"
     conf.mkdir()
@@ -53,7 +53,7 @@ def outage_env(tmp_path):
     try:
         yield env, service
     finally:
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=zk_env, capture_output=True)
+        zk_service("stop", zk_env, check=False)
 
 
 def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_env, tmp_path):

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+import processes
 import singa
-from conftest import zookeeper
+from conftest import free_port, zk_service, zookeeper
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.zk import ZKService
@@ -318,11 +319,13 @@ def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
 
 FAKE_SSH = """#!/usr/bin/env bash
 # ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
-# remote process outlives a killed ssh client), and exits with its status.
+# remote process outlives a killed ssh client), and exits with its status; a host whose name
+# starts with "down" cannot be reached (exit 255 3 s later, as ssh's after its connect timeout).
 printf '%s\\n' "$*" >> {log}
 while [ $# -gt 0 ]; do
   case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
 done
+case $1 in down*) sleep 3; exit 255 ;; esac
 shift   # the host
 setsid bash -c "$*" <&0 &
 wait $!
@@ -355,6 +358,95 @@ def test_sigterm_to_run_stops_a_process_it_started_over_ssh(long_job, ssh_env, s
     assert cmdline(pid) == ""
     assert n not in listed(env)
     assert f"-- node1 bash -s -- {n} {pid} " in ssh_log.read_text()   # stopped over ssh
+
+
+WAYS_OUT = ["the job's end", "a host it cannot reach", "a failed process, restarted once",
+            "SIGTERM", "Ctrl-C"]
+
+
+@pytest.mark.parametrize("way", WAYS_OUT)
+def test_every_way_out_of_run_leaves_nothing_of_the_launch_running(way, fixture_job, ssh_env,
+                                                                   singa_conf, tmp_path):
+    """Whichever way singa-run.sh ends, nothing it started runs on once it has returned: no
+    process whose command line or environment names the launch's conf folder (its watcher,
+    `singatool wait`, started for a process over ssh, lived on when its subshell was killed;
+    one whose job never registered waited forever)."""
+    env, _ = ssh_env
+    (singa_conf.parent / "hostfile").write_text("down1\n" if "reach" in way else "node1\n")
+    edits = {"train_steps: 200": "train_steps: 20"} if way == "the job's end" else LONG
+    conf = fixture_job(edits=edits, head="max_restarts: 1\n" if "restarted" in way else "")
+    out = tmp_path / "run.out"
+    with open(out, "w") as f:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_for_process(n):
+        """The pid of the job's n-th process started (counting restarts)."""
+        deadline = time.monotonic() + 60
+        while len(pids := re.findall(r"\(pid = (\d+)\)", out.read_text())) < n:
+            assert time.monotonic() < deadline and run.poll() is None, out.read_text()
+            time.sleep(0.1)
+        return int(pids[n - 1])
+    try:
+        if "restarted" in way:
+            for n in (1, 2):
+                os.kill(wait_for_process(n), signal.SIGKILL)
+        elif way in ("SIGTERM", "Ctrl-C"):
+            wait_for_process(1)
+            if way == "SIGTERM":
+                run.send_signal(signal.SIGTERM)
+            else:
+                os.killpg(run.pid, signal.SIGINT)
+        rc = run.wait(timeout=90)
+        left = processes.mentioning(str(singa_conf.parent))
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        processes.stop([pid for pid, _ in processes.mentioning(str(singa_conf.parent))], 0)
+    text = out.read_text()
+    assert rc == {"the job's end": 0, "a host it cannot reach": 1, "SIGTERM": 143,
+                  "Ctrl-C": 130}.get(way, 128 + signal.SIGKILL), text
+    if "reach" in way:
+        assert "singa-run: lost host down1" in text, text
+    if "restarted" in way:
+        assert "restart 1 of 1" in text and "max_restarts 1 reached" in text, text
+    assert left == [], (left, text)
+
+
+def test_run_waits_for_a_zookeeper_that_starts_after_it_looked(fixture_job, env, singa_conf,
+                                                               tmp_path):
+    """singa.conf names another host's ZooKeeper (127.0.0.2 here), which starts only once
+    singa-run.sh has looked for it: the launcher says what it waits for and how long, and the
+    job runs once ZooKeeper serves (it gave up after 3 s, and a loaded machine takes longer
+    than that to start one)."""
+    port = free_port()
+    hosts = f"127.0.0.2:{port}"
+    singa_conf.write_text(f'zookeeper_host: "{hosts}"\nlog_dir: "{tmp_path / "log"}/"\n')
+    zk_env = dict(os.environ, ZK_PORT=str(port), ZK_ADDRESS="127.0.0.2",
+                  ZK_DATA=str(tmp_path / "zk"), SINGA_MANAGES_ZK="true")
+    conf = fixture_job(edits={"train_steps: 200": "train_steps: 1"})
+    out = tmp_path / "run.out"
+    with open(out, "w") as f:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while f"waiting up to 30 s for ZooKeeper at {hosts}" not in out.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, out.read_text()
+            time.sleep(0.1)
+        zk_service("start", zk_env)
+        rc = run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        zk_service("stop", zk_env, check=False)
+    text = out.read_text()
+    assert rc == 0, text
+    assert text.count("singa-run: waiting up to 30 s for ZooKeeper") == 1, text
+    assert re.search(rf"singa-run: waiting up to 30 s for ZooKeeper at {hosts} to open a "
+                     rf"session \({hosts} Connection refused\)$", text, re.M), text
 
 
 def test_run_checks_the_whole_conf_before_starting_anything(fixture_job, env, tmp_path):

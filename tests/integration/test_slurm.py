@@ -7,6 +7,7 @@ params of an uninterrupted run; a user's scancel is not requeued; a wrong task c
 
 Timings go to stdout (pytest -s): warning to snapshot on disk, requeue to the first resumed step,
 steps lost."""
+import contextlib
 import glob
 import os
 import random
@@ -20,8 +21,9 @@ from datetime import datetime
 import numpy as np
 import pytest
 
+import processes
 import singa
-from conftest import PYTHON, free_port, new_job, start_drivers
+from conftest import PYTHON, free_port, new_job, start_drivers, zk_service
 from singa.checkpoint import CheckpointReader
 from test_hosts import Hosts
 
@@ -45,7 +47,14 @@ class Cluster:
     starts again ~12 s later (120 s and more with Slurm's defaults)."""
 
     def __init__(self, root, hosts):
-        self.root, self.hosts = root, hosts
+        self.root, self.hosts, self.daemons = root, hosts, []
+        try:
+            self.start(root, hosts)
+        except BaseException:       # Ctrl-C too: what started is stopped
+            self.close()
+            raise
+
+    def start(self, root, hosts):
         (root / "munge").mkdir(mode=0o700)
         (root / "state").mkdir()
         key = root / "munge" / "munge.key"
@@ -55,6 +64,7 @@ class Cluster:
         sh("munged", f"--key-file={key}", f"--socket={socket}", "--force",
            f"--pid-file={root}/munge/munged.pid", f"--log-file={root}/munge/munged.log",
            f"--seed-file={root}/munge/seed")
+        self.daemon("munged", root / "munge" / "munged.pid")
         nodes = "".join(f"NodeName=n{i + 1} NodeAddr={a} CPUs=4 State=UNKNOWN\n"
                         for i, a in enumerate(hosts.addresses))
         conf = root / "slurm.conf"
@@ -90,10 +100,12 @@ PartitionName=urgent Nodes=n[1-{NODES}] MaxTime=INFINITE State=UP PriorityTier=2
 """)
         self.env = dict(os.environ, SLURM_CONF=str(conf))
         sh("slurmctld", "-f", str(conf), env=self.env)
+        self.daemon("slurmctld", root / "slurmctld.pid")
         for i, ns in enumerate(hosts.namespaces, 1):
             # `ip netns exec` would hide /sys/fs/cgroup, and slurmd refuses to start
             sh("nsenter", f"--net=/run/netns/{ns}", "unshare", "--uts", "sh", "-c",
                f'hostname n{i} && exec slurmd -f "$SLURM_CONF" -N n{i}', env=self.env)
+            self.daemon(f"slurmd n{i}", root / f"slurmd-n{i}.pid")
         deadline = time.monotonic() + 30
         while sh("sinfo", "-h", "-p", "main", "-o", "%t %D", env=self.env,
                  check=False).stdout.split() != ["idle", str(NODES)]:
@@ -105,13 +117,23 @@ PartitionName=urgent Nodes=n[1-{NODES}] MaxTime=INFINITE State=UP PriorityTier=2
         m = re.search(r"JobState=(\w+)", out)
         return m[1] if m else "GONE", out
 
+    def daemon(self, name, pid_file):
+        """Track the daemon that writes `pid_file` (it forks away: only its pid names it)."""
+        self.daemons.append(processes.track(processes.pid_file(pid_file),
+                                            f"{name} of the test's Slurm ({self.root})"))
+
     def close(self):
-        for pidfile in ("slurmctld.pid", "munge/munged.pid"):
+        """Stop the daemons by pid, the newest first (slurmctld before the munged it uses), and
+        wait until each is gone (SIGKILL after 10 s); anything left of the jobs in the nodes'
+        namespaces is Hosts.close's."""
+        stuck = []
+        for pid in reversed(self.daemons):
             try:
-                os.kill(int((self.root / pidfile).read_text()), 15)
-            except (OSError, ValueError):
-                pass
-        # the slurmds and anything left of the jobs: Hosts.close kills the namespaces' processes
+                processes.stop_server(pid)
+            except AssertionError as e:
+                stuck.append(str(e))
+        self.daemons = []
+        assert not stuck, stuck
 
 
 @pytest.fixture(scope="module")
@@ -127,25 +149,19 @@ def slurm(tmp_path_factory):
         pytest.skip("this machine refuses to create network namespaces")
     sh("ip", "netns", "del", probe)
     root = tmp_path_factory.mktemp("slurm")
-    hosts = Hosts(root, NODES)
-    cluster, zk_env = None, None
-    try:
+    with contextlib.ExitStack() as stop:        # each stop runs, the newest start's first
+        hosts = Hosts(root, NODES)
+        stop.callback(hosts.close)
         # ZooKeeper on the bridge, named by the singa.conf of most tests
         port = random.randint(20000, 30000)
         zk_env = dict(os.environ, ZK_PORT=str(port), ZK_DATA=str(root / "zk"),
                       ZK_ADDRESS=f"{hosts.net}.1", SINGA_MANAGES_ZK="true")
-        started = sh("bash", os.path.join(BIN, "zk-service.sh"), "start", env=zk_env,
-                     check=False)
-        assert started.returncode == 0, started.stderr
+        zk_service("start", zk_env)
+        stop.callback(zk_service, "stop", zk_env, check=False)
         cluster = Cluster(root, hosts)
+        stop.callback(cluster.close)
         cluster.zk = f"{hosts.net}.1:{port}"
         yield cluster
-    finally:
-        if cluster:
-            cluster.close()
-        hosts.close()
-        if zk_env:
-            sh("bash", os.path.join(BIN, "zk-service.sh"), "stop", env=zk_env, check=False)
 
 
 def conf_dir(path, zk, log):

@@ -1,14 +1,13 @@
 """singa.zk, cluster_rt.ZKClusterRuntime and job_manager against a real ZooKeeper: SINGA's znode layout, ids, membership, listing."""
 import os
-import subprocess
+import socket
 import threading
 import time
 
 import pytest
 from kazoo.client import KazooClient
 
-import singa
-from conftest import zookeeper
+from conftest import zk_service, zookeeper
 from singa.errors import ClusterError, ConfigError
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
@@ -21,9 +20,6 @@ def zk_server(tmp_path_factory):
     """This module's own ZooKeeper: its tests list every job, so no other module's may be there
     (jobs killed elsewhere stay, their nodes protected)."""
     yield from zookeeper(tmp_path_factory)
-
-
-ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 
 
 @pytest.fixture
@@ -222,14 +218,53 @@ def test_zookeeper_answers(zk_server):
     assert not zookeeper_answers("no-such-host.invalid:2181", 1)
 
 
+def test_the_check_gives_a_server_that_listens_its_whole_time_and_says_so(closed_port):
+    """A server that listens but opens no session yet (one starting on a loaded machine; here a
+    socket nobody accepts on): the check tries for its whole timeout (it once gave up after 3 s
+    while ZooKeeper was starting), saying once what it waits for; where nothing listens and
+    the caller would start a server itself (wait_refused=False), it returns at once."""
+    lines = []
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        hosts = "127.0.0.1:%d" % listening.getsockname()[1]
+        t = time.monotonic()
+        assert not zookeeper_answers(hosts, 3, wait_refused=False, waiting=lines.append)
+        took = time.monotonic() - t
+    assert 3 <= took < 6, took
+    assert lines == [f"waiting up to 3 s for ZooKeeper at {hosts} to open a session (it listens "
+                     f"but opens no session yet)"]
+    lines.clear()
+    t = time.monotonic()
+    assert not zookeeper_answers(f"127.0.0.1:{closed_port}", 30, wait_refused=False,
+                                 waiting=lines.append)
+    assert time.monotonic() - t < 2 and lines == []
+
+
+def test_zk_service_start_returns_once_the_server_serves_sessions(tmp_path, closed_port):
+    """zk-service.sh start waits until ZooKeeper serves (`srvr`), not only until its port
+    answers `ruok` (imok comes before the server has loaded its data, and sessions asked for
+    then are refused: seconds under load): a session asked for at once is not refused."""
+    env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"),
+               SINGA_MANAGES_ZK="true")
+    zk_service("start", env)
+    try:
+        with ZKService(f"127.0.0.1:{closed_port}", timeout=30):
+            pass
+    finally:
+        zk_service("stop", env)
+    log = (tmp_path / "zk" / "zookeeper.log").read_text()
+    assert "ZooKeeperServer not running" not in log, log[-3000:]
+
+
 def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port):
     """A server that goes away mid-session: calls fail with ClusterError instead of hanging."""
     env = dict(os.environ, ZK_PORT=str(closed_port), ZK_DATA=str(tmp_path / "zk"))
-    subprocess.run(["bash", ZK_SERVICE, "start"], env=env, check=True, capture_output=True)
+    zk_service("start", env)
     try:
         z = ZKService(f"127.0.0.1:{env['ZK_PORT']}")
     finally:
-        subprocess.run(["bash", ZK_SERVICE, "stop"], env=env, check=True, capture_output=True)
+        zk_service("stop", env)
     z.timeout = 1      # connect patiently (busy machine), then wait briefly for the lost server
     t = time.monotonic()
     with pytest.raises(ClusterError, match=r"ZooKeeper at 127.0.0.1:\d+ did not answer within 1 s \(create job lock\)"):
