@@ -2,7 +2,7 @@
 the folder fsynced (checkpoints have their own writer, checkpoint.format, for two files)."""
 import os
 
-__all__ = ["fsync_dir", "write_atomic"]
+__all__ = ["copy_atomic", "fsync_dir", "write_atomic"]
 
 
 def write_atomic(path, fill):
@@ -23,6 +23,13 @@ def write_atomic(path, fill):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def copy_atomic(src, dst):
+    """Copy the file `src` to `dst`, written whole or not at all (`write_atomic`)."""
+    with open(src, "rb") as f:
+        data = f.read()
+    write_atomic(dst, lambda out: out.write(data))
 
 
 def fsync_dir(folder):

@@ -326,13 +326,13 @@ class Model:
         if validate_data is not None:
             job.validate_freq = fields.get('validate_freq', every)
             job.validate_steps = _whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
-                                             self._streams_folder()) \
+                                             self._streams_folder())[0] \
                 or fields.get('validate_steps', 10)
         has_test = any(in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
                        for ly in job.neuralnet.layer)
         if with_test and has_test:
             job.test_steps = _whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
-                                         self._streams_folder()) \
+                                         self._streams_folder())[0] \
                 or fields.get('test_steps', job.test_steps or 10)
             job.test_freq = fields.get('test_freq', job.test_freq or every)
         elif not from_conf:
@@ -411,7 +411,7 @@ class Model:
             self._set_batchsize(kTest, batch_size)
         self.accuracy = show_acc
         net = self.build()
-        whole = _whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
+        whole, samples = _whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
         job.neuralnet.CopyFrom(_net_of(net, kTest))
         job.test_steps = whole or fields.get('test_steps',
                                              job.test_steps if self.conf_net else 10) or 10
@@ -424,10 +424,7 @@ class Model:
         metrics = session.test(session.prepare(job), verbose == 2 or verbose is True,
                                lambda step, phase, values: tested.update(step=step))
         if verbose:
-            inputs = [ly for ly in job.neuralnet.layer if ly.type in session.STORE_INPUTS]
-            sc = inputs[0].store_conf
-            size = f"{count_records(sc.backend, sc.path)} samples" if whole \
-                else f"{job.test_steps} batches"
+            size = f"{samples} samples" if whole else f"{job.test_steps} batches"
             print(f"Test @ step {tested.get('step', 0)} on {size}:  "
                   + ", ".join(f"{k} = {v:.6f}" for k, v in metrics.items()))
         self.result = metrics
@@ -491,7 +488,7 @@ class Model:
             for src in checkpoint.files_of(self.last_checkpoint_path):
                 for f in (src, checkpoint.meta_path(src)):
                     if os.path.exists(f):
-                        _copy_file(f, os.path.join(path, os.path.basename(f)))
+                        files.copy_atomic(f, os.path.join(path, os.path.basename(f)))
                 job.checkpoint_path.append(os.path.join(path, os.path.basename(src)))
             for ly in job.neuralnet.layer:
                 sc = ly.store_conf
@@ -500,7 +497,7 @@ class Model:
                 for field in ('mean_file', 'std_file'):
                     if sc.HasField(field):
                         copied = os.path.join(path, f"{ly.name}-{field[:-5]}.bin")
-                        _copy_file(getattr(sc, field), copied)
+                        files.copy_atomic(getattr(sc, field), copied)
                         setattr(sc, field, copied)
             text = text_format.MessageToString(job)
             files.write_atomic(os.path.join(path, 'job.conf'), lambda f: f.write(text.encode()))
@@ -686,12 +683,6 @@ def load_model(path, workspace=None):
 
 #: the store path of a saved model's numpy input: it reads the data given to evaluate or fit
 SAVED_INPUT = 'memory://saved-model-input'
-
-
-def _copy_file(src, dst):
-    with open(src, 'rb') as f:
-        data = f.read()
-    files.write_atomic(dst, lambda out: out.write(data))
 
 
 class Energy(Model):
@@ -928,19 +919,19 @@ def _check_steps_left(job):
 def _whole_pass(net, phase, explicit, streams):
     """Mark the inputs of `phase` alone in NetProto `net` that read data given to fit or
     evaluate (numpy: memory stores; iterables: kvfiles in `streams`) to read every sample once
-    per test (store_conf.whole_pass); the steps of that pass, or 0 (none, or steps
-    `explicit`ly asked for, SINGA's way)."""
+    per test (store_conf.whole_pass); (the steps of that pass, its samples), or (0, 0) (none,
+    or steps `explicit`ly asked for, SINGA's way)."""
     if explicit:
-        return 0
-    steps = 0
+        return 0, 0
+    steps = samples = 0
     for ly in net.layer:
         sc = ly.store_conf
         if ly.type in session.STORE_INPUTS and _given(sc, streams) \
                 and list(ly.include) == [phase]:
             sc.whole_pass = True
-            steps = max(steps, evaluation.pass_steps(count_records(sc.backend, sc.path),
-                                                     sc.batchsize[0]))
-    return steps
+            samples = count_records(sc.backend, sc.path)
+            steps = max(steps, evaluation.pass_steps(samples, sc.batchsize[0]))
+    return steps, samples
 
 
 def _given(sc, streams):

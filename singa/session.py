@@ -381,9 +381,7 @@ def _conf_folder(ws, zookeeper_host):
     files.write_atomic(os.path.join(folder, "singa.conf"), lambda f: f.write(text))
     hostfile = os.path.join(home, "hostfile")
     if os.path.isfile(hostfile):
-        with open(hostfile, "rb") as f:
-            hosts = f.read()
-        files.write_atomic(os.path.join(folder, "hostfile"), lambda f: f.write(hosts))
+        files.copy_atomic(hostfile, os.path.join(folder, "hostfile"))
     return folder
 
 
@@ -405,10 +403,8 @@ def write_conf(job):
     """`<workspace>/run.conf`: the text of the job that runs (numpy data appear as memory://
     paths of this process), written whole or not at all; returns its path."""
     path = os.path.join(job.cluster.workspace, "run.conf")
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text_format.MessageToString(job))
-    os.replace(tmp, path)
+    text = text_format.MessageToString(job).encode()
+    files.write_atomic(path, lambda f: f.write(text))
     return path
 
 
