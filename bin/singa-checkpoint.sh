@@ -6,6 +6,6 @@
 #   singa-checkpoint.sh diff <file a> <file b>      (exit 0 if identical, 1 if not)
 #   singa-checkpoint.sh merge <file of a snapshot> <out file|folder> [--axis A]
 #       (one file of the snapshot's params, the pieces of partitioned params joined)
-SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-exec "$SINGA_HOME/.venv/bin/python" -m singa.checkpoint "$@"
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
+exec "$PYTHON" -m singa.checkpoint "$@"

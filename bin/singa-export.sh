@@ -6,6 +6,6 @@
 #
 # SNAPSHOT: a snapshot file, a workspace or checkpoint folder (its newest complete snapshot,
 # as -resume finds it), or <checkpoint folder>/step<N>. Bad input: one line, exit 2.
-SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
-exec "$SINGA_HOME/.venv/bin/python" -m singa.interop.exporter "$@"
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
+exec "$PYTHON" -m singa.interop.exporter "$@"

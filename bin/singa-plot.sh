@@ -5,11 +5,6 @@
 #
 # By default the newest run with the runs it resumed; -job ID one job's rows; -all every row.
 # needs matplotlib (pip install 'singa[plot]'; the test extras have it).
-SINGA_HOME=${SINGA_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-PYTHON=${PYTHON:-$SINGA_HOME/.venv/bin/python}
-if [ ! -x "$PYTHON" ]; then
-  echo "singa: $PYTHON not found; run $SINGA_HOME/thirdparty/install.sh" >&2
-  exit 1
-fi
-export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
+set -euo pipefail
+. "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
 exec "$PYTHON" -m singa.plot "$@"

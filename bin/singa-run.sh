@@ -111,15 +111,13 @@ check=(-check)
 # check waits for a session as long as zk-service.sh waits for its own server's start
 # (ZK_START_TIMEOUT, default 30 s, saying so after a second): a server listens before it
 # serves, and on a loaded machine that takes seconds (3 s was once too short under Slurm).
-zk_hosts=$("$PYTHON" -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "$SINGA_CONF/singa.conf")
+zk_hosts=$(singatool getzkhost -confdir "$SINGA_CONF")
 zk_wait=${ZK_START_TIMEOUT:-30}
 [[ $zk_wait =~ ^[1-9][0-9]*$ ]] || { echo "singa-run: ZK_START_TIMEOUT must be whole seconds, not '$zk_wait'" >&2; exit 2; }
-case $zk_hosts in localhost:*|127.0.0.1:*) zk_local=1 ;; *) zk_local="" ;; esac
-if ! "$PYTHON" -c 'import sys; from singa.zk import zookeeper_answers
-say = lambda line: print("singa-run:", line, file=sys.stderr, flush=True)
-sys.exit(0 if zookeeper_answers(sys.argv[1], int(sys.argv[2]), wait_refused=not sys.argv[3], waiting=say) else 1)' \
-    "$zk_hosts" "$zk_wait" "$zk_local"; then
-  if [ -n "$zk_local" ]; then
+case $zk_hosts in localhost:*|127.0.0.1:*) zk_local=(-local) ;; *) zk_local=() ;; esac
+if ! singatool waitzk "$zk_wait" "${zk_local[@]}" -confdir "$SINGA_CONF" |
+     while IFS= read -r line; do echo "singa-run: $line" >&2; done; then
+  if [ ${#zk_local[@]} -gt 0 ]; then
     "$SINGA_BIN/zk-service.sh" start
     echo "singa-run: the local ZooKeeper keeps running for later jobs; bin/zk-service.sh stop stops it"
   else
@@ -128,15 +126,14 @@ sys.exit(0 if zookeeper_answers(sys.argv[1], int(sys.argv[2]), wait_refused=not 
 fi
 
 # max_restarts (ours): a failed job starts again from its newest complete snapshot.
-max_restarts=$("$PYTHON" -c 'import sys; from singa import config
-print(config.load_job(sys.argv[1], check_paths=False, check_layers=False,
-                      test="-test" in sys.argv[2:]).max_restarts)' "$conf" "${args[@]}" 2>/dev/null) \
-  || max_restarts=0
+test_flag=()
+for arg in "${args[@]}"; do [ "$arg" != -test ] || test_flag=(-test); done
+max_restarts=$(singatool maxrestarts "$conf" "${test_flag[@]}" 2>/dev/null) || max_restarts=0
 restarts=0
 while :; do
   # a secret per run (singa/trust.py): the keys of the job's tcp traffic and of its znodes;
   # processes here get it in their environment, those over ssh on their standard input
-  SINGA_JOB_SECRET=$("$PYTHON" -c 'from singa.trust import new_secret; print(new_secret())')
+  SINGA_JOB_SECRET=$(singatool newsecret)
   export SINGA_JOB_SECRET
   job_id=$(singatool create -confdir "$SINGA_CONF")
   echo "Unique JOB_ID is $job_id"
@@ -223,8 +220,7 @@ while :; do
   if [ -n "${SLURM_JOB_ID:-}" ]; then
     # inside a Slurm allocation: one srun step, a task per process (Slurm places them: no
     # hostfile), each listening on the address of its node on the route to ZooKeeper
-    nprocs=$("$PYTHON" -c 'import sys; from singa import cluster, tool
-print(cluster.nprocs(tool.read_cluster(sys.argv[1])))' "$conf")
+    nprocs=$(singatool nprocs "$conf")
     if [ "${SLURM_NTASKS:-}" != "$nprocs" ]; then
       echo "singa-run: $conf runs $nprocs processes but Slurm job $SLURM_JOB_ID has ${SLURM_NTASKS:-no} tasks (--ntasks=$nprocs; bin/singa-sbatch.sh works it out)" >&2
       exit 2

@@ -38,10 +38,8 @@ command -v sbatch >/dev/null || { echo "singa-sbatch: sbatch not found: is this 
 . "$SINGA_BIN/singa-env.sh"
 # the whole conf, once, before anything is submitted (a mistake: one line, exit 2)
 "$PYTHON" -m singa.driver -check -singa_conf "$SINGA_CONF/singa.conf" -conf "$conf" -oversubscribe
-ntasks=$("$PYTHON" -c 'import sys; from singa import config, cluster
-print(cluster.nprocs(config.load_job(sys.argv[1], check_paths=False, check_layers=False).cluster))' "$conf")
-name=$("$PYTHON" -c 'import sys; from singa import config
-print(config.load_job(sys.argv[1], check_paths=False, check_layers=False).name)' "$conf")
+ntasks=$(singatool nprocs "$conf")
+name=$(singatool jobname "$conf")
 
 mkdir -p "$SINGA_LOG/slurm"
 batch=$(mktemp "$SINGA_LOG/slurm/singa-batch-XXXXXX.sh")
@@ -52,7 +50,7 @@ trap 'true' TERM      # a user's scancel or a preemption: the tasks have it too 
 asked=""; run=""; passed=""
 # ours: SINGA job '$name' ($ntasks processes), from bin/singa-sbatch.sh
 export SINGA_CONF=$(printf %q "$SINGA_CONF") SINGA_LOG=$(printf %q "$SINGA_LOG")
-python=$(printf %q "$PYTHON")
+singatool() { $(printf %q "$PYTHON") -m singa.tool "\$@"; }
 # ZooKeeper: the one singa.conf names; a local one (the embedded default) serves a job on one
 # node, and on several a ZooKeeper of the job's own runs here, on the first node's address
 # (Slurm's NodeAddr), for the job's lifetime: the job's singa.conf names it
@@ -63,21 +61,19 @@ stop_zk() {
   rm -rf "\$zk_data" "\$conf_dir"; zk_data=""
 }
 trap stop_zk EXIT
-case \$(\$python -c 'import sys; from singa import config; print(config.load_singa_conf(sys.argv[1]).zookeeper_host)' "\$SINGA_CONF/singa.conf") in
+case \$(singatool getzkhost -confdir "\$SINGA_CONF") in
   localhost:*|127.*)
     if [ "\${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
       addr=\$(scontrol show node "\$SLURMD_NODENAME" | grep -o "NodeAddr=[^ ]*") && addr=\${addr#NodeAddr=}
       [ -n "\$addr" ] || { echo "singa-sbatch: no NodeAddr of node \$SLURMD_NODENAME in scontrol show node" >&2; exit 1; }
-      port=\$(\$python -c 'import socket, sys; s = socket.socket(); s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' "\$addr")
+      port=\$(singatool freeport "\$addr")
       zk_data=\$(mktemp -d "\${TMPDIR:-/tmp}/singa-zk-\$SLURM_JOB_ID-XXXXXX")
       ZK_DATA="\$zk_data" ZK_ADDRESS="\$addr" ZK_PORT="\$port" SINGA_MANAGES_ZK=true \\
         $(printf %q "$SINGA_BIN/zk-service.sh") start >&2 || exit 1
       conf_dir=\$SINGA_LOG/slurm/conf-\$SLURM_JOB_ID
       mkdir -p "\$conf_dir"
       [ ! -f "\$SINGA_CONF/hostfile" ] || cp "\$SINGA_CONF/hostfile" "\$conf_dir/"
-      \$python -c 'import sys; from google.protobuf import text_format; from singa import config
-conf = config.load_singa_conf(sys.argv[1]); conf.zookeeper_host = sys.argv[2]
-print(text_format.MessageToString(conf), end="")' "\$SINGA_CONF/singa.conf" "\$addr:\$port" >"\$conf_dir/singa.conf"
+      singatool withzkhost "\$addr:\$port" -confdir "\$SINGA_CONF" >"\$conf_dir/singa.conf"
       echo "singa-sbatch: ZooKeeper of Slurm job \$SLURM_JOB_ID on \$addr:\$port (\$conf_dir/singa.conf)" >&2
       export SINGA_CONF=\$conf_dir
     fi ;;

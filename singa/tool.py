@@ -1,27 +1,39 @@
-"""singatool: job ids, hosts and the job list in ZooKeeper (SINGA's src/utils/tool.cc).
+"""singatool: job ids, hosts and the job list in ZooKeeper (SINGA's src/utils/tool.cc), and
+what the bin/ scripts ask of a conf.
 
-Exit codes: 0 ok, 1 bad arguments (usage printed), 2 runtime error (one-line message).
+Exit codes: 0 ok, 1 bad arguments (usage printed), 2 runtime error (one-line message),
+3 no ZooKeeper session within the time (waitzk).
 """
+import functools
 import glob
 import os
 import re
+import socket
 import sys
+
+from google.protobuf import text_format
 
 import singa
 from singa import metrics
 from singa.cluster import nprocs
-from singa.config import load_singa_conf, parse_block
+from singa.config import load_job, load_singa_conf, parse_block
 from singa.errors import SingaError
 from singa.log import format_metrics
 from singa.proto import job_pb2
 from singa.textproto import read_text
-from singa.trust import ENV, JobTrust
+from singa.trust import ENV, JobTrust, new_secret
 from singa.job_manager import JobManager
-from singa.zk import ZKService
+from singa.zk import ZKService, zookeeper_answers
 
 USAGE = """\
 Usage: singatool <command> [args] [-confdir <dir>]
   getlogdir          print log_dir of singa.conf
+  getzkhost          print zookeeper_host of singa.conf
+  withzkhost HOSTS   print singa.conf with zookeeper_host HOSTS
+  waitzk SECONDS [-local]
+                     exit 0 once a session to singa.conf's ZooKeeper opens, 3 if none within
+                     SECONDS (-local: at once where nothing listens); stdout says, once, what
+                     it waits for when the first second has not been enough
   create             print a new unique job id (and make its node, guarded by the job's
                      secret, when $SINGA_JOB_SECRET is set)
   genhost [JOB_CONF] print the hosts of the job's processes, one per line
@@ -34,11 +46,24 @@ Usage: singatool <command> [args] [-confdir <dir>]
                      or (exit 2) once the process that started the wait has ended
   removeall          remove all jobs from ZooKeeper
   cleanup            remove all of SINGA's data from ZooKeeper
+  nprocs JOB_CONF    print how many processes the job runs
+  jobname JOB_CONF   print the job's name
+  maxrestarts JOB_CONF [-test]
+                     print the job's max_restarts
+  newsecret          print a new job secret (singa/trust.py)
+  freeport ADDRESS   print a TCP port free on ADDRESS
   -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
 
 # command -> number of arguments it takes (genhost: the job conf is optional)
-ARITY = {"getlogdir": (0,), "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,),
-         "view": (1,), "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,), "wait": (1,)}
+ARITY = {"getlogdir": (0,), "getzkhost": (0,), "withzkhost": (1,), "waitzk": (1, 2),
+         "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,), "view": (1,),
+         "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,), "wait": (1,),
+         "nprocs": (1,), "jobname": (1,), "maxrestarts": (1, 2), "newsecret": (0,),
+         "freeport": (1,)}
+# command -> the flag its optional second argument must be
+FLAG = {"waitzk": "-local", "maxrestarts": "-test"}
+# commands that read neither singa.conf nor ZooKeeper
+ALONE = ("nprocs", "jobname", "maxrestarts", "newsecret", "freeport")
 
 
 def main(argv=None):
@@ -57,22 +82,52 @@ def main(argv=None):
         return usage(f"{cmd}: wrong number of arguments")
     if cmd in ("view", "progress", "remove", "wait") and not rest[0].isdigit():
         return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
+    if cmd == "waitzk" and not rest[0].isdigit():
+        return usage(f"waitzk: seconds must be a number, not {rest[0]!r}")
+    if len(rest) == 2 and rest[1] != FLAG.get(cmd):
+        return usage(f"{cmd}: unknown argument {rest[1]!r}")
     try:
-        run(cmd, rest, confdir)
+        return run_alone(cmd, rest) if cmd in ALONE else run(cmd, rest, confdir)
     except SingaError as e:
         print(f"singatool: {e}", file=sys.stderr)
         return 2
+
+
+def run_alone(cmd, rest):
+    """The commands of ALONE; returns the exit status."""
+    if cmd == "nprocs":
+        print(nprocs(read_cluster(rest[0])))
+    elif cmd in ("jobname", "maxrestarts"):
+        job = load_job(rest[0], check_paths=False, check_layers=False, test="-test" in rest)
+        print(job.name if cmd == "jobname" else job.max_restarts)
+    elif cmd == "newsecret":
+        print(new_secret())
+    elif cmd == "freeport":
+        print(free_port(rest[0]))
     return 0
 
 
 def run(cmd, rest, confdir):
+    """The commands that read singa.conf; returns the exit status."""
     conf = load_singa_conf(os.path.join(confdir, "singa.conf"))
     if cmd == "getlogdir":
         print(conf.log_dir.rstrip("/") or "/")
-        return
+        return 0
+    if cmd == "getzkhost":
+        print(conf.zookeeper_host)
+        return 0
+    if cmd == "withzkhost":
+        conf.zookeeper_host = rest[0]
+        print(text_format.MessageToString(conf), end="")
+        return 0
+    if cmd == "waitzk":
+        answers = zookeeper_answers(conf.zookeeper_host, int(rest[0]),
+                                    wait_refused="-local" not in rest,
+                                    waiting=functools.partial(print, flush=True))
+        return 0 if answers else 3
     if cmd == "progress":
         print("\n".join(progress(int(rest[0]), conf.log_dir)))
-        return
+        return 0
     n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
     trust = JobTrust.from_env()
     with ZKService(conf.zookeeper_host, trust=trust) as service:
@@ -110,6 +165,17 @@ def run(cmd, rest, confdir):
             if left:
                 print(f"singatool: {cmd}: {len(left)} nodes left, which belong to jobs whose "
                       f"secret {ENV} does not hold (e.g. {left[0]})", file=sys.stderr)
+    return 0
+
+
+def free_port(address):
+    """A TCP port that nothing listens on at `address` now (a server's, to be bound soon)."""
+    with socket.socket() as s:
+        try:
+            s.bind((address, 0))
+        except OSError as e:
+            raise SingaError(f"freeport: cannot bind to {address}: {e.strerror}") from None
+        return s.getsockname()[1]
 
 
 def slurm_job(job_id, log_dir):

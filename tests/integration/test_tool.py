@@ -68,6 +68,31 @@ def test_getlogdir_strips_trailing_slash(confdir, tmp_path):
     assert (r.returncode, r.stdout) == (0, f"{tmp_path / 'log'}\n")
 
 
+def test_getzkhost_and_withzkhost(confdir, zk_server):
+    assert tool("getzkhost", confdir=confdir).stdout == f"{zk_server}\n"
+    r = tool("withzkhost", "10.0.0.5:2181", confdir=confdir)
+    assert r.returncode == 0 and 'zookeeper_host: "10.0.0.5:2181"\n' in r.stdout
+    assert "log_dir: " in r.stdout
+
+
+def test_waitzk_answers_0_for_a_server_and_3_for_none(confdir, tmp_path, closed_port):
+    assert tool("waitzk", "5", confdir=confdir).returncode == 0
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "closed" / "singa.conf").write_text(f'zookeeper_host: "127.0.0.1:{closed_port}"\n')
+    t = time.monotonic()
+    r = tool("waitzk", "30", "-local", confdir=tmp_path / "closed")
+    assert (r.returncode, r.stdout, r.stderr) == (3, "", "")
+    assert time.monotonic() - t < 15        # -local: nothing listens, no wait
+
+
+def test_what_the_scripts_ask_of_a_job_conf(fixture_job, tmp_path):
+    job = fixture_job(head="max_restarts: 3\n", edits={"nworker_groups: 1": "nworker_groups: 2"})
+    ask = lambda *args: tool(*args, confdir=tmp_path / "none").stdout      # noqa: E731
+    assert (ask("nprocs", str(job)), ask("jobname", str(job))) == ("2\n", "fixture-mlp\n")
+    assert ask("maxrestarts", str(job)) == ask("maxrestarts", str(job), "-test") == "3\n"
+    assert len(ask("newsecret")) == 65 and int(ask("freeport", "127.0.0.1")) > 0
+
+
 def test_create_prints_increasing_ids(confdir):
     ids = [int(tool("create", confdir=confdir).stdout) for _ in range(2)]
     assert ids == [0, 1]
@@ -139,7 +164,8 @@ def test_genhost_bad_conf_is_one_line_naming_file_and_line(confdir, tmp_path, te
     assert (r.returncode, r.stdout, r.stderr) == (2, "", f"singatool: {job}:{line}: {what}\n")
 
 
-@pytest.mark.parametrize("args", [[], ["bogus"], ["view"], ["view", "abc"], ["list", "extra"]])
+@pytest.mark.parametrize("args", [[], ["bogus"], ["view"], ["view", "abc"], ["list", "extra"],
+                                  ["waitzk", "x"], ["waitzk", "3", "-test"]])
 def test_usage_errors_exit_1(confdir, args):
     r = tool(*args, confdir=confdir)
     assert r.returncode == 1
