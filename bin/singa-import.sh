@@ -9,4 +9,4 @@
 # which stdout names. A layer or setting without an exact SINGA equivalent: one line, exit 2.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
-exec "$PYTHON" -m singa.interop.importer "$@"
+exec "$PYTHON" -m singa.interop.caffe.importer "$@"

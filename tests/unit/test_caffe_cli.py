@@ -1,4 +1,4 @@
-"""singa.interop.importer: what an import writes (job.conf, snapshot and .meta, data files) and how
+"""singa.interop.caffe.importer: what an import writes (job.conf, snapshot and .meta, data files) and how
 the command line is read."""
 import os
 
@@ -8,7 +8,7 @@ import pytest
 import singa
 from singa import config
 from singa.interop.caffe.blobs import CaffeFile
-from singa.interop.importer import import_caffe, main
+from singa.interop.caffe.importer import import_caffe, main
 from singa.checkpoint import CheckpointReader, read_meta
 from singa.io.kvfile import KVFile
 from singa.proto import common_pb2, job_pb2
@@ -60,11 +60,12 @@ def test_weights_only_give_a_step0_snapshot_with_state(tmp_path):
 
 @pytest.mark.parametrize("argv, msg", [
     ([], "usage: singa-import.sh caffe"),
-    (["onnx", "x"], "format 'onnx' is not known"),
-    (["caffe", "n.prototxt"], "usage:"),
-    (["caffe", "n.prototxt", "-o"], "-o needs a value"),
-    (["caffe", "n.prototxt", "-x", "1", "-o", "d"], "unknown option -x"),
-    (["caffe", "n.prototxt", "-input_shape", "3,a", "-o", "d"], "-input_shape 3,a"),
+    (["onnx", "x"], "invalid choice: 'onnx'"),
+    (["caffe", "n.prototxt"], "arguments are required: -o; usage:"),
+    (["caffe", "n.prototxt", "-o"], "argument -o: expected one argument"),
+    (["caffe", "n.prototxt", "-x", "1", "-o", "d"], "unrecognized arguments: -x"),
+    (["caffe", "n.prototxt", "-input_shape", "3,a", "-o", "d"],
+     "argument -input_shape: give positive sizes C,H,W, not '3,a'"),
 ])
 def test_command_line_mistakes_are_one_line(capsys, argv, msg):
     assert main(argv) == 2

@@ -18,7 +18,7 @@ from singa.interop.caffe import write as caffe
 from singa.proto import caffe_pb2
 from test_export_onnx import BRANCHES, CONVNET
 
-caffe_cli = pytest.importorskip("singa.interop.importer")
+caffe_cli = pytest.importorskip("singa.interop.caffe.importer")
 FIXTURES = "tests/fixtures/caffe"
 EXPORTED = os.path.join(FIXTURES, "exported")
 

@@ -8,6 +8,7 @@ Writes DIR/job.conf and, with weights, DIR/checkpoint/step<iter>-worker0.bin and
 (iter from the solver state, else 0); data files DIR/data/*.kvfile (the mean image; the
 records themselves the user writes there). Exit 2 with one line for anything refused.
 """
+import argparse
 import os
 import sys
 
@@ -27,60 +28,54 @@ from singa.proto import caffe_pb2, job_pb2
 
 __all__ = ["main", "import_caffe"]
 
-USAGE = ("usage: singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver FILE] "
-         "[-solverstate FILE] [-input_shape C,H,W] -o DIR")
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are a ConfigError: one line, exit 2."""
+
+    def error(self, message):
+        raise ConfigError(f"{message}; {self.format_usage().strip()}")
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
     return run_command(lambda: import_caffe(**_args(argv)))
 
 
 def _args(argv):
-    if not argv or argv[0] != "caffe":
-        raise ConfigError(USAGE + (f" (format '{argv[0]}' is not known)" if argv else ""))
-    out = {"net": None, "weights": None, "solver": None, "solverstate": None,
-           "input_shape": None, "out": None}
-    flags = {"-o": "out", "-solver": "solver", "-solverstate": "solverstate",
-             "-input_shape": "input_shape"}
-    rest, i = argv[1:], 0
-    positional = []
-    while i < len(rest):
-        a = rest[i]
-        if a in flags:
-            if i + 1 == len(rest):
-                raise ConfigError(f"{a} needs a value; {USAGE}")
-            out[flags[a]] = rest[i + 1]
-            i += 2
-        elif a.startswith("-"):
-            raise ConfigError(f"unknown option {a}; {USAGE}")
-        else:
-            positional.append(a)
-            i += 1
-    if not 1 <= len(positional) <= 2 or out["out"] is None:
-        raise ConfigError(USAGE)
-    out["net"] = positional[0]
-    out["weights"] = positional[1] if len(positional) == 2 else None
-    if out["input_shape"] is not None:
-        try:
-            out["input_shape"] = tuple(int(v) for v in out["input_shape"].split(","))
-            assert all(v > 0 for v in out["input_shape"])
-        except (ValueError, AssertionError):
-            raise ConfigError(f"-input_shape {out['input_shape']}: give positive sizes C,H,W")
-    return out
+    """import_caffe's keywords from the command line."""
+    ap = _Parser(prog="singa-import.sh", usage=(
+        "singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver FILE] "
+        "[-solverstate FILE] [-input_shape C,H,W] -o DIR"))
+    ap.add_argument("format", choices=["caffe"])
+    ap.add_argument("net", metavar="NET.prototxt", help="the net, or the solver (its `net`)")
+    ap.add_argument("weights", metavar="WEIGHTS.caffemodel", nargs="?")
+    ap.add_argument("-solver", metavar="FILE")
+    ap.add_argument("-solverstate", metavar="FILE")
+    ap.add_argument("-input_shape", metavar="C,H,W", type=_shape)
+    ap.add_argument("-o", dest="out", metavar="DIR", required=True)
+    args = vars(ap.parse_args(argv))
+    del args["format"]
+    return args
+
+
+def _shape(text):
+    try:
+        shape = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"give positive sizes C,H,W, not {text!r}")
+    return shape
 
 
 def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_shape=None,
                  print=print):
     """Import as the module docstring says; returns the path of the job.conf written."""
     out = os.path.abspath(out)
-    solver_msg, solver_path = None, solver
     if solver is not None:
-        solver_msg = _read_solver(solver)
-    elif _is_solver(net):
-        solver_msg, solver_path = _read_solver(net), net
-    if solver_msg is not None and solver is None:
-        net = None
+        solver_msg, solver_path = netdef.read_text(solver, caffe_pb2.SolverParameter()), solver
+    else:
+        solver_msg = _as_solver(net)
+        solver_path, net = (net, None) if solver_msg is not None else (None, net)
     net_msg, net_path = _net_of(net, solver_msg, solver_path)
 
     state, history, state_file = None, [], None
@@ -143,17 +138,15 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
     return conf_path
 
 
-def _is_solver(path):
+def _as_solver(path):
+    """The SolverParameter of `path` where it is a solver naming its net, else None."""
     try:
         msg = netdef.read_text(path, caffe_pb2.SolverParameter())
     except ConfigError:
-        return False
-    return bool(msg.net or msg.train_net or msg.HasField("net_param") or
-                msg.HasField("train_net_param"))
-
-
-def _read_solver(path):
-    return netdef.read_text(path, caffe_pb2.SolverParameter())
+        return None
+    named = msg.net or msg.train_net or msg.HasField("net_param") or \
+        msg.HasField("train_net_param")
+    return msg if named else None
 
 
 def _net_of(net, solver, solver_path):
