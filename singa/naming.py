@@ -1,4 +1,6 @@
-"""Names in the Python API (SINGA 0.3's tool/python/singa/utils): generated layer and param names, proto fields set by keyword, enum values looked up by name.
+"""Names: the unrolled names of a net's layers and params (`0#w1`), and in the Python API
+(SINGA 0.3's tool/python/singa/utils) generated layer and param names, proto fields set by
+keyword, enum values looked up by name.
 
 `generate_name` keeps SINGA's two global counters, so a SINGA script names its layers and
 params as SINGA's helper did (`layer1`, `w1`, `tanh1`, `conv2`, ...); `reset_names` restarts
@@ -15,6 +17,13 @@ from singa.proto import common_pb2, job_pb2
 
 LAYERID = 0
 PARAMID = 0
+
+
+def unrolled(name, index=0):
+    """`<index>#<name>`: layer or param `name` in copy `index` of its unrolled net (SINGA's
+    NeuralNet::Unrolling). Every net is unrolled, so a plain net's param `w1` is `0#w1`, the
+    name its checkpoints store."""
+    return f"{index}#{name}"
 
 
 def generate_name(label, option=0, withnumber=True):

@@ -12,6 +12,7 @@ from singa import graph, layers, partition  # noqa: F401  (layers: registers eve
 from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class
+from singa.naming import unrolled
 from singa.phase import in_phase
 from singa.proto import job_pb2
 
@@ -210,7 +211,7 @@ def unroll(confs):
         for i in range(n):
             c = job_pb2.LayerProto()
             c.CopyFrom(conf)
-            c.name = f"{i}#{conf.name}"
+            c.name = unrolled(conf.name, i)
             c.unroll_index = i
             del c.srclayers[:]
             c.ClearField("unroll_len")
@@ -218,26 +219,26 @@ def unroll(confs):
             del c.shift[:]
             for p in c.param:
                 if i > 0:
-                    p.share_from = f"0#{p.name}"
-                p.name = f"{i}#{p.name}"
+                    p.share_from = unrolled(p.name)
+                p.name = unrolled(p.name, i)
             for k, src in enumerate(conf.srclayers):
                 m = by_name[src].unroll_len
                 ctype = (conf.unroll_conn_type[k] if k < len(conf.unroll_conn_type)
                          else job_pb2.kUnrollOneToOne)
                 shift = conf.shift[k] if k < len(conf.shift) else 0
                 if ctype == job_pb2.kUnrollOneToAll:
-                    c.srclayers.extend(f"{j}#{src}" for j in range(m))
+                    c.srclayers.extend(unrolled(src, j) for j in range(m))
                 elif ctype == job_pb2.kUnrollFirstToLast:
                     if i == 0:
-                        c.srclayers.append(f"{m - 1}#{src}")
+                        c.srclayers.append(unrolled(src, m - 1))
                 elif ctype == job_pb2.kUnrollOneToOne:
                     if i - shift >= 0:
-                        c.srclayers.append(f"{i - shift}#{src}")
+                        c.srclayers.append(unrolled(src, i - shift))
                 else:
                     raise ConfigError(f"layer '{conf.name}': unroll_conn_type "
                                       f"{job_pb2.UnrollConnType.Name(ctype)} is not implemented")
             if conf.type == job_pb2.kGRU and i > 0:
-                c.srclayers.append(f"{i - 1}#{conf.name}")
+                c.srclayers.append(unrolled(conf.name, i - 1))
             out.append(c)
     return out
 
@@ -253,11 +254,11 @@ def resolve_share_from(confs):
         for p in c.param:
             if not p.share_from or p.share_from in names:
                 continue
-            prefixed = f"{c.unroll_index}#{p.share_from}"
+            prefixed = unrolled(p.share_from, c.unroll_index)
             if prefixed in names:
                 p.share_from = prefixed
-            elif f"0#{p.share_from}" in names:
-                p.share_from = f"0#{p.share_from}"
+            elif unrolled(p.share_from) in names:
+                p.share_from = unrolled(p.share_from)
             else:
                 raise ConfigError(f"layer '{c.name}': param '{p.name}' has share_from "
                                   f"'{p.share_from}', which names no param")

@@ -35,6 +35,7 @@ from singa.errors import CheckpointError, ClusterError, ConfigError
 from singa.io import memory
 from singa.io.records import write_records
 from singa.metrics import History, Reporter, read_rows
+from singa.naming import unrolled
 from singa.neuralnet import NeuralNet
 from singa.phase import in_phase
 from singa.proto import job_pb2
@@ -102,7 +103,7 @@ def check_resumable(job):
     if snap is None:
         return None
     stored = snap.names()
-    stored |= {f"0#{name}" for name in stored if "#" not in name}     # SINGA 0.1's names
+    stored |= {unrolled(name) for name in stored if "#" not in name}     # SINGA 0.1's names
     net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
     missing = [p.name for p in net.owner_params if p.name not in stored]
     if missing:

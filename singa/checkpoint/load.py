@@ -14,6 +14,7 @@ from singa import resolve
 from singa.checkpoint.format import CheckpointReader, existing_file, folder, parse_step_worker
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
 from singa.errors import CheckpointError
+from singa.naming import unrolled
 from singa.param import cut
 
 
@@ -117,8 +118,8 @@ def _entries(source, params):
         stored = set(r.names)
         for name in r.names:
             target = name
-            if name not in params and "#" not in name and "0#" + name not in stored:
-                target = "0#" + name
+            if name not in params and "#" not in name and unrolled(name) not in stored:
+                target = unrolled(name)
             if target in params:
                 out.setdefault(target, []).append((r, name))
     return out

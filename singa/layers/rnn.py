@@ -13,6 +13,7 @@ from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid
+from singa.naming import unrolled
 from singa.proto import job_pb2
 
 __all__ = ["CharRNNLayer", "OneHotLayer", "RNNLabelLayer", "RNNDummyLayer", "EmbeddingLayer",
@@ -169,7 +170,7 @@ class RNNDummyLayer(Layer):
     def setup(self, srclayers):
         conf = self.conf.rnn_dummy_conf
         name = conf.dynamic_srclayer
-        self.dynamic_srclayer = f"{self.unroll_index}#{name}" if name else None
+        self.dynamic_srclayer = unrolled(name, self.unroll_index) if name else None
         if srclayers:
             self.data = srclayers[0].data_for(self)
             return

@@ -106,9 +106,10 @@ def test_history_is_negated_for_sgd():
         t = translate(net, "n", blobs, "w")
         snap = snapshot_state(state, history, t.params, job_pb2.kSGD, "s")
         assert (snap.step, snap.lr_index) == (20, 0)
-        assert list(snap.param_state) == ["ip1_weight", "ip1_bias", "ip2_weight", "ip2_bias"]
+        assert list(snap.param_state) == [
+            "0#ip1_weight", "0#ip1_bias", "0#ip2_weight", "0#ip2_bias"]
         for p, h in zip(t.params, history):
-            (buf,) = snap.param_state[p.name]
+            (buf,) = snap.param_state[p.stored]
             assert buf.shape == p.shape and np.array_equal(buf.ravel(), -h.values)
         nesterov = snapshot_state(state, history, t.params, job_pb2.kNesterov, "s")
-        assert np.array_equal(nesterov.param_state["ip2_bias"][0], history[3].values)
+        assert np.array_equal(nesterov.param_state["0#ip2_bias"][0], history[3].values)

@@ -113,7 +113,6 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
                 snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
                 if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
                     snap.param_state = {}
-                snap.param_state = {f"0#{k}": v for k, v in snap.param_state.items()}
             _write_checkpoint(job.checkpoint_path[0], t.params, blobs, step, snap)
         head = (f"# imported from Caffe by bin/singa-import.sh: {net_path}"
                 f"{' + ' + weights if weights else ''}"
@@ -182,8 +181,8 @@ def _write_checkpoint(path, params, blobs, step, snap):
     """Our snapshot file (crash-safe, checksummed, with .meta): values viewed in the mapped
     weights, written as they are (float32, row-major, SINGA's shapes)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_file(path, [(f"0#{p.name}", (p.values if p.blob is None else
-                                       blobs[p.layer][p.blob].values).reshape(p.shape), step)
+    write_file(path, [(p.stored, (p.values if p.blob is None else
+                                  blobs[p.layer][p.blob].values).reshape(p.shape), step)
                       for p in params], snap)
 
 

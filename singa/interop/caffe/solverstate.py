@@ -91,7 +91,7 @@ def _lr(lr, s, refuse):
 def snapshot_state(state, history, params, updater_type, path):
     """SnapshotState of SolverState `state` with its `history` ([Blob], Caffe's learnable
     params in order) for `params` (translate.Param, the same order first); the history of
-    each param goes to the updater state, negated for SGD."""
+    each param goes to the updater state under its stored name, negated for SGD."""
     learned = [p for p in params if p.trained]
     if history and len(history) != len(learned):
         raise DataError(f"{path}: {len(history)} history blobs for the net's {len(learned)} "
@@ -102,10 +102,10 @@ def snapshot_state(state, history, params, updater_type, path):
         if h.values.size != int(np.prod(p.shape)):
             raise DataError(f"{path}: history of {p.name} has {h.values.size} values, the param "
                             f"{'x'.join(map(str, p.shape))}")
-        buffers[p.name] = [np.multiply(h.values.reshape(p.shape), sign)]
+        buffers[p.stored] = [np.multiply(h.values.reshape(p.shape), sign)]
     for p in params:
         if p.blob is None and history:
-            buffers[p.name] = [np.zeros(p.shape, np.float32)]
+            buffers[p.stored] = [np.zeros(p.shape, np.float32)]
     if state.iter < 0:
         raise DataError(f"{path}: iteration {state.iter} is negative")
     return SnapshotState(step=state.iter, nworkers=1, lr_index=state.current_step,

@@ -23,6 +23,7 @@ from singa.errors import ConfigError
 from singa.interop.caffe.blobs import read_blob_file
 from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, relative_to
 from singa.layers.neuron import STANH_A, STANH_B
+from singa.naming import unrolled
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 __all__ = ["Refused", "Param", "Translation", "translate"]
@@ -36,15 +37,20 @@ class Refused(ConfigError):
 
 @dataclass
 class Param:
-    """A SINGA param: `name` (without SINGA's `0#`), its `shape`, and where its values come
-    from: blob `blob` of Caffe layer `layer` (None: made here, `values` set, e.g. the zero
-    bias of a layer with bias_term false, which Caffe does not learn)."""
+    """A SINGA param: `name` (the job.conf's), its `shape`, and where its values come from:
+    blob `blob` of Caffe layer `layer` (None: made here, `values` set, e.g. the zero bias of a
+    layer with bias_term false, which Caffe does not learn)."""
     name: str
     shape: tuple
     layer: str
     blob: int = None
     values: np.ndarray = None
     trained: bool = False       # in Caffe's TRAIN net: it has a history in a .solverstate
+
+    @property
+    def stored(self):
+        """Its name in a snapshot (`0#<name>`)."""
+        return unrolled(self.name)
 
 
 @dataclass
