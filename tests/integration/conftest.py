@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 from google.protobuf import text_format
+from kazoo.client import KazooClient
 
 import processes
 import singa
@@ -94,6 +95,27 @@ def zk_server(tmp_path_factory):
     """A ZooKeeper server of the test run (bin/zk-service.sh, free port, tmp data); yields
     "127.0.0.1:<port>". Jobs killed by tests stay listed in it (their nodes are protected)."""
     yield from zookeeper(tmp_path_factory)
+
+
+@pytest.fixture
+def zk(zk_server):
+    """A ZKService to `zk_server`, whose /singa is emptied first."""
+    z = ZKService(zk_server)
+    JobManager(z).cleanup()
+    z.close()
+    z = ZKService(zk_server)
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def raw(zk_server):
+    """A plain kazoo client to look at the znodes."""
+    c = KazooClient(zk_server)
+    c.start(timeout=10)
+    yield c
+    c.stop()
+    c.close()
 
 
 def zookeeper(tmp_path_factory):
