@@ -52,26 +52,26 @@ class Device:
 CPU = Device()
 
 
-def module(a):
-    """numpy, or cupy for a CuPy array."""
-    return np if isinstance(a, np.ndarray) else sys.modules["cupy"]
-
-
 def is_host(a):
-    """True for an array in host memory (numpy's)."""
-    return isinstance(a, np.ndarray)
+    """True for an array in host memory: numpy's, not one with CUDA's array interface."""
+    return isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
+
+
+def module(a):
+    """The array module of `a`: numpy, or that of a device array (cupy)."""
+    return np if is_host(a) else sys.modules[type(a).__module__.partition(".")[0]]
 
 
 def host(a):
     """`a` as a numpy array: `a` itself, or a device-to-host copy of a CuPy array."""
-    return a if isinstance(a, np.ndarray) else a.get()
+    return a if is_host(a) else a.get()
 
 
 def assign(dst, src):
     """dst[...] = src, where `src` is in host memory or on dst's device."""
-    if isinstance(dst, np.ndarray):
+    if is_host(dst):
         np.copyto(dst, host(src), casting="unsafe")
-    elif isinstance(src, np.ndarray) and dst.flags.c_contiguous:
+    elif is_host(src) and dst.flags.c_contiguous:
         dst.set(np.ascontiguousarray(src.reshape(dst.shape), dst.dtype))
     else:
         dst[...] = module(dst).asarray(src)

@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 
-import numpy as np
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
@@ -197,7 +196,7 @@ class Process:
             for layer in getattr(net, "graph", net).layers:
                 for a in [getattr(layer, "data", None), getattr(layer, "grad", None)] + \
                         [p.data for p in layer.params]:
-                    if isinstance(a, np.ndarray):
+                    if hasattr(a, "nbytes"):     # an array of the host or of a GPU
                         largest = max(largest, a.nbytes)
         return largest
 

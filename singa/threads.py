@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from singa.device import is_host
+
 __all__ = ["Scratch", "blas_threads", "chunks", "limit", "matmul", "run"]
 
 _pool = None    # process-wide, like BLAS's own thread setting
@@ -104,7 +106,7 @@ def matmul(a, b, out):
     more (or more rows than columns), else of its columns. Pieces of rows run faster: a
     weight gradient gᵀ·x of (2000, 2500) at 97 against 85 GFLOP/s a core in column pieces.
     On a GPU (CuPy arrays): one cuBLAS product."""
-    if not isinstance(out, np.ndarray):
+    if not is_host(out):
         return np.matmul(a, b, out=out)
     m, n = out.shape
     by_rows = m >= n or m >= ROW_CUT
