@@ -6,6 +6,7 @@ path serves both devices. Values cross between the host and a GPU only here: `ho
 to host) and `assign(dst, src)` / `Device.put` (host to device). Nothing imports CuPy until a
 job names a GPU.
 """
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -40,9 +41,20 @@ class Device:
         return hash(self.gpu)
 
     def use(self):
-        """Make this the calling thread's current CUDA device (CuPy's is per thread)."""
+        """Make this the calling thread's current CUDA device (CuPy's is per thread): a
+        worker's thread, for its whole life."""
         if self.gpu is not None:
             self.xp.cuda.Device(self.gpu).use()
+
+    @contextlib.contextmanager
+    def selected(self):
+        """Within the block the calling thread allocates on this device (then on the one it
+        had before): a net built in one thread and run in another."""
+        if self.gpu is None:
+            yield
+            return
+        with self.xp.cuda.Device(self.gpu):
+            yield
 
     def put(self, a):
         """`a` (an array of the host or of this device) as an array of this device."""

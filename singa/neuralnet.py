@@ -56,14 +56,16 @@ class NeuralNet:
             self.layers.append(layer)
             self.by_name[conf.name] = layer
         # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
-        for layer in self.layers:
-            srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
-            try:
-                layer.setup(srcs)
-            except MemoryError as e:   # numpy's message names the shape and the bytes
-                raise ConfigError(f"layer '{layer.name}': {e}") from None
-        if device.gpu is not None:
-            self._mirror_host_layers()
+        # The arrays go to `device` whichever thread builds the net.
+        with device.selected():
+            for layer in self.layers:
+                srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
+                try:
+                    layer.setup(srcs)
+                except MemoryError as e:   # numpy's message names the shape and the bytes
+                    raise ConfigError(f"layer '{layer.name}': {e}") from None
+            if device.gpu is not None:
+                self._mirror_host_layers()
         if num_partitions > 1:
             self.connect_partitions()
         self.params = [p for layer in self.layers for p in layer.params]

@@ -135,6 +135,12 @@ class _Device:
     def use(self):
         _Device.current = self.id
 
+    def __enter__(self):
+        self.outer, _Device.current = _Device.current, self.id
+
+    def __exit__(self, *exc):
+        _Device.current = self.outer
+
 
 cuda = types.SimpleNamespace(Device=_Device,
                              runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
