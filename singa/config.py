@@ -15,7 +15,8 @@ import re
 
 from google.protobuf import descriptor as _descriptor
 
-from singa import cluster, extensions, graph, resolve
+from singa import cluster, device, extensions, graph, resolve
+from singa.errors import ConfigError
 from singa.phase import in_phase
 from singa.proto import job_pb2, singa_pb2
 from singa.textproto import TextConf, read_text
@@ -84,7 +85,8 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
               user_layers=(), test=False):
     """Parse and validate job conf `text`; `path` only names the file in error messages.
 
-    check_paths: data files must exist and the workspace is created if missing.
+    check_paths: data files must exist, and the GPUs `gpu` names (CuPy installed). The
+    workspace is made by the job (`singa.workspace`), not here.
     check_layers: every layer type must be registered in `singa.layers`.
     user_proto, user_layers: files loaded (`singa.extensions`) besides the conf's own
     `user_proto` / `user_layers`, before the conf is parsed for good.
@@ -100,6 +102,7 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     _check_job(conf, job, check_layers, test)
     if check_paths:
         _check_paths(conf, job, test)
+        _check_gpus_here(conf, job)
     return job
 
 
@@ -329,6 +332,30 @@ def _check_runnable(conf, job):
                       f"worker groups)")
     if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
         conf.fail(at, "cluster: several worker groups in one process need share_memory: true")
+    _check_gpu_layout(conf, job)
+
+
+def _check_gpu_layout(conf, job):
+    """The workers of each process get one device from `gpu` (`device.of_workers`): they
+    share their nets' params."""
+    at, cl = conf.line("gpu", "gpu[0]"), job.cluster
+    for pid in range(cluster.nworker_procs(cl) if job.gpu else 0):
+        found = set(device.of_workers(job.gpu, cluster.workers_of(cl, pid), make=False).values())
+        if len(found) > 1:
+            names = " and ".join("CPU" if d is None else f"GPU {d}" for d in sorted(
+                found, key=lambda d: -1 if d is None else d))
+            conf.fail(at, f"gpu: {list(job.gpu)} puts the workers of process {pid} on {names}; "
+                          f"the workers of a process share their params and need one device "
+                          f"(list one id per worker, all the same, or run one worker per "
+                          f"process)")
+
+
+def _check_gpus_here(conf, job):
+    """The GPUs `gpu` names are visible here, through an installed CuPy."""
+    try:
+        device.check(job.gpu)
+    except ConfigError as e:
+        conf.fail(conf.line("gpu", "gpu[0]"), f"{e}; or delete the gpu lines to train on the CPU")
 
 
 def _check_include_exclude(conf, layers):

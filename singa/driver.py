@@ -306,7 +306,8 @@ class Driver:
         step = files[-1].step
         step = job.step if step is None else step
         log.info("Test @ step %d", step)
-        evaluation.run(net, job_pb2.kTest, job.test_steps, worker_class(job).test_one_batch)
+        with net.device.selected():
+            evaluation.run(net, job_pb2.kTest, job.test_steps, worker_class(job).test_one_batch)
         metrics = {}
         for values in net.metrics(job_pb2.kTest).values():
             log.info("   %s", singa_log.format_metrics(values))

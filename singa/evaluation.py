@@ -10,7 +10,8 @@ their rows, so a per-sample mean (loss, accuracy) is that of the N samples.
 import dataclasses
 import logging
 
-from singa import checkpoint
+from singa import checkpoint, device
+from singa.device import CPU
 from singa.errors import ConfigError, DataError
 from singa.io.store import count_records
 from singa.layers.input import StoreInputLayer
@@ -33,10 +34,11 @@ class WholePass:
     tail: NeuralNet | None
 
 
-def eval_net(net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0):
+def eval_net(net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0,
+             device=CPU):
     """The NeuralNet of `phase` (arguments as NeuralNet's), with `whole_pass` (a WholePass, or
     None when its inputs read SINGA's way)."""
-    net = NeuralNet(net_conf, phase, rng, share_from, num_partitions, first_id)
+    net = NeuralNet(net_conf, phase, rng, share_from, num_partitions, first_id, device)
     net.whole_pass = None
     inputs = [layer for layer in net.input_layers() if isinstance(layer, StoreInputLayer)
               and layer.conf.store_conf.whole_pass]
@@ -57,7 +59,7 @@ def eval_net(net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0
             if ly.store_conf.whole_pass:
                 del ly.store_conf.batchsize[:]
                 ly.store_conf.batchsize.append(rows)
-        tail = NeuralNet(conf, phase, rng, share_from or net, 1, net.next_id)
+        tail = NeuralNet(conf, phase, rng, share_from or net, 1, net.next_id, device)
         net.next_id = tail.next_id
     net.whole_pass = WholePass(records, batch, full, tail)
     return net
@@ -67,8 +69,11 @@ def loaded_test_net(job, what, net_conf=None):
     """The kTest net of `job` (of NetProto `net_conf`, by default the job's), drawing from the
     job's test stream, each of its params loaded by name from the job's `checkpoint_path`:
     (net, the CheckpointReaders read). ConfigError when the job names no file or a param is in
-    none of them; `what` ("-test", "predict") names the caller in the message."""
-    net = eval_net(net_conf or job.neuralnet, job_pb2.kTest, seeds(job, WORKERS)[TEST])
+    none of them; `what` ("-test", "predict") names the caller in the message. It runs where
+    a process's first worker would (`gpu`)."""
+    place = device.of_workers(job.gpu, [0])[0]
+    net = eval_net(net_conf or job.neuralnet, job_pb2.kTest, seeds(job, WORKERS)[TEST],
+                   device=place)
     owners = {p.name: p for p in net.owner_params}
     files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
     if not files:

@@ -104,6 +104,8 @@ class Model:
                               f"name, got {type(optimizer).__name__}")
         self.jobconf.updater.CopyFrom(optimizer.proto)
         self.jobconf.cluster.CopyFrom(cluster.proto)
+        self.jobconf.ClearField('gpu')
+        self.jobconf.gpu.extend(cluster.gpu)
         self.zookeeper_host = cluster.zookeeper_host
         self.lr_schedule = optimizer.schedule
         loss = LOSSES.get(loss, loss)
@@ -263,12 +265,14 @@ class Model:
         `checkpoint_freq`: a snapshot every so many steps (one is written at the end in any
         case). `alg`: 'bp' (default), 'bptt' or 'cd'. Other keywords set JobProto fields
         (`seed`, `checkpoint_path`, ...). `verbose` logs SINGA's lines to stderr; `progress`
-        shows a progress bar. A model loaded by `from_conf` trains as its conf says
+        shows a progress bar. `device`: GPU ids, e.g. [0] (SINGA's helper's; the job's `gpu`).
+        A model loaded by `from_conf` trains as its conf says
         (nb_epoch 0: its train_steps; its tests) unless told otherwise.
         """
-        if execpath or device is not None:
-            raise ConfigError("fit: execpath and device (GPUs) are not supported; the job runs "
-                              "on the CPU")
+        if execpath:
+            raise ConfigError("fit: execpath (a SINGA binary) is not used: the job runs in "
+                              "this Python")
+        _put_device(fields, device, 'fit')
         if 'data' in fields:        # SINGA's name of the first argument
             if data_or_x is not None:
                 raise ConfigError("fit: give the data once (data_or_x or data=)")
@@ -400,8 +404,10 @@ class Model:
         or a Data layer (`test_steps` batches, default 10, SINGA's meaning; numpy data too
         when `test_steps` is given). Returns {metric: value}. `verbose`: 1 (default) prints
         the result in one line, 0 nothing, 2 also SINGA's log lines (stderr)."""
-        if execpath or device is not None:
-            raise ConfigError("evaluate: execpath and device (GPUs) are not supported")
+        if execpath:
+            raise ConfigError("evaluate: execpath (a SINGA binary) is not used: the job runs "
+                              "in this Python")
+        _put_device(fields, device, 'evaluate')
         job = self._job(fields)
         if data is not None:
             own = _as_data(data, y, kTest, batch_size, 'evaluate', self._streams_folder())
@@ -430,18 +436,21 @@ class Model:
         self.result = metrics
         return metrics
 
-    def predict(self, x, checkpoint_path=None):
+    def predict(self, x, checkpoint_path=None, device=None):
         """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined)
         (probabilities for a softmax net), with
         the params `fit` left or those of `checkpoint_path`; `x` gets the preprocessing of the
-        model's (test, else train) data layer, and is fed as it is when the model has none."""
+        model's (test, else train) data layer, and is fed as it is when the model has none.
+        `device`: GPU ids, e.g. [0] (the net runs on the first)."""
         if not isinstance(x, np.ndarray) and hasattr(x, '__iter__') and not isinstance(x, list):
-            outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path)
-                    for item in x]
+            outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path,
+                                 device) for item in x]
             if not outs:
                 raise ConfigError("predict: the iterable of batches gave no samples")
             return np.concatenate(outs)
-        job = self._job({})
+        fields = {}
+        _put_device(fields, device, 'predict')
+        job = self._job(fields)
         if self.conf_net is None and not any(item.is_datalayer for item in self.layers):
             # the input layer of x's samples (predict feeds them in batches of its own)
             x = np.asarray(x)
@@ -871,13 +880,17 @@ LOSSES = {'sparse_categorical_crossentropy': 'categorical_crossentropy',
 class Cluster:
     """ClusterProto: the `workspace` (required), the topology and its other fields; a job of
     several processes is launched with the ZooKeeper at `zookeeper_host` ("host:port"; by
-    default conf/singa.conf's)."""
+    default conf/singa.conf's). `gpu`: the job's GPU ids, given to each process's workers in
+    order (the workers beyond them run on the CPU)."""
 
     def __init__(self, workspace=None, nworker_groups=1, nserver_groups=1, nworkers_per_group=1,
                  nservers_per_group=1, nworkers_per_procs=1, nservers_per_procs=1,
-                 zookeeper_host=None, **fields):
+                 zookeeper_host=None, gpu=(), **fields):
         if not workspace:
             raise ConfigError("Cluster: workspace is required")
+        ids = {}
+        _put_device(ids, gpu, 'Cluster')
+        self.gpu = ids.get('gpu', [])
         unknown = [k for k in fields if k not in job_pb2.ClusterProto.DESCRIPTOR.fields_by_name]
         if unknown:
             raise ConfigError(f"Cluster: {unknown[0]!r} is no ClusterProto field")
@@ -1062,3 +1075,15 @@ def _phase(name):
 
 def _list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _put_device(fields, device, what):
+    """SINGA's `device` (GPU ids: [0], or 0) as the job's `gpu` field: worker i runs on GPU
+    device[i], the workers beyond them on the CPU."""
+    if device is None:
+        return
+    ids = [device] if isinstance(device, int) else device
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, '__iter__') or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ConfigError(f"{what}: device must list GPU ids, e.g. [0]; got {device!r}")
+    fields['gpu'] = list(ids)

@@ -9,6 +9,7 @@ import collections
 import json
 
 from singa import graph, layers, partition  # noqa: F401  (layers: registers every layer type)
+from singa.device import CPU, is_host
 from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class
@@ -23,13 +24,17 @@ class NeuralNet:
     layer order (owners and sharers); `owner_params`: the params that own their values.
     """
 
-    def __init__(self, net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0):
+    def __init__(self, net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0,
+                 device=CPU):
         """`share_from`: a net whose owner params this one uses (by name): the train net for
         test/validation nets, group 0's net for another group's. Param ids start at
         `first_id` so that they are unique within a process. With `num_partitions` K > 1 the
         net holds every partition's layers `L@k` (each worker runs `partition(k)`); `rng` may
-        then be a list of K generators, one per partition."""
+        then be a list of K generators, one per partition. The layers compute on `device`,
+        except the input and parser layers (`one_to_many`), which compute on the host and
+        mirror their data to a GPU for the layers there."""
         self.phase = phase
+        self.device = device
         self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
         self.rng = self.rngs[0]
         confs = filter_phase(net_conf, phase, num_partitions)
@@ -47,15 +52,21 @@ class NeuralNet:
         for conf in confs:
             layer = create_layer(conf)
             layer.rng = self.rngs[conf.partition_id]
+            if not layer.one_to_many:
+                layer.device = device
             self.layers.append(layer)
             self.by_name[conf.name] = layer
         # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
-        for layer in self.layers:
-            srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
-            try:
-                layer.setup(srcs)
-            except MemoryError as e:   # numpy's message names the shape and the bytes
-                raise ConfigError(f"layer '{layer.name}': {e}") from None
+        # The arrays go to `device` whichever thread builds the net.
+        with device.selected():
+            for layer in self.layers:
+                srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
+                try:
+                    layer.setup(srcs)
+                except MemoryError as e:   # numpy's message names the shape and the bytes
+                    raise ConfigError(f"layer '{layer.name}': {e}") from None
+            if device.gpu is not None:
+                self._mirror_host_layers()
         if num_partitions > 1:
             self.connect_partitions()
         self.params = [p for layer in self.layers for p in layer.params]
@@ -80,6 +91,14 @@ class NeuralNet:
         for layer in self.layers:
             if getattr(layer, "dynamic_srclayer", None):
                 self.dynamic_srclayer(layer)
+
+    def _mirror_host_layers(self):
+        """Give each host layer read by a layer on the GPU a GPU copy of its data (`mirror`)."""
+        read = {s.name for layer in self.layers if not layer.one_to_many
+                for s in self.srclayers[layer.name]}
+        for layer in self.layers:
+            if layer.one_to_many and layer.name in read and is_host(layer.data):
+                layer.mirror = self.device.xp.zeros(layer.data.shape, layer.data.dtype)
 
     def connect_partitions(self):
         """Tell each bridge layer its peer, and each Slice which destination reads which part

@@ -49,7 +49,7 @@ def first_non_finite(net):
             if not np.isfinite(p.data).all():
                 return f"the first non-finite values are in param '{p.name}' of layer '{layer.name}'"
         data = layer.data
-        if isinstance(data, np.ndarray) and data.dtype.kind == "f" and not np.isfinite(data).all():
+        if hasattr(data, "dtype") and data.dtype.kind == "f" and not np.isfinite(data).all():
             return f"the first non-finite values are in the output of layer '{layer.name}'"
     return "every param and layer output is finite"
 

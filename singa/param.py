@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 
+from singa.device import assign
 from singa.errors import ConfigError
 from singa.proto import job_pb2
 
@@ -42,16 +43,17 @@ class Param:
         self.owner = -1
         self.partition = None
 
-    def setup(self, shape):
-        """Allocate zeroed values and gradient of `shape`; ConfigError if the two would not fit
-        in this machine's memory (a typo such as `num_output: 2000000000`)."""
+    def setup(self, shape, xp=np):
+        """Allocate zeroed values and gradient of `shape` with array module `xp` (numpy or
+        cupy); ConfigError if the two would not fit in this machine's memory (a typo such as
+        `num_output: 2000000000`)."""
         need = 2 * 4 * math.prod(shape)
         if need > MEMORY_BYTES:
             raise ConfigError(f"param '{self.name}' of shape {tuple(shape)}: its values and "
                               f"gradient need {format_bytes(need)}, more than this machine's "
                               f"{format_bytes(MEMORY_BYTES)} of memory")
-        self.data = np.zeros(shape, np.float32)
-        self.grad = np.zeros(shape, np.float32)
+        self.data = xp.zeros(shape, np.float32)
+        self.grad = xp.zeros(shape, np.float32)
 
     @property
     def shape(self):
@@ -77,7 +79,7 @@ class Param:
 
     def init_values(self, rng, version=0):
         """Fill `data` from the conf's `init` and set `version`."""
-        self.data[...] = fill(self.proto.init, self.data.shape, rng, self.name)
+        assign(self.data, fill(self.proto.init, self.data.shape, rng, self.name))
         self.version = version
 
     def __repr__(self):

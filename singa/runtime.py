@@ -10,11 +10,10 @@ import os
 import socket
 import threading
 
-import numpy as np
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from singa import checkpoint, cluster, errors, evaluation
+from singa import checkpoint, cluster, device, errors, evaluation
 from singa.comm import msg as m
 from singa.comm.socket import Peer, Router
 from singa.errors import ClusterError
@@ -100,6 +99,9 @@ class Process:
         G, K = cl.nworker_groups, cl.nworkers_per_group
         self.job, self.pid = job, pid
         rngs = seeds(job, WORKERS + G * K)
+        # one device for the workers of a process (the conf check): they share params
+        devices = device.of_workers(job.gpu, cluster.workers_of(cl, pid))
+        self.device = next(iter(devices.values()), device.CPU)
         graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
         for g in sorted({g for g, _ in cluster.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share
@@ -108,7 +110,7 @@ class Process:
             share = graphs.get(first) if g > first and cl.share_memory else None
             mine = rngs[WORKERS + g * K:WORKERS + (g + 1) * K]
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, mine if K > 1 else mine[0],
-                                  share, K)
+                                  share, K, device=self.device)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
                 for g, j in cluster.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)
@@ -122,7 +124,8 @@ class Process:
                 if steps > 0:
                     net = evaluation.eval_net(job.neuralnet, phase,
                                               rng.spawn(K) if K > 1 else rng,
-                                              self.train_graph, K, first_id=next_id)
+                                              self.train_graph, K, first_id=next_id,
+                                              device=self.device)
                     next_id = net.next_id
                     eval_nets[name] = {j: net.partition(j) if K > 1 else net
                                        for g, j in nets if g == 0}
@@ -170,7 +173,7 @@ class Process:
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
                 init_rng=copy.deepcopy(rngs[INIT]), resume=resume,
-                cluster_rt=cluster_rt, reporter=reporter)
+                cluster_rt=cluster_rt, reporter=reporter, device=self.device)
             for (g, j), net in nets.items()]
         farewells = {} if single else {
             w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)
@@ -193,7 +196,7 @@ class Process:
             for layer in getattr(net, "graph", net).layers:
                 for a in [getattr(layer, "data", None), getattr(layer, "grad", None)] + \
                         [p.data for p in layer.params]:
-                    if isinstance(a, np.ndarray):
+                    if hasattr(a, "nbytes"):     # an array of the host or of a GPU
                         largest = max(largest, a.nbytes)
         return largest
 

@@ -30,6 +30,7 @@ import singa
 from singa import checkpoint, cluster, config, evaluation, files, workspace
 from singa import log as singa_log
 from singa.cluster_rt import SPClusterRuntime
+from singa.device import host
 from singa.driver import Driver, Stopped
 from singa.errors import CheckpointError, ClusterError, ConfigError
 from singa.io import memory
@@ -161,12 +162,13 @@ def predict(job, x):
                 layer.type = job_pb2.kRecordInput
         net, _ = evaluation.loaded_test_net(job, "predict", net_conf)
         out = None
-        for start in range(0, n, batch):
-            net.forward(job_pb2.kTest | job_pb2.kForward)
-            y = _output(net)
-            if out is None:
-                out = np.empty((n,) + y.shape[1:], np.float32)
-            out[start:start + batch] = y[:n - start]
+        with net.device.selected():
+            for start in range(0, n, batch):
+                net.forward(job_pb2.kTest | job_pb2.kForward)
+                y = host(_output(net))
+                if out is None:
+                    out = np.empty((n,) + y.shape[1:], np.float32)
+                out[start:start + batch] = y[:n - start]
         return out
     finally:
         memory.release(path)

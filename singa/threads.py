@@ -12,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from singa.device import is_host
+
 __all__ = ["Scratch", "blas_threads", "chunks", "limit", "matmul", "run"]
 
 _pool = None    # process-wide, like BLAS's own thread setting
@@ -83,11 +85,14 @@ def run(fn, nitems):
             f.result()
 
 
-def chunks(n, sample_bytes):
+def chunks(n, sample_bytes, on_host=True):
     """Consecutive slices of range(n), b samples each (the last may have fewer), where a
     sample's working set is `sample_bytes`. b is evened out over the chunks so that the last
     is not much smaller (100 samples: 10 of 10, not 9 of 11 and one of 1, which left one of
-    two threads idle for a tenth of cifar10's conv2)."""
+    two threads idle for a tenth of cifar10's conv2). Not `on_host`: one slice of all n (a GPU
+    runs the batch at once, in the calling thread)."""
+    if not on_host:
+        return [slice(0, n)]
     sample_bytes = max(1, sample_bytes)
     b = max(-(-n // MIN_CHUNKS), -(-MIN_CHUNK_BYTES // sample_bytes))
     b = min(b, max(1, CHUNK_BYTES // sample_bytes), -(-n // 2))
@@ -99,7 +104,10 @@ def chunks(n, sample_bytes):
 def matmul(a, b, out):
     """out = a·b for 2-D arrays, cut into pieces of out's rows when it has ROW_CUT of them or
     more (or more rows than columns), else of its columns. Pieces of rows run faster: a
-    weight gradient gᵀ·x of (2000, 2500) at 97 against 85 GFLOP/s a core in column pieces."""
+    weight gradient gᵀ·x of (2000, 2500) at 97 against 85 GFLOP/s a core in column pieces.
+    On a GPU (CuPy arrays): one cuBLAS product."""
+    if not is_host(out):
+        return np.matmul(a, b, out=out)
     m, n = out.shape
     by_rows = m >= n or m >= ROW_CUT
     pieces = int(min(MAX_PIECES, m if by_rows else n,

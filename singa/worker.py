@@ -20,6 +20,7 @@ from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
+from singa.device import CPU, assign, host
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import SHOWN, format_duration, format_metrics
@@ -60,8 +61,9 @@ class Worker:
 
     def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
                  init_rng=None, resume=None, cluster_rt=None, reporter=None,
-                 response_timeout=120.0):
+                 response_timeout=120.0, device=CPU):
         self.grp, self.id = grp, id_
+        self.device = device        # where its nets compute (`gpu`)
         self.address = m.addr(grp, id_, m.kWorkerParam)
         self.dealer = Dealer(ctx, self.address, endpoint)
         self.job = job
@@ -100,8 +102,9 @@ class Worker:
     # --- the loop -------------------------------------------------------------------------
     def run(self):
         job = self.job
-        log.info("Worker (group = %d, id = %d)  start on CPU", self.grp, self.id)
+        log.info("Worker (group = %d, id = %d)  start on %s", self.grp, self.id, self.device)
         try:
+            self.device.use()
             if self.cluster_rt is not None:
                 self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
@@ -351,7 +354,7 @@ class Worker:
             values = fill(pieces[0].proto.init, whole, self.init_rng, name)
             p = mine.get(name)
             if p is not None:
-                p.data[...] = piece(values, p.partition)
+                assign(p.data, piece(values, p.partition))
                 p.version = version
 
     def streams(self):
@@ -400,7 +403,8 @@ class Worker:
             evaluated=not final)
         # a full disk: CheckpointError, the temporary file gone, older snapshots intact
         path = checkpoint.write_file(checkpoint.snapshot_file(self.folder, step, self.id),
-                                     [(p.name, p.data, p.version, p.partition) for p in owners],
+                                     [(p.name, host(p.data), p.version, p.partition)
+                                      for p in owners],
                                      snap)
         log.info("checkpoint to %s", path)
         if self.reporter is not None and self.id == 0:

@@ -13,6 +13,7 @@ import numpy as np
 from singa import resolve
 from singa.checkpoint.format import CheckpointReader, existing_file, folder, parse_step_worker
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
+from singa.device import assign, is_host
 from singa.errors import CheckpointError
 from singa.naming import unrolled
 from singa.param import cut
@@ -181,7 +182,10 @@ class Joined:
     def fill(self, p):
         """Copy `p`'s rows of the whole into `p.data` and set `p.version`; returns how, as in
         `joined from a [0:5] + b [5:10], rows 0:5`."""
-        fed = self.copy_into(p.data, p.partition, lambda r, n: r.view(n))
+        out = p.data if is_host(p.data) else np.empty(p.data.shape, np.float32)
+        fed = self.copy_into(out, p.partition, lambda r, n: r.view(n))
+        if out is not p.data:       # a GPU's param
+            assign(p.data, out)
         p.version = min(r.version(n) for r, n in fed or self.entries)
         if self.axis is None:
             how = f"loaded from {self.entries[0][0].path}"

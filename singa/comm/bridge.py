@@ -15,6 +15,7 @@ import zmq
 
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
+from singa.device import assign
 from singa.errors import ClusterError
 from singa.proto import job_pb2
 
@@ -51,7 +52,7 @@ class LayerChannel:
                            layer.peer.partition_id)
         if len(frames) != 1:
             raise ClusterError(f"{what} for layer '{layer.name}' in {len(frames)} frames")
-        np.copyto(out.reshape(-1), m.frame_array(frames[0], out.size))
+        assign(out.reshape(-1), m.frame_array(frames[0], out.size))
 
     def post(self, to, type_, name, trgt, frames):
         self.dealer.send(m.Msg(self.address, m.addr(self.grp, to, m.kWorkerLayer), type_, trgt,

@@ -11,6 +11,7 @@ import struct
 
 import numpy as np
 
+from singa.device import host, is_host
 from singa.errors import ClusterError
 from singa.proto import common_pb2
 
@@ -90,11 +91,12 @@ class Msg:
 
 # --- array frames ------------------------------------------------------------------------
 def array_frame(a):
-    """A flat float32 array as a frame (no copy; `a` must stay unchanged until delivered).
+    """A flat float32 array as a frame (no copy of a host array, which must stay unchanged
+    until delivered; a GPU array is copied to the host).
 
     The array itself, not a memoryview of it: pyzmq sends an ndarray without copying several
     times faster (8 against 33 us a frame here)."""
-    return a.reshape(-1)
+    return host(a).reshape(-1)
 
 
 def frame_array(frame, n):
@@ -107,8 +109,10 @@ def frame_array(frame, n):
 
 
 def same_memory(a, b):
-    """True when `a` and `b` start at the same address (a frame aliasing a local array)."""
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    """True when `a` and `b` start at the same address (a frame aliasing a local array); never
+    for a GPU array."""
+    return is_host(a) and is_host(b) and \
+        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
 
 
 class OrderedSum:

@@ -28,6 +28,7 @@ a message they did not build (it is dropped), never write outside the param.
 import numpy as np
 
 from singa.comm import msg as m
+from singa.device import assign
 from singa.errors import ClusterError
 
 
@@ -156,7 +157,7 @@ def _place(out, o, frame, what):
     if not 0 <= o <= out.size - values.size:
         raise ClusterError(f"values for {what} out of its bounds")
     if not m.same_memory(values, out[o:]):
-        out[o:o + values.size] = values
+        assign(out[o:o + values.size], values)
 
 
 def read_values(msg, flat, what):

@@ -19,7 +19,15 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     checks the monitored metric at the phase's first test instead).
 `flag` is an OR of `job_pb2.Phase` bits (kTrain|kForward, kTest, ...).
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
+`device` (`singa.device.Device`, set before `setup`) is where the layer computes: it allocates
+its blobs with `self.xp` (numpy or cupy) and draws random numbers on the host. Input and
+parser layers (`one_to_many`) compute on the host; on a GPU net they keep a copy of `data` on
+the GPU (`mirror`, refreshed by `publish()` at the end of their compute_feature), which is what
+`data_for` gives the other layers.
 """
+import numpy as np
+
+from singa.device import CPU, assign, is_host
 from singa.errors import ConfigError
 from singa.param import Param
 from singa.proto import job_pb2
@@ -77,7 +85,7 @@ def make_params(layer, shapes):
     params = []
     for conf, shape in zip(confs, shapes.values()):
         p = Param(conf)
-        p.setup(shape)
+        p.setup(shape, layer.xp)
         params.append(p)
     return params
 
@@ -99,6 +107,9 @@ class Layer:
     #: True when the layer can compute a part of its outputs from a part of its source's
     #: (partition_dim 1 over several workers); a layer of your own opts in by setting it.
     feature_parts = False
+    device = CPU
+    #: the GPU copy of `data` of a layer computed on the host (see the module docstring)
+    mirror = None
 
     def __init__(self, conf):
         self.conf = conf
@@ -122,8 +133,29 @@ class Layer:
     def compute_gradient(self, flag, srclayers):
         pass
 
+    @property
+    def xp(self):
+        """The array module of the layer's device: numpy or cupy."""
+        return self.device.xp
+
     def data_for(self, dst):
-        return self.data
+        return self.data if self.mirror is None or getattr(dst, "one_to_many", False) \
+            else self.mirror
+
+    def draw(self, out, method="random"):
+        """Fill `out` with float32 draws of `rng` (`random`: U[0, 1); `standard_normal`), made
+        on the host in the same order on either device, so a GPU run draws a CPU run's numbers."""
+        if is_host(out):
+            getattr(self.rng, method)(dtype=np.float32, out=out)
+            return
+        values = np.empty(out.shape, np.float32)
+        getattr(self.rng, method)(dtype=np.float32, out=values)
+        assign(out, values)
+
+    def publish(self):
+        """Copy `data` to its GPU mirror (if any): the end of a host layer's compute_feature."""
+        if self.mirror is not None:
+            assign(self.mirror, self.data)
 
     def grad_for(self, dst):
         return self.grad

@@ -30,7 +30,7 @@ class SplitLayer(_PerDestination):
 
     def setup(self, srclayers):
         self.data = srclayers[0].data_for(self)
-        self.grads = [np.zeros(self.data.shape, np.float32)
+        self.grads = [self.xp.zeros(self.data.shape, np.float32)
                       for _ in range(self.conf.split_conf.num_splits)]
         self._dst = {}
 
@@ -70,8 +70,8 @@ class SliceLayer(_PerDestination):
                               f"{k} slices on dim {self.axis}")
         shape = list(src.shape)
         shape[self.axis] //= k
-        self.datas = [np.zeros(shape, np.float32) for _ in range(k)]
-        self.grads = [np.zeros(shape, np.float32) for _ in range(k)]
+        self.datas = [self.xp.zeros(shape, np.float32) for _ in range(k)]
+        self.grads = [self.xp.zeros(shape, np.float32) for _ in range(k)]
         self._dst = {}
 
     def order_destinations(self, parts):
@@ -117,9 +117,9 @@ class ConcateLayer(Layer):
                 raise ConfigError(f"layer '{self.name}': source '{src.name}' of shape {shape} "
                                   f"does not concatenate with shape {shapes[0]} on dim {self.axis}")
         first[self.axis] = sum(s[self.axis] for s in shapes)
-        self.data = np.zeros(first, np.float32)
+        self.data = self.xp.zeros(first, np.float32)
         self.grad = np.zeros_like(self.data)
-        self._cuts = np.cumsum([s[self.axis] for s in shapes])[:-1]
+        self._cuts = np.cumsum([s[self.axis] for s in shapes])[:-1].tolist()
 
     def compute_feature(self, flag, srclayers):
         np.concatenate([s.data_for(self) for s in srclayers], axis=self.axis, out=self.data)
@@ -167,7 +167,7 @@ class BridgeDstLayer(_Bridge):
     sends its gradient back: y = x, gx = g."""
 
     def setup(self, srclayers):
-        self.data = np.zeros(srclayers[0].data_for(self).shape, np.float32)
+        self.data = self.xp.zeros(srclayers[0].data_for(self).shape, np.float32)
         self.grad = np.zeros_like(self.data)
 
     def compute_feature(self, flag, srclayers):

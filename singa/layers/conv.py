@@ -3,6 +3,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from singa import threads
+from singa.device import is_host
 from singa.errors import ConfigError
 from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
@@ -135,26 +136,26 @@ class ConvolutionLayer(Layer):
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (f, k // g), "bias": (f,)})
         mark_pieces(self, {self.weight: 0, self.bias: 0})
-        self.data = np.zeros((n, f, oh, ow), np.float32)
+        self.data = self.xp.zeros((n, f, oh, ow), np.float32)
         self.grad = np.zeros_like(self.data)
-        self._loops = kernels.compiled()      # they pad as they copy
+        self._loops = kernels.compiled(self.device)      # they pad as they copy
         padded = (ph or pw) and self._loops is None
-        self._xpad = np.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
-        self.chunks = threads.chunks(n, k * oh * ow * 4)
+        self._xpad = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
+        self.chunks = threads.chunks(n, k * oh * ow * 4, is_host(self.data))
         self._cols = None
         if n * k * oh * ow * 4 <= (KEEP_COL_BYTES if self._loops is None
                                    else KEEP_COMPILED_COL_BYTES):
-            flat = np.empty(n * k * oh * ow, np.float32)
+            flat = self.xp.empty(n * k * oh * ow, np.float32)
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G): BLAS runs it 1.4-1.9× faster than
         # g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same bits
-        self._gws = np.empty((len(self.chunks), g, k // g, f // g), np.float32)
+        self._gws = self.xp.empty((len(self.chunks), g, k // g, f // g), np.float32)
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
         if self.transposed:
-            self._wflip = np.empty((g, c // g, f // g, kh, kw), np.float32)
+            self._wflip = self.xp.empty((g, c // g, f // g, kh, kw), np.float32)
         else:
             self._gpad = np.zeros_like(self._xpad) if padded else None
         self._scratch = threads.Scratch(self._make_scratch)
@@ -187,18 +188,18 @@ class ConvolutionLayer(Layer):
         """A compute thread's buffers for chunks of b samples: key (slot, b)."""
         b = key[1]
         (c, h, w), (kh, kw), (f, oh, ow) = self.chw, self.kernel, self.data.shape[1:]
-        s = {"gt": np.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
+        s = {"gt": self.xp.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
         g, k = self.group, self._gws.shape[2]
         if k <= GW_BY_SAMPLE:
-            s["gws_by_sample"] = np.empty((g, b, k, f // g), np.float32)
+            s["gws_by_sample"] = self.xp.empty((g, b, k, f // g), np.float32)
         if self._cols is None:
-            s["col"] = np.empty((c, kh, kw, b, oh, ow), np.float32)
+            s["col"] = self.xp.empty((c, kh, kw, b, oh, ow), np.float32)
         if self.transposed:
             if self._loops is None:
                 qh, qw = kh - 1 - self.pad[0], kw - 1 - self.pad[1]
-                s["gtpad"] = np.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border 0
-            s["gcol"] = np.empty((f, kh, kw, b, h, w), np.float32)
-            s["gx"] = np.empty((c, b, h, w), np.float32)
+                s["gtpad"] = self.xp.zeros((f, b, oh + 2 * qh, ow + 2 * qw), np.float32)  # border 0
+            s["gcol"] = self.xp.empty((f, kh, kw, b, h, w), np.float32)
+            s["gx"] = self.xp.empty((c, b, h, w), np.float32)
         return s
 
     def compute_feature(self, flag, srclayers):
@@ -352,33 +353,34 @@ class PoolingLayer(Layer):
         size = ceil_out_size if conf.ceil_mode else out_size
         oh, ow = size(self, h, kh, ph, sh), size(self, w, kw, pw, sw)
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
-        self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4)
-        self.data = np.zeros((n, c, oh, ow), np.float32)
+        self.data = self.xp.zeros((n, c, oh, ow), np.float32)
+        self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4, is_host(self.data))
         self.grad = np.zeros_like(self.data)
         self._xpad = self._gpad = None
         # the padded input reaches the end of the last window (past H + 2p in ceil mode)
         hp = ph + h + max(ph, (oh - 1) * sh + kh - ph - h)
         wp = pw + w + max(pw, (ow - 1) * sw + kw - pw - w)
         if (hp, wp) != (h, w):
-            self._xpad = np.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
+            self._xpad = self.xp.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
             self._gpad = np.zeros_like(self._xpad)
         if self.is_max:
             self.taps = _taps(kh, kw, sh, sw, oh, ow)
-            self._windows = np.empty((len(self.taps),) + self.data.shape, np.float32)
-            self._argmax = np.zeros(self.data.shape, np.min_scalar_type(kh * kw))
+            self._windows = self.xp.empty((len(self.taps),) + self.data.shape, np.float32)
+            self._argmax = self.xp.zeros(self.data.shape, np.min_scalar_type(kh * kw))
             self._step = np.empty_like(self._argmax)
-            self._hit = np.empty(self.data.shape, bool)
-            # flat index in the padded input of each window's first element, and of each tap
-            planes = np.arange(n * c).reshape(n, c, 1, 1) * (hp * wp)
-            self._base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
-            self._offsets = np.array([i * wp + j for i, j, _, _ in self.taps], np.intp)
-            self._index = np.empty(self.data.shape, np.intp)
+            self._hit = self.xp.empty(self.data.shape, bool)
+            if is_host(self.data):
+                # flat index in the padded input of each window's first element, and of each tap
+                planes = np.arange(n * c).reshape(n, c, 1, 1) * (hp * wp)
+                self._base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
+                self._offsets = np.array([i * wp + j for i, j, _, _ in self.taps], np.intp)
+                self._index = np.empty(self.data.shape, np.intp)
         else:
             self.rows = [slice(i, i + sh * (oh - 1) + 1, sh) for i in range(kh)]
             self.cols = [slice(j, j + sw * (ow - 1) + 1, sw) for j in range(kw)]
-            self._part = np.empty((n, c, oh, wp), np.float32)
+            self._part = self.xp.empty((n, c, oh, wp), np.float32)
             self._tmp = np.empty_like(self.data)
-            self._size = self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow)
+            self._size = self.device.put(self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow))
 
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
         """Window sizes (oh, ow) by which AVG divides; see the class docstring."""
@@ -439,7 +441,13 @@ class PoolingLayer(Layer):
         (ph, pw), (h, w) = self.pad, self.chw[1:]
         gpad = gx[rows] if self._gpad is None else self._gpad[rows]
         gpad[...] = 0
-        if self.is_max:
+        if self.is_max and not is_host(gpad):
+            # on a GPU, tap by tap: a cell sums its windows' gradients in tap order, where
+            # atomic adds (add.at) would sum them in a varying order
+            g, am = self.grad[rows], self._argmax[rows]
+            for t, (_, _, r, c) in enumerate(self.taps):
+                gpad[:, :, r, c] += g * (am == t)
+        elif self.is_max:
             # flat indices of the argmaxes in the padded chunk (its first sample at 0)
             index = self._index[rows]
             np.copyto(index, self._argmax[rows])

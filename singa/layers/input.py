@@ -40,8 +40,8 @@ class StoreInputLayer(Layer):
         self.path = resolve(sc.path)
         self.shape = tuple(sc.shape)
         self.dim = int(np.prod(self.shape))
-        self.data = np.zeros((n,) + self.shape, np.float32)
-        self.aux_data = np.zeros(n, np.int32)
+        self.data = self.xp.zeros((n,) + self.shape, np.float32)
+        self.aux_data = self.xp.zeros(n, np.int32)
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
         self.random_skip = sc.random_skip
@@ -67,6 +67,7 @@ class StoreInputLayer(Layer):
             x -= self.mean
         if self.std is not None:
             x /= self.std
+        self.publish()
 
     def position(self):
         """(byte offset of the next tuple, whether random_skip was done): where `seek` resumes."""
@@ -210,7 +211,7 @@ class ImagePreprocessLayer(Layer):
             raise ConfigError(f"layer '{self.name}': rgbimage_conf.scale must not be 0")
         self.crop = rc.cropsize or src.shape[2]
         self.scale = np.float32(rc.scale)
-        self.data = np.zeros(src.shape[:2] + (self.crop, self.crop), np.float32)
+        self.data = self.xp.zeros(src.shape[:2] + (self.crop, self.crop), np.float32)
 
     def compute_feature(self, flag, srclayers):
         self.transform(flag, srclayers[0].data_for(self))
@@ -228,6 +229,7 @@ class ImagePreprocessLayer(Layer):
             np.copyto(self.data, x[:, :, :self.crop, :self.crop])
         if self.scale != 1:
             self.data *= self.scale
+        self.publish()
 
 
 def crop_and_mirror(x, h, w, mirror, out):

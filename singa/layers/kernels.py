@@ -18,8 +18,11 @@ __all__ = ["compiled"]
 CHOICES = ("numba", "numpy")
 
 
-def compiled():
-    """singa.layers.loops, or None for numpy's loops."""
+def compiled(device):
+    """singa.layers.loops, or None for numpy's loops (always on a GPU, where numpy's calls run
+    as CuPy's)."""
+    if device.gpu is not None:
+        return None
     choice = os.environ.get("SINGA_KERNELS", "numba")
     if choice not in CHOICES:
         raise ConfigError(f"SINGA_KERNELS={choice}: must be one of {', '.join(CHOICES)}")

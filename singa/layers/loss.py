@@ -30,12 +30,12 @@ class SoftmaxLossLayer(Layer):
         _need_sources(self, srclayers, "scores, labels")
         src = srclayers[0].data_for(self)
         n = src.shape[0]
-        self.data = np.zeros((n, src.size // n), np.float32)
+        self.data = self.xp.zeros((n, src.size // n), np.float32)
         self.topk = self.conf.softmaxloss_conf.topk
         self.scale = self.conf.softmaxloss_conf.scale
-        self._rowmax = np.empty((n, 1), np.float32)
-        self._rows = np.arange(n)
-        self._cols = np.arange(self.data.shape[1])
+        self._rowmax = self.xp.empty((n, 1), np.float32)
+        self._rows = self.xp.arange(n)
+        self._cols = self.xp.arange(self.data.shape[1])
 
     def _labels(self, srclayers):
         labels = srclayers[1].aux_data
@@ -47,7 +47,7 @@ class SoftmaxLossLayer(Layer):
         if bad.size:
             raise DataError(f"layer '{self.name}': label {bad[0]} from source "
                             f"'{srclayers[1].name}' is outside [0, {dim})")
-        return labels
+        return self.device.put(labels)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -55,10 +55,10 @@ class SoftmaxLossLayer(Layer):
         softmax(x.reshape(p.shape), p, self._rowmax)
         labels = self._labels(srclayers)
         truth = p[self._rows, labels]
-        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
+        loss = -float(np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum())
         # SINGA ranks (p, index) pairs descending, so among equal p the higher index ranks first.
         above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
-        hits = np.count_nonzero(above.sum(axis=1) < self.topk)
+        hits = int(np.count_nonzero(above.sum(axis=1) < self.topk))
         n = p.shape[0]
         metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
         self.add_metrics({k: metrics[k] for k in self.shown})
@@ -69,7 +69,7 @@ class SoftmaxLossLayer(Layer):
             return
         g = gsrc.reshape(self.data.shape)
         np.copyto(g, self.data)
-        g[self._rows, srclayers[1].aux_data] -= 1
+        g[self._rows, self.device.put(srclayers[1].aux_data)] -= 1
         g *= np.float32(self.scale) / np.float32(g.shape[0])
 
     #: the metrics shown, in order
@@ -103,7 +103,7 @@ class EuclideanLossLayer(Layer):
         if r.size != t.size:
             raise ConfigError(f"layer '{self.name}': reconstruction '{srclayers[0].name}' has "
                               f"shape {r.shape} but target '{srclayers[1].name}' has {t.shape}")
-        self._diff = np.empty(r.shape, np.float32)
+        self._diff = self.xp.empty(r.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from singa import threads
+from singa.device import assign
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid, softmax
@@ -61,7 +62,7 @@ class InnerProductLayer(Layer):
         self.weight, self.bias = self.params = make_params(
             self, {"weight": wshape, "bias": (self.hdim,)})
         mark_pieces(self, {self.weight: int(self.transpose), self.bias: 0})
-        self.data = np.zeros((n, self.hdim), np.float32)
+        self.data = self.xp.zeros((n, self.hdim), np.float32)
         self.grad = np.zeros_like(self.data)
 
     def compute_feature(self, flag, srclayers):
@@ -101,7 +102,7 @@ class _Elementwise(Layer):
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
-        self.data = np.zeros(src.shape, np.float32)
+        self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = np.zeros_like(self.data)
         self._d = np.empty_like(self.data)
 
@@ -206,17 +207,17 @@ class DropoutLayer(Layer):
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         self.keep = np.float32(1 - self.conf.dropout_conf.dropout_ratio)
-        self.data = np.zeros(src.shape, np.float32)
+        self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = np.zeros_like(self.data)
         self.mask = np.ones_like(self.data)
-        self._keep = np.empty(src.shape, bool)
+        self._keep = self.xp.empty(src.shape, bool)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
         if not flag & job_pb2.kTrain:
             np.copyto(self.data, x)
             return
-        self.rng.random(out=self.mask, dtype=np.float32)
+        self.draw(self.mask)
         np.less(self.mask, self.keep, out=self._keep)
         np.multiply(self._keep, 1 / self.keep, out=self.mask)
         np.multiply(x, self.mask, out=self.data)
@@ -233,8 +234,8 @@ class SoftmaxLayer(Layer):
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
-        self.data = np.zeros(src.shape, np.float32)
-        self._rowmax = np.empty((src.shape[0], 1), np.float32)
+        self.data = self.xp.zeros(src.shape, np.float32)
+        self._rowmax = self.xp.empty((src.shape[0], 1), np.float32)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -268,19 +269,19 @@ class DummyLayer(Layer):
             shape = tuple(dc.shape)
         else:
             shape = srclayers[0].data_for(self).shape
-        self.data = np.zeros(shape, np.float32)
+        self.data = self.xp.zeros(shape, np.float32)
         self.grad = np.zeros_like(self.data)
 
     def compute_feature(self, flag, srclayers):
         if self.conf.dummy_conf.input:
             if not self.fed:
-                self.rng.random(out=self.data, dtype=np.float32)
+                self.draw(self.data)
         else:
             np.copyto(self.data, srclayers[0].data_for(self))
 
     def compute_gradient(self, flag, srclayers):
         if self.conf.dummy_conf.output:
-            self.rng.random(out=self.grad, dtype=np.float32)
+            self.draw(self.grad)
         gsrc = srclayers[0].grad_for(self) if srclayers else None
         if gsrc is not None:
             np.copyto(gsrc, self.grad)
@@ -293,7 +294,7 @@ class DummyLayer(Layer):
             if data.size != self.data.size:
                 raise ConfigError(f"layer '{self.name}': fed data of shape {data.shape}, but "
                                   f"it holds {self.data.shape}")
-            np.copyto(self.data, data.reshape(self.data.shape), casting='unsafe')
+            assign(self.data, data.reshape(self.data.shape))
             self.fed = True
         if aux_data is not None:
             labels = np.asarray(aux_data).reshape(-1)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from singa import threads
+from singa.device import is_host
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
@@ -41,16 +42,16 @@ class LRNLayer(Layer):
         self.beta = np.float32(lc.beta)
         self.knorm = np.float32(lc.knorm)
         n, c, h, w = src.shape
-        self.data = np.zeros(src.shape, np.float32)
+        self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = np.zeros_like(self.data)
         self.norm = np.empty_like(self.data)
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
         half = self.size // 2
         # channels padded with zeros so that every window is a slice
-        self._padded = np.zeros((n, c + 2 * half, h, w), np.float32)
+        self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
         self._inner = self._padded[:, half:half + c]
-        self.chunks = threads.chunks(n, 4 * self.data[0].nbytes)
+        self.chunks = threads.chunks(n, 4 * self.data[0].nbytes, is_host(self.data))
 
     def _window_sum(self, rows, out):
         """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c),
@@ -127,11 +128,11 @@ class BMLayer(Layer):
         self.params = make_params(self, {"scale": shape, "bias": shape, "running mean": shape,
                                          "running inverse variance": shape})
         self.gamma, self.beta = self.params[:2]
-        self.data = np.zeros(src.shape, np.float32)
+        self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = np.zeros_like(self.data)
         self.xhat = np.empty_like(self.data)
         self._tmp = np.empty_like(self.data)
-        self.inv_std = np.empty(shape, np.float32)
+        self.inv_std = self.xp.empty(shape, np.float32)
         self._m = np.float32(src.size // c)
 
     def compute_feature(self, flag, srclayers):

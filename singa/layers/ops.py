@@ -1,6 +1,8 @@
 """Array functions that several layers compute, written into preallocated float32 arrays."""
 import numpy as np
 
+from singa.device import is_host, module
+
 
 def sigmoid(x, y):
     """y = 1 / (1 + e^−x); y may be x."""
@@ -17,3 +19,15 @@ def softmax(x, p, scratch):
     np.exp(p, out=p)
     np.sum(p, axis=1, keepdims=True, out=scratch)
     p /= scratch
+
+
+def index_add(out, idx, values):
+    """out[idx[i]] += values[i] for each i, in order of i (numpy's add.at). On a GPU: out +=
+    onehot(idx)ᵀ·values, one product, where atomic adds would sum in a varying order."""
+    if is_host(out):
+        np.add.at(out, idx, values)
+        return
+    xp = module(out)
+    onehot = xp.zeros((len(idx), len(out)), out.dtype)
+    onehot[xp.arange(len(idx)), idx] = 1
+    out += np.matmul(onehot.T, values.reshape(len(idx), -1)).reshape(out.shape)

@@ -2,6 +2,7 @@
 import numpy as np
 
 from singa import resolve
+from singa.device import assign, host
 from singa.errors import ConfigError
 from singa.io.store import open_store
 from singa.layers.base import Layer, register
@@ -32,11 +33,11 @@ class ArgSortLayer(Layer):
         if not 0 < self.topk <= src.size // n:
             raise ConfigError(f"layer '{self.name}': argsort_conf.topk {self.topk} must be in "
                               f"[1, {src.size // n}]")
-        self.data = np.zeros((n, self.topk), np.float32)
+        self.data = self.xp.zeros((n, self.topk), np.float32)
 
     def compute_feature(self, flag, srclayers):
-        x = srclayers[0].data_for(self)
-        self.data[...] = top_indices(x.reshape(x.shape[0], -1), self.topk)
+        x = host(srclayers[0].data_for(self))
+        assign(self.data, top_indices(x.reshape(x.shape[0], -1), self.topk))
 
 
 @register(job_pb2.kAccuracy)
@@ -53,7 +54,7 @@ class AccuracyLayer(ArgSortLayer):
     def compute_feature(self, flag, srclayers):
         super().compute_feature(flag, srclayers)
         labels = srclayers[1].aux_data
-        hits = np.count_nonzero((self.data == labels[:, None]).any(axis=1))
+        hits = np.count_nonzero((host(self.data) == labels[:, None]).any(axis=1))
         self.add_metrics({"accuracy": hits / self.data.shape[0]})
 
 

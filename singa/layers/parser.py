@@ -43,8 +43,8 @@ class ShardDataLayer(StoreInputLayer):
             raise DataError(f"{self.path}: record {first[0]!r} has shape {list(self.shape)}; "
                             f"the parser layers need the image's shape")
         self.dim = int(np.prod(self.shape))
-        self.data = np.zeros((n,) + self.shape, np.float32)
-        self.aux_data = np.zeros(n, np.int32)
+        self.data = self.xp.zeros((n,) + self.shape, np.float32)
+        self.aux_data = self.xp.zeros(n, np.int32)
         self.rows = partition_rows(self.conf, n, True)
         self.mean = self.std = None
         self.random_skip = dc.random_skip
@@ -75,13 +75,14 @@ class MnistLayer(Layer):
             raise DataError(f"{src.path}: kMnist layer '{self.name}' needs square images, the "
                             f"records have shape {list(src.shape)}")
         s = src.shape[-1]
-        self.data = np.zeros((len(src.data), 1, s, s), np.float32)
+        self.data = self.xp.zeros((len(src.data), 1, s, s), np.float32)
         mc = self.conf.mnist_conf
         self.norm_a, self.norm_b = np.float32(mc.norm_a), np.float32(mc.norm_b)
 
     def compute_feature(self, flag, srclayers):
         np.divide(srclayers[0].data.reshape(self.data.shape), self.norm_a, out=self.data)
         self.data -= self.norm_b
+        self.publish()
 
 
 @register(job_pb2.kLabel)
@@ -92,12 +93,13 @@ class LabelLayer(Layer):
 
     def setup(self, srclayers):
         src = shard_source(self, srclayers)
-        self.data = np.zeros(len(src.data), np.float32)
-        self.aux_data = np.zeros(len(src.data), np.int32)
+        self.data = self.xp.zeros(len(src.data), np.float32)
+        self.aux_data = self.xp.zeros(len(src.data), np.int32)
 
     def compute_feature(self, flag, srclayers):
         np.copyto(self.aux_data, srclayers[0].aux_data)
         np.copyto(self.data, self.aux_data)
+        self.publish()
 
 
 @register(job_pb2.kRGBImage)

@@ -47,10 +47,10 @@ class RBMVisLayer(Layer):
         self.hdim = self.conf.rbm_conf.hdim
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (self.hdim, self.vdim), "bias": (self.vdim,)})
-        self.pos_data = np.zeros((n, self.vdim), np.float32)
+        self.pos_data = self.xp.zeros((n, self.vdim), np.float32)
         self.neg_data = np.zeros_like(self.pos_data)
         self._diff = np.empty_like(self.pos_data)
-        self._gw = np.empty((self.hdim, self.vdim), np.float32)
+        self._gw = self.xp.empty((self.hdim, self.vdim), np.float32)
         self.data = self.pos_data
 
     def compute_feature(self, flag, srclayers):
@@ -97,7 +97,7 @@ class RBMHidLayer(Layer):
         self.gaussian = self.conf.rbm_conf.gaussian
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (self.hdim, self.vdim), "bias": (self.hdim,)})
-        self.pos_data = np.zeros((n, self.hdim), np.float32)
+        self.pos_data = self.xp.zeros((n, self.hdim), np.float32)
         self.neg_data = np.zeros_like(self.pos_data)
         self.pos_sample = np.zeros_like(self.pos_data)
         self.neg_sample = np.zeros_like(self.pos_data)
@@ -126,10 +126,10 @@ class RBMHidLayer(Layer):
         else:
             h, out = self.neg_data, self.neg_sample
         if self.gaussian:
-            self.rng.standard_normal(dtype=np.float32, out=out)
+            self.draw(out, "standard_normal")
             out += h
         else:
-            self.rng.random(dtype=np.float32, out=self._uniform)
+            self.draw(self._uniform)
             np.less(self._uniform, h, out=out)
         return out
 

@@ -12,7 +12,7 @@ import numpy as np
 from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.layers.base import Layer, make_params, register
-from singa.layers.ops import sigmoid
+from singa.layers.ops import index_add, sigmoid
 from singa.naming import unrolled
 from singa.proto import job_pb2
 
@@ -107,7 +107,7 @@ class CharRNNLayer(Layer):
                             f"{self.batchsize} streams of more than {self.unroll_len}")
         self.starts = np.arange(self.batchsize) * self.max_offset
         self.steps = np.arange(self.unroll_len + 1)[:, None]
-        self._blobs = np.zeros((self.unroll_len + 1, self.batchsize), np.float32)
+        self._blobs = self.xp.zeros((self.unroll_len + 1, self.batchsize), np.float32)
         self.datavec = list(self._blobs)
         self.data = self.datavec[0]
         self.offset = 0
@@ -137,13 +137,14 @@ class OneHotLayer(Layer):
         self.dim = self.conf.onehot_conf.vocab_size
         if self.dim <= 0:
             raise ConfigError(f"layer '{self.name}': onehot_conf.vocab_size must be positive")
-        self.data = np.zeros((x.shape[0], self.dim), np.float32)
+        self.data = self.xp.zeros((x.shape[0], self.dim), np.float32)
         self._rows = np.arange(x.shape[0])
 
     def compute_feature(self, flag, srclayers):
         idx = _indices(self, srclayers[0], "onehot_conf.vocab_size", self.dim)
         self.data.fill(0)
         self.data[self._rows, idx] = 1
+        self.publish()
 
 
 @register(job_pb2.kRNNLabel)
@@ -155,7 +156,7 @@ class RNNLabelLayer(Layer):
 
     def setup(self, srclayers):
         x = blob(srclayers[0], self, self.unroll_index + 1)
-        self.aux_data = np.zeros(x.shape[0], np.int32)
+        self.aux_data = self.xp.zeros(x.shape[0], np.int32)
 
     def compute_feature(self, flag, srclayers):
         self.aux_data[...] = blob(srclayers[0], self, self.unroll_index + 1)
@@ -179,13 +180,14 @@ class RNNDummyLayer(Layer):
                               f"a positive shape and low < high, got shape {list(conf.shape)}, "
                               f"low {conf.low:g}, high {conf.high:g}")
         self.low, self.high, self.integer = conf.low, conf.high, conf.integer
-        self.data = np.zeros(tuple(conf.shape), np.float32)
+        self.data = self.xp.zeros(tuple(conf.shape), np.float32)
 
     def compute_feature(self, flag, srclayers):
         if srclayers:
             self.data = srclayers[0].data_for(self)
             return
-        self.data = np.asarray(self.rng.uniform(self.low, self.high, self.data.shape), np.float32)
+        self.data = self.device.put(
+            np.asarray(self.rng.uniform(self.low, self.high, self.data.shape), np.float32))
         if self.integer:
             np.floor(self.data, out=self.data)
 
@@ -203,17 +205,18 @@ class EmbeddingLayer(Layer):
             raise ConfigError(f"layer '{self.name}': embedding_conf.vocab_size and feature_dim "
                               f"must be positive, got {self.vocab_size} and {dim}")
         self.weight, = self.params = make_params(self, {"weight": (self.vocab_size, dim)})
-        self.data = np.zeros((x.shape[0], dim), np.float32)
+        self.data = self.xp.zeros((x.shape[0], dim), np.float32)
         self.grad = np.zeros_like(self.data)
 
     def compute_feature(self, flag, srclayers):
-        self.idx = _indices(self, srclayers[0], "embedding_conf.vocab_size", self.vocab_size)
+        self.idx = self.device.put(
+            _indices(self, srclayers[0], "embedding_conf.vocab_size", self.vocab_size))
         np.take(self.weight.data, self.idx, axis=0, out=self.data)
 
     def compute_gradient(self, flag, srclayers):
         if not flag & job_pb2.kAggGrad:
             self.weight.grad.fill(0)
-        np.add.at(self.weight.grad, self.idx, self.grad)
+        index_add(self.weight.grad, self.idx, self.grad)
 
 
 @register(job_pb2.kGRU)
@@ -248,7 +251,7 @@ class GRULayer(Layer):
         if len(srclayers) == 2 and srclayers[1].data_for(self).shape != (n, h):
             raise ConfigError(f"layer '{self.name}': state source '{srclayers[1].name}' has shape "
                               f"{srclayers[1].data_for(self).shape}, expected {(n, h)}")
-        self.data = np.zeros((n, h), np.float32)
+        self.data = self.xp.zeros((n, h), np.float32)
         self.grad = np.zeros_like(self.data)
         self.zeros = np.zeros_like(self.data)
         self.z, self.r, self.c, self.hc = (np.zeros_like(self.data) for _ in range(4))

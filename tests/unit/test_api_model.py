@@ -87,7 +87,7 @@ def test_autoencoder_ties_the_decoder_to_the_encoder_and_rbms_stack_under_rbmvis
 @pytest.mark.parametrize("kwargs, message", [
     ({"nb_epoch": 0}, "nb_epoch"), ({"nb_epoch": -3}, "nb_epoch"), ({"nb_epoch": 2.5}, "nb_epoch"),
     ({"nb_epoch": 5, "not_a_field": 1}, "not_a_field"),
-    ({"nb_epoch": 5, "device": 0}, "device"),
+    ({"nb_epoch": 5, "device": "gpu0"}, "device must list GPU ids"),
 ])
 def test_fit_refuses_bad_arguments_in_one_line(kwargs, message, tmp_path):
     m = Sequential('net')

@@ -8,6 +8,7 @@ import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
 from singa import threads
+from singa.device import CPU
 from singa.errors import ConfigError
 from singa.layers import kernels
 
@@ -54,20 +55,20 @@ def test_compiled_copies_give_numpys_bits(monkeypatch, conf, shape, nthreads):
 
 def test_numpy_is_chosen_by_the_environment(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "numpy")
-    assert kernels.compiled() is None
+    assert kernels.compiled(CPU) is None
     monkeypatch.delenv("SINGA_KERNELS")
-    assert kernels.compiled().__name__ == "singa.layers.loops"
+    assert kernels.compiled(CPU).__name__ == "singa.layers.loops"
 
 
 def test_a_numba_that_does_not_load_leaves_numpys_copies(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "singa.layers.loops", None)    # its import fails
     monkeypatch.setattr(kernels, "_loops", functools.cache(kernels._loops.__wrapped__))
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
-    assert kernels.compiled() is None and kernels.compiled() is None
+    assert kernels.compiled(CPU) is None and kernels.compiled(CPU) is None
     assert caplog.text.count("numba does not load") == 1
 
 
 def test_an_unknown_choice_is_refused(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "fortran")
     with pytest.raises(ConfigError, match="SINGA_KERNELS=fortran: must be one of numba, numpy"):
-        kernels.compiled()
+        kernels.compiled(CPU)

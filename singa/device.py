@@ -1,0 +1,130 @@
+"""Where a net computes: the CPU (numpy) or one CUDA GPU (CuPy, the `gpu` extra).
+
+Layers, params and updaters allocate with their device's `xp` (numpy or cupy) and otherwise
+call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and 18): one code
+path serves both devices. Values cross between the host and a GPU only here: `host(a)` (device
+to host) and `assign(dst, src)` / `Device.put` (host to device). Nothing imports CuPy until a
+job names a GPU.
+"""
+import contextlib
+import importlib
+import importlib.util
+import sys
+
+import numpy as np
+
+from singa.errors import ConfigError
+
+__all__ = ["CPU", "Device", "assign", "check", "cupy", "host", "is_host", "module",
+           "of_workers"]
+
+INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12 or 13)"
+
+
+class Device:
+    """The CPU (`gpu` None) or CUDA device `gpu`; `xp` is numpy or cupy."""
+
+    def __init__(self, gpu=None):
+        self.gpu = gpu
+        self.xp = np if gpu is None else cupy()
+
+    def __str__(self):
+        return "CPU" if self.gpu is None else f"GPU {self.gpu}"
+
+    def __repr__(self):
+        return f"Device({self.gpu})"
+
+    def __eq__(self, other):
+        return isinstance(other, Device) and other.gpu == self.gpu
+
+    def __hash__(self):
+        return hash(self.gpu)
+
+    def use(self):
+        """Make this the calling thread's current CUDA device (CuPy's is per thread): a
+        worker's thread, for its whole life."""
+        if self.gpu is not None:
+            self.xp.cuda.Device(self.gpu).use()
+
+    @contextlib.contextmanager
+    def selected(self):
+        """Within the block the calling thread allocates on this device (then on the one it
+        had before): a net built in one thread and run in another."""
+        if self.gpu is None:
+            yield
+            return
+        with self.xp.cuda.Device(self.gpu):
+            yield
+
+    def put(self, a):
+        """`a` (an array of the host or of this device) as an array of this device."""
+        return a if self.gpu is None else self.xp.asarray(a)
+
+
+CPU = Device()
+
+
+def is_host(a):
+    """True for an array in host memory: numpy's, not one with CUDA's array interface."""
+    return isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
+
+
+def module(a):
+    """The array module of `a`: numpy, or that of a device array (cupy)."""
+    return np if is_host(a) else sys.modules[type(a).__module__.partition(".")[0]]
+
+
+def host(a):
+    """`a` as a numpy array: `a` itself, or a device-to-host copy of a CuPy array."""
+    return a if is_host(a) else a.get()
+
+
+def assign(dst, src):
+    """dst[...] = src, where `src` is in host memory or on dst's device."""
+    if is_host(dst):
+        np.copyto(dst, host(src), casting="unsafe")
+    elif is_host(src) and dst.flags.c_contiguous:
+        dst.set(np.ascontiguousarray(src.reshape(dst.shape), dst.dtype))
+    else:
+        dst[...] = module(dst).asarray(src)
+
+
+def cupy():
+    """The cupy module; ConfigError naming the extra to install where it is missing."""
+    if importlib.util.find_spec("cupy") is None:
+        raise ConfigError(f"training on a GPU needs CuPy, which is not installed: {INSTALL}")
+    try:
+        return importlib.import_module("cupy")
+    except Exception as e:   # e.g. a CuPy built for another CUDA than the driver's
+        raise ConfigError(f"CuPy does not load ({type(e).__name__}: {e}): {INSTALL}") from None
+
+
+def of_workers(ids, workers, make=True):
+    """{worker: its Device} of a process's `workers` (in creation order): the i-th takes GPU
+    ids[i], those beyond the ids the CPU (SINGA's rule); with make=False, {worker: id or None}
+    (no CuPy needed)."""
+    ids = list(ids)
+    gpus = {w: ids[i] if i < len(ids) else None for i, w in enumerate(workers)}
+    if not make:
+        return gpus
+    made = {gpu: Device(gpu) for gpu in set(gpus.values())}
+    return {w: made[gpu] for w, gpu in gpus.items()}
+
+
+def check(ids, what="gpu"):
+    """ConfigError unless every id of `ids` names a visible CUDA device (ids none: nothing
+    to check, and CuPy is not imported)."""
+    if not ids:
+        return
+    xp = cupy()
+    try:
+        count = xp.cuda.runtime.getDeviceCount()
+    except Exception as e:    # no driver, or none that suits this CUDA
+        raise ConfigError(f"{what}: {list(ids)} names a GPU, but CUDA sees none here "
+                          f"({type(e).__name__}: {e})") from None
+    if count == 0:
+        raise ConfigError(f"{what}: {list(ids)} names a GPU, but CUDA sees none here")
+    bad = [i for i in ids if not 0 <= i < count]
+    if bad:
+        raise ConfigError(f"{what}: {bad[0]} is not a GPU of this machine: it has {count} "
+                          f"(ids 0 to {count - 1})")

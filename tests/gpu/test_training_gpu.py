@@ -1,0 +1,178 @@
+"""Training on GPU 0 against the CPU: SINGA's MNIST MLP, LeNet and cifar10 confs reach the CPU
+run's test accuracy within one point at the same step; a GPU job resumed on the GPU continues
+bit-exactly; snapshots move between the GPU and the CPU; two workers share one GPU; a job of
+two processes over tcp (no ZooKeeper) has its worker process on the GPU and its server
+process on the CPU."""
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+import singa
+from singa import checkpoint, cluster, threads
+from singa.model import SGD, Cluster, Dense, Model, Sequential
+from singa.runtime import Process, Transport
+
+FIX = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
+EXAMPLES = os.path.join(singa.HOME, "examples")
+STANDIN = os.environ.get("SINGA_GPU_STANDIN") == "1"     # tests/gpu/conftest.py
+MNIST = {"examples/mnist/train_data.bin": f"{FIX}/train-1000.bin",
+         "examples/mnist/test_data.bin": f"{FIX}/test-500.bin"}
+
+
+def conf_model(tmp_path, name, path, replacements):
+    """Model.from_conf of the conf at `path`, each `old` replaced by `new`, its workspace
+    <tmp_path>/<name>."""
+    with open(path) as f:
+        text = f.read()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    conf = tmp_path / f"{name}.conf"
+    conf.write_text(text)
+    m = Model.from_conf(str(conf))
+    m.jobconf.cluster.workspace = str(tmp_path / name)
+    return m
+
+
+def write_cifar(folder, per_batch=200, seed=0):
+    """CIFAR-10 binary batches whose classes differ in colour (as tests/integration's)."""
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(40, 216, (10, 3))
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        labels = rng.integers(0, 10, per_batch)
+        noise = rng.integers(-40, 40, (per_batch, 3, 32 * 32))
+        pixels = np.clip(colours[labels][:, :, None] + noise, 0, 255)
+        records = np.concatenate([labels[:, None], pixels.reshape(per_batch, -1)], axis=1)
+        (folder / name).write_bytes(records.astype(np.uint8).tobytes())
+
+
+def final_params(m):
+    r = checkpoint.CheckpointReader(m.last_checkpoint_path)
+    return {name: r.param(name) for name in r.names}
+
+
+def cifar_data(tmp_path):
+    import importlib.util
+    import io
+    spec = importlib.util.spec_from_file_location(
+        "create_data", os.path.join(EXAMPLES, "cifar10", "create_data.py"))
+    create_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(create_data)
+    write_cifar(tmp_path)
+    create_data.create_data(str(tmp_path), str(tmp_path), log=io.StringIO())
+    return {"examples/cifar10/": f"{tmp_path}/"}
+
+
+CONFS = {   # conf, data, steps, test_steps
+    "mnist mlp": (f"{EXAMPLES}/mnist/job.conf", lambda tmp: MNIST, 200, 5),
+    "lenet": (f"{EXAMPLES}/mnist/conv.conf", lambda tmp: MNIST, 200, 5),
+    "cifar10": (f"{EXAMPLES}/cifar10/job.conf", cifar_data, 100, 2),
+}
+
+
+@pytest.mark.parametrize("name", CONFS)
+def test_singa_confs_reach_the_cpu_accuracy_on_the_gpu(tmp_path, name):
+    path, data, steps, test_steps = CONFS[name]
+    replacements = data(tmp_path)
+    accuracy = {}
+    for run, place in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, run, path, replacements)
+        h = m.fit(nb_epoch=steps, test_steps=test_steps, test_freq=steps, disp_freq=steps // 4,
+                  seed=11, progress=False, device=place)
+        accuracy[run] = h.history["test_accuracy"][-1]
+    print(f"{name}: test accuracy at step {steps}: CPU {accuracy['cpu']:.4f}, "
+          f"GPU {accuracy['gpu']:.4f}")
+    assert accuracy["cpu"] > 0.2
+    assert abs(accuracy["gpu"] - accuracy["cpu"]) <= 0.01
+
+
+def mlp(ws, **layout):
+    m = Sequential('mlp')
+    m.add(Dense(64, init='uniform', activation='tanh'))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.05, momentum=0.9),
+              cluster=Cluster(str(ws), **layout))
+    return m
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    from singa.io.kvfile import KVFile
+    from singa.io.records import decode_batch
+    with KVFile(f"{FIX}/train-1000.bin") as f:
+        x, y = decode_batch([v for _, v in f], 784)
+    return x / np.float32(255), y
+
+
+def test_a_gpu_job_resumed_on_the_gpu_continues_bit_exactly(tmp_path, mnist):
+    m = mlp(tmp_path / "halves")
+    m.fit(*mnist, nb_epoch=20, batch_size=50, seed=4, progress=False, device=[0])
+    m.fit(*mnist, nb_epoch=20, batch_size=50, seed=4, progress=False, device=[0])
+    whole = mlp(tmp_path / "whole")
+    whole.fit(*mnist, nb_epoch=40, batch_size=50, seed=4, progress=False, device=[0])
+    ours, theirs = final_params(m), final_params(whole)
+    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+
+
+@pytest.mark.parametrize("first, then", [([0], None), (None, [0])])
+def test_snapshots_move_between_the_gpu_and_the_cpu(tmp_path, mnist, first, then):
+    """20 steps on one device, 20 more on the other: within rounding of 40 on the CPU."""
+    m = mlp(tmp_path / "moved")
+    m.fit(*mnist, nb_epoch=20, batch_size=50, seed=4, progress=False, device=first)
+    m.fit(*mnist, nb_epoch=20, batch_size=50, seed=4, progress=False, device=then)
+    whole = mlp(tmp_path / "cpu")
+    whole.fit(*mnist, nb_epoch=40, batch_size=50, seed=4, progress=False)
+    for name, values in final_params(whole).items():
+        assert np.allclose(final_params(m)[name], values, rtol=1e-3, atol=1e-5), name
+
+
+def test_two_workers_share_one_gpu_as_one_worker_trains(tmp_path, mnist):
+    """Sandblaster, gpu [0, 0]: two workers on GPU 0, each half the batch, train as one."""
+    runs = {}
+    for name, layout in (("one", {}), ("two", {"nworkers_per_group": 2,
+                                               "nworkers_per_procs": 2})):
+        h = mlp(tmp_path / name, **layout).fit(*mnist, nb_epoch=30, batch_size=50, seed=4,
+                                                progress=False, device=[0, 0])
+        runs[name] = h.history["loss"]
+    assert np.allclose(runs["two"], runs["one"], rtol=1e-3), runs
+
+
+def child(pid, workspace, steps, conn):
+    from bench_mlp_step import mlp_job   # noqa: E402  (bench/, on the path below)
+    job = mlp_job(workspace, 50)
+    job.train_steps, job.test_steps, job.disp_freq, job.checkpoint_freq = steps, 0, 0, 0
+    job.cluster.server_worker_separate = True
+    job.gpu.append(0)       # the worker process's worker; the server process has none: CPU
+    with threads.limit(job.num_openblas_threads):
+        transport = Transport()
+        conn.send(transport.listen("127.0.0.1"))
+        endpoints = conn.recv()
+        Process(job, pid, peers=endpoints.__getitem__, transport=transport).run()
+    conn.send("done")
+
+
+@pytest.mark.skipif(STANDIN, reason="the stand-in lives in this process only")
+def test_a_job_of_two_processes_mixes_a_gpu_worker_and_a_cpu_server(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(singa.HOME, "bench"))
+    from bench_mlp_step import mlp_job
+    job = mlp_job(str(tmp_path), 50)
+    job.cluster.server_worker_separate = True
+    assert cluster.nprocs(job.cluster) == 2
+    ctx = mp.get_context("spawn")      # no CUDA context may cross a fork
+    pipes = [ctx.Pipe() for _ in range(2)]
+    procs = [ctx.Process(target=child, args=(pid, str(tmp_path), 30, c))
+             for pid, (_, c) in enumerate(pipes)]
+    for p in procs:
+        p.start()
+    endpoints = {pid: parent.recv() for pid, (parent, _) in enumerate(pipes)}
+    for parent, _ in pipes:
+        parent.send(endpoints)
+    for parent, _ in pipes:
+        assert parent.poll(300) and parent.recv() == "done"
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    snap = checkpoint.latest_snapshot(checkpoint.folder(str(tmp_path)), 1)
+    assert snap is not None and snap.step == 30

@@ -1,0 +1,155 @@
+"""A stand-in for CuPy that runs on the CPU and is stricter than CuPy about what a GPU cannot
+do, so that the CPU tests find the code that would break on a GPU: an operation mixing a host
+array (numpy's) with a device array, a host array as an index or as an assigned value, a
+device array handed to the buffer protocol (`bytes`, ZeroMQ), atomic adds (`ufunc.at`),
+float64 creeping into device arrays. Device arrays are `DevArray`s; host <-> device only
+through `asarray`, `DevArray.get` and `DevArray.set`, as with CuPy.
+
+`installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
+It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
+"""
+import sys
+import types
+
+import numpy as np
+
+float32, float64, int32, int64, intp, uint8 = (np.float32, np.float64, np.int32, np.int64,
+                                               np.intp, np.uint8)
+
+
+class StrictError(TypeError):
+    """What CuPy would refuse (or a GPU would compute in a varying order)."""
+
+
+def _check(values, what):
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            _check(v, what)
+        elif type(v) is np.ndarray:
+            raise StrictError(f"{what}: a host array of shape {v.shape} mixed with device arrays")
+
+
+def _plain(v):
+    if isinstance(v, DevArray):
+        return v.view(np.ndarray)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_plain(x) for x in v)
+    return v
+
+
+def _dev(v):
+    if type(v) is np.ndarray:
+        return v.view(DevArray)
+    if isinstance(v, tuple):
+        return tuple(_dev(x) for x in v)
+    if isinstance(v, list):
+        return [_dev(x) for x in v]
+    return v
+
+
+class DevArray(np.ndarray):
+    """An array 'on the GPU'."""
+
+    __cuda_array_interface__ = {}     # what marks a device array (singa.device.is_host)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        if method == "at":
+            raise StrictError(f"{ufunc.__name__}.at on a device array: atomic adds, whose order "
+                              f"varies")
+        _check(inputs + (out or ()), f"{ufunc.__name__}.{method}")
+        if out is not None:
+            kwargs["out"] = tuple(_plain(o) for o in out)
+        result = getattr(ufunc, method)(*_plain(inputs), **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        return _dev(result)
+
+    def __array_function__(self, func, types_, args, kwargs):
+        _check(list(args) + list(kwargs.values()), func.__name__)
+        result = func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        if "out" in kwargs and kwargs["out"] is not None:
+            return kwargs["out"]
+        return _dev(result)
+
+    def __getitem__(self, index):
+        _check(index if isinstance(index, tuple) else (index,), "indexing")
+        return _dev(np.ndarray.__getitem__(self.view(np.ndarray), _plain(index)))
+
+    def __setitem__(self, index, value):
+        _check(index if isinstance(index, tuple) else (index,), "indexing")
+        _check((value,), "assignment")
+        np.ndarray.__setitem__(self.view(np.ndarray), _plain(index), _plain(value))
+
+    def __buffer__(self, flags):
+        raise StrictError("a device array has no host buffer (bytes, ZeroMQ frames)")
+
+    def tobytes(self, order="C"):
+        raise StrictError("tobytes of a device array: copy it to the host first")
+
+    def get(self):
+        """A host copy (cupy.ndarray.get)."""
+        return np.array(self.view(np.ndarray))
+
+    def set(self, values):
+        """Copy host `values` of the same shape and dtype in (cupy.ndarray.set)."""
+        if type(values) is not np.ndarray or values.shape != self.shape or \
+                values.dtype != self.dtype:
+            raise StrictError(f"set: needs a host array of shape {self.shape} and dtype "
+                              f"{self.dtype}, got {type(values).__name__}")
+        np.copyto(self.view(np.ndarray), values)
+
+
+def asarray(a, dtype=None):
+    """A device array of `a` (copied from the host; a device array itself)."""
+    if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
+        return a
+    return np.array(_plain(a), dtype=dtype).view(DevArray)
+
+
+def _made(name):
+    make = getattr(np, name)
+
+    def f(*args, **kwargs):
+        return make(*args, **kwargs).view(DevArray)
+    f.__name__ = name
+    return f
+
+
+zeros, empty, ones, full, arange = (_made(n) for n in ("zeros", "empty", "ones", "full", "arange"))
+
+
+def zeros_like(a, *args, **kwargs):
+    return np.zeros_like(_plain(a), *args, **kwargs).view(DevArray)
+
+
+def empty_like(a, *args, **kwargs):
+    return np.empty_like(_plain(a), *args, **kwargs).view(DevArray)
+
+
+class _Device:
+    current = None
+
+    def __init__(self, i):
+        self.id = i
+
+    def use(self):
+        _Device.current = self.id
+
+    def __enter__(self):
+        self.outer, _Device.current = _Device.current, self.id
+
+    def __exit__(self, *exc):
+        _Device.current = self.outer
+
+
+cuda = types.SimpleNamespace(Device=_Device,
+                             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
+
+
+def installed(monkeypatch):
+    """Make singa.device take this module for cupy (GPU 0 visible)."""
+    from singa import device
+    module = sys.modules[__name__]
+    monkeypatch.setattr(device, "cupy", lambda: module)
+    monkeypatch.setitem(sys.modules, __name__.partition(".")[0], module)
+    return module

@@ -1,0 +1,230 @@
+"""The GPU path without a GPU: jobs run with `gpu: 0` on `strict_device`, a CuPy stand-in that
+refuses what a GPU cannot do (host arrays mixed into device operations, atomic adds, device
+arrays handed to the host's buffer protocol). Its numbers are numpy's, so a job on it must
+give a CPU job's bytes wherever the GPU path computes as the CPU path does, and stay within
+float32 rounding where it sums in another order (MAX pooling's backward). The real GPU is
+tests/gpu's."""
+import io
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import singa
+import strict_device
+from conftest import FIXTURES, scaled_records
+from singa import checkpoint, config, device
+from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
+                         LRN2D, MaxPooling2D, Model, Sequential)
+from singa.neuralnet import NeuralNet
+from singa.proto import job_pb2
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    return strict_device.installed(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    x, y = scaled_records(f"{FIXTURES}/train-1000.bin")
+    return x[:400], y[:400]
+
+
+def mlp(ws):
+    m = Sequential('mlp')
+    m.add(Dense(32, init='uniform', activation='tanh'))
+    m.add(Dropout(0.2))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.05, momentum=0.9),
+              cluster=Cluster(str(ws)))
+    return m
+
+
+def convnet(ws):
+    m = Sequential('conv')
+    m.add(Convolution2D(4, kernel=3, pad=1, activation='relu'))
+    m.add(MaxPooling2D(pool_size=2, stride=2))
+    m.add(LRN2D(3))
+    m.add(Convolution2D(6, kernel=3, stride=2))
+    m.add(Activation('relu'))
+    m.add(AvgPooling2D(pool_size=3, stride=2))
+    m.add(Dense(10, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.02, momentum=0.9),
+              cluster=Cluster(str(ws)))
+    return m
+
+
+def final_params(m):
+    r = checkpoint.CheckpointReader(m.last_checkpoint_path)
+    return {name: r.param(name) for name in r.names}
+
+
+def fit(make, ws, x, y, **kw):
+    m = make(ws)
+    h = m.fit(x, y, nb_epoch=12, batch_size=40, validation_data=(x[:100], y[:100]), seed=5,
+              progress=False, **kw)
+    return m, h.history
+
+
+def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpu_bytes(tmp_path, mnist, gpu):
+    cpu, hist_cpu = fit(mlp, tmp_path / "cpu", *mnist)
+    dev, hist_dev = fit(mlp, tmp_path / "gpu", *mnist, device=[0])
+    assert hist_dev == hist_cpu
+    ours, theirs = final_params(dev), final_params(cpu)
+    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+    x, y = mnist
+    assert dev.evaluate(x, y, device=[0], verbose=0) == cpu.evaluate(x, y, verbose=0)
+    assert np.array_equal(dev.predict(x[:50], device=[0]), cpu.predict(x[:50]))
+
+
+def test_a_gpu_snapshot_continues_on_the_cpu_as_one_run(tmp_path, mnist, gpu):
+    """fit 12 steps on the GPU path, then 12 more on the CPU: the bytes of 24 on the CPU."""
+    x, y = mnist
+    m = mlp(tmp_path / "mixed")
+    m.fit(x, y, nb_epoch=12, batch_size=40, seed=5, progress=False, device=[0])
+    m.fit(x, y, nb_epoch=12, batch_size=40, seed=5, progress=False)
+    whole = mlp(tmp_path / "whole")
+    whole.fit(x, y, nb_epoch=24, batch_size=40, seed=5, progress=False)
+    ours, theirs = final_params(m), final_params(whole)
+    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+
+
+def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, mnist, gpu):
+    """Convolution (padded and strided), MAX and AVG pooling, LRN, ReLU: MAX pooling's backward
+    sums overlapping windows tap by tap on a GPU, so the runs agree to float32 rounding."""
+    x, y = mnist
+    x = x.reshape(-1, 1, 28, 28)
+    cpu, hist_cpu = fit(convnet, tmp_path / "cpu", x, y)
+    dev, hist_dev = fit(convnet, tmp_path / "gpu", x, y, device=[0])
+    for key, values in hist_cpu.items():
+        assert np.allclose(hist_dev[key], values, rtol=1e-4, atol=1e-6), key
+    ours, theirs = final_params(dev), final_params(cpu)
+    for name, values in theirs.items():
+        assert np.allclose(ours[name], values, rtol=1e-4, atol=1e-6), name
+    assert hist_cpu["loss"][-1] < hist_cpu["loss"][0]
+
+
+def conf_model(tmp_path, name, path, replacements):
+    """Model.from_conf of the conf at `path` with each `old` replaced by `new` (each must
+    occur), its workspace <tmp_path>/<name>."""
+    with open(path) as f:
+        text = f.read()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    conf = tmp_path / f"{name}.conf"
+    conf.write_text(text)
+    m = Model.from_conf(str(conf))
+    m.jobconf.cluster.workspace = str(tmp_path / name)
+    return m
+
+
+def same_bytes(a, b):
+    return {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes() for k, v in b.items()}
+
+
+def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
+    """kCD: RBMVis/RBMHid's Gibbs sampling draws its numbers on the host, so both paths draw
+    the same samples; the CPU cuts its products into pieces for its threads, a GPU makes one
+    (the same sums, BLAS blocks them differently: rounding apart)."""
+    data = {"examples/mnist/train_data.bin": f"{FIXTURES}/train-1000.bin",
+            "examples/mnist/test_data.bin": f"{FIXTURES}/test-500.bin"}
+    runs = {}
+    for name, device in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, name, f"{singa.HOME}/examples/rbm/rbm1.conf", data)
+        m.fit(nb_epoch=8, test_steps=2, test_freq=4, disp_freq=4, seed=7, progress=False,
+              device=device)
+        runs[name] = final_params(m)
+    for name, values in runs["cpu"].items():
+        assert np.allclose(runs["gpu"][name], values, rtol=1e-5, atol=1e-6), name
+
+
+def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpu_bytes(tmp_path, gpu):
+    """kBPTT: CharRNN and OneHot compute on the host, the unrolled GRUs on the device."""
+    made = subprocess.run([sys.executable, f"{singa.HOME}/examples/char-rnn/create_data.py",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert made.returncode == 0, made.stderr
+    runs = {}
+    for name, device in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, name, f"{singa.HOME}/examples/char-rnn/job.conf", {
+            "dim_hidden: 512": "dim_hidden: 32", "unroll_len: 50": "unroll_len: 5",
+            "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
+            "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
+        m.fit(nb_epoch=6, disp_freq=3, seed=7, progress=False, device=device)
+        runs[name] = final_params(m)
+    assert same_bytes(runs["gpu"], runs["cpu"])
+
+
+@pytest.mark.parametrize("layout", [
+    {"nworkers_per_group": 2, "nworkers_per_procs": 2},         # Sandblaster: a group of 2
+    {"nworker_groups": 2, "nworkers_per_procs": 2, "share_memory": True},    # Downpour
+])
+def test_several_workers_of_a_process_share_one_gpu(tmp_path, mnist, gpu, layout):
+    """gpu: [0, 0]: the workers of one process (partitions of a group, or groups sharing
+    memory) on one GPU train as on the CPU."""
+    runs = {}
+    for name, device in (("cpu", None), ("gpu", [0, 0])):
+        m = Sequential('mlp')
+        m.add(Dense(32, init='uniform', activation='tanh'))
+        m.add(Dense(10, init='uniform', activation='softmax'))
+        m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.05),
+                  cluster=Cluster(str(tmp_path / name), **layout))
+        h = m.fit(*mnist, nb_epoch=10, batch_size=40, seed=2, progress=False, device=device)
+        runs[name] = h.history
+    if "nworker_groups" in layout:      # asynchronous: the order of updates varies
+        assert runs["gpu"]["loss"][-1] < runs["gpu"]["loss"][0]
+    else:
+        assert runs["gpu"] == runs["cpu"]
+
+
+def cifar_conf(tmp_path):
+    """SINGA's cudnn_bm.conf (kCudnnConv/Pool/Activation/LRN/BM, kCudnnSoftmax in its test net)
+    on generated CIFAR shards, batch cut to 10, its gpu line dropped (device= gives it)."""
+    from test_cifar10 import create_data, write_cifar_batches
+    write_cifar_batches(tmp_path, per_batch=20)
+    create_data.create_data(str(tmp_path), str(tmp_path), log=io.StringIO())
+    with open(f"{singa.HOME}/tests/fixtures/confs/cifar10/cudnn_bm.conf") as f:
+        return (f.read().replace("examples/cifar10/", f"{tmp_path}/")
+                .replace("batchsize: 100", "batchsize: 10").replace("\ngpu: 0\n", "\n"))
+
+
+def test_cifar10_cudnn_bm_layers_agree_with_the_cpu_to_rounding_on_the_gpu_path(tmp_path, gpu):
+    """One forward and backward pass with the same params: each blob and param gradient on
+    device 0 within 1e-5 of its largest value on the CPU (the CPU sums a convolution's
+    products chunk by chunk, a GPU in one product), or 1e-6 for the gradient of a bias before
+    batch normalisation, which is rounding noise around 0."""
+    job = config.parse_job(cifar_conf(tmp_path), "cudnn_bm.conf", check_paths=False)
+    nets = []
+    for place in (device.CPU, device.Device(0)):
+        net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), device=place)
+        for p in net.params:
+            p.init_values(np.random.default_rng(1))
+        net.forward(job_pb2.kTrain | job_pb2.kForward)
+        for layer in reversed(net.layers):
+            layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
+        nets.append(net)
+    cpu, dev = nets
+    assert not device.is_host(dev.params[0].data)
+    for a, b in zip(cpu.layers, dev.layers):
+        pairs = [(a.name, a.data, b.data)] if hasattr(a.data, "shape") else []
+        pairs += [(p.name, p.grad, q.grad) for p, q in zip(a.params, b.params)]
+        for name, ours, theirs in pairs:
+            assert np.abs(device.host(theirs) - ours).max() <= 1e-5 * np.abs(ours).max() + 1e-6, \
+                name
+
+
+def test_cifar10_cudnn_bm_conf_trains_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
+    """Four steps of training and two tests: the losses within 1e-4 of the CPU run's."""
+    (tmp_path / "job.conf").write_text(cifar_conf(tmp_path))
+    runs = {}
+    for name, place in (("cpu", None), ("gpu", [0])):
+        m = Model.from_conf(str(tmp_path / "job.conf"))
+        m.jobconf.cluster.workspace = str(tmp_path / name)
+        runs[name] = m.fit(nb_epoch=4, test_steps=2, test_freq=2, disp_freq=2, seed=3,
+                           progress=False, device=place).history
+    assert runs["gpu"].keys() == runs["cpu"].keys()
+    for key, values in runs["cpu"].items():
+        assert np.allclose(runs["gpu"][key], values, rtol=1e-4), key
