@@ -337,6 +337,9 @@ class PoolingLayer(Layer):
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
     samples on the compute threads.
+    With `global_pooling` (ours, Caffe's) the window is the whole H × W: y (N, C, 1, 1) is
+    the max (g to the first argmax) or the mean (gx = g/(H·W)) of each plane, in one
+    reduction.
     """
 
     feature_parts = True
@@ -346,6 +349,10 @@ class PoolingLayer(Layer):
         n = src.shape[0]
         c, h, w = input_chw(self, src.shape)
         conf = self.conf.pooling_conf
+        self.is_global = conf.global_pooling
+        if self.is_global:
+            self._setup_global(conf, n, c, h, w)
+            return
         kh, kw, ph, pw, sh, sw = window(conf)
         if ph >= kh or pw >= kw:
             raise ConfigError(f"layer '{self.name}': pooling pad ({ph}, {pw}) must be smaller "
@@ -382,6 +389,42 @@ class PoolingLayer(Layer):
             self._tmp = np.empty_like(self.data)
             self._size = self.device.put(self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow))
 
+    def _setup_global(self, conf, n, c, h, w):
+        given = [f for f in ("kernel", "kernel_x", "kernel_y") if conf.HasField(f)] + \
+            [f for f in ("pad", "pad_x", "pad_y") if getattr(conf, f)] + \
+            [f for f in ("stride", "stride_x", "stride_y")
+             if conf.HasField(f) and getattr(conf, f) != 1]
+        if given:
+            raise ConfigError(f"layer '{self.name}': global_pooling pools the whole H × W (pad "
+                              f"0, stride 1); it takes no {', '.join(given)}")
+        self.chw, self.is_max = (c, h, w), conf.pool == job_pb2.PoolingProto.MAX
+        self.data = self.xp.zeros((n, c, 1, 1), np.float32)
+        self.grad = np.zeros_like(self.data)
+        if self.is_max:
+            self._argmax = self.xp.zeros((n, c, 1), np.intp)
+            self._plane = self.xp.arange(h * w)
+            self._hit = self.xp.empty((n, c, h * w), bool)
+
+    def _global_forward(self, x, train):
+        n, c = self.data.shape[:2]
+        x, y = x.reshape(n, c, -1), self.data.reshape(n, c)
+        if not self.is_max:
+            np.sum(x, axis=2, out=y)
+            y /= np.float32(x.shape[2])
+            return
+        np.max(x, axis=2, out=y)
+        if train:
+            np.argmax(x, axis=2, out=self._argmax.reshape(n, c))
+
+    def _global_backward(self, gx):
+        n, c = self.data.shape[:2]
+        g, gx = self.grad.reshape(n, c, 1), gx.reshape(n, c, -1)
+        if self.is_max:
+            np.equal(self._plane, self._argmax, out=self._hit)
+            np.multiply(self._hit, g, out=gx)
+        else:
+            np.divide(g, np.float32(gx.shape[2]), out=gx)
+
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
         """Window sizes (oh, ow) by which AVG divides; see the class docstring."""
         cudnn = self.conf.type == job_pb2.kCudnnPool
@@ -395,6 +438,9 @@ class PoolingLayer(Layer):
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
         train = flag & job_pb2.kTrain
+        if self.is_global:
+            self._global_forward(x, train)
+            return
         threads.run(lambda i, _: self._forward(x, self.chunks[i], train), len(self.chunks))
 
     def _forward(self, x, rows, train):
@@ -435,6 +481,9 @@ class PoolingLayer(Layer):
         if gsrc is None:
             return
         gx = gsrc.reshape((self.data.shape[0],) + self.chw)
+        if self.is_global:
+            self._global_backward(gx)
+            return
         threads.run(lambda i, _: self._backward(gx, self.chunks[i]), len(self.chunks))
 
     def _backward(self, gx, rows):

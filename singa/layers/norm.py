@@ -24,6 +24,9 @@ class LRNLayer(Layer):
     """Across channels, window of n = local_size centred on c (zero outside):
     norm = k + (α/n)·Σ_window x²; y = x·norm^{−β};
     gx = g·norm^{−β} − (2αβ/n)·x·Σ_window(g·y/norm).
+    norm_region WITHIN_CHANNEL (ours, Caffe's): the window is n × n pixels centred on (h, w)
+    in each channel (zero outside) and α/n becomes α/n² (Caffe's average of the squares,
+    padding counted); k = knorm, which Caffe fixes at 1.
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
     norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
@@ -38,7 +41,8 @@ class LRNLayer(Layer):
         if self.size <= 0 or self.size % 2 == 0:
             raise ConfigError(f"layer '{self.name}': lrn_conf.local_size must be odd and "
                               f"positive, got {self.size}")
-        self.salpha = np.float32(lc.alpha / self.size)
+        self.within = lc.norm_region == job_pb2.LRNProto.WITHIN_CHANNEL
+        self.salpha = np.float32(lc.alpha / self.size ** (2 if self.within else 1))
         self.beta = np.float32(lc.beta)
         self.knorm = np.float32(lc.knorm)
         n, c, h, w = src.shape
@@ -48,21 +52,36 @@ class LRNLayer(Layer):
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
         half = self.size // 2
-        # channels padded with zeros so that every window is a slice
-        self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
-        self._inner = self._padded[:, half:half + c]
+        # channels (or rows and columns) padded with zeros so that every window is a slice
+        if self.within:
+            self._padded = self.xp.zeros((n, c, h + 2 * half, w + 2 * half), np.float32)
+            self._inner = self._padded[:, :, half:half + h, half:half + w]
+            self._rows = self.xp.empty((n, c, h, w + 2 * half), np.float32)
+        else:
+            self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
+            self._inner = self._padded[:, half:half + c]
         self.chunks = threads.chunks(n, 4 * self.data[0].nbytes, is_host(self.data))
 
     def _window_sum(self, rows, out):
         """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c),
-        for the samples `rows`."""
-        c, p = out.shape[1], self._padded[rows]
+        for the samples `rows`; within channels, the sum over rows then over columns."""
+        p = self._padded[rows]
         if self.size == 1:
             np.copyto(out, p)
-            return
-        np.add(p[:, :c], p[:, 1:c + 1], out=out)
+        elif self.within:
+            h, w = out.shape[2:]
+            self._sum(p, self._rows[rows], 2, h)
+            self._sum(self._rows[rows], out, 3, w)
+        else:
+            self._sum(p, out, 1, out.shape[1])
+
+    def _sum(self, p, out, axis, n):
+        """out = Σ_{k < size} p[k:k + n] along `axis`."""
+        def part(k):
+            return p[(slice(None),) * axis + (slice(k, k + n),)]
+        np.add(part(0), part(1), out=out)
         for k in range(2, self.size):
-            out += p[:, k:k + c]
+            out += part(k)
 
     def _power(self, norm, out, scratch):
         """out = norm^{−β}."""

@@ -564,3 +564,33 @@ def test_a_net_cut_on_a_grouped_convolutions_filters_computes_the_whole_net():
     run_all_partitions(cut)
     got = np.concatenate([cut.by_name[f"0#conv@{k}"].data for k in (0, 1)], axis=1)
     np.testing.assert_allclose(got, whole.by_name["0#conv"].data, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
+@pytest.mark.parametrize("shape", [(2, 2, 4, 3), (2, 3, 4)])
+def test_global_pooling_reduces_each_whole_plane(layer_type, pool, reduce, shape):
+    src = Source(distinct(shape))
+    layer = make_layer(pool_conf(layer_type, pool, global_pooling="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    x = src.data.astype(np.float64).reshape(shape[0], -1, *shape[-2:])
+    np.testing.assert_allclose(layer.data, reduce(x, axis=(2, 3), keepdims=True), rtol=1e-6)
+    assert check_gradients(layer, [src]) == src.data.size
+
+
+def test_global_max_pooling_routes_the_gradient_to_the_first_maximum():
+    src = Source(np.array([[[[1, 4], [4, 0]], [[2, 2], [2, 2]]]], np.float32))
+    layer = make_layer(pool_conf(pool="MAX", global_pooling="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = [[[[3]], [[5]]]]
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(src.grad, [[[[0, 3], [0, 0]], [[5, 0], [0, 0]]]])
+
+
+@pytest.mark.parametrize("window, given", [(dict(kernel=3), "kernel"),
+                                           (dict(pad_x=1, stride=2), "pad_x, stride")])
+def test_global_pooling_takes_no_window(window, given):
+    with pytest.raises(ConfigError, match=rf"layer 'pool': global_pooling pools the whole H × W "
+                                          rf"\(pad 0, stride 1\); it takes no {given}$"):
+        make_layer(pool_conf(global_pooling="true", **window), [Source(distinct((1, 1, 3, 3)))])
+    make_layer(pool_conf(global_pooling="true", pad=0, stride=1), [Source(distinct((1, 1, 3, 3)))])

@@ -74,6 +74,58 @@ def test_lrn_refuses_an_even_window(n):
                    [Source(inputs((1, 4, 2, 2)))])
 
 
+WITHIN = LRN.replace("knorm: {k}", "knorm: {k} norm_region: WITHIN_CHANNEL")
+
+
+def lrn_within_by_loops(x, n, alpha, beta, k):
+    """y = x·(k + α/n²·Σ_{n×n window} x²)^{−β}, pixel by pixel (Caffe's average of squares over
+    a zero-padded window: the padding counts in n²)."""
+    x = x.astype(np.float64)
+    y = np.empty_like(x)
+    h, w, r = x.shape[2], x.shape[3], n // 2
+    for i in range(h):
+        for j in range(w):
+            win = x[:, :, max(0, i - r):i + r + 1, max(0, j - r):j + r + 1]
+            y[:, :, i, j] = x[:, :, i, j] * (k + alpha / n ** 2 * (win ** 2).sum(axis=(2, 3))) \
+                ** -beta
+    return y
+
+
+@pytest.mark.parametrize("n, alpha, k, beta", [(1, 0.5, 1, 0.75), (3, 5e-05, 1, 0.75),
+                                               (5, 2.0, 2, 0.6)])
+def test_lrn_within_channel_normalises_over_a_square_of_pixels(n, alpha, k, beta):
+    src = Source(3 * inputs((2, 3, 6, 5)))
+    layer = make_layer(WITHIN.format(kind="kLRN", n=n, alpha=alpha, beta=beta, k=k), [src])
+    layer.compute_feature(FORWARD, [src])
+    np.testing.assert_allclose(layer.data, lrn_within_by_loops(src.data, n, alpha, beta, k),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_lrn_within_channel_gradients(n):
+    src = Source(inputs((2, 2, 4, 3)))
+    layer = make_layer(WITHIN.format(kind="kLRN", n=n, alpha=4.0, beta=0.75, k=1), [src])
+    assert check_gradients(layer, [src]) == src.data.size
+
+
+def test_lrn_within_channel_by_chunks_on_two_threads_matches_one(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(3 * inputs((12, 3, 5, 4)))
+    results = []
+    for nthreads in (1, 2):
+        layer = make_layer(WITHIN.format(kind="kLRN", n=3, alpha=0.5, beta=0.75, k=1), [src])
+        assert len(layer.chunks) > 2
+        layer.grad[...] = inputs(layer.grad.shape, seed=2)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy()])
+    np.testing.assert_allclose(results[0][0], lrn_within_by_loops(src.data, 3, 0.5, 0.75, 1),
+                               rtol=1e-5, atol=1e-6)
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
 def test_lrn_needs_four_dimensions():
     with pytest.raises(ConfigError, match=r"layer 'norm' needs a 4-D source .* \(2, 6\)"):
         make_layer(LRN.format(kind="kLRN", n=3, alpha=1, beta=0.75, k=1), [Source(inputs((2, 6)))])
