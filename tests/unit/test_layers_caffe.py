@@ -163,3 +163,43 @@ def test_caffe_layer_kinds_are_refused_on_partition_dim_1(kind):
                                           rf"its features \(partition_dim 1 over 2 workers\); "
                                           rf"give it partition_dim: 0"):
         partition.add_connection_layers(list(net.layer), 2, layer_class)
+
+
+def test_a_net_of_caffes_kinds_builds_and_runs_forward_and_back():
+    """A residual block (BatchNorm, Scale, Eltwise over a split source) and an FCN-style head
+    (Deconvolution, Crop to the input, global pooling, Flatten, softmax over axis 1)."""
+    from singa.neuralnet import NeuralNet
+
+    def p(name):
+        return f'param {{ name: "{name}" init {{ type: kGaussian std: 0.3 }} }}'
+    conf = text_format.Parse(f"""
+        layer {{ name: "x" type: kDummy dummy_conf {{ input: true shape: 4 shape: 3 shape: 6
+                                                         shape: 6 }} }}
+        layer {{ name: "conv" type: kCConvolution srclayers: "x" {p("w")} {p("b")}
+                 convolution_conf {{ num_filters: 3 kernel: 3 pad: 1 }} }}
+        layer {{ name: "bn" type: kCaffeBatchNorm srclayers: "conv" {p("m")} {p("v")} {p("f")} }}
+        layer {{ name: "scale" type: kScale srclayers: "bn" scale_conf {{ bias_term: true }}
+                 {p("g")} {p("be")} }}
+        layer {{ name: "sum" type: kEltwise srclayers: "scale" srclayers: "x" }}
+        layer {{ name: "up" type: kDeconvolution srclayers: "sum" {p("wd")} {p("bd")}
+                 convolution_conf {{ num_filters: 3 kernel: 4 stride: 2 pad: 1 }} }}
+        layer {{ name: "crop" type: kCrop srclayers: "up" srclayers: "x"
+                 crop_conf {{ offset: 3 }} }}
+        layer {{ name: "pool" type: kPooling srclayers: "crop"
+                 pooling_conf {{ pool: AVG global_pooling: true }} }}
+        layer {{ name: "flat" type: kFlatten srclayers: "pool" }}
+        layer {{ name: "sm" type: kSoftmax srclayers: "flat" softmax_conf {{ axis: 1 }} }}
+        layer {{ name: "y" type: kDummy srclayers: "sm" dummy_conf {{ output: true }} }}
+        """, job_pb2.NetProto())
+    net = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0))
+    assert "split(0#x)" in net.by_name
+    rng = np.random.default_rng(1)
+    for q in net.params:
+        q.data[...] = rng.normal(0, 0.3, q.shape)
+    net.forward(FORWARD)
+    for layer in reversed(net.layers):
+        layer.compute_gradient(BACKWARD, net.srclayers[layer.name])
+    assert net.by_name["0#flat"].data.shape == (4, 3)
+    np.testing.assert_allclose(net.by_name["0#sm"].data.sum(axis=1), 1, rtol=1e-6)
+    assert all(np.isfinite(q.grad).all() for q in net.params)
+    assert net.by_name["0#conv"].params[0].grad.any()
