@@ -28,7 +28,12 @@ class Param:
     `owner` to the owner's id; only owners are checkpointed and updated. A param of a layer
     partitioned on dim 1 holds one piece of the whole: `partition` = (axis, k, parts) says it is
     piece `k` of `parts` along `axis`, rows `cut(whole, parts, k)` (None: the whole param).
+    `updated_by_layer`: values the layer itself updates in its forward pass (Caffe's BatchNorm
+    running sums), not the updater: the worker keeps and checkpoints them and never sends
+    them to the servers for an update (whose answer would overwrite them).
     """
+
+    updated_by_layer = False
 
     def __init__(self, proto):
         self.proto = proto

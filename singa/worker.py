@@ -425,6 +425,8 @@ class Worker:
             self.dealer.send(pm.request(self.address, m.STUB, m.kGet, p.owner, step))
 
     def update(self, step, p):
+        if p.updated_by_layer:      # the layer's own values: the servers keep their first
+            return
         if p.partition is not None:
             # Each of the K partitions' losses is a mean over its K-th of the batch, so a piece
             # gets K times the whole batch's gradient (a dim-0 param is averaged over its K

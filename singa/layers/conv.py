@@ -1,4 +1,4 @@
-"""Convolution (im2col + GEMM) and pooling layers (src/neuralnet/neuron_layer/convolution.cc, pooling.cc), on (N, C, H, W) float32 blobs."""
+"""Convolution (im2col + GEMM), Caffe's deconvolution and pooling layers (src/neuralnet/neuron_layer/convolution.cc, pooling.cc; Caffe's deconv_layer.cpp), on (N, C, H, W) float32 blobs."""
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -11,7 +11,7 @@ from singa.layers.neuron import mark_pieces, partitioned
 from singa.param import cut
 from singa.proto import job_pb2
 
-__all__ = ["ConvolutionLayer", "PoolingLayer"]
+__all__ = ["ConvolutionLayer", "DeconvolutionLayer", "PoolingLayer"]
 
 
 def window(conf):
@@ -309,6 +309,122 @@ class ConvolutionLayer(Layer):
         np.copyto(gx, out.transpose(1, 0, 2, 3))
 
 
+@register(job_pb2.kDeconvolution)
+class DeconvolutionLayer(Layer):
+    """Caffe's Deconvolution, the transposed convolution: col = Wᵀ·x[n], y[n] = col2im(col) + b;
+    gx[n] = W·col(g[n]); gW = Σ_n x[n]·col(g[n])ᵀ; gb = Σ_{n,h,w} g.
+
+    x is (N, C, H, W), W is (C, F/G, kh, kw) (Caffe's blob), y is (N, F, s·(H−1) + k − 2p,
+    …) with F = num_filters, G = group: input block i feeds output block i only. col is
+    (F·kh·kw, H·W), col2im scatter-adds it into the padded output and drops the padding (the
+    backward pass of the convolution of y's shape into x's). Chunks of samples run on the
+    compute threads; gW sums the chunks' products in chunk order. Where numba is installed
+    (`kernels.compiled`), col2im and im2col are its compiled loops: the same bits.
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        n = src.shape[0]
+        c, h, w = input_chw(self, src.shape)
+        cc = self.conf.convolution_conf
+        kh, kw, ph, pw, sh, sw = window(cc)
+        f, g = cc.num_filters, cc.group
+        if f <= 0:
+            raise ConfigError(f"layer '{self.name}': convolution_conf.num_filters must be > 0")
+        if g < 1 or c % g or f % g:
+            raise ConfigError(f"layer '{self.name}': convolution_conf.group {g} must divide "
+                              f"both the input channels ({c}) and num_filters ({f})")
+        oh, ow = sh * (h - 1) + kh - 2 * ph, sw * (w - 1) + kw - 2 * pw
+        if min(kh, kw, sh, sw, oh, ow) <= 0:
+            raise ConfigError(f"layer '{self.name}': kernel ({kh}, {kw}), pad ({ph}, {pw}), "
+                              f"stride ({sh}, {sw}) leave no output for an input of "
+                              f"{h} × {w}")
+        self.chw, self.kernel, self.pad, self.stride, self.group = \
+            (c, h, w), (kh, kw), (ph, pw), (sh, sw), g
+        self.weight, self.bias = self.params = make_params(
+            self, {"weight": (c, f // g, kh, kw), "bias": (f,)})
+        self.data = self.xp.zeros((n, f, oh, ow), np.float32)
+        self.grad = np.zeros_like(self.data)
+        self._loops = kernels.compiled(self.device)
+        self.taps = _taps(kh, kw, sh, sw, h, w)
+        self._ypad = self._gpad = None
+        if (ph or pw) and self._loops is None:
+            self._ypad = self.xp.zeros((n, f, oh + 2 * ph, ow + 2 * pw), np.float32)
+            self._gpad = np.zeros_like(self._ypad)      # its border stays 0
+        self.chunks = threads.chunks(n, f * kh * kw * h * w * 4, is_host(self.data))
+        self._gws = self.xp.empty((len(self.chunks), g, c // g, f // g * kh * kw), np.float32)
+        self._scratch = threads.Scratch(self._make_scratch)
+
+    def _make_scratch(self, key):
+        (c, h, w), (kh, kw), f, b = self.chw, self.kernel, self.data.shape[1], key[1]
+        return {"col": self.xp.empty((f, kh, kw, b, h, w), np.float32),
+                "xt": self.xp.empty((c, b, h, w), np.float32)}
+
+    def _gw(self):
+        """W as (G, C/G, F/G·kh·kw)."""
+        return self.weight.data.reshape(self.group, self.chw[0] // self.group, -1)
+
+    def _xt(self, x, rows, s):
+        """The chunk's x as (G, C/G, b·H·W)."""
+        np.copyto(s["xt"], x[rows].transpose(1, 0, 2, 3))
+        return s["xt"].reshape(self.group, self.chw[0] // self.group, -1)
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
+        threads.run(lambda i, slot: self._forward(x, self.chunks[i], slot), len(self.chunks))
+
+    def _forward(self, x, rows, slot):
+        s = self._scratch[slot, rows.stop - rows.start]
+        col = s["col"]
+        _matmul(self._gw().transpose(0, 2, 1), self._xt(x, rows, s),
+                col.reshape(self.group, self._gws.shape[3], -1))
+        y = self.data[rows]
+        if self._loops is not None:
+            self._loops.col2im(col, *self.pad, *self.stride, y)
+        else:
+            yp = y if self._ypad is None else self._ypad[rows]
+            yp[...] = 0
+            for ti, tj, r, c in self.taps:
+                yp[:, :, r, c] += col[:, ti, tj].transpose(1, 0, 2, 3)
+            if self._ypad is not None:
+                (ph, pw), (oh, ow) = self.pad, y.shape[2:]
+                np.copyto(y, yp[:, :, ph:ph + oh, pw:pw + ow])
+        y += self.bias.data[:, None, None]
+
+    def compute_gradient(self, flag, srclayers):
+        src = srclayers[0]
+        n = self.data.shape[0]
+        x = src.data_for(self).reshape((n,) + self.chw)
+        gsrc = src.grad_for(self)
+        gx = None if gsrc is None else gsrc.reshape((n,) + self.chw)
+        threads.run(lambda i, slot: self._backward(x, gx, i, slot), len(self.chunks))
+        gw = self.weight.grad.reshape(self._gws.shape[1:])
+        gb = self.grad.sum(axis=(0, 2, 3))
+        if flag & job_pb2.kAggGrad:
+            gw += self._gws.sum(axis=0)
+            self.bias.grad += gb
+        else:
+            np.sum(self._gws, axis=0, out=gw)
+            np.copyto(self.bias.grad, gb)
+
+    def _backward(self, x, gx, i, slot):
+        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+        rows = self.chunks[i]
+        s = self._scratch[slot, rows.stop - rows.start]
+        col, g = s["col"], self.grad[rows]
+        if self._loops is not None:
+            self._loops.im2col(g, *self.pad, *self.stride, col, False)
+        else:
+            _im2col(_padded(g, None if self._gpad is None else self._gpad[rows], self.pad),
+                    self.kernel, self.stride, col)
+        col = col.reshape(self.group, self._gws.shape[3], -1)
+        xt = self._xt(x, rows, s)
+        _matmul(xt, col.transpose(0, 2, 1), self._gws[i])
+        if gx is not None:
+            _matmul(self._gw(), col, xt)        # xt is no longer needed: gx as (C, b, H, W)
+            np.copyto(gx[rows], s["xt"].transpose(1, 0, 2, 3))
+
+
 def _im2col(x, kernel, stride, col, channel_axis=1):
     """col (C, kh, kw, b, oh, ow) of x (b, C, H, W) (or (C, b, H, W) if channel_axis is 0),
     written into `col` and returned."""
@@ -337,6 +453,9 @@ class PoolingLayer(Layer):
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
     samples on the compute threads.
+    With `global_pooling` (ours, Caffe's) the window is the whole H × W: y (N, C, 1, 1) is
+    the max (g to the first argmax) or the mean (gx = g/(H·W)) of each plane, in one
+    reduction.
     """
 
     feature_parts = True
@@ -346,6 +465,10 @@ class PoolingLayer(Layer):
         n = src.shape[0]
         c, h, w = input_chw(self, src.shape)
         conf = self.conf.pooling_conf
+        self.is_global = conf.global_pooling
+        if self.is_global:
+            self._setup_global(conf, n, c, h, w)
+            return
         kh, kw, ph, pw, sh, sw = window(conf)
         if ph >= kh or pw >= kw:
             raise ConfigError(f"layer '{self.name}': pooling pad ({ph}, {pw}) must be smaller "
@@ -382,6 +505,42 @@ class PoolingLayer(Layer):
             self._tmp = np.empty_like(self.data)
             self._size = self.device.put(self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow))
 
+    def _setup_global(self, conf, n, c, h, w):
+        given = [f for f in ("kernel", "kernel_x", "kernel_y") if conf.HasField(f)] + \
+            [f for f in ("pad", "pad_x", "pad_y") if getattr(conf, f)] + \
+            [f for f in ("stride", "stride_x", "stride_y")
+             if conf.HasField(f) and getattr(conf, f) != 1]
+        if given:
+            raise ConfigError(f"layer '{self.name}': global_pooling pools the whole H × W (pad "
+                              f"0, stride 1); it takes no {', '.join(given)}")
+        self.chw, self.is_max = (c, h, w), conf.pool == job_pb2.PoolingProto.MAX
+        self.data = self.xp.zeros((n, c, 1, 1), np.float32)
+        self.grad = np.zeros_like(self.data)
+        if self.is_max:
+            self._argmax = self.xp.zeros((n, c, 1), np.intp)
+            self._plane = self.xp.arange(h * w)
+            self._hit = self.xp.empty((n, c, h * w), bool)
+
+    def _global_forward(self, x, train):
+        n, c = self.data.shape[:2]
+        x, y = x.reshape(n, c, -1), self.data.reshape(n, c)
+        if not self.is_max:
+            np.sum(x, axis=2, out=y)
+            y /= np.float32(x.shape[2])
+            return
+        np.max(x, axis=2, out=y)
+        if train:
+            np.argmax(x, axis=2, out=self._argmax.reshape(n, c))
+
+    def _global_backward(self, gx):
+        n, c = self.data.shape[:2]
+        g, gx = self.grad.reshape(n, c, 1), gx.reshape(n, c, -1)
+        if self.is_max:
+            np.equal(self._plane, self._argmax, out=self._hit)
+            np.multiply(self._hit, g, out=gx)
+        else:
+            np.divide(g, np.float32(gx.shape[2]), out=gx)
+
     def _divisor(self, h, w, kh, kw, ph, pw, sh, sw, oh, ow):
         """Window sizes (oh, ow) by which AVG divides; see the class docstring."""
         cudnn = self.conf.type == job_pb2.kCudnnPool
@@ -395,6 +554,9 @@ class PoolingLayer(Layer):
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
         train = flag & job_pb2.kTrain
+        if self.is_global:
+            self._global_forward(x, train)
+            return
         threads.run(lambda i, _: self._forward(x, self.chunks[i], train), len(self.chunks))
 
     def _forward(self, x, rows, train):
@@ -435,6 +597,9 @@ class PoolingLayer(Layer):
         if gsrc is None:
             return
         gx = gsrc.reshape((self.data.shape[0],) + self.chw)
+        if self.is_global:
+            self._global_backward(gx)
+            return
         threads.run(lambda i, _: self._backward(gx, self.chunks[i]), len(self.chunks))
 
     def _backward(self, gx, rows):

@@ -1,4 +1,6 @@
 """Neuron layers other than convolution and normalisation: InnerProduct, activations, Dropout, Softmax, Dummy (src/neuralnet/neuron_layer/)."""
+import math
+
 import numpy as np
 
 from singa import threads
@@ -230,20 +232,56 @@ class DropoutLayer(Layer):
 
 @register(job_pb2.kSoftmax, job_pb2.kCudnnSoftmax)
 class SoftmaxLayer(Layer):
-    """y[n] = softmax(x[n]) row-wise over D = count/N. Forward only, like SINGA's."""
+    """y[n] = softmax(x[n]) row-wise over D = count/N. Forward only, like SINGA's.
+
+    softmax_conf.axis a (ours, Caffe's): y = softmax over dim a at each position of the other
+    dims (a = 1 of (N, C, H, W): over the channels at each pixel), x viewed as (outer, D_a,
+    inner); gx = y·(g − Σ_a g·y) (Caffe's backward).
+    """
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self._rowmax = self.xp.empty((src.shape[0], 1), np.float32)
+        sc = self.conf.softmax_conf
+        if not sc.HasField("axis"):
+            self.view = None
+            self._rowmax = self.xp.empty((src.shape[0], 1), np.float32)
+            return
+        if not -src.ndim <= sc.axis < src.ndim:
+            raise ConfigError(f"layer '{self.name}': softmax_conf.axis {sc.axis} is out of "
+                              f"range for a source of shape {src.shape}")
+        a = sc.axis % src.ndim
+        self.view = (math.prod(src.shape[:a]), src.shape[a], math.prod(src.shape[a + 1:]))
+        self.grad = np.zeros_like(self.data)
+        self._tmp = np.empty_like(self.data)
+        self._rowmax = self.xp.empty((self.view[0], 1, self.view[2]), np.float32)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
-        softmax(x.reshape(x.shape[0], -1), self.data.reshape(x.shape[0], -1), self._rowmax)
+        if self.view is None:
+            softmax(x.reshape(x.shape[0], -1), self.data.reshape(x.shape[0], -1), self._rowmax)
+            return
+        x, y, m = x.reshape(self.view), self.data.reshape(self.view), self._rowmax
+        np.max(x, axis=1, keepdims=True, out=m)
+        np.subtract(x, m, out=y)
+        np.exp(y, out=y)
+        np.sum(y, axis=1, keepdims=True, out=m)
+        y /= m
 
     def compute_gradient(self, flag, srclayers):
-        raise ConfigError(f"layer '{self.name}': SINGA's Softmax layer has no backward; "
-                          f"use kSoftmaxLoss in training nets and kSoftmax only in test nets")
+        if self.view is None:
+            raise ConfigError(f"layer '{self.name}': SINGA's Softmax layer has no backward; "
+                              f"use kSoftmaxLoss in training nets and kSoftmax only in test "
+                              f"nets (or Caffe's, softmax_conf.axis)")
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None:
+            return
+        y, g, m = self.data.reshape(self.view), self.grad.reshape(self.view), self._rowmax
+        gy = np.multiply(g, y, out=self._tmp.reshape(self.view))
+        np.sum(gy, axis=1, keepdims=True, out=m)
+        gx = gsrc.reshape(self.view)
+        np.subtract(g, m, out=gx)
+        gx *= y
 
 
 @register(job_pb2.kDummy)

@@ -1,13 +1,13 @@
-"""Normalisation layers: LRN across channels and spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc)."""
+"""Normalisation layers: LRN, spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc) and Caffe's BatchNorm (src/caffe/layers/batch_norm_layer.cpp)."""
 import numpy as np
 
 from singa import threads
-from singa.device import is_host
+from singa.device import host, is_host
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
-__all__ = ["LRNLayer", "BMLayer", "BN_EPSILON"]
+__all__ = ["LRNLayer", "BMLayer", "CaffeBatchNormLayer", "BN_EPSILON"]
 
 #: cuDNN's CUDNN_BN_MIN_EPSILON, the epsilon SINGA's CudnnBMLayer passes
 BN_EPSILON = 1e-5
@@ -24,6 +24,9 @@ class LRNLayer(Layer):
     """Across channels, window of n = local_size centred on c (zero outside):
     norm = k + (α/n)·Σ_window x²; y = x·norm^{−β};
     gx = g·norm^{−β} − (2αβ/n)·x·Σ_window(g·y/norm).
+    norm_region WITHIN_CHANNEL (ours, Caffe's): the window is n × n pixels centred on (h, w)
+    in each channel (zero outside) and α/n becomes α/n² (Caffe's average of the squares,
+    padding counted); k = knorm, which Caffe fixes at 1.
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
     norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
@@ -38,7 +41,8 @@ class LRNLayer(Layer):
         if self.size <= 0 or self.size % 2 == 0:
             raise ConfigError(f"layer '{self.name}': lrn_conf.local_size must be odd and "
                               f"positive, got {self.size}")
-        self.salpha = np.float32(lc.alpha / self.size)
+        self.within = lc.norm_region == job_pb2.LRNProto.WITHIN_CHANNEL
+        self.salpha = np.float32(lc.alpha / self.size ** (2 if self.within else 1))
         self.beta = np.float32(lc.beta)
         self.knorm = np.float32(lc.knorm)
         n, c, h, w = src.shape
@@ -48,21 +52,36 @@ class LRNLayer(Layer):
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
         half = self.size // 2
-        # channels padded with zeros so that every window is a slice
-        self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
-        self._inner = self._padded[:, half:half + c]
+        # channels (or rows and columns) padded with zeros so that every window is a slice
+        if self.within:
+            self._padded = self.xp.zeros((n, c, h + 2 * half, w + 2 * half), np.float32)
+            self._inner = self._padded[:, :, half:half + h, half:half + w]
+            self._rows = self.xp.empty((n, c, h, w + 2 * half), np.float32)
+        else:
+            self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
+            self._inner = self._padded[:, half:half + c]
         self.chunks = threads.chunks(n, 4 * self.data[0].nbytes, is_host(self.data))
 
     def _window_sum(self, rows, out):
         """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c),
-        for the samples `rows`."""
-        c, p = out.shape[1], self._padded[rows]
+        for the samples `rows`; within channels, the sum over rows then over columns."""
+        p = self._padded[rows]
         if self.size == 1:
             np.copyto(out, p)
-            return
-        np.add(p[:, :c], p[:, 1:c + 1], out=out)
+        elif self.within:
+            h, w = out.shape[2:]
+            self._sum(p, self._rows[rows], 2, h)
+            self._sum(self._rows[rows], out, 3, w)
+        else:
+            self._sum(p, out, 1, out.shape[1])
+
+    def _sum(self, p, out, axis, n):
+        """out = Σ_{k < size} p[k:k + n] along `axis`."""
+        def part(k):
+            return p[(slice(None),) * axis + (slice(k, k + n),)]
+        np.add(part(0), part(1), out=out)
         for k in range(2, self.size):
-            out += p[:, k:k + c]
+            out += part(k)
 
     def _power(self, norm, out, scratch):
         """out = norm^{−β}."""
@@ -163,3 +182,103 @@ class BMLayer(Layer):
         gsrc += gbeta
         np.subtract(g * self._m, gsrc, out=gsrc)
         gsrc *= self.gamma.data * self.inv_std / self._m
+
+
+@register(job_pb2.kCaffeBatchNorm)
+class CaffeBatchNormLayer(Layer):
+    """Caffe's BatchNorm, per channel c (dim 1) over the others: y = x̂ = (x − μ_c)/√(σ²_c + ε).
+
+    Params in conf order, Caffe's three blobs: running sums S_μ (C), S_σ² (C) and factor
+    s (1). Batch statistics (use_global_stats false; unset: in the training phase): μ, σ²
+    (biased) of the batch, and then s ← λ·s + 1, S_μ ← λ·S_μ + μ, S_σ² ← λ·S_σ² + m/(m−1)·σ²
+    (λ = moving_average_fraction, m = N·H·W); gx = (g − mean(g) − mean(g·y)·y)/√(σ² + ε),
+    means over (N, H, W). Global statistics (use_global_stats true; unset: other phases):
+    μ = S_μ/s, σ² = S_σ²/s (0 for s = 0); gx = g/√(σ² + ε).
+    The three are not learned: the layer updates them (`Param.updated_by_layer`: the worker
+    keeps them, never sending them for an update), their lr_scale and wd_scale are forced to
+    0 and their gradient is 0; a param without init starts at 0, as Caffe's.
+    On partition_dim 0 every partition normalises by its share of the batch and partition 0
+    alone keeps the sums (the copies share them), as Caffe's root solver.
+    """
+
+    def setup(self, srclayers):
+        src = srclayers[0].data_for(self)
+        if src.ndim < 2:
+            raise ConfigError(f"layer '{self.name}' needs a source of shape (N, C, ...), got "
+                              f"{src.shape}")
+        c = src.shape[1]
+        self.axes = (0,) + tuple(range(2, src.ndim))
+        bshape = (1, c) + (1,) * (src.ndim - 2)
+        self.params = make_params(self, {"mean": (c,), "variance": (c,), "factor": (1,)})
+        for conf, p in zip(self.conf.param, self.params):
+            p.lr_scale = p.wd_scale = 0.0
+            p.updated_by_layer = True
+            if not conf.HasField("init"):
+                p.proto = job_pb2.ParamProto()
+                p.proto.CopyFrom(conf)
+                p.proto.init.type, p.proto.init.value = job_pb2.kConstant, 0
+        self.mean, self.variance, self.factor = self.params
+        bc = self.conf.batch_norm_conf
+        self.fraction, self.eps = np.float32(bc.moving_average_fraction), bc.eps
+        m = src.size // c
+        self.correction = np.float32(m / (m - 1) if m > 1 else 1)
+        self.keeps_sums = self.conf.partition_id == 0
+        self.data = self.xp.zeros(src.shape, np.float32)
+        self.grad = np.zeros_like(self.data)
+        self.xhat = np.empty_like(self.data)   # y, kept apart from data (an in-place successor)
+        self._tmp = np.empty_like(self.data)
+        self._mu = self.xp.empty(bshape, np.float32)
+        self._var = self.xp.empty(bshape, np.float32)
+        self.inv_std = self.xp.empty(bshape, np.float32)
+        self.global_stats = False
+
+    def compute_feature(self, flag, srclayers):
+        x = srclayers[0].data_for(self)
+        bc = self.conf.batch_norm_conf
+        self.global_stats = bc.use_global_stats if bc.HasField("use_global_stats") \
+            else not flag & job_pb2.kTrain
+        mu, var = self._mu.reshape(-1), self._var.reshape(-1)
+        if self.global_stats:
+            s = float(host(self.factor.data)[0])
+            s = np.float32(0 if s == 0 else 1 / s)
+            np.multiply(self.mean.data, s, out=mu)
+            np.multiply(self.variance.data, s, out=var)
+            np.subtract(x, self._mu, out=self.xhat)
+        else:
+            np.copyto(mu, x.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
+            np.subtract(x, self._mu, out=self.xhat)
+            sq = np.square(self.xhat, out=self._tmp)
+            np.copyto(var, sq.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
+            if self.keeps_sums:
+                self._accumulate(mu, var)
+        np.add(self._var, np.float32(self.eps), out=self.inv_std)
+        np.sqrt(self.inv_std, out=self.inv_std)
+        np.reciprocal(self.inv_std, out=self.inv_std)
+        self.xhat *= self.inv_std
+        np.copyto(self.data, self.xhat)
+
+    def _accumulate(self, mu, var):
+        """Caffe's moving sums: s ← λs + 1, S_μ ← λS_μ + μ, S_σ² ← λS_σ² + m/(m−1)·σ²."""
+        lam = self.fraction
+        self.factor.data *= lam
+        self.factor.data += 1
+        self.mean.data *= lam
+        self.mean.data += mu
+        self.variance.data *= lam
+        self.variance.data += self.correction * var
+
+    def compute_gradient(self, flag, srclayers):
+        for p in self.params:
+            p.grad[...] = 0
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None:
+            return
+        g = self.grad
+        if self.global_stats:
+            np.multiply(g, self.inv_std, out=gsrc)
+            return
+        gy = np.multiply(g, self.xhat, out=self._tmp).mean(axis=self.axes, keepdims=True)
+        np.multiply(self.xhat, gy, out=gsrc)
+        gsrc += g.mean(axis=self.axes, keepdims=True)
+        np.subtract(g, gsrc, out=gsrc)
+        gsrc *= self.inv_std

@@ -564,3 +564,136 @@ def test_a_net_cut_on_a_grouped_convolutions_filters_computes_the_whole_net():
     run_all_partitions(cut)
     got = np.concatenate([cut.by_name[f"0#conv@{k}"].data for k in (0, 1)], axis=1)
     np.testing.assert_allclose(got, whole.by_name["0#conv"].data, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool, reduce", [("MAX", np.max), ("AVG", np.mean)])
+@pytest.mark.parametrize("shape", [(2, 2, 4, 3), (2, 3, 4)])
+def test_global_pooling_reduces_each_whole_plane(layer_type, pool, reduce, shape):
+    src = Source(distinct(shape))
+    layer = make_layer(pool_conf(layer_type, pool, global_pooling="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    x = src.data.astype(np.float64).reshape(shape[0], -1, *shape[-2:])
+    np.testing.assert_allclose(layer.data, reduce(x, axis=(2, 3), keepdims=True), rtol=1e-6)
+    assert check_gradients(layer, [src]) == src.data.size
+
+
+def test_global_max_pooling_routes_the_gradient_to_the_first_maximum():
+    src = Source(np.array([[[[1, 4], [4, 0]], [[2, 2], [2, 2]]]], np.float32))
+    layer = make_layer(pool_conf(pool="MAX", global_pooling="true"), [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = [[[[3]], [[5]]]]
+    layer.compute_gradient(BACKWARD, [src])
+    np.testing.assert_array_equal(src.grad, [[[[0, 3], [0, 0]], [[5, 0], [0, 0]]]])
+
+
+@pytest.mark.parametrize("window, given", [(dict(kernel=3), "kernel"),
+                                           (dict(pad_x=1, stride=2), "pad_x, stride")])
+def test_global_pooling_takes_no_window(window, given):
+    with pytest.raises(ConfigError, match=rf"layer 'pool': global_pooling pools the whole H × W "
+                                          rf"\(pad 0, stride 1\); it takes no {given}$"):
+        make_layer(pool_conf(global_pooling="true", **window), [Source(distinct((1, 1, 3, 3)))])
+    make_layer(pool_conf(global_pooling="true", pad=0, stride=1), [Source(distinct((1, 1, 3, 3)))])
+
+
+def deconv_conf(num_filters=4, group=1, **kw):
+    fields = " ".join(f"{k}: {v}" for k, v in kw.items())
+    return (f'name: "deconv" type: kDeconvolution convolution_conf {{ num_filters: {num_filters} '
+            f'group: {group} {fields} }} param {{ name: "w" }} param {{ name: "b" }}')
+
+
+def direct_deconv(x, w, b, group, kh, kw, ph, pw, sh, sw):
+    """Caffe's deconvolution by loops in float64: input pixel (i, j) of channel c adds
+    x·W[c, f] to the kh × kw output window at (i·sh − ph, j·sw − pw) of each filter f of c's
+    group."""
+    n, c, h, wd = x.shape
+    f = w.shape[1] * group
+    oh, ow = sh * (h - 1) + kh - 2 * ph, sw * (wd - 1) + kw - 2 * pw
+    y = np.zeros((n, f, oh + 2 * ph, ow + 2 * pw))
+    cg, fg = c // group, f // group
+    for ch in range(c):
+        fs = slice(ch // cg * fg, (ch // cg + 1) * fg)
+        for i in range(h):
+            for j in range(wd):
+                y[:, fs, i * sh:i * sh + kh, j * sw:j * sw + kw] += \
+                    x[:, ch, i, j][:, None, None, None] * w[ch].astype(np.float64)
+    return y[:, :, ph:ph + oh, pw:pw + ow] + b.reshape(1, -1, 1, 1)
+
+
+DECONV_WINDOWS = [dict(kernel=2, stride=2), dict(kernel=4, stride=2, pad=1),
+                  dict(kernel=3, stride=1, pad=1), dict(kernel_x=3, kernel_y=2, stride_x=2,
+                                                        stride_y=1, pad_x=1)]
+
+
+def deconv_window(window):
+    def get(name, axis):
+        return window.get(name, window.get(f"{name}_{axis}", {"kernel": 3, "pad": 0,
+                                                               "stride": 1}[name]))
+    return [get(k, a) for k in ("kernel", "pad", "stride") for a in ("y", "x")]
+
+
+@pytest.mark.parametrize("window", DECONV_WINDOWS)
+@pytest.mark.parametrize("group, channels, num_filters", [(1, 3, 4), (2, 4, 6)])
+def test_deconvolution_matches_caffes_direct_loops(window, group, channels, num_filters):
+    src = Source(np.random.default_rng(1).standard_normal((2, channels, 4, 3)))
+    layer = make_layer(deconv_conf(num_filters, group, **window), [src])
+    w, b = (p.data for p in layer.params)
+    assert w.shape[:2] == (channels, num_filters // group)
+    layer.compute_feature(FORWARD, [src])
+    kh, kw, ph, pw, sh, sw = deconv_window(window)
+    want = direct_deconv(src.data.astype(np.float64), w, b, group, kh, kw, ph, pw, sh, sw)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", DECONV_WINDOWS[1:3])
+@pytest.mark.parametrize("group", [1, 2])
+def test_deconvolution_gradients(window, group):
+    src = Source(np.random.default_rng(2).standard_normal((2, 2, 3, 3)))
+    layer = make_layer(deconv_conf(2, group, **window), [src])
+    assert check_gradients(layer, [src]) == src.data.size + sum(p.size for p in layer.params)
+
+
+def test_deconvolution_in_chunks_on_two_threads_matches_one(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(np.random.default_rng(3).standard_normal((10, 4, 5, 5)))
+    results = []
+    for nthreads in (1, 2):
+        layer = make_layer(deconv_conf(6, 2, kernel=4, stride=2, pad=1), [src])
+        assert len(layer.chunks) > 2
+        layer.grad[...] = np.random.default_rng(4).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy(), layer.params[0].grad.copy(),
+                        layer.params[1].grad.copy()])
+    w, b = (p.data for p in layer.params)
+    want = direct_deconv(src.data.astype(np.float64), w, b, 2, 4, 4, 1, 1, 2, 2)
+    np.testing.assert_allclose(results[0][0], want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)
+
+
+def test_deconvolution_is_the_transposed_convolution():
+    """⟨deconv(x), y⟩ = ⟨x, conv(y)⟩ with the same weights and no biases."""
+    x = Source(np.random.default_rng(5).standard_normal((2, 3, 4, 4)))
+    deconv = make_layer(deconv_conf(2, kernel=3, stride=2, pad=1), [x])
+    deconv.params[1].data[...] = 0
+    deconv.compute_feature(FORWARD, [x])
+    y = Source(np.random.default_rng(6).standard_normal(deconv.data.shape))
+    conv = make_layer(conv_conf(num_filters=3, kernel=3, stride=2, pad=1), [y])
+    conv.params[0].data[...] = deconv.params[0].data.reshape(3, -1)
+    conv.params[1].data[...] = 0
+    conv.compute_feature(FORWARD, [y])
+    assert conv.data.shape == x.data.shape
+    np.testing.assert_allclose(np.vdot(deconv.data.astype(np.float64), y.data),
+                               np.vdot(x.data.astype(np.float64), conv.data), rtol=1e-5)
+
+
+@pytest.mark.parametrize("conf, error", [
+    (deconv_conf(3, 2), r"convolution_conf.group 2 must divide both the input channels \(4\) "
+                        r"and num_filters \(3\)"),
+    (deconv_conf(2, kernel=1, pad=1), r"kernel \(1, 1\), pad \(1, 1\), stride \(1, 1\) leave "
+                                      r"no output for an input of 1 × 3")])
+def test_deconvolution_refuses_bad_confs_in_one_line(conf, error):
+    with pytest.raises(ConfigError, match=f"layer 'deconv': {error}"):
+        make_layer(conf, [Source(np.zeros((1, 4, 1, 3)))])

@@ -141,6 +141,27 @@ def test_softmax_rows_sum_to_one_and_backward_is_refused(layer_type):
         layer.compute_gradient(BACKWARD, [src])
 
 
+@pytest.mark.parametrize("layer_type", ["kSoftmax", "kCudnnSoftmax"])
+@pytest.mark.parametrize("shape, axis", [((2, 3, 4, 2), 1), ((2, 3, 4, 2), -1), ((3, 6), 1),
+                                         ((2, 5), 0)])
+def test_caffes_softmax_over_one_axis_at_each_position_and_its_gradient(layer_type, shape, axis):
+    src = Source(inputs(shape) * 3)
+    layer = make_layer(f'name: "sm" type: {layer_type} softmax_conf {{ axis: {axis} }}', [src])
+    layer.compute_feature(FORWARD, [src])
+    x = src.data.astype(np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(layer.data, e / e.sum(axis=axis, keepdims=True), rtol=1e-5,
+                               atol=1e-7)
+    assert check_gradients(layer, [src]) == src.data.size
+
+
+def test_softmax_refuses_an_axis_out_of_range():
+    with pytest.raises(ConfigError, match=r"layer 'sm': softmax_conf.axis 4 is out of range for "
+                                          r"a source of shape \(2, 3, 4, 2\)"):
+        make_layer('name: "sm" type: kSoftmax softmax_conf { axis: 4 }',
+                   [Source(inputs((2, 3, 4, 2)))])
+
+
 def test_gradcheck_catches_a_wrong_gradient():
     src = Source(inputs((3, 4), away_from_zero=0.05))
     layer = make_layer('name: "f" type: kSigmoid', [src])

@@ -95,7 +95,8 @@ def _singa_protos():
 
 # our fields and values start here
 ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300,
-         "ConvolutionProto": 300, "PoolingProto": 300, "StoreProto": 300}
+         "ConvolutionProto": 300, "PoolingProto": 300, "StoreProto": 300, "LRNProto": 300,
+         "SoftmaxProto": 300, "LayerType": 700, "LayerProto": 700}
 
 
 def _label(f):

@@ -130,3 +130,23 @@ def test_a_worker_that_hears_nothing_names_where_its_servers_run(tmp_path):
             worker.wait(lambda: False, "the test")
     finally:
         process.close()
+
+
+def test_batchnorm_running_sums_are_the_workers_through_training_and_the_snapshot(tmp_path):
+    """Caffe's BatchNorm updates its sums itself (`Param.updated_by_layer`): the worker never
+    sends them for an update, whose answer (the servers' first values) would undo them."""
+    job = make_job(tmp_path, steps=3)
+    job.neuralnet.Clear()
+    text_format.Parse(NET.replace('srclayers: "x"', 'srclayers: "bn"') + """
+        layer { name: "bn" type: kCaffeBatchNorm srclayers: "x"
+          param { name: "m" } param { name: "v" } param { name: "f" } }""", job.neuralnet)
+    (tmp_path / "ws" / "checkpoint").mkdir(parents=True)
+    process = Process(job)
+    process.run()
+    mean, var, factor = process.train_net.params[:3]
+    np.testing.assert_allclose(factor.data, [1 + 0.999 + 0.999 ** 2], rtol=1e-6)
+    assert mean.data.min() > 0.5   # about 3 × 0.5, from batches of U[0, 1) inputs
+    reader = checkpoint.CheckpointReader(
+        checkpoint.snapshot_file(str(tmp_path / "ws" / "checkpoint"), 3, 0))
+    np.testing.assert_array_equal(reader.param(factor.name), factor.data)
+    np.testing.assert_array_equal(reader.param(mean.name), mean.data)
