@@ -39,17 +39,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LENET_CONF = os.path.join(singa.HOME, "examples", "mnist", "conv.conf")
 CIFAR10_CONF = os.path.join(HERE, "cifar10_job.conf")
 TARGET = 1.2
+SINGA_BATCH = {"lenet": 64, "cifar10": 100}
 
 
-def conv_job(net, workspace):
-    """The job of `net` ("lenet" or "cifar10") reading shards prepared in `workspace`."""
+def conv_job(net, workspace, batch=None):
+    """The job of `net` ("lenet" or "cifar10") reading shards prepared in `workspace`, at
+    `batch` (SINGA's, 64 or 100, by default)."""
     if net == "lenet":
-        job, shard, batch = config.load_job(LENET_CONF, check_paths=False), \
-            os.path.join(FIXTURES, "train-1000.bin"), 64
+        job, shard = config.load_job(LENET_CONF, check_paths=False), \
+            os.path.join(FIXTURES, "train-1000.bin")
     else:
-        job, shard, batch = config.load_job(CIFAR10_CONF, check_paths=False), \
-            os.path.join(workspace, "cifar10.bin"), 100
+        job, shard = config.load_job(CIFAR10_CONF, check_paths=False), \
+            os.path.join(workspace, "cifar10.bin")
         _random_images(shard, 1000, (3, 32, 32))
+    batch = batch or SINGA_BATCH[net]
     for layer in job.neuralnet.layer:
         if layer.type == job_pb2.kRecordInput:
             sc = layer.store_conf
@@ -74,7 +77,7 @@ def _random_images(path, n, shape):
 def bench(net, args):
     workspace = tempfile.mkdtemp(prefix=f"singa-bench-{net}-")
     rt = Runtime(conv_job(net, workspace))
-    batch = 64 if net == "lenet" else 100
+    batch = SINGA_BATCH[net]
     try:
         sides = {"ours (full runtime)": rt.train_step,
                  "numpy reference": at_blas_threads(conv_reference.numpy_step(net, batch),

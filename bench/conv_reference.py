@@ -8,7 +8,8 @@
 
   numpy_step(net, batch)  a zero-argument callable: forward + backward + SGD in plain numpy
                           (im2col by a strided view, one GEMM per conv and direction)
-  torch_step(net, batch)  the same step in PyTorch on the CPU, or None without torch
+  torch_step(net, batch, device="cpu")  the same step in PyTorch on `device` ("cuda": eager,
+                          synchronised at its end), or None without torch
 
 A net is a list of ("conv", filters, kernel, pad), ("pool", "max"|"avg", kernel, stride),
 ("relu",), ("lrn", n, alpha, beta), ("ip", outputs). LRN is SINGA's (src/neuralnet/
@@ -18,6 +19,8 @@ SINGA's confs (no padding).
 """
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from mlp_reference import torch_stepper
 
 LENET = (1, 28, 28), [("conv", 20, 5, 0), ("pool", "max", 2, 2), ("conv", 50, 5, 0),
                       ("pool", "max", 2, 2), ("ip", 500), ("relu",), ("ip", 10)]
@@ -146,7 +149,7 @@ def numpy_step(net, batch, lr=0.001, seed=0):
     return step
 
 
-def torch_step(net, batch, lr=0.001, seed=0):
+def torch_step(net, batch, lr=0.001, seed=0, device="cpu"):
     try:
         import torch
     except ImportError:
@@ -172,14 +175,8 @@ def torch_step(net, batch, lr=0.001, seed=0):
             modules.append(torch.nn.LocalResponseNorm(spec[1], spec[2], spec[3], k=1.0))
         else:
             modules.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*modules)
+    model = torch.nn.Sequential(*modules).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    x, labels = torch.rand((batch,) + shape), torch.randint(0, 10, (batch,))
-    loss = torch.nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad()
-        loss(model(x), labels).backward()
-        opt.step()
-
-    return step
+    x = torch.rand((batch,) + shape, device=device)
+    labels = torch.randint(0, 10, (batch,), device=device)
+    return torch_stepper(torch, model, opt, torch.nn.CrossEntropyLoss(), x, labels, device)

@@ -5,7 +5,8 @@ f(z) = 1.7159047 tanh(0.66666667 z) between them, softmax loss, plain SGD.
 
   numpy_step(batch)  a zero-argument callable: one forward + backward + SGD step in hand-written
                      numpy, the floor a numpy framework can reach
-  torch_step(batch)  the same step in PyTorch on the CPU, or None when torch is not installed
+  torch_step(batch, device="cpu")  the same step in PyTorch on `device` ("cuda": eager,
+                     synchronised at its end), or None when torch is not installed
   gemm_roofline()    the best float32 GEMM rate (FLOP/s) numpy reaches here
   flops_per_step(b)  FLOPs of a step's GEMMs (three per layer)
 
@@ -73,7 +74,7 @@ def numpy_step(batch=64, lr=0.001, seed=0):
     return step
 
 
-def torch_step(batch=64, lr=0.001, seed=0):
+def torch_step(batch=64, lr=0.001, seed=0, device="cpu"):
     try:
         import torch
     except ImportError:
@@ -87,15 +88,22 @@ def torch_step(batch=64, lr=0.001, seed=0):
     modules = []
     for fan_in, fan_out in zip(SIZES, SIZES[1:]):
         modules += [torch.nn.Linear(fan_in, fan_out), STanh()]
-    net = torch.nn.Sequential(*modules[:-1])
+    net = torch.nn.Sequential(*modules[:-1]).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    x, labels = torch.rand(batch, SIZES[0]), torch.randint(0, SIZES[-1], (batch,))
+    x = torch.rand(batch, SIZES[0], device=device)
+    labels = torch.randint(0, SIZES[-1], (batch,), device=device)
     loss = torch.nn.CrossEntropyLoss()
+    return torch_stepper(torch, net, opt, loss, x, labels, device)
 
+
+def torch_stepper(torch, net, opt, loss, x, labels, device):
+    """One SGD step of `net` on (x, labels), synchronised with the device at its end."""
     def step():
         opt.zero_grad()
         loss(net(x), labels).backward()
         opt.step()
+        if device != "cpu":
+            torch.cuda.synchronize()
 
     return step
 

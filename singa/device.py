@@ -18,7 +18,7 @@ from singa.errors import ConfigError
 __all__ = ["CPU", "Device", "assign", "check", "cupy", "host", "is_host", "module",
            "of_workers"]
 
-INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12 or 13)"
+INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12; 'singa[gpu-cuda13]' for CUDA 13)"
 
 
 class Device:

@@ -3,6 +3,7 @@ its step counts and a seed, on the data our example scripts prepare, in a direct
 SINGA's home; the run.conf it leaves in its workspace, run through the driver, ends with the
 same params bit for bit (conf and Python are one thing), and it learns."""
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -207,6 +208,21 @@ def test_cifar10_scripts_learn_and_their_conf_ends_identical(name, subs, home, r
     # (cifar10_cnn_parameter, as SINGA's: w1 std 1e-4 and lr 0.001 move slowly); ln 10 = 2.303
     assert loss < (2.0 if name == "cifar10_cnn.py" else 2.3), out
     assert_conf_path_ends_identical(home, "examples/cifar10", run_driver, tmp_path)
+
+
+def test_cifar10_cudnn_script_asks_for_a_gpu_in_one_line_where_there_is_none(home):
+    """SINGA's cifar10_cnn_cudnn.py, unchanged, fits with device=[0]: on a machine without
+    CuPy (or a GPU) the fit stops before any step with the one line that says what to
+    install; tests/gpu trains on the GPU."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    r = subprocess.run([PYTHON, os.path.join(SCRIPTS, "cifar10_cnn_cudnn.py")], cwd=home,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("singa.errors.ConfigError: ") and "pip install 'singa[gpu]'" in last, \
+        r.stderr
+    assert "Train @ step" not in r.stderr
 
 
 def test_stacked_rbm_scripts_then_the_autoencoder(home, run_driver, tmp_path):

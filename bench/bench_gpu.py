@@ -1,0 +1,133 @@
+"""Bench: a training step on one GPU, ours against PyTorch (CUDA, eager) on the same GPU and
+against ours on the CPU.
+
+    python bench/bench_gpu.py [--rounds 3] [--steps 5] [--cpu-threads 2] [--nets mlp,lenet,cifar10]
+
+Nets: SINGA's MNIST MLP (examples/mnist/job.conf), LeNet (examples/mnist/conv.conf) and the
+cifar10 convnet (bench/cifar10_job.conf), each at SINGA's batch (64, 64, 100) and at 1024,
+where compute dominates. Ours: `runtime.Process` with `gpu: 0`, server and stub in their own
+threads, a step being `train_one_batch` then `collect_all` (bench_mlp_step.Runtime: gradients
+to the server and values back, as host frames), synchronised with the GPU at its end. Torch:
+the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
+step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only. Interleaved
+rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
+rest of a step is the Python, messaging and host-copy overhead the step pays.
+Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
+"""
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
+import numpy as np
+
+import conv_reference
+import mlp_reference
+from bench_conv import SINGA_BATCH, conv_job
+from bench_mlp_step import Runtime, interleaved, mlp_job, print_table
+from singa import threads
+from singa.proto import job_pb2
+
+GOALS = {"singa": 1.5, "1024": 1.2}
+
+
+def job_of(net, workspace, batch, gpu):
+    job = mlp_job(workspace, batch) if net == "mlp" else conv_job(net, workspace, batch)
+    job.test_steps = job.validate_steps = job.disp_freq = job.checkpoint_freq = 0
+    if gpu:
+        job.gpu.append(0)
+    return job
+
+
+def synced(fn):
+    """`fn`, then wait for the GPU to finish what it queued."""
+    import cupy
+
+    def call():
+        fn()
+        cupy.cuda.get_current_stream().synchronize()
+    return call
+
+
+def compute_only(rt):
+    """Forward and backward of ours' train net (no exchange, no update)."""
+    net = rt.worker.train_net
+
+    def step():
+        net.forward(job_pb2.kTrain | job_pb2.kForward)
+        for layer in reversed(net.layers):
+            layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
+    return step
+
+
+def torch_step(net, batch):
+    if net == "mlp":
+        return mlp_reference.torch_step(batch, device="cuda")
+    return conv_reference.torch_step(net, batch, device="cuda")
+
+
+def bench(net, batch, args):
+    """{side: median seconds per step} of `net` at `batch`."""
+    folders = [tempfile.mkdtemp(prefix=f"singa-bench-gpu-{net}-") for _ in range(2)]
+    runtimes = []
+    try:
+        gpu = Runtime(job_of(net, folders[0], batch, True))
+        runtimes.append(gpu)
+        gpu.worker.device.use()
+        sides = {"ours gpu": synced(gpu.train_step), "ours gpu compute": synced(compute_only(gpu)),
+                 "torch gpu": torch_step(net, batch)}
+        if batch == SINGA_BATCH.get(net, 64):
+            with threads.limit(args.cpu_threads):
+                cpu = Runtime(job_of(net, folders[1], batch, False))
+            runtimes.append(cpu)
+
+            def cpu_step():
+                with threads.limit(args.cpu_threads):
+                    cpu.train_step()
+            sides["ours cpu"] = cpu_step
+        return interleaved(sides, args.rounds, args.steps)
+    finally:
+        for rt in runtimes:
+            rt.close()
+        for f in folders:
+            shutil.rmtree(f, ignore_errors=True)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="mlp,lenet,cifar10")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--cpu-threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    import cupy
+    import torch
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    print(f"GPU 0: {props['name'].decode()}, CuPy {cupy.__version__}, torch {torch.__version__} "
+          f"(CUDA {torch.version.cuda}), numpy {np.__version__}, {os.cpu_count()} cpus")
+    rows = []
+    for net in args.nets.split(","):
+        for batch in (SINGA_BATCH.get(net, 64), 1024):
+            med = bench(net, batch, args)
+            ours, torch_t = med["ours gpu"], med["torch gpu"]
+            goal = GOALS["1024" if batch == 1024 else "singa"]
+            cpu = med.get("ours cpu")
+            rows.append([net, batch, f"{ours * 1e3:.2f}", f"{med['ours gpu compute'] * 1e3:.2f}",
+                         f"{(ours - med['ours gpu compute']) * 1e3:.2f}",
+                         f"{torch_t * 1e3:.2f}", f"{ours / torch_t:.2f}",
+                         f"<= {goal}: {'yes' if ours / torch_t <= goal else 'NO'}",
+                         "-" if cpu is None else f"{cpu * 1e3:.1f}",
+                         "-" if cpu is None else f"{cpu / ours:.1f}"])
+            print_table(rows[-1:], HEADER)
+    print(f"\nsummary, {args.rounds} rounds x {args.steps} steps per side, median ms/step:")
+    print_table(rows, HEADER)
+    return 0
+
+
+HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
+          "ours cpu", "cpu/gpu"]
+
+if __name__ == "__main__":
+    sys.exit(main())
