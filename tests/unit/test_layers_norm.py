@@ -40,19 +40,22 @@ def test_lrn_normalises_across_a_window_of_channels(kind, n, alpha, k, beta):
                                rtol=1e-5, atol=1e-6)
 
 
-def test_lrn_by_chunks_on_two_threads_matches_the_loops_and_one_thread(monkeypatch):
+@pytest.mark.parametrize("region", ["across", "within"])
+def test_lrn_by_chunks_on_two_threads_matches_the_loops_and_one_thread(monkeypatch, region):
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
-    src = Source(3 * inputs((20, 7, 3, 4)))
+    conf, shape, n, loops = {"across": (LRN, (20, 7, 3, 4), 5, lrn_by_loops),
+                             "within": (WITHIN, (12, 3, 5, 4), 3, lrn_within_by_loops)}[region]
+    src = Source(3 * inputs(shape))
     results = []
     for nthreads in (1, 2):
-        layer = make_layer(LRN.format(kind="kLRN", n=5, alpha=0.5, beta=0.75, k=1), [src])
+        layer = make_layer(conf.format(kind="kLRN", n=n, alpha=0.5, beta=0.75, k=1), [src])
         assert len(layer.chunks) > 2
         layer.grad[...] = inputs(layer.grad.shape, seed=2)
         with threads.limit(nthreads):
             layer.compute_feature(FORWARD, [src])
             layer.compute_gradient(BACKWARD, [src])
         results.append([layer.data.copy(), src.grad.copy()])
-    np.testing.assert_allclose(results[0][0], lrn_by_loops(src.data, 5, 0.5, 0.75, 1),
+    np.testing.assert_allclose(results[0][0], loops(src.data, n, 0.5, 0.75, 1),
                                rtol=1e-5, atol=1e-6)
     for a, b in zip(*results):
         assert np.array_equal(a, b)
@@ -108,22 +111,6 @@ def test_lrn_within_channel_gradients(n):
     assert check_gradients(layer, [src]) == src.data.size
 
 
-def test_lrn_within_channel_by_chunks_on_two_threads_matches_one(monkeypatch):
-    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
-    src = Source(3 * inputs((12, 3, 5, 4)))
-    results = []
-    for nthreads in (1, 2):
-        layer = make_layer(WITHIN.format(kind="kLRN", n=3, alpha=0.5, beta=0.75, k=1), [src])
-        assert len(layer.chunks) > 2
-        layer.grad[...] = inputs(layer.grad.shape, seed=2)
-        with threads.limit(nthreads):
-            layer.compute_feature(FORWARD, [src])
-            layer.compute_gradient(BACKWARD, [src])
-        results.append([layer.data.copy(), src.grad.copy()])
-    np.testing.assert_allclose(results[0][0], lrn_within_by_loops(src.data, 3, 0.5, 0.75, 1),
-                               rtol=1e-5, atol=1e-6)
-    for a, b in zip(*results):
-        assert np.array_equal(a, b)
 
 
 def test_lrn_needs_four_dimensions():
