@@ -81,6 +81,7 @@ def test_cifar10_cudnn_confs_build_and_step_on_the_cpu(tmp_path, name):
     with open(os.path.join(CONFS, name)) as f:
         text = f.read().replace("examples/cifar10/", f"{tmp_path}/").replace("batchsize: 100",
                                                                               "batchsize: 10")
+    text = re.sub(r"(?m)^gpu: \d+\n", "", text)         # no GPU here: on the CPU
     job = config.parse_job(text.replace('workspace: "examples/cifar10"',
                                         f'workspace: "{tmp_path / "ws"}"'), name)
     rng = np.random.default_rng(0)
