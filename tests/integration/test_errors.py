@@ -1,4 +1,5 @@
 """User mistakes given to the `singa` driver: one line on stderr naming the place, no traceback."""
+import importlib.util
 import os
 import re
 import subprocess
@@ -50,6 +51,10 @@ BAD_CONFS = {
     "job name too long": ({'name: "fixture-mlp"': f'name: "{"n" * 300}"'}, 1,
                           "name is 300 bytes long; a job name may have at most 230"),
 }
+if importlib.util.find_spec("cupy") is None:    # tests/gpu checks the GPU itself
+    BAD_CONFS["gpu without CuPy"] = (
+        {"train_steps: 200": "train_steps: 200\ngpu: 0"}, 3,
+        "training on a GPU needs CuPy, which is not installed: pip install 'singa[gpu]'")
 
 
 @pytest.mark.parametrize("case", BAD_CONFS)
