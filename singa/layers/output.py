@@ -79,7 +79,7 @@ class StoreOutputLayer(Layer):
     def compute_feature(self, flag, srclayers):
         if self.store is None:
             self.store = open_store(self.backend, self.path, "create")
-        x = srclayers[0].data_for(self)
+        x = host(srclayers[0].data_for(self))
         labels = srclayers[0].aux_data
         rows = x.reshape(len(x), -1)
         for i, row in enumerate(rows):

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 
 from singa import resolve
+from singa.device import host
 from singa.errors import ConfigError, DataError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import index_add, sigmoid
@@ -352,7 +353,7 @@ class CharRNNOutputLayer(Layer):
         self.vocab = read_vocab(resolve(path))
 
     def compute_feature(self, flag, srclayers):
-        x = srclayers[0].data_for(self)
+        x = host(srclayers[0].data_for(self))
         idx = x.reshape(-1)[:x.shape[0]].astype(np.int64)
         bad = idx[(idx < 0) | (idx >= len(self.vocab))]
         if bad.size:
