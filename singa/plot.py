@@ -5,7 +5,8 @@
 One panel per metric (loss, accuracy, ppl, ...), a line per phase (train, validation, test)
 over the steps; perplexity on a log scale. The rows of the workspace's newest run and of the
 runs it resumed (`metrics.newest_run`: an earlier fresh run is left out), or of job `-job`,
-or of every job in the file with `-all`; where runs repeat a step, the later row wins.
+or of every job in the file with `-all`; where runs repeat a step, the later row wins. Rows
+with nan or infinite values or negative steps are left out and counted.
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
 import argparse
@@ -22,6 +23,15 @@ from singa.tensorboard import pip_install
 WIDTH, ROW_HEIGHT, DPI = 1200, 400, 100
 LOG_SCALE = ("ppl", "perplexity")
 COLORS = {"train": "tab:blue", "validation": "tab:orange", "test": "tab:green"}
+
+
+UNDRAWN = "nan or infinite values, negative steps"
+
+
+def drawable(rows):
+    """(the rows with a finite value and a step >= 0, how many others there were)."""
+    kept = [r for r in rows if math.isfinite(r["value"]) and r["step"] >= 0]
+    return kept, len(rows) - len(kept)
 
 
 def curves(rows):
@@ -86,6 +96,10 @@ def main(argv=None):
         of_job = f" of job {args.job}" if args.job is not None else ""
         if not rows:
             raise SingaError(f"{path}: no rows{of_job}")
+        total = len(rows)
+        rows, dropped = drawable(rows)
+        if not rows:
+            raise SingaError(f"{path}: none of its {total} rows{of_job} can be drawn ({UNDRAWN})")
         if args.job is None and not args.all:
             rows = metrics.newest_run(rows)
         rows = [r for r in rows if r["group"] == 0]       # the curves are worker group 0's
@@ -107,8 +121,9 @@ def main(argv=None):
     data = curves(rows)
     steps = [r["step"] for r in rows]
     phases = sorted({p for by_phase in data.values() for p in by_phase})
+    left_out = f"; {dropped} rows left out ({UNDRAWN})" if dropped else ""
     print(f"{out}: {', '.join(sorted(data))} ({', '.join(phases)}), steps {min(steps)} to "
-          f"{max(steps)}")
+          f"{max(steps)}{left_out}")
     return 0
 
 

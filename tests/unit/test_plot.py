@@ -75,6 +75,28 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert r.stderr.startswith(f"singa-plot: cannot write {tmp_path / 'missing' / 'x.png'}: ")
 
 
+def test_rows_that_cannot_be_drawn_are_left_out_and_counted(tmp_path):
+    """nan and infinite values (a diverged run) and negative steps: left out, and the line
+    says how many; with nothing left, one line and exit 2."""
+    r = Reporter(str(tmp_path), 1)
+    for s, loss in ((0, 2.0), (10, float("nan")), (20, float("inf")), (30, 1.0)):
+        r.metrics(0, s, "train", {"loss": loss})
+    r.metrics(0, -5, "train", {"loss": 1.5})
+    r.close()
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (f"{tmp_path / 'curves.png'}: loss (train), steps 0 to 30; 3 rows "
+                           f"left out (nan or infinite values, negative steps)\n")
+    (tmp_path / "b").mkdir()
+    r = Reporter(str(tmp_path / "b"), 1)
+    r.metrics(0, 0, "train", {"loss": float("nan")})
+    r.close()
+    bad = run(tmp_path / "b")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == (f"singa-plot: {tmp_path / 'b' / 'metrics.csv'}: none of its 1 rows can "
+                          f"be drawn (nan or infinite values, negative steps)\n")
+
+
 def test_the_script_runs(tmp_path):
     write_metrics(tmp_path)
     r = subprocess.run([os.path.join(singa.HOME, "bin", "singa-plot.sh"), str(tmp_path)],
