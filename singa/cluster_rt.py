@@ -16,6 +16,15 @@ from singa.zk import SHUTDOWN_TIMEOUT, job_path
 
 log = logging.getLogger("singa")
 
+#: the proc-done mark of a process that stopped on an error: `failed: <why>`, at most
+#: MAX_REASON bytes
+FAILED, MAX_REASON = b"failed: ", 500
+
+
+def failed_mark(why):
+    """The proc-done mark naming `why` a process stopped (see FAILED)."""
+    return (FAILED + str(why).encode(errors="replace"))[:MAX_REASON].decode(errors="ignore")
+
 
 class ClusterRuntime:
     """What a job's process asks of its cluster runtime; `job_id` names the job."""
@@ -218,8 +227,12 @@ class ZKClusterRuntime(ClusterRuntime):
                                 f"{self.job_id}) lost its ZooKeeper session at {self.zk.hosts}: "
                                 f"the others take it for lost")
                         return False
-                    how = "was lost" if mark is None else \
-                        f"was stopped by {mark[:20].decode('ascii', 'replace')}"
+                    if mark is None:
+                        how = "was lost"
+                    elif mark.startswith(FAILED):
+                        how = mark[:MAX_REASON].decode(errors="replace")
+                    else:
+                        how = f"was stopped by {mark[:20].decode('ascii', 'replace')}"
                     on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
                             f"({host or '?'}, pid {pid}) {how}")
                     return False
@@ -229,7 +242,8 @@ class ZKClusterRuntime(ClusterRuntime):
 
     def proc_done(self, procs_id, stopped_by=""):
         """On the way out: ClusterError at once when not connected, within SHUTDOWN_TIMEOUT
-        otherwise. The mark holds the signal's name, if any."""
+        otherwise. The mark holds the signal's name, or `failed: <why>` (`failed_mark`) for a
+        process that stopped on an error, which the others then name."""
         zk = self.zk
         if not zk.connected:
             raise ClusterError(f"ZooKeeper at {zk.hosts} is not connected (mark process done)")

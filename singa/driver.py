@@ -22,7 +22,7 @@ import threading
 import singa
 from singa import checkpoint, cluster, config, evaluation, launch, threads, workspace
 from singa import log as singa_log
-from singa.cluster_rt import ZKClusterRuntime
+from singa.cluster_rt import ZKClusterRuntime, failed_mark
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.job_manager import JobManager
 from singa.metrics import Reporter
@@ -264,18 +264,30 @@ class Driver:
             rt.watch_procs(process.stub.report_lost)
             threading.Thread(target=self.watch_silence, args=(process.stub, pid), daemon=True,
                              name="silence").start()
+        failure = None
         try:
             process.run()
+        except BaseException as e:     # the others name why (a full disk), not "was lost"
+            failure = e if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
+            raise
         finally:
             self.stopped.set()
-        if cluster.nprocs(cl) > 1:
-            try:
-                # a signal is a failure for the others, unless the job stops for a snapshot
-                stopped_by = signal.Signals(self.signal).name \
-                    if self.signal and not self.snapshot else ""
-                rt.proc_done(pid, stopped_by)
-            except ClusterError as e:      # the others may then report this process lost
-                log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
+            if cluster.nprocs(cl) > 1:
+                self.mark_done(pid, failure)
+
+    def mark_done(self, pid, failure):
+        """Mark this process's end in the cluster runtime: nothing for a normal end, the
+        signal's name (a failure for the others, unless the job stops for a snapshot), or
+        `failure`, the error it stopped on."""
+        stopped_by = ""
+        if self.signal and not self.snapshot:
+            stopped_by = signal.Signals(self.signal).name
+        elif failure is not None:
+            stopped_by = failed_mark(failure)
+        try:
+            self.cluster_rt.proc_done(pid, stopped_by)
+        except ClusterError as e:      # the others may then report this process lost
+            log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
 
     def watch_silence(self, stub, pid):
         """With ZooKeeper unreachable nothing reports a lost process: one that has heard no

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import zookeeper
-from singa.cluster_rt import ZKClusterRuntime
+from singa.cluster_rt import MAX_REASON, ZKClusterRuntime, failed_mark
 from singa.errors import ClusterError
 from singa.job_manager import JobManager
 from singa.zk import ZKService, job_path
@@ -107,6 +107,25 @@ def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
     while not lost and time.monotonic() < deadline:
         time.sleep(0.1)
     assert lost == [f"process 2 of job {job_id} (127.0.0.1:5002, pid 102) was lost"]
+
+
+def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_server):
+    """Its proc-done mark says why (a full disk): the others name it, not "was lost"."""
+    job_id = JobManager(zk).new_job_id()
+    lost = []
+    ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
+    failed = ZKService(zk_server)
+    ZKClusterRuntime(failed, job_id).register_proc("127.0.0.1:5001", 101)
+    ZKClusterRuntime(zk, job_id).watch_procs(lost.append)
+    why = "/ws/checkpoint: No space left on device " + "x" * 600
+    ZKClusterRuntime(failed, job_id).proc_done(1, failed_mark(why))
+    failed.close()
+    deadline = time.monotonic() + 10
+    while not lost and time.monotonic() < deadline:
+        time.sleep(0.1)
+    head = f"process 1 of job {job_id} (127.0.0.1:5001, pid 101) failed: /ws/checkpoint: No space"
+    assert len(lost) == 1 and lost[0].startswith(head), lost
+    assert len(lost[0]) < len(head) + MAX_REASON        # a peer's text, bounded
 
 
 def test_an_endpoint_once_read_is_known_with_zookeeper_away(zk, zk_server):

@@ -8,8 +8,11 @@ import time
 
 import pytest
 
-from conftest import PYTHON, free_port, new_job, start_drivers, zk_service
+from conftest import (FIXTURES, PYTHON, free_port, new_job, scaled_records, start_drivers,
+                      zk_service)
 from singa import checkpoint
+from singa.io import write_records
+from singa.proto import job_pb2
 from singa.job_manager import JobManager
 from singa.trust import ENV, new_secret
 from singa.zk import ZKService
@@ -113,6 +116,39 @@ def test_sighup_to_one_process_is_a_stop_the_others_name(mlp_job, singa_conf, zk
     assert status[1] != 0 and re.search(r"process \d of job \d+ \(.*\) was stopped by SIGHUP",
                                         texts[1]), texts[1]
     assert "Traceback" not in "".join(texts) and took < 20, (took, texts)
+
+
+def test_a_process_stopped_by_an_error_is_named_failed_with_it_by_the_others(
+        mlp_job, singa_conf, zk_server, tmp_path):
+    """Process 1's worker reads the second half of each batch, where a label is out of range:
+    it stops with that DataError, and process 0 stops naming it (not 'was lost')."""
+    x, y = scaled_records(os.path.join(FIXTURES, "train-1000.bin"))
+    y = y.copy()
+    y[40] = 99                      # batch 0 of 50, rows 25..49: process 1's worker
+    write_records(str(tmp_path / "bad.bin"), x[:200] * 255, y[:200])
+
+    def edit(job):
+        job.cluster.nworkers_per_group = job.cluster.nservers_per_group = 2
+        for layer in job.neuralnet.layer:
+            if layer.type == job_pb2.kRecordInput and job_pb2.kTrain in layer.include:
+                layer.store_conf.path = str(tmp_path / "bad.bin")
+                layer.store_conf.random_skip = 0
+    conf = mlp_job(**dict(LONG, checkpoint_freq=0), edit=edit)
+    logs = [tmp_path / f"fail{i}.log" for i in range(2)]
+    job_id, env, _ = new_job(zk_server)
+    procs = start_drivers(conf, singa_conf, job_id, env, logs)
+    try:
+        status = [p.wait(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    texts = [log.read_text() for log in logs]
+    why = "label 99 from source"
+    assert status[1] == 2 and why in texts[1], texts[1]
+    assert status[0] != 0 and re.search(rf"process 1 of job {job_id} \(.*\) failed: .*{why}",
+                                        texts[0]), texts[0]
+    assert "was lost" not in texts[0] and "Traceback" not in "".join(texts)
 
 
 def test_driver_ends_with_a_warning_when_zookeeper_stops_mid_run(mlp_job, own_zookeeper, tmp_path):
