@@ -39,7 +39,9 @@ OP_TYPES = {
     job_pb2.kDropout: "Dropout", job_pb2.kLRN: "LRN", job_pb2.kCudnnLRN: "LRN",
     job_pb2.kSoftmax: "Softmax", job_pb2.kCudnnSoftmax: "Softmax",
     job_pb2.kSoftmaxLoss: "Softmax", job_pb2.kCudnnSoftmaxLoss: "Softmax",
-    job_pb2.kConcate: "Concat", job_pb2.kImagePreprocess: "Crop",
+    job_pb2.kConcate: "Concat", job_pb2.kImagePreprocess: "Preprocess",
+    job_pb2.kCaffeBatchNorm: "BatchNorm", job_pb2.kScale: "Scale", job_pb2.kEltwise: "Eltwise",
+    job_pb2.kFlatten: "Flatten", job_pb2.kDeconvolution: "Deconvolution", job_pb2.kCrop: "Crop",
 }
 ACTIVATIONS = {job_pb2.RELU: "ReLU", job_pb2.SIGMOID: "Sigmoid", job_pb2.TANH: "Tanh",
                job_pb2.STANH: "STanh"}
@@ -48,7 +50,8 @@ ACTIVATIONS = {job_pb2.RELU: "ReLU", job_pb2.SIGMOID: "Sigmoid", job_pb2.TANH: "
 @dataclasses.dataclass
 class Op:
     """One layer as an op: `type` (Input, Convolution, Pooling, InnerProduct, ReLU, Sigmoid,
-    Tanh, STanh, Dropout, LRN, Softmax, Concat, Crop), the op names it reads, its output
+    Tanh, STanh, Dropout, LRN, Softmax, Concat, Preprocess, and Caffe's BatchNorm, Scale,
+    Eltwise, Flatten, Deconvolution, Crop), the op names it reads, its output
     shape (batch first; the layer's source shape in `in_shapes`), and its params as float32
     arrays in the conf's order with their names (`w1`, without SINGA's `0#`)."""
     name: str

@@ -7,8 +7,15 @@ output size (`ceil_mode`) and divisor (kPooling/kCPooling: the window clipped at
 count_include_pad 1; kCudnnPool: the real pixels, count_include_pad 0); InnerProduct → Gemm
 (transB unless `transpose`), a Flatten before it; LRN → LRN (both divide alpha by the window
 size: the conf's alpha as is, bias = knorm); STanh → Mul, Tanh, Mul (A·tanh(B·x)); Dropout →
-Identity; Softmax → Softmax over the flattened features; Concat; Crop (kImagePreprocess at
-test: the top-left crop, times scale) → Slice, Mul. Graph inputs are the input layers' data
+Identity; Softmax → Softmax over the flattened features, or with softmax_conf.axis Softmax
+over that axis (opset 13's meaning: the one axis, not the flattened tail); Concat; Preprocess
+(kImagePreprocess at test: the top-left crop, times scale) → Slice, Mul. Caffe's kinds:
+BatchNorm → BatchNormalization (scale 1, bias 0, mean and variance the sums times
+norm.sums_scale); Scale → Mul (, Add); Eltwise → Sum (coeffs by Mul), Mul, Max; global
+pooling → GlobalMaxPool / GlobalAveragePool; Flatten → Flatten, or Reshape when it keeps
+more than 2 axes; Deconvolution → ConvTranspose; Crop → Slice; LRN WITHIN_CHANNEL (ONNX's
+LRN is across channels) → x·(knorm + alpha·AveragePool(x², n×n, padding counted))^(−beta).
+Graph inputs are the input layers' data
 (after their mean/std) with a symbolic batch `N` unless one is given; outputs are the ops
 nothing reads (the loss layer's probabilities).
 """
@@ -19,6 +26,7 @@ from singa.files import write_atomic
 from singa.interop.deploy import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
+from singa.layers.norm import sums_scale
 from singa.proto import job_pb2
 
 __all__ = ["OPSET", "to_onnx", "write"]
@@ -138,6 +146,10 @@ def _convolution(b, op):
 
 def _pooling(b, op):
     pc = op.conf.pooling_conf
+    if pc.global_pooling:
+        kind = "GlobalMaxPool" if pc.pool == job_pb2.PoolingProto.MAX else "GlobalAveragePool"
+        b.node(kind, [_four_d(b, op)], op.name)
+        return
     kh, kw, ph, pw, sh, sw = window(pc)
     attrs = dict(kernel_shape=[kh, kw], pads=[ph, pw, ph, pw], strides=[sh, sw],
                  ceil_mode=int(pc.ceil_mode))
@@ -176,13 +188,35 @@ def _lrn(b, op):
     lc = op.conf.lrn_conf
     if len(op.in_shapes[0]) != 4:
         b.refuse(op, "LRN needs a 4-D source")
+    if lc.norm_region == job_pb2.LRNProto.WITHIN_CHANNEL:
+        _lrn_within(b, op, lc)
+        return
     # both: y = x·(knorm + (alpha/n)·Σ_window x²)^(−beta), window of n centred on c
     b.node("LRN", op.inputs, op.name, size=lc.local_size, alpha=lc.alpha, beta=lc.beta,
            bias=lc.knorm)
 
 
+def _lrn_within(b, op, lc):
+    """x·(knorm + alpha·mean of x² over the n×n window)^(−beta), padding counted (ours and
+    Caffe's: alpha/n² times the window's sum)."""
+    x, n, name = op.inputs[0], lc.local_size, op.name
+    sq = b.node("Mul", [x, x], f"{name}_sq")
+    avg = b.node("AveragePool", [sq], f"{name}_avg", kernel_shape=[n, n], pads=[n // 2] * 4,
+                 strides=[1, 1], count_include_pad=1)
+    norm = b.node("Mul", [avg, b.const(f"{name}_alpha", np.array(lc.alpha, np.float32))],
+                  f"{name}_scaled")
+    norm = b.node("Add", [norm, b.const(f"{name}_k", np.array(lc.knorm, np.float32))],
+                  f"{name}_norm")
+    p = b.node("Pow", [norm, b.const(f"{name}_beta", np.array(-lc.beta, np.float32))],
+               f"{name}_pow")
+    b.node("Mul", [x, p], name)
+
+
 def _softmax(b, op):
     shape = op.in_shapes[0]
+    if op.conf.softmax_conf.HasField("axis"):
+        b.node("Softmax", op.inputs, op.name, axis=op.conf.softmax_conf.axis)
+        return
     if len(shape) == 2:
         b.node("Softmax", op.inputs, op.name, axis=1)
         return
@@ -199,7 +233,7 @@ def _concat(b, op):
     b.node("Concat", op.inputs, op.name, axis=op.conf.concate_conf.concate_dim)
 
 
-def _crop(b, op):
+def _preprocess(b, op):
     """kImagePreprocess outside training: the top-left crop, times scale."""
     crop, scale = op.shape[2], np.float32(op.conf.rgbimage_conf.scale)
     out = op.name if scale == 1 else f"{op.name}_crop"
@@ -210,6 +244,76 @@ def _crop(b, op):
         b.node("Mul", [out, b.const(f"{op.name}_scale", np.array(scale))], op.name)
 
 
+def _batch_norm(b, op):
+    """y = (x − S_μ·s)/√(S_σ²·s + ε) with our float32 products (s = norm.sums_scale)."""
+    bc = op.conf.batch_norm_conf
+    if bc.HasField("use_global_stats") and not bc.use_global_stats:
+        b.refuse(op, "normalises by batch statistics at test (use_global_stats: false); "
+                 "ONNX's BatchNormalization takes given statistics")
+    mean, var, factor = op.params
+    s = sums_scale(factor[0])
+    ones, zeros = np.ones_like(mean), np.zeros_like(mean)
+    b.node("BatchNormalization",
+           [op.inputs[0], b.const(f"{op.name}_gamma", ones), b.const(f"{op.name}_beta", zeros),
+            b.const(op.param_names[0], mean * s), b.const(op.param_names[1], var * s)],
+           op.name, epsilon=bc.eps)
+
+
+def _scale(b, op):
+    """x·γ (+ β), γ and β in the layer's broadcasting view."""
+    view = op.layer.view
+    out = op.name if len(op.params) == 1 else f"{op.name}_scaled"
+    b.node("Mul", [op.inputs[0], b.const(op.param_names[0], op.params[0].reshape(view))], out)
+    if len(op.params) > 1:
+        b.node("Add", [out, b.const(op.param_names[1], op.params[1].reshape(view))], op.name)
+
+
+def _eltwise(b, op):
+    """SUM: Sum of the sources, each times its coeff (Mul) where it is not 1; PROD: Mul,
+    one source after another; MAX: Max."""
+    ec, xs, name = op.conf.eltwise_conf, op.inputs, op.name
+    if ec.operation == job_pb2.EltwiseProto.MAX:
+        b.node("Max", xs, name)
+    elif ec.operation == job_pb2.EltwiseProto.PROD:
+        acc = xs[0]
+        for i, x in enumerate(xs[1:], 1):
+            acc = b.node("Mul", [acc, x], name if i == len(xs) - 1 else f"{name}_prod{i}")
+    else:
+        terms = [x if c == 1 else b.node(
+            "Mul", [x, b.const(f"{name}_coeff{i}", np.array(c, np.float32))], f"{name}_x{i}")
+            for i, (x, c) in enumerate(zip(xs, op.layer.coeff))]
+        b.node("Sum", terms, name)
+
+
+def _flatten(b, op):
+    if op.conf.flatten_conf.axis % len(op.in_shapes[0]) == 0:
+        b.refuse(op, "flattens the batch axis")
+    if len(op.shape) == 2:
+        b.node("Flatten", op.inputs, op.name, axis=1)
+        return
+    shape = b.const(f"{op.name}_shape", np.array([0] + list(op.shape[1:]), np.int64))
+    b.node("Reshape", [op.inputs[0], shape], op.name)
+
+
+def _deconvolution(b, op):
+    """ConvTranspose: W is (C, F/group, kh, kw) in both."""
+    cc = op.conf.convolution_conf
+    kh, kw, ph, pw, sh, sw = window(cc)
+    b.node("ConvTranspose", [_four_d(b, op)] + _params(b, op), op.name, kernel_shape=[kh, kw],
+           pads=[ph, pw, ph, pw], strides=[sh, sw], group=cc.group)
+
+
+def _crop(b, op):
+    """Caffe's Crop: a Slice of the first source at the layer's window."""
+    cut = [(a, s) for a, s in enumerate(op.layer.window) if s.start is not None]
+
+    def ints(name, values):
+        return b.const(f"{op.name}_{name}", np.array(values, np.int64))
+    b.node("Slice", [op.inputs[0], ints("starts", [s.start for _, s in cut]),
+                     ints("ends", [s.stop for _, s in cut]), ints("axes", [a for a, _ in cut])],
+           op.name)
+
+
 def _input(b, op):
     pass
 
@@ -218,4 +322,6 @@ _OPS = {"Input": _input, "Convolution": _convolution, "Pooling": _pooling,
         "InnerProduct": _inner_product, "ReLU": _elementwise("Relu"),
         "Sigmoid": _elementwise("Sigmoid"), "Tanh": _elementwise("Tanh"), "STanh": _stanh,
         "Dropout": _elementwise("Identity"), "LRN": _lrn, "Softmax": _softmax,
-        "Concat": _concat, "Crop": _crop}
+        "Concat": _concat, "Preprocess": _preprocess, "BatchNorm": _batch_norm,
+        "Scale": _scale, "Eltwise": _eltwise, "Flatten": _flatten,
+        "Deconvolution": _deconvolution, "Crop": _crop}

@@ -7,10 +7,17 @@ from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
-__all__ = ["LRNLayer", "BMLayer", "CaffeBatchNormLayer", "BN_EPSILON"]
+__all__ = ["LRNLayer", "BMLayer", "CaffeBatchNormLayer", "BN_EPSILON", "sums_scale"]
 
 #: cuDNN's CUDNN_BN_MIN_EPSILON, the epsilon SINGA's CudnnBMLayer passes
 BN_EPSILON = 1e-5
+
+
+def sums_scale(factor):
+    """What Caffe's BatchNorm multiplies its running sums by for global statistics: 1/s of
+    the factor s, 0 when s is 0, as float32."""
+    s = float(factor)
+    return np.float32(0 if s == 0 else 1 / s)
 
 
 def _four_dims(layer, src):
@@ -239,8 +246,7 @@ class CaffeBatchNormLayer(Layer):
             else not flag & job_pb2.kTrain
         mu, var = self._mu.reshape(-1), self._var.reshape(-1)
         if self.global_stats:
-            s = float(host(self.factor.data)[0])
-            s = np.float32(0 if s == 0 else 1 / s)
+            s = sums_scale(host(self.factor.data)[0])
             np.multiply(self.mean.data, s, out=mu)
             np.multiply(self.variance.data, s, out=var)
             np.subtract(x, self._mu, out=self.xhat)

@@ -234,10 +234,10 @@ def test_refusal_is_one_line_exit_2(tmp_path):
     net.write_text('name: "r" input: "data" input_dim: 1 input_dim: 3 input_dim: 4 '
                    'input_dim: 4\nlayer { name: "c" type: "Convolution" bottom: "data" '
                    'top: "c" convolution_param { num_output: 3 kernel_size: 1 } }\n'
-                   'layer { name: "sum" type: "Eltwise" bottom: "data" bottom: "c" top: "s" }\n')
+                   'layer { name: "p" type: "PReLU" bottom: "c" top: "p" }\n')
     r = run_import(net, "-o", tmp_path / "out")
     assert r.returncode == 2
-    assert r.stderr == f"{net}: layer 'sum' of type Eltwise has no SINGA equivalent\n"
+    assert r.stderr == f"{net}: layer 'p' of type PReLU has no SINGA equivalent\n"
     assert not os.path.exists(tmp_path / "out" / "job.conf")
 
 

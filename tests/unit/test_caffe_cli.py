@@ -77,3 +77,17 @@ def test_solverstate_needs_a_solver(tmp_path, capsys):
     assert main(["caffe", os.path.join(FX, "mlp", "mlp_train_test.prototxt"), "-solverstate",
                  os.path.join(FX, "mlp", "mlp_iter_20.solverstate"), "-o", str(tmp_path)]) == 2
     assert "needs its solver" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, msg", [
+    ([], "mlp_deploy.prototxt: -fold-bn needs the weights (WEIGHTS.caffemodel)"),
+    (["-solver", os.path.join(FX, "mlp", "mlp_solver.prototxt"), "-solverstate",
+      os.path.join(FX, "mlp", "mlp_iter_20.solverstate")],
+     "mlp_iter_20.solverstate: -fold-bn makes an inference net; it does not go with "
+     "-solverstate"),
+])
+def test_fold_bn_needs_weights_and_no_solver_state(tmp_path, capsys, extra, msg):
+    assert main(["caffe", os.path.join(FX, "mlp", "mlp_deploy.prototxt"), "-fold-bn", *extra,
+                 "-o", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1

@@ -94,12 +94,11 @@ def test_no_bias_term_gets_a_zero_bias_never_learned():
 
 
 @pytest.mark.parametrize("layer, why", [
-    ('type: "Eltwise" bottom: "data" bottom: "data" top: "e"', "has no SINGA equivalent"),
-    ('type: "BatchNorm" bottom: "data" top: "b"', "has no SINGA equivalent"),
-    ('type: "Scale" bottom: "data" top: "s"', "has no SINGA equivalent"),
-    ('type: "Deconvolution" bottom: "data" top: "d"', "has no SINGA equivalent"),
-    ('type: "LRN" bottom: "data" top: "n" lrn_param { norm_region: WITHIN_CHANNEL }',
-     "normalises WITHIN_CHANNEL"),
+    ('type: "PReLU" bottom: "data" top: "e"', "has no SINGA equivalent"),
+    ('type: "Scale" bottom: "data" bottom: "data" top: "s"', "from a second bottom"),
+    ('type: "Eltwise" bottom: "data" bottom: "data" top: "e" eltwise_param { operation: PROD '
+     'stable_prod_grad: false }', "stable_prod_grad false"),
+    ('type: "Eltwise" bottom: "data" top: "e"', "has 1 bottoms, expected 2 or more"),
     ('type: "ReLU" bottom: "data" top: "r" relu_param { negative_slope: 0.1 }', "negative_slope"),
     ('type: "Pooling" bottom: "data" top: "p" pooling_param { pool: STOCHASTIC kernel_size: 2 }',
      "STOCHASTIC"),
@@ -152,17 +151,35 @@ def test_scale_not_a_power_of_two_goes_to_image_preprocess():
     assert list(by["c", ()].srclayers) == ["d_transform"]     # the same in both phases
 
 
-def test_softmax_over_spatial_positions_is_refused():
-    """Caffe's Softmax normalises each position over channels; SINGA's a sample's values."""
-    with pytest.raises(Refused, match="may have spatial positions"):
-        translate(net_of('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
-                         'convolution_param { num_output: 2 kernel_size: 1 } }\n'
-                         'layer { name: "p" type: "Softmax" bottom: "c" top: "p" }'), "n")
-    t = translate(net_of('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
-                         'convolution_param { num_output: 2 kernel_size: 1 } }\n'
-                         'layer { name: "f" type: "Flatten" bottom: "c" top: "f" }\n'
-                         'layer { name: "p" type: "Softmax" bottom: "f" top: "p" }'), "n")
-    assert list(layers(t)["p"].srclayers) == ["c"]      # Flatten: SINGA reads by count
+CONV = ('layer { name: "c" type: "Convolution" bottom: "data" top: "c" '
+        'convolution_param { num_output: 2 kernel_size: 1 } }\n')
+
+
+def test_softmax_over_spatial_positions_is_caffes_over_axis_1():
+    """Caffe's Softmax normalises each position over the channels: softmax_conf.axis; on
+    (N, D) scores SINGA's softmax (over a sample's values) is the same and stays."""
+    t = translate(net_of(CONV + 'layer { name: "p" type: "Softmax" bottom: "c" top: "p" }'), "n")
+    p = layers(t)["p"]
+    assert p.softmax_conf.HasField("axis") and p.softmax_conf.axis == 1
+    t = translate(net_of(CONV + 'layer { name: "ip" type: "InnerProduct" bottom: "c" top: "ip" '
+                         'inner_product_param { num_output: 3 } }\n'
+                         'layer { name: "p" type: "Softmax" bottom: "ip" top: "p" }'), "n")
+    assert not layers(t)["p"].softmax_conf.HasField("axis")
+
+
+def test_a_flatten_only_softmaxes_read_is_a_rename_others_are_kflatten():
+    """Our export of a softmax of a 4-D blob is Flatten, Softmax: it comes back as one
+    softmax; any other Flatten is a kFlatten layer."""
+    flat = CONV + 'layer { name: "f" type: "Flatten" bottom: "c" top: "f" }\n'
+    t = translate(net_of(flat + 'layer { name: "p" type: "Softmax" bottom: "f" top: "p" }'), "n")
+    assert "f" not in layers(t) and list(layers(t)["p"].srclayers) == ["c"]
+    assert not layers(t)["p"].softmax_conf.HasField("axis")
+    t = translate(net_of(flat.replace('top: "f" }', 'top: "f" flatten_param { axis: 2 } }') +
+                         'layer { name: "ip" type: "InnerProduct" bottom: "f" top: "ip" '
+                         'inner_product_param { num_output: 3 } }\n'), "n")
+    f = layers(t)["f"]
+    assert (f.type, f.flatten_conf.axis, list(layers(t)["ip"].srclayers)) == \
+        (job_pb2.kFlatten, 2, ["f"])
 
 
 STANH = ('layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
@@ -227,3 +244,58 @@ def test_any_other_power_is_refused_in_one_line(layer):
     msg = str(e.value)
     assert msg.startswith("n.prototxt: layer 'x' of type Power (power ")
     assert "has no SINGA equivalent" in msg and "\n" not in msg
+
+
+def blob(*shape):
+    return Blob(np.zeros(shape, np.float32).ravel(), shape, False)
+
+
+def test_caffes_later_layers_and_their_blobs():
+    """BatchNorm and Scale in place (three blobs; γ, β), Eltwise, Deconvolution (weight
+    (C, F/group, kh, kw), no bias term), Crop, global pooling, LRN WITHIN_CHANNEL (k left at
+    1, which Caffe ignores there)."""
+    w = {"c": [blob(4, 4, 1, 1)], "bn": [blob(4), blob(4), blob(1)], "sc": [blob(4), blob(4)],
+         "up": [blob(4, 2, 4, 4)]}
+    t = translate(net_of(
+        'layer { name: "c" type: "Convolution" bottom: "data" top: "c" convolution_param { '
+        'num_output: 4 kernel_size: 1 bias_term: false } }\n'
+        'layer { name: "bn" type: "BatchNorm" bottom: "c" top: "c" '
+        'batch_norm_param { use_global_stats: true eps: 0.001 } }\n'
+        'layer { name: "sc" type: "Scale" bottom: "c" top: "c" scale_param { bias_term: true } }\n'
+        'layer { name: "sum" type: "Eltwise" bottom: "c" bottom: "data" top: "sum" '
+        'eltwise_param { coeff: 1 coeff: -1 } }\n'
+        'layer { name: "up" type: "Deconvolution" bottom: "sum" top: "up" convolution_param { '
+        'num_output: 4 group: 2 kernel_size: 4 stride: 2 pad: 1 bias_term: false } }\n'
+        'layer { name: "crop" type: "Crop" bottom: "up" bottom: "data" top: "crop" '
+        'crop_param { offset: 2 } }\n'
+        'layer { name: "n" type: "LRN" bottom: "crop" top: "n" lrn_param { local_size: 3 '
+        'alpha: 5e-05 k: 2 norm_region: WITHIN_CHANNEL } }\n'
+        'layer { name: "g" type: "Pooling" bottom: "n" top: "g" pooling_param { pool: AVE '
+        'global_pooling: true } }\n'), "n", w, "w")
+    by = layers(t)
+    assert [(n, by[n].type, list(by[n].srclayers)) for n in ("bn", "sc", "sum", "up", "crop")] \
+        == [("bn", job_pb2.kCaffeBatchNorm, ["c"]), ("sc", job_pb2.kScale, ["bn"]),
+            ("sum", job_pb2.kEltwise, ["sc", "input"]), ("up", job_pb2.kDeconvolution, ["sum"]),
+            ("crop", job_pb2.kCrop, ["up", "input"])]
+    bc = by["bn"].batch_norm_conf
+    assert bc.use_global_stats and bc.eps == pytest.approx(0.001)
+    assert not bc.HasField("moving_average_fraction")
+    assert by["sc"].scale_conf.bias_term and list(by["sum"].eltwise_conf.coeff) == [1, -1]
+    assert (by["up"].convolution_conf.group, by["up"].convolution_conf.stride) == (2, 2)
+    assert list(by["crop"].crop_conf.offset) == [2]
+    lrn = by["n"].lrn_conf
+    assert lrn.norm_region == job_pb2.LRNProto.WITHIN_CHANNEL and not lrn.HasField("knorm")
+    assert by["g"].pooling_conf.global_pooling and not by["g"].pooling_conf.HasField("kernel")
+    assert {p.name: (p.shape, p.blob) for p in t.params} == {
+        "c_weight": ((4, 4), 0), "c_bias": ((4,), None), "bn_mean": ((4,), 0),
+        "bn_variance": ((4,), 1), "bn_factor": ((1,), 2), "sc_scale": ((4,), 0),
+        "sc_bias": ((4,), 1), "up_weight": ((4, 2, 4, 4), 0), "up_bias": ((4,), None)}
+    assert by["sc"].param[0].init.value == 1        # Caffe's Scale fills 1 by default
+
+
+def test_a_deconvolution_blob_of_the_wrong_shape_is_one_line():
+    with pytest.raises(ConfigError) as e:
+        translate(net_of('layer { name: "up" type: "Deconvolution" bottom: "data" top: "up" '
+                         'convolution_param { num_output: 6 kernel_size: 2 } }'), "n",
+                  {"up": [blob(4, 3, 2, 2), blob(6)]}, "w")
+    assert str(e.value) == "w: layer 'up' blob 0 has shape 4x3x2x2, the Deconvolution needs Cx6x2x2"

@@ -16,7 +16,7 @@ from singa.errors import ConfigError
 from singa.interop import deploy as deploy_view, exporter as cli
 from singa.interop.caffe import write as caffe
 from singa.proto import caffe_pb2
-from test_export_onnx import BRANCHES, CONVNET
+from test_export_onnx import BRANCHES, CAFFE_KINDS, CONVNET
 
 caffe_cli = pytest.importorskip("singa.interop.caffe.importer")
 FIXTURES = "tests/fixtures/caffe"
@@ -117,6 +117,37 @@ def test_import_of_an_export_is_the_identity(conf_text, tmp_path):
     assert np.array_equal(want["loss"], got["loss"])
 
 
+def test_import_of_an_export_of_caffes_kinds_is_the_identity(tmp_path):
+    """BatchNorm, Scale (γ of one number: Caffe's shape ()), Eltwise, LRN WITHIN_CHANNEL,
+    Deconvolution, Crop, global pooling, softmax over axis 1, Flatten: written as Caffe's
+    layers and read back to the same ops and confs, params and outputs bit for bit."""
+    conf = write_conf(tmp_path, CAFFE_KINDS)
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    deploy, weights = export_caffe(conf, tmp_path / "checkpoint", tmp_path / "caffe")
+    layers = {l.name: l for l in text_format.Parse(open(deploy).read(),
+                                                   caffe_pb2.NetParameter()).layer}
+    assert [layers[n].type for n in ("bn", "scale", "sum", "up", "crop", "rows")] == [
+        "BatchNorm", "Scale", "Eltwise", "Deconvolution", "Crop", "Flatten"]
+    assert layers["gmax"].pooling_param.global_pooling
+    assert layers["norm"].lrn_param.norm_region == caffe_pb2.LRNParameter.WITHIN_CHANNEL
+    assert layers["crop"].bottom == ["up", "data"] and layers["sm"].bottom == ["cat"]
+    assert [b.shape for b in caffemodel_blobs(weights)["gain"]] == [()]
+    back = import_caffe(deploy, weights, tmp_path / "back")
+    ours = deploy_view.read(conf, str(tmp_path / "checkpoint"))
+    theirs = deploy_view.read(back, str(tmp_path / "back"))
+    assert [(op.name, op.type) for op in ours.ops] == [(op.name, op.type) for op in theirs.ops]
+    for a, b in zip(ours.ops, theirs.ops):
+        for field in ("batch_norm_conf", "scale_conf", "eltwise_conf", "flatten_conf",
+                      "crop_conf", "pooling_conf", "lrn_conf", "softmax_conf"):
+            assert getattr(a.conf, field) == getattr(b.conf, field), (a.name, field)
+        assert len(a.params) == len(b.params), a.name
+        for u, v in zip(a.params, b.params):
+            assert u.shape == v.shape and np.array_equal(u, v), a.name
+    x = np.random.default_rng(0).random(ours.inputs[0].shape, dtype=np.float32)
+    want, got = ours.forward({"data": x}), theirs.forward({"data": x})
+    assert all(np.array_equal(want[op.name], got[op.name]) for op in ours.ops)
+
+
 @pytest.mark.parametrize("name", ["mlp", "rules", "preprocess"])
 def test_import_of_an_export_with_power_layers_is_the_identity(name, tmp_path):
     """The nets whose Caffe export has Power layers (the MNIST MLP's STanh, the rules net's
@@ -134,7 +165,7 @@ def test_import_of_an_export_with_power_layers_is_the_identity(name, tmp_path):
         assert len(a.params) == len(b.params), a.name
         for u, v in zip(a.params, b.params):
             assert u.shape == v.shape and np.array_equal(u, v), a.name
-        if a.type == "Crop":
+        if a.type == "Preprocess":
             assert b.conf.rgbimage_conf.scale == a.conf.rgbimage_conf.scale
     want = ours.forward({ours.inputs[0].name: x.reshape(ours.inputs[0].shape)})
     got = theirs.forward({theirs.inputs[0].name: x.reshape(theirs.inputs[0].shape)})

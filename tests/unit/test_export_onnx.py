@@ -1,6 +1,8 @@
 """ONNX export: onnx.checker passes and onnxruntime computes what our layers compute, net by
 net (LeNet, the cifar10 net, the MNIST MLP) and layer by layer (Caffe's rules: group
-convolution, ceil pooling, padded AVG divisors, LRN, transposed InnerProduct); refusals."""
+convolution, ceil pooling, padded AVG divisors, LRN, transposed InnerProduct; Caffe's kinds:
+BatchNorm, Scale, Eltwise, Deconvolution, Crop, global pooling, Flatten, softmax over an
+axis, LRN within channels); refusals."""
 import numpy as np
 import pytest
 
@@ -87,6 +89,61 @@ neuralnet {
 }
 """
 
+# Caffe's kinds: BatchNorm (global statistics, a factor of 2) and Scale with a bias, a Scale
+# of one number, Eltwise SUM with coeffs, PROD of three, MAX, LRN within channels, a group
+# Deconvolution, Crop to the input at two offsets, global MAX and AVG pooling, softmax over
+# the channels, Flatten from axis 2 (3-D) and from axis 1 into an InnerProduct.
+CAFFE_KINDS = """
+name: "caffe_kinds"
+train_steps: 1
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.01 } }
+cluster { workspace: "WORKSPACE" }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "nowhere.bin" batchsize: 2 shape: 4 shape: 6 shape: 6 } }
+  layer { name: "conv" type: kCConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 3 pad: 1 }
+    param { name: "cw" init { type: kGaussian std: 0.3 } }
+    param { name: "cb" init { type: kConstant value: 0.1 } } }
+  layer { name: "bn" type: kCaffeBatchNorm srclayers: "conv" batch_norm_conf { eps: 0.001 }
+    param { name: "mean" init { type: kGaussian std: 0.5 } }
+    param { name: "var" init { type: kUniform low: 1 high: 3 } }
+    param { name: "factor" init { type: kConstant value: 2 } } }
+  layer { name: "scale" type: kScale srclayers: "bn" scale_conf { bias_term: true }
+    param { name: "gamma" init { type: kUniform low: 0.5 high: 1.5 } }
+    param { name: "beta" init { type: kGaussian std: 0.3 } } }
+  layer { name: "gain" type: kScale srclayers: "data" scale_conf { num_axes: 0 }
+    param { name: "g" init { type: kConstant value: 0.5 } } }
+  layer { name: "sum" type: kEltwise srclayers: "scale" srclayers: "gain"
+    eltwise_conf { coeff: 1 coeff: -0.5 } }
+  layer { name: "prod" type: kEltwise srclayers: "sum" srclayers: "scale" srclayers: "data"
+    eltwise_conf { operation: PROD } }
+  layer { name: "max" type: kEltwise srclayers: "prod" srclayers: "sum"
+    eltwise_conf { operation: MAX } }
+  layer { name: "norm" type: kLRN srclayers: "max"
+    lrn_conf { local_size: 3 alpha: 0.5 beta: 0.75 norm_region: WITHIN_CHANNEL } }
+  layer { name: "up" type: kDeconvolution srclayers: "norm"
+    convolution_conf { num_filters: 6 kernel: 4 stride: 2 pad: 1 group: 2 }
+    param { name: "uw" init { type: kGaussian std: 0.3 } }
+    param { name: "ub" init { type: kConstant value: 0.1 } } }
+  layer { name: "crop" type: kCrop srclayers: "up" srclayers: "data"
+    crop_conf { offset: 3 offset: 2 } }
+  layer { name: "gmax" type: kPooling srclayers: "crop"
+    pooling_conf { pool: MAX global_pooling: true } }
+  layer { name: "gavg" type: kPooling srclayers: "crop"
+    pooling_conf { pool: AVG global_pooling: true } }
+  layer { name: "cat" type: kConcate srclayers: "gmax" srclayers: "gavg"
+    concate_conf { concate_dim: 1 num_concates: 2 } }
+  layer { name: "sm" type: kSoftmax srclayers: "cat" softmax_conf { axis: 1 } }
+  layer { name: "rows" type: kFlatten srclayers: "crop" flatten_conf { axis: 2 } }
+  layer { name: "flat" type: kFlatten srclayers: "sm" }
+  layer { name: "ip" type: kInnerProduct srclayers: "flat" innerproduct_conf { num_output: 3 }
+    param { name: "w" init { type: kGaussian std: 0.3 } }
+    param { name: "b" init { type: kConstant value: 0.1 } } }
+}
+"""
+
 
 def compare(conf, snapshot, tmp_path, inputs=None, snapshot_needed=True):
     """Export through the CLI, check the model, run it in onnxruntime with every op as an
@@ -146,6 +203,29 @@ def test_activations_concat_and_softmax_of_a_4d_blob(tmp_path):
         ["STanh", "Sigmoid", "Tanh", "STanh"]
     assert model.outputs == ["loss"]            # kAccuracy left out
     assert max(diffs.values()) < TOLERANCE, diffs
+
+
+def test_caffes_kinds_run_in_onnxruntime_as_in_singa(tmp_path):
+    conf = write_conf(tmp_path, CAFFE_KINDS)
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    model, diffs = compare(conf, tmp_path / "checkpoint", tmp_path)
+    print("Caffe's kinds: max |diff| per op", diffs)
+    assert sorted(model.outputs) == ["ip", "rows"]
+    proto = onnx.load(tmp_path / "model.onnx")
+    assert proto.opset_import[0].version == 17
+    kinds = {n.op_type for n in proto.graph.node}
+    assert {"BatchNormalization", "Sum", "Max", "ConvTranspose", "Slice", "GlobalMaxPool",
+            "GlobalAveragePool", "Flatten", "Reshape", "Pow"} <= kinds
+    assert max(diffs.values()) < TOLERANCE, diffs
+
+
+def test_batch_statistics_at_test_are_refused_in_one_line(tmp_path, capsys):
+    conf = write_conf(tmp_path, CAFFE_KINDS.replace("eps: 0.001", "use_global_stats: false"))
+    fresh_snapshot(conf, tmp_path / "checkpoint")
+    assert cli.main(["onnx", conf, str(tmp_path), "-o", str(tmp_path / "x.onnx")]) == 2
+    assert capsys.readouterr().err == (
+        f"singa-export: {conf}: layer 'bn' (kCaffeBatchNorm): normalises by batch statistics "
+        f"at test (use_global_stats: false); ONNX's BatchNormalization takes given statistics\n")
 
 
 def test_the_batch_is_symbolic_unless_given(tmp_path):

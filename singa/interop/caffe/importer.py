@@ -1,12 +1,14 @@
 """bin/singa-import.sh caffe: a Caffe net (and weights, solver, solver state) as a SINGA job.
 
     singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver SOLVER.prototxt]
-                    [-solverstate FILE.solverstate] [-input_shape C,H,W] -o DIR
+                    [-solverstate FILE.solverstate] [-input_shape C,H,W] [-fold-bn] -o DIR
 
 NET may be the solver itself (its `net` names the net, relative to the solver's folder).
 Writes DIR/job.conf and, with weights, DIR/checkpoint/step<iter>-worker0.bin and its .meta
 (iter from the solver state, else 0); data files DIR/data/*.kvfile (the mean image; the
-records themselves the user writes there). Exit 2 with one line for anything refused.
+records themselves the user writes there). -fold-bn folds BatchNorm layers of global
+statistics (and their Scale) into the Convolution before them (translate.translate). Exit 2
+with one line for anything refused.
 """
 import argparse
 import os
@@ -44,13 +46,14 @@ def _args(argv):
     """import_caffe's keywords from the command line."""
     ap = _Parser(prog="singa-import.sh", usage=(
         "singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver FILE] "
-        "[-solverstate FILE] [-input_shape C,H,W] -o DIR"))
+        "[-solverstate FILE] [-input_shape C,H,W] [-fold-bn] -o DIR"))
     ap.add_argument("format", choices=["caffe"])
     ap.add_argument("net", metavar="NET.prototxt", help="the net, or the solver (its `net`)")
     ap.add_argument("weights", metavar="WEIGHTS.caffemodel", nargs="?")
     ap.add_argument("-solver", metavar="FILE")
     ap.add_argument("-solverstate", metavar="FILE")
     ap.add_argument("-input_shape", metavar="C,H,W", type=_shape)
+    ap.add_argument("-fold-bn", dest="fold_bn", action="store_true")
     ap.add_argument("-o", dest="out", metavar="DIR", required=True)
     args = vars(ap.parse_args(argv))
     del args["format"]
@@ -68,9 +71,12 @@ def _shape(text):
 
 
 def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_shape=None,
-                 print=print):
+                 fold_bn=False, print=print):
     """Import as the module docstring says; returns the path of the job.conf written."""
     out = os.path.abspath(out)
+    if fold_bn and solverstate is not None:
+        raise ConfigError(f"{solverstate}: -fold-bn makes an inference net; it does not go "
+                          f"with -solverstate")
     if solver is not None:
         solver_msg, solver_path = netdef.read_text(solver, caffe_pb2.SolverParameter()), solver
     else:
@@ -95,7 +101,8 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         blobs = None
         if model is not None:
             _, blobs = model.net()
-        t = translate(net_msg, net_path, blobs, weights, os.path.join(out, "data"), input_shape)
+        t = translate(net_msg, net_path, blobs, weights, os.path.join(out, "data"), input_shape,
+                      fold_bn)
         job = _job(net_msg, t, out, solver_msg, solver_path)
         step = state.iter if state is not None else 0
         if model is not None:

@@ -10,7 +10,8 @@ from singa.errors import ConfigError
 from singa.interop.caffe.blobs import CaffeFile
 from singa.proto import caffe_pb2
 
-__all__ = ["read_net", "read_text", "upgrade", "in_phase", "relative_to", "TRAIN", "TEST"]
+__all__ = ["read_net", "read_text", "upgrade", "in_phase", "relative_to", "copy_set", "TRAIN",
+           "TEST"]
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
 _TEXT_BYTES = 64 << 20      # a text net or solver larger than this is no definition
@@ -201,6 +202,14 @@ def _param_specs(layer, names, lrs, decays):
             layer.param[i].lr_mult = lrs[i]
         if i < len(decays):
             layer.param[i].decay_mult = decays[i]
+
+
+def copy_set(src, dst, names):
+    """dst's fields `names` set to src's where src sets them (between a Caffe param and our
+    conf of the same field names: unset fields keep both sides' defaults)."""
+    for name in names:
+        if src.HasField(name):
+            setattr(dst, name, getattr(src, name))
 
 
 def relative_to(path, name):

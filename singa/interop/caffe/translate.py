@@ -1,17 +1,18 @@
 """Caffe layers → SINGA JobProto layers, with each param's values taken from the weights.
 
-Caffe nets are graphs of blobs: a layer reads bottom blobs and writes top blobs, and ReLU or
-Dropout often write their input blob in place. A SINGA net is a graph of layers, one output
-each: every Caffe layer becomes a SINGA layer of its name whose sources are the layers that
-last wrote its bottoms, so Caffe's blob `conv1` after the in-place relu1 is SINGA's layer
-`relu1`. Each phase (TRAIN, TEST) is translated on its own, as Caffe filters the net per
-phase, and the two are merged: a layer the same in both has no `include`, others have
-`include: kTrain` / `include: kTest`.
+Caffe nets are graphs of blobs: a layer reads bottom blobs and writes top blobs, and ReLU,
+Dropout, BatchNorm or Scale often write their input blob in place. A SINGA net is a graph of
+layers, one output each: every Caffe layer becomes a SINGA layer of its name whose sources
+are the layers that last wrote its bottoms, so Caffe's blob `conv1` after the in-place relu1
+is SINGA's layer `relu1`. Each phase (TRAIN, TEST) is translated on its own, as Caffe filters
+the net per phase, and the two are merged: a layer the same in both has no `include`, others
+have `include: kTrain` / `include: kTest`.
 
 Only exact equivalents are translated (Power only where our exporter writes it: kSTanh as
 Power, TanH, Power, and kImagePreprocess's scale); a Caffe layer or setting that SINGA would
 compute differently is refused (`Refused`: one line naming the file, the layer and its type),
-never approximated. Params are named `<layer>_weight` and `<layer>_bias`.
+never approximated. Params are named `<layer>_weight` and `<layer>_bias` (BatchNorm's
+`_mean`, `_variance`, `_factor`; Scale's `_scale`, `_bias`).
 """
 import math
 import os
@@ -21,8 +22,9 @@ import numpy as np
 
 from singa.errors import ConfigError
 from singa.interop.caffe.blobs import read_blob_file
-from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, relative_to
+from singa.interop.caffe.netdef import TEST, TRAIN, copy_set, in_phase, relative_to
 from singa.layers.neuron import STANH_A, STANH_B
+from singa.layers.norm import sums_scale
 from singa.naming import unrolled
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
@@ -62,12 +64,17 @@ class Translation:
 
 
 def translate(net, net_path, weights=None, weights_path=None, data_dir="data",
-              input_shape=None):
+              input_shape=None, fold_bn=False):
     """The Translation of NetParameter `net` (V2 layers, see netdef.upgrade) read from
     `net_path`; `weights` = {layer name: [Blob]} of `weights_path`; `data_dir`: where data
     files go (kvfiles the user provides, the mean file written here); `input_shape`: the
-    (C, H, W) of data layers, whose records Caffe's prototxt does not describe."""
-    t = _Translator(net, net_path, weights, weights_path, data_dir, input_shape)
+    (C, H, W) of data layers, whose records Caffe's prototxt does not describe; `fold_bn`
+    (needs `weights`): BatchNorm layers of global statistics (and the Scale after one)
+    folded into the Convolution before them, W' = W·k, b' = (b − μ)·k + β with
+    k = γ/√(σ² + ε), μ and σ² Caffe's sums over its factor."""
+    if fold_bn and weights is None:
+        raise ConfigError(f"{net_path}: -fold-bn needs the weights (WEIGHTS.caffemodel)")
+    t = _Translator(net, net_path, weights, weights_path, data_dir, input_shape, fold_bn)
     return t.run()
 
 
@@ -75,13 +82,16 @@ _POW2 = {2.0 ** k for k in range(-60, 61)}
 
 
 class _Translator:
-    def __init__(self, net, path, weights, weights_path, data_dir, input_shape):
+    def __init__(self, net, path, weights, weights_path, data_dir, input_shape, fold_bn):
         self.net, self.path, self.weights = net, path, weights
         self.weights_path = weights_path
         self.data_dir, self.input_shape = data_dir, input_shape
         self.params = {}        # singa name -> Param
         self.order = []         # TRAIN's learnable order
         self.notes, self.files = [], {}
+        self.fold_bn = fold_bn
+        self.folds = {}         # folded BatchNorm -> (its Convolution, its Scale or None, ε)
+        self.has_loss = any(l.type.endswith("Loss") or l.loss_weight for l in net.layer)
 
     def run(self):
         layers = self.net.layer
@@ -95,6 +105,7 @@ class _Translator:
             self.labels = {}        # label blob -> SINGA input layer
             self.shapes = {}        # blob written by an input -> its records' shape
             self.stanh = {}         # index of a TanH or last Power of an STanh -> its kSTanh
+            self.fold_scale = set()  # indices of Scale layers folded with their BatchNorm
             per_phase[phase] = []
             for self.at, layer in enumerate(layers):        # self.at: where readers() looks
                 per_phase[phase].append(self._layer(layer) if in_phase(layer, phase) else None)
@@ -109,6 +120,8 @@ class _Translator:
                     c.include.append(phase)
                     out.append(c)
         self._check_unused_weights()
+        if self.folds:
+            self.fold_values()
         params = [self.params[n] for n in self.order] + \
             [p for n, p in self.params.items() if n not in self.order]
         return Translation(out, params, self.notes, self.files)
@@ -226,10 +239,44 @@ class _Translator:
                 if self.phase == TRAIN:
                     self.order.append(name)
 
+    def fold_values(self):
+        """The folded Convolutions' weight and bias values (see translate), made in float64
+        from the weights of each Convolution, BatchNorm and Scale."""
+        for bn, (conv, scale, eps) in self.folds.items():
+            w, b = self.params[f"{conv}_weight"], self.params[f"{conv}_bias"]
+            f = w.shape[0]
+            mean, var, factor = self.blob_values(bn, "BatchNorm", [f, f, 1])
+            s = sums_scale(factor[0])
+            k = 1 / np.sqrt(var * s + eps)
+            beta = 0
+            if scale is not None:
+                gamma, *bias = self.blob_values(scale, "Scale", [f], [f, f])
+                k, beta = k * gamma, (bias[0] if bias else 0)
+            bias = b.values if b.blob is None else self.weights[conv][1].values
+            w.values = (self.weights[conv][0].values.reshape(f, -1) * k[:, None]) \
+                .astype(np.float32).reshape(w.shape)
+            b.values = ((bias - mean * s) * k + beta).astype(np.float32)
+            w.blob = b.blob = None
+        self.notes.append(f"-fold-bn: {len(self.folds)} BatchNorm layers folded into the "
+                          f"Convolution before them ("
+                          f"{sum(s is not None for _, s, _ in self.folds.values())} with "
+                          f"their Scale); the job computes inference statistics only")
+
+    def blob_values(self, name, kind, *wants):
+        """Layer `name`'s blobs as float64 vectors whose sizes are one of `wants`, or a
+        one-line ConfigError."""
+        sizes = [b.values.size for b in self.weights.get(name, [])]
+        if sizes not in wants:
+            raise ConfigError(f"{self.weights_path}: layer '{name}' has blobs of {sizes} "
+                              f"values, the folded {kind} needs "
+                              f"{' or '.join(map(str, wants))}")
+        return [b.values.astype(np.float64) for b in self.weights[name]]
+
     def _check_unused_weights(self):
         if self.weights is None:
             return
-        used = {p.layer for p in self.params.values()}
+        used = {p.layer for p in self.params.values()} | \
+            {n for bn, (_, scale, _) in self.folds.items() for n in (bn, scale)}
         for name, blobs in self.weights.items():
             if blobs and name not in used:
                 self.notes.append(f"{self.weights_path}: layer '{name}' is not in the net; its "
@@ -376,6 +423,9 @@ def _hdf5(t, layer):
 
 
 def _conv(t, layer):
+    """Convolution (weight (F, C/group·kh·kw), Caffe's bytes) and Deconvolution (weight
+    (C, F/group, kh, kw), Caffe's blob); a missing bias is a zero one (see add_params)."""
+    deconv = layer.type == "Deconvolution"
     p = layer.convolution_param
     if p.axis != 1 or p.force_nd_im2col:
         t.refuse(layer, "convolves on an axis other than 1 (not supported)")
@@ -384,18 +434,20 @@ def _conv(t, layer):
     kh, kw = _pair(t, layer, p.kernel_size, p, "kernel", None)
     ph, pw = _pair(t, layer, p.pad, p, "pad", 0)
     sh, sw = _pair(t, layer, p.stride, p, "stride", 1)
-    conf = t.new(layer, job_pb2.kConvolution, t.src(layer, 1))
+    conf = t.new(layer, job_pb2.kDeconvolution if deconv else job_pb2.kConvolution,
+                 t.src(layer, 1))
     c = conf.convolution_conf
     c.num_filters = p.num_output
     _window(c, kh, kw, ph, pw, sh, sw)
     if p.group != 1:
         c.group = p.group
-    f = p.num_output
+    f, g = p.num_output, p.group
 
     def weight(shape):
-        if len(shape) != 4 or shape[0] != f or tuple(shape[2:]) != (kh, kw):
-            return f"{f}x(C/{p.group})x{kh}x{kw}"
-        return (f, math.prod(shape[1:]))
+        if len(shape) != 4 or tuple(shape[2:]) != (kh, kw) or \
+                (shape[1] * g != f if deconv else shape[0] != f):
+            return f"Cx{f // g}x{kh}x{kw}" if deconv else f"{f}x(C/{g})x{kh}x{kw}"
+        return tuple(shape) if deconv else (f, math.prod(shape[1:]))
     shapes = [("weight", weight, 0, p.weight_filler)]
     shapes.append(("bias", (f,), 1, p.bias_filler) if p.bias_term else ("bias", (f,), None, None))
     t.add_params(layer, conf, shapes)
@@ -428,17 +480,18 @@ def _pooling(t, layer):
     p = layer.pooling_param
     if p.pool == C.PoolingParameter.STOCHASTIC:
         t.refuse(layer, "pools STOCHASTIC (not supported)")
-    if p.global_pooling:
-        t.refuse(layer, "pools globally (give kernel_size: the input's size)")
+    conf = t.new(layer, job_pb2.kPooling, t.src(layer, 1))
+    c = conf.pooling_conf
+    c.pool = job_pb2.PoolingProto.MAX if p.pool == C.PoolingParameter.MAX else \
+        job_pb2.PoolingProto.AVG
+    if p.global_pooling:        # Caffe allows no kernel, pad 0 and stride 1 only
+        c.global_pooling = True
+        return t.one_top(layer, conf)
     if not (p.HasField("kernel_size") or p.HasField("kernel_h")):
         t.refuse(layer, "has no kernel_size")
     kh, kw = (p.kernel_h, p.kernel_w) if p.HasField("kernel_h") else (p.kernel_size,) * 2
     ph, pw = (p.pad_h, p.pad_w) if p.HasField("pad_h") else (p.pad,) * 2
     sh, sw = (p.stride_h, p.stride_w) if p.HasField("stride_h") else (p.stride,) * 2
-    conf = t.new(layer, job_pb2.kPooling, t.src(layer, 1))
-    c = conf.pooling_conf
-    c.pool = job_pb2.PoolingProto.MAX if p.pool == C.PoolingParameter.MAX else \
-        job_pb2.PoolingProto.AVG
     _window(c, kh, kw, ph, pw, sh, sw)
     if p.round_mode == C.PoolingParameter.CEIL:
         c.ceil_mode = True
@@ -447,11 +500,13 @@ def _pooling(t, layer):
 
 def _lrn(t, layer):
     p = layer.lrn_param
-    if p.norm_region != C.LRNParameter.ACROSS_CHANNELS:
-        t.refuse(layer, "normalises WITHIN_CHANNEL (SINGA's LRN is across channels)")
     conf = t.new(layer, job_pb2.kLRN, t.src(layer, 1))
     c = conf.lrn_conf
-    c.local_size, c.alpha, c.beta, c.knorm = p.local_size, p.alpha, p.beta, p.k
+    c.local_size, c.alpha, c.beta = p.local_size, p.alpha, p.beta
+    if p.norm_region == C.LRNParameter.WITHIN_CHANNEL:
+        c.norm_region = job_pb2.LRNProto.WITHIN_CHANNEL     # Caffe ignores k there: 1
+    else:
+        c.knorm = p.k
     return t.one_top(layer, conf)
 
 
@@ -543,10 +598,12 @@ def _dropout(t, layer):
 
 
 def _softmax(t, layer):
-    if layer.softmax_param.axis != 1:
-        t.refuse(layer, f"normalises over axis {layer.softmax_param.axis} (only 1)")
+    """SINGA's softmax (over a sample's values) on (N, D) scores; otherwise Caffe's over
+    `axis` at each position of the others (softmax_conf.axis, ours)."""
     conf = t.new(layer, job_pb2.kSoftmax, t.src(layer, 1))
-    t.need_flat(layer)
+    axis = layer.softmax_param.axis
+    if layer.bottom[0] not in t.flat or axis not in (1, -1):
+        conf.softmax_conf.axis = axis
     return t.one_top(layer, conf)
 
 
@@ -615,11 +672,9 @@ def _concat(t, layer):
 
 
 def _rename(t, layer):
-    """Flatten (axis 1 to the end) and Split: SINGA's layers read their sources by count and
-    add split layers themselves, so the blob is the bottom's layer under another name."""
-    if layer.type == "Flatten" and (layer.flatten_param.axis != 1 or
-                                    layer.flatten_param.end_axis != -1):
-        t.refuse(layer, "flattens other axes than 1 to the end (not supported)")
+    """Split, a Flatten that only softmaxes read (see _flatten) and a folded BatchNorm or
+    Scale (see _fold): the top is the bottom's layer under another name (SINGA adds split
+    layers itself)."""
     (src,) = t.src(layer, 1)
     for top in layer.top:
         t.tops[top] = src
@@ -629,7 +684,112 @@ def _rename(t, layer):
             t.shapes.pop(top, None)
         if layer.type == "Flatten" or layer.bottom[0] in t.flat:
             t.flat.add(top)
+        else:
+            t.flat.discard(top)
     return []
+
+
+#: Caffe layers that SINGA computes over each sample's values (flattened) when they read
+#: (N, D) scores
+_READS_FLAT = ("Softmax", "SoftmaxWithLoss", "Accuracy")
+
+
+def _flatten(t, layer):
+    """kFlatten (axis, end_axis); axes 1 to the end read only by softmaxes, which SINGA
+    computes over a sample's values anyway (our export of a softmax of a 4-D blob is
+    Flatten, Softmax), are the bottom's layer renamed."""
+    fp = layer.flatten_param
+    whole = fp.axis == 1 and fp.end_axis == -1
+    readers = t.readers(layer.top[0], t.at) if len(layer.top) == 1 else []
+    if whole and readers and all(t.net.layer[i].type in _READS_FLAT for i in readers):
+        return _rename(t, layer)
+    conf = t.new(layer, job_pb2.kFlatten, t.src(layer, 1))
+    copy_set(fp, conf.flatten_conf, ("axis", "end_axis"))
+    return t.one_top(layer, conf, flat=whole or None)
+
+
+def _batch_norm(t, layer):
+    """kCaffeBatchNorm, Caffe's three blobs (the running sums of the mean and the variance,
+    the factor) as params `_mean`, `_variance`, `_factor`; with -fold-bn folded into the
+    Convolution before it where _fold can."""
+    if t.fold_bn and _fold(t, layer):
+        return _rename(t, layer)
+    p = layer.batch_norm_param
+    conf = t.new(layer, job_pb2.kCaffeBatchNorm, t.src(layer, 1))
+    copy_set(p, conf.batch_norm_conf, ("use_global_stats", "moving_average_fraction", "eps"))
+    zero = C.FillerParameter()      # Caffe starts the sums at 0
+    t.add_params(layer, conf, [("mean", _vector, 0, zero), ("variance", _vector, 1, zero),
+                               ("factor", (1,), 2, zero)])
+    return t.one_top(layer, conf)
+
+
+def _fold(t, layer):
+    """Whether BatchNorm `layer` folds: it has global statistics (use_global_stats true, or
+    unset in a net without a loss, which nothing trains) and alone reads the top of a
+    Convolution. A per-channel Scale (axis 1, num_axes 1) that alone reads its top folds
+    with it. Records the fold in t.folds (values: Translator.fold_values); a note says why
+    a BatchNorm is kept."""
+    p = layer.batch_norm_param
+    src = next((i for i in range(t.at - 1, -1, -1) if in_phase(t.net.layer[i], t.phase)
+                and layer.bottom[0] in t.net.layer[i].top), None)
+    conv = t.net.layer[src] if src is not None else None
+    if not (p.use_global_stats if p.HasField("use_global_stats") else not t.has_loss):
+        why = "it normalises by batch statistics in training"
+    elif conv is None or conv.type != "Convolution" or len(layer.bottom) != 1:
+        why = "it does not read a Convolution's top"
+    elif t.readers(layer.bottom[0], src) != [t.at]:
+        why = f"another layer reads the top of Convolution '{conv.name}'"
+    else:
+        readers = t.readers(layer.top[0], t.at) if len(layer.top) == 1 else []
+        scale = t.net.layer[readers[0]] if len(readers) == 1 else None
+        if scale is None or scale.type != "Scale" or len(scale.bottom) != 1 or \
+                scale.scale_param.axis != 1 or scale.scale_param.num_axes != 1:
+            scale = None
+        else:
+            t.fold_scale.add(readers[0])
+        t.folds[layer.name] = (conv.name, scale and scale.name, p.eps)
+        return True
+    t.notes.append(f"-fold-bn: BatchNorm '{layer.name}' is kept: {why}")
+    return False
+
+
+def _scale(t, layer):
+    """kScale (axis, num_axes, bias_term): params `_scale` (Caffe's filler default: 1) and
+    `_bias`; a Scale folded with its BatchNorm (_fold) is renamed."""
+    if t.at in t.fold_scale:
+        return _rename(t, layer)
+    p = layer.scale_param
+    if len(layer.bottom) != 1:
+        t.refuse(layer, "takes its scale from a second bottom (not supported)")
+    conf = t.new(layer, job_pb2.kScale, t.src(layer, 1))
+    copy_set(p, conf.scale_conf, ("axis", "num_axes"))
+    shapes = [("scale", _any_shape, 0, p.filler if p.HasField("filler") else
+               C.FillerParameter(type="constant", value=1))]
+    if p.bias_term:
+        conf.scale_conf.bias_term = True
+        shapes.append(("bias", _any_shape, 1, p.bias_filler))
+    t.add_params(layer, conf, shapes)
+    return t.one_top(layer, conf)
+
+
+def _eltwise(t, layer):
+    p = layer.eltwise_param
+    if len(layer.bottom) < 2:
+        t.refuse(layer, f"has {len(layer.bottom)} bottoms, expected 2 or more")
+    if p.operation == C.EltwiseParameter.PROD and not p.stable_prod_grad:
+        t.refuse(layer, "has stable_prod_grad false (SINGA's PROD gradient is the stable one)")
+    conf = t.new(layer, job_pb2.kEltwise, t.src(layer))
+    copy_set(p, conf.eltwise_conf, ("operation",))  # PROD, SUM, MAX: the same numbers
+    conf.eltwise_conf.coeff.extend(p.coeff)
+    return t.one_top(layer, conf)
+
+
+def _crop(t, layer):
+    p = layer.crop_param
+    conf = t.new(layer, job_pb2.kCrop, t.src(layer, 2))
+    copy_set(p, conf.crop_conf, ("axis",))
+    conf.crop_conf.offset.extend(p.offset)
+    return t.one_top(layer, conf, flat=False)
 
 
 def _silence(t, layer):
@@ -642,7 +802,9 @@ _HANDLERS = {
     "InnerProduct": _inner_product, "Pooling": _pooling, "LRN": _lrn, "ReLU": _relu,
     "Sigmoid": _sigmoid, "TanH": _tanh, "Dropout": _dropout, "Softmax": _softmax,
     "SoftmaxWithLoss": _softmax_loss, "Accuracy": _accuracy, "Concat": _concat,
-    "Flatten": _rename, "Split": _rename, "Silence": _silence, "Power": _power,
+    "Flatten": _flatten, "Split": _rename, "Silence": _silence, "Power": _power,
+    "BatchNorm": _batch_norm, "Scale": _scale, "Eltwise": _eltwise,
+    "Deconvolution": _conv, "Crop": _crop,
 }
 
 
@@ -670,6 +832,17 @@ def _window(c, kh, kw, ph, pw, sh, sw):
         else:
             setattr(c, f"{name}_y", y)
             setattr(c, f"{name}_x", x)
+
+
+def _vector(shape):
+    """A (C,) blob's SINGA shape (legacy 1x1x1xC too)."""
+    s = _strip_legacy(shape, 1)
+    return s if len(s) == 1 else "C"
+
+
+def _any_shape(shape):
+    """A Scale blob's SINGA shape: Caffe's, () (one number) as (1,)."""
+    return tuple(shape) or (1,)
 
 
 def _strip_legacy(shape, ndim):

@@ -8,8 +8,12 @@ else FLOOR; Caffe's AVE divisor is ours: the window clipped at H + p), InnerProd
 `transpose` the K x N bytes as they are), LRN ACROSS_CHANNELS (both divide alpha by the
 window), ReLU, Sigmoid, TanH, STanh as Power (scale B), TanH, Power (scale A), Dropout
 (the identity in TEST), Softmax (after a Flatten for a blob of more than 2 axes: ours
-normalises over all features), Concat. A 3-D input (N, H, W) read by a convolution or a
-pooling is declared (N, 1, H, W), as our layers see it.
+normalises over all features; with softmax_conf.axis Caffe's own over that axis), Concat,
+Pooling `global_pooling`, LRN WITHIN_CHANNEL (k 1 only, as Caffe fixes it), and Caffe's
+kinds as themselves: BatchNorm (blobs: the two sums, the factor), Scale (γ, β; γ of Caffe's
+shape () when num_axes is 0), Eltwise, Flatten, Deconvolution (weight (C, F/group, kh, kw)),
+Crop. A 3-D input (N, H, W) read by a convolution or a pooling is declared (N, 1, H, W), as
+our layers see it.
 """
 import os
 
@@ -18,6 +22,7 @@ from google.protobuf import text_format
 
 from singa.errors import ConfigError
 from singa.files import write_atomic
+from singa.interop.caffe.netdef import copy_set
 from singa.interop.deploy import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
@@ -44,7 +49,8 @@ def write(model, folder, batch=None):
 def to_caffe(model, batch=None):
     """(the deploy NetParameter, {layer name: [its blobs as arrays of Caffe's shapes]})."""
     net = C.NetParameter(name=model.name or "singa")
-    four_d = {i for op in model.ops if op.type in ("Convolution", "Pooling") for i in op.inputs}
+    four_d = {i for op in model.ops if op.type in ("Convolution", "Deconvolution", "Pooling")
+              for i in op.inputs}
     blobs = {}
     for op in model.ops:
         for layer, values in _LAYERS[op.type](op, model, batch, op.name in four_d):
@@ -64,8 +70,8 @@ def write_caffemodel(f, net, blobs):
         head = layer.SerializeToString()
         parts = []          # (bytes before the values, values) per blob
         for values in blobs.get(layer.name, ()):
-            data = np.ascontiguousarray(values, "<f4")
-            shape = C.BlobShape(dim=data.shape).SerializeToString()
+            data = np.ascontiguousarray(values, "<f4")     # 1-D at least: keep a 0-D shape
+            shape = C.BlobShape(dim=np.shape(values)).SerializeToString()
             # BlobProto.shape (7), then .data (5) packed
             blob_head = prefix(7, len(shape)) + shape + prefix(5, data.nbytes)
             parts.append((blob_head, data))
@@ -113,16 +119,19 @@ def _window(p, conf, repeated):
 
 
 def _convolution(op, model, batch, four_d):
-    layer = _layer(op, "Convolution")
+    """Convolution and Deconvolution (whose weight is Caffe's blob as it is)."""
+    layer = _layer(op, op.type)
     p = layer.convolution_param
-    kh, kw = window(op.conf.convolution_conf)[:2]
+    cc = op.conf.convolution_conf
+    kh, kw = window(cc)[:2]
     w, b = op.params
-    group = op.conf.convolution_conf.group
-    p.num_output = w.shape[0]
-    if group != 1:
-        p.group = group
-    _window(p, op.conf.convolution_conf, repeated=True)
-    return [(layer, [w.reshape(w.shape[0], -1, kh, kw), b])]
+    p.num_output = cc.num_filters
+    if cc.group != 1:
+        p.group = cc.group
+    _window(p, cc, repeated=True)
+    if op.type == "Convolution":
+        w = w.reshape(w.shape[0], -1, kh, kw)
+    return [(layer, [w, b])]
 
 
 def _pooling(op, model, batch, four_d):
@@ -135,6 +144,9 @@ def _pooling(op, model, batch, four_d):
     layer = _layer(op, "Pooling")
     p = layer.pooling_param
     p.pool = C.PoolingParameter.AVE if avg else C.PoolingParameter.MAX
+    if pc.global_pooling:
+        p.global_pooling = True
+        return [(layer, None)]
     _window(p, pc, repeated=False)
     p.round_mode = C.PoolingParameter.CEIL if pc.ceil_mode else C.PoolingParameter.FLOOR
     return [(layer, None)]
@@ -175,13 +187,24 @@ def _dropout(op, model, batch, four_d):
 def _lrn(op, model, batch, four_d):
     layer = _layer(op, "LRN")
     lc, p = op.conf.lrn_conf, layer.lrn_param
-    p.local_size, p.alpha, p.beta, p.k = lc.local_size, lc.alpha, lc.beta, lc.knorm
+    p.local_size, p.alpha, p.beta = lc.local_size, lc.alpha, lc.beta
+    if lc.norm_region != job_pb2.LRNProto.WITHIN_CHANNEL:
+        p.k = lc.knorm
+    elif lc.knorm != 1:
+        _refuse(model, op, f"normalises WITHIN_CHANNEL with knorm {lc.knorm:g}; Caffe's "
+                f"WITHIN_CHANNEL fixes k at 1")
+    else:
+        p.norm_region = C.LRNParameter.WITHIN_CHANNEL
     return [(layer, None)]
 
 
 def _softmax(op, model, batch, four_d):
-    if len(op.in_shapes[0]) == 2:
-        return [(_layer(op, "Softmax"), None)]
+    sc = op.conf.softmax_conf
+    if len(op.in_shapes[0]) == 2 or sc.HasField("axis"):
+        layer = _layer(op, "Softmax")
+        if sc.HasField("axis") and sc.axis != 1:
+            layer.softmax_param.axis = sc.axis
+        return [(layer, None)]
     flat = _layer(op, "Flatten", name=f"{op.name}_flat")
     return [(flat, None), (_layer(op, "Softmax", [flat.name]), None)]
 
@@ -192,7 +215,7 @@ def _concat(op, model, batch, four_d):
     return [(layer, None)]
 
 
-def _crop(op, model, batch, four_d):
+def _preprocess(op, model, batch, four_d):
     if op.shape[2:] != op.in_shapes[0][2:]:
         _refuse(model, op, "crops the top-left corner; Caffe's test-time crop is the centre")
     layer = _layer(op, "Power")
@@ -200,8 +223,48 @@ def _crop(op, model, batch, four_d):
     return [(layer, None)]
 
 
+def _batch_norm(op, model, batch, four_d):
+    layer = _layer(op, "BatchNorm")
+    copy_set(op.conf.batch_norm_conf, layer.batch_norm_param,
+            ("use_global_stats", "moving_average_fraction", "eps"))
+    return [(layer, list(op.params))]
+
+
+def _scale(op, model, batch, four_d):
+    layer = _layer(op, "Scale")
+    sc = op.conf.scale_conf
+    copy_set(sc, layer.scale_param, ("axis", "num_axes"))
+    gamma, *beta = op.params
+    if beta:
+        layer.scale_param.bias_term = True
+    return [(layer, [gamma.reshape(()) if sc.num_axes == 0 else gamma] + beta)]
+
+
+def _eltwise(op, model, batch, four_d):
+    layer = _layer(op, "Eltwise")
+    ec = op.conf.eltwise_conf
+    copy_set(ec, layer.eltwise_param, ("operation",))      # the same numbers
+    layer.eltwise_param.coeff.extend(ec.coeff)
+    return [(layer, None)]
+
+
+def _flatten(op, model, batch, four_d):
+    layer = _layer(op, "Flatten")
+    copy_set(op.conf.flatten_conf, layer.flatten_param, ("axis", "end_axis"))
+    return [(layer, None)]
+
+
+def _crop(op, model, batch, four_d):
+    layer = _layer(op, "Crop")
+    copy_set(op.conf.crop_conf, layer.crop_param, ("axis",))
+    layer.crop_param.offset.extend(op.conf.crop_conf.offset)
+    return [(layer, None)]
+
+
 _LAYERS = {"Input": _input, "Convolution": _convolution, "Pooling": _pooling,
            "InnerProduct": _inner_product, "ReLU": _plain("ReLU"),
            "Sigmoid": _plain("Sigmoid"), "Tanh": _plain("TanH"), "STanh": _stanh,
            "Dropout": _dropout, "LRN": _lrn, "Softmax": _softmax, "Concat": _concat,
+           "Preprocess": _preprocess, "BatchNorm": _batch_norm, "Scale": _scale,
+           "Eltwise": _eltwise, "Flatten": _flatten, "Deconvolution": _convolution,
            "Crop": _crop}
