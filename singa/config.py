@@ -116,7 +116,7 @@ def absolute_paths(job, base):
         return os.path.normpath(os.path.join(base, os.path.expanduser(path)))
 
     for layer in job.neuralnet.layer:
-        for conf, fields in ((layer.store_conf, ("path", "mean_file", "std_file")),
+        for conf, fields in ((layer.store_conf, ("path", "mean_file", "std_file", "root_folder")),
                              (layer.sharddata_conf, ("path",)), (layer.lmdbdata_conf, ("path",)),
                              (layer.char_rnn_conf, ("path", "vocab_path")),
                              (layer.rgbimage_conf, ("meanfile",))):

@@ -234,11 +234,13 @@ def _concat(b, op):
 
 
 def _preprocess(b, op):
-    """kImagePreprocess outside training: the top-left crop, times scale."""
-    crop, scale = op.shape[2], np.float32(op.conf.rgbimage_conf.scale)
+    """kImagePreprocess outside training: the top-left crop (or the centre), times scale."""
+    rc = op.conf.rgbimage_conf
+    crop, scale = np.array(op.shape[2:4], np.int64), np.float32(rc.scale)
+    start = (np.array(op.in_shapes[0][2:4], np.int64) - crop) // 2 * rc.center_crop
     out = op.name if scale == 1 else f"{op.name}_crop"
-    b.node("Slice", [op.inputs[0], b.const(f"{op.name}_starts", np.array([0, 0], np.int64)),
-                     b.const(f"{op.name}_ends", np.array([crop, crop], np.int64)),
+    b.node("Slice", [op.inputs[0], b.const(f"{op.name}_starts", start),
+                     b.const(f"{op.name}_ends", start + crop),
                      b.const(f"{op.name}_axes", np.array([2, 3], np.int64))], out)
     if scale != 1:
         b.node("Mul", [out, b.const(f"{op.name}_scale", np.array(scale))], op.name)

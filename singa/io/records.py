@@ -5,11 +5,11 @@ from google.protobuf.message import DecodeError
 
 from singa.errors import ConfigError, DataError
 from singa.files import write_atomic
-from singa.io.kvfile import pack
+from singa.io.kvfile import KVFile, pack
 from singa.proto import common_pb2
 
 __all__ = ["record_values", "decode_batch", "parse_record", "class_indices", "encode_record",
-           "write_records"]
+           "write_records", "read_mean"]
 
 
 def record_values(value, shape, key=b""):
@@ -124,3 +124,36 @@ def write_records(path, x, y=None):
     except OSError as e:
         raise DataError(f"{path}: cannot write the records: {e.strerror}") from None
     return written
+
+
+def read_mean(path, shape):
+    """The mean image of `shape` from a mean file: a serialized record of its floats (0.1's
+    image_mean.bin), a kvfile holding one under the key "mean" (0.3's create_data, the Caffe
+    importer's mean.kvfile), or a Caffe BlobProto when the name contains "binaryproto"."""
+    dim = int(np.prod(shape))
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the mean file: {e.strerror}") from None
+    if "binaryproto" in path:
+        try:
+            values = common_pb2.CaffeBlob.FromString(raw).data
+        except DecodeError:
+            raise DataError(f"{path}: not a Caffe binaryproto (CaffeBlob)") from None
+    else:
+        values = _record_data(raw)
+        if len(values) != dim and raw[8:12] == b"mean":    # a kvfile whose first key is "mean"
+            with KVFile(path, "read") as store:
+                values = _record_data(store.read()[1])
+    if len(values) != dim:
+        raise DataError(f"{path}: the mean file holds {len(values)} values, the images "
+                        f"{dim} (shape {list(shape)})")
+    return np.array(values, np.float32).reshape(shape)
+
+
+def _record_data(value):
+    try:
+        return common_pb2.RecordProto.FromString(value).data
+    except DecodeError:
+        return []

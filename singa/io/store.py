@@ -1,10 +1,13 @@
 """open_store: SINGA's CreateStore(backend) + Open(path, mode) (src/io/store.cc)."""
 from singa.errors import DataError
+from singa.io.imagelist import ImageListStore
 from singa.io.kvfile import KVFile
+from singa.io.lmdbstore import LMDBStore
 from singa.io.memory import MemoryStore
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "read_cyclic", "count_records", "KVFileStore", "TextFileStore", "BACKENDS"]
+__all__ = ["open_store", "read_cyclic", "count_records", "KVFileStore", "TextFileStore",
+           "BACKENDS", "CAFFE_BACKENDS"]
 
 
 class KVFileStore(KVFile):
@@ -14,18 +17,27 @@ class KVFileStore(KVFile):
         return self.insert(key, value)
 
 
-BACKENDS = {"kvfile": KVFileStore, "textfile": TextFileStore, "memory": MemoryStore}
+BACKENDS = {"kvfile": KVFileStore, "textfile": TextFileStore, "memory": MemoryStore,
+            "lmdb": LMDBStore, "imagelist": ImageListStore}
+
+#: backends reading Caffe's data as it is, as RecordProtos that carry their shape; they take
+#: the layer's store_conf (imagelist: root_folder, new_height, ...)
+CAFFE_BACKENDS = ("lmdb", "imagelist")
 
 
-def open_store(backend, path, mode="read"):
-    """A store of `backend` ("kvfile" | "textfile" | "memory") opened on `path` in mode read/create/append.
+def open_store(backend, path, mode="read", conf=None):
+    """A store of `backend` (see BACKENDS) opened on `path` in mode read/create/append; `conf`:
+    the layer's StoreProto, for the backends that read more of it (CAFFE_BACKENDS).
 
     Every store has read() -> (key, value) | None, seek_to_first(), tell(), seek(offset),
-    write(key, value), flush() and close(), and is a context manager.
+    write(key, value), flush() and close(), and is a context manager. A store whose order is
+    drawn (a shuffled imagelist) also has start(rng), called before its first read.
     """
     if backend not in BACKENDS:
         raise DataError(f"{path}: store backend {backend!r} not recognized "
                         f"(known: {', '.join(sorted(BACKENDS))})")
+    if backend in CAFFE_BACKENDS:
+        return BACKENDS[backend](path, mode, conf)
     return BACKENDS[backend](path, mode)
 
 
@@ -43,8 +55,10 @@ def read_cyclic(store, path, backend):
 
 def count_records(backend, path):
     """The number of tuples in the store of `backend` at `path` (read through once; numpy
-    data: their length)."""
+    data, LMDBs and image lists: their length)."""
     with open_store(backend, path, "read") as store:
         if isinstance(store, MemoryStore):
             return len(store.x)
+        if backend in CAFFE_BACKENDS:
+            return store.count()
         return sum(1 for _ in iter(store.read, None))

@@ -45,10 +45,7 @@ def register(*keys):
 
 
 #: SINGA layer types refused on purpose, with the reason given to the user
-REFUSED = {
-    job_pb2.kLMDBData: "kLMDBData reads Caffe LMDB databases, which this build does not read; "
-                       "convert the data to a kvfile of RecordProto (kRecordInput)",
-}
+REFUSED = {}
 
 
 def create_layer(conf):

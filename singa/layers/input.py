@@ -4,8 +4,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from singa import resolve
 from singa.errors import ConfigError, DataError
-from singa.io.records import decode_batch
-from singa.io.store import open_store, read_cyclic
+from singa.io.records import decode_batch, parse_record, read_mean
+from singa.io.store import CAFFE_BACKENDS, open_store, read_cyclic
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
@@ -16,7 +16,9 @@ class StoreInputLayer(Layer):
     """Reads `batchsize` tuples per call from store_conf's store, wrapping around at its end.
 
     data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels. On the first
-    read it skips U{0..random_skip} tuples drawn from `rng`. `position` / `seek` save
+    read a shuffling store draws its order from `rng`, then U{0..random_skip} tuples are
+    skipped (also drawn from `rng`). Caffe's stores (lmdb, imagelist) may leave `shape` unset:
+    their first record gives it. `position` / `seek` save
     and restore the read position for bit-exact resume. Partition k of K on partition_dim 0
     with one batchsize B reads every batch of B and keeps its rows [k·B/K, (k+1)·B/K), so the K
     partitions together see the batches one worker sees (SINGA's partitions each read from
@@ -32,13 +34,14 @@ class StoreInputLayer(Layer):
         for field, value in (("backend", self.backend), ("path", sc.path)):
             if not value:
                 raise ConfigError(f"layer '{self.name}': store_conf.{field} is not set")
-        if not sc.shape or min(sc.shape) <= 0:
+        self.path = resolve(sc.path)
+        shape = list(sc.shape) or (self.backend in CAFFE_BACKENDS and self._first_shape())
+        if not shape or min(shape) <= 0:
             raise ConfigError(f"layer '{self.name}': store_conf.shape must list positive sizes, "
                               f"got {list(sc.shape)}")
         n = batchsize(self.conf)
         self.rows = partition_rows(self.conf, n, len(sc.batchsize) == 1)
-        self.path = resolve(sc.path)
-        self.shape = tuple(sc.shape)
+        self.shape = tuple(shape)
         self.dim = int(np.prod(self.shape))
         self.data = self.xp.zeros((n,) + self.shape, np.float32)
         self.aux_data = self.xp.zeros(n, np.int32)
@@ -50,8 +53,10 @@ class StoreInputLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         if self.store is None:
-            self.store = open_store(self.backend, self.path, "read")
+            self.store = self._open()
         if not self.skipped:
+            if hasattr(self.store, "start"):
+                self.store.start(self.rng)
             for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next()
             self.skipped = True
@@ -76,7 +81,7 @@ class StoreInputLayer(Layer):
     def seek(self, offset, skipped):
         """Continue reading at `offset`; a resumed reader does not skip again if `skipped`."""
         if self.store is None:
-            self.store = open_store(self.backend, self.path, "read")
+            self.store = self._open()
         self.store.seek(offset)
         self.skipped = skipped
 
@@ -87,11 +92,24 @@ class StoreInputLayer(Layer):
     def _next(self):
         return read_cyclic(self.store, self.path, self.backend)
 
+    def _open(self):
+        return open_store(self.backend, self.path, "read", self.conf.store_conf)
+
+    def _first_shape(self):
+        """The shape of the store's first record (Caffe's stores: the first Datum or image)."""
+        with self._open() as store:
+            kv = store.read()
+        if kv is None:
+            raise DataError(f"{self.path}: the {self.backend} store is empty")
+        return list(parse_record(kv[1], kv[0]).shape)
+
     def _constant_or_file(self, what, identity):
         """The (dim,) mean or std from store_conf's {what}_file / {what}_value, None if unset."""
         sc = self.conf.store_conf
         if sc.HasField(what + "_file"):
             path = resolve(getattr(sc, what + "_file"))
+            if self.backend in CAFFE_BACKENDS:     # Caffe's mean files: a BlobProto
+                return read_mean(path, self.shape).reshape(-1)
             with open_store(self.backend, path, "read") as store:
                 kv = store.read()
             if kv is None:
@@ -140,7 +158,10 @@ class RecordInputLayer(StoreInputLayer):
     """Values are RecordProto: `data` floats if present, else `pixel` bytes; label → aux_data."""
 
     def parse(self, keys, values, flag, x):
-        decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
+        try:
+            decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
+        except DataError as e:
+            raise DataError(f"{self.path}: {e}") from None
 
     def parse_vector(self, path, kv):
         x, _ = decode_batch([kv[1]], self.dim, [kv[0]], shape=self.shape)
@@ -187,11 +208,13 @@ class CSVInputLayer(StoreInputLayer):
 
 @register(job_pb2.kImagePreprocess)
 class ImagePreprocessLayer(Layer):
-    """y = scale·crop(x), x of shape (N, C, S, S) and rgbimage_conf's cropsize s (0: no crop).
+    """y = scale·crop(x), x of shape (N, C, H, W) and rgbimage_conf's cropsize s (0: no crop).
 
-    In kTrain each image is cropped at offsets h, w ~ U{0..S−s} and, with `mirror`, flipped
-    left-right with probability ½ (draws from `rng`); other phases crop the top-left corner
-    and never mirror, as SINGA does. `meanfile` is ignored, as in SINGA 0.3.
+    In kTrain each image is cropped at offsets h ~ U{0..H−s}, w ~ U{0..W−s} and, with
+    `mirror`, flipped left-right with probability ½ (draws from `rng`); other phases crop the
+    top-left corner, as SINGA does, or with `center_crop` (ours) the centre ((H−s)/2, (W−s)/2,
+    Caffe's), and never mirror. `meanfile` is ignored, as in SINGA 0.3. SINGA needs H == W;
+    here a crop needs only s ≤ H, W.
     """
 
     one_to_many = True
@@ -201,41 +224,43 @@ class ImagePreprocessLayer(Layer):
             raise ConfigError(f"layer '{self.name}' needs 1 srclayer, got {len(srclayers)}")
         src = srclayers[0].data_for(self)
         rc = self.conf.rgbimage_conf
-        if src.ndim != 4 or src.shape[2] != src.shape[3]:
-            raise ConfigError(f"layer '{self.name}' needs square images (N, C, S, S) from "
+        if src.ndim != 4:
+            raise ConfigError(f"layer '{self.name}' needs images (N, C, H, W) from "
                               f"'{srclayers[0].name}', got shape {src.shape}")
-        if not 0 <= rc.cropsize <= src.shape[2]:
+        if not 0 <= rc.cropsize <= min(src.shape[2:]):
             raise ConfigError(f"layer '{self.name}': rgbimage_conf.cropsize {rc.cropsize} must "
-                              f"be in [0, {src.shape[2]}] (the image size)")
+                              f"be in [0, {min(src.shape[2:])}] (the image size)")
         if rc.scale == 0:
             raise ConfigError(f"layer '{self.name}': rgbimage_conf.scale must not be 0")
-        self.crop = rc.cropsize or src.shape[2]
+        self.crop = (rc.cropsize,) * 2 if rc.cropsize else src.shape[2:]
         self.scale = np.float32(rc.scale)
-        self.data = self.xp.zeros(src.shape[:2] + (self.crop, self.crop), np.float32)
+        self.data = self.xp.zeros(src.shape[:2] + self.crop, np.float32)
 
     def compute_feature(self, flag, srclayers):
         self.transform(flag, srclayers[0].data_for(self))
 
     def transform(self, flag, x):
         """data = scale·crop(x), the crop random in kTrain."""
-        n, span = len(x), x.shape[2] - self.crop
+        (ch, cw), n = self.crop, len(x)
+        span_h, span_w = x.shape[2] - ch, x.shape[3] - cw
         if flag & job_pb2.kTrain:
-            h = self.rng.integers(0, span + 1, n)
-            w = self.rng.integers(0, span + 1, n)
+            h = self.rng.integers(0, span_h + 1, n)
+            w = self.rng.integers(0, span_w + 1, n)
             mirror = (self.rng.integers(0, 2, n) == 1 if self.conf.rgbimage_conf.mirror
                       else np.zeros(n, bool))
             crop_and_mirror(x, h, w, mirror, self.data)
         else:
-            np.copyto(self.data, x[:, :, :self.crop, :self.crop])
+            h, w = (span_h // 2, span_w // 2) if self.conf.rgbimage_conf.center_crop else (0, 0)
+            np.copyto(self.data, x[:, :, h:h + ch, w:w + cw])
         if self.scale != 1:
             self.data *= self.scale
         self.publish()
 
 
 def crop_and_mirror(x, h, w, mirror, out):
-    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+s] (s: out's size), mirrored left-right if mirror[i]."""
-    s = out.shape[-1]
-    windows = sliding_window_view(x, (s, s), axis=(2, 3))
+    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+t] ((s, t): out's size), mirrored left-right if
+    mirror[i]."""
+    windows = sliding_window_view(x, out.shape[-2:], axis=(2, 3))
     out[...] = windows[np.arange(len(x)), :, h, w]
     if mirror.any():
         out[mirror] = out[mirror][..., ::-1]

@@ -1,18 +1,16 @@
-"""SINGA 0.1's data path, deprecated in 0.3 but run by its `-v0.1.0` confs: ShardData reads the
-records of a shard, parser layers (Mnist, Label, RGBImage) turn them into blobs
-(src/neuralnet/input_layer/deprecated.cc)."""
+"""SINGA 0.1's data path, deprecated in 0.3 but run by its `-v0.1.0` confs: ShardData (and
+LMDBData, over a Caffe LMDB) reads the records of a shard, parser layers (Mnist, Label,
+RGBImage) turn them into blobs (src/neuralnet/input_layer/deprecated.cc)."""
 import numpy as np
-from google.protobuf.message import DecodeError
-
 from singa import resolve
 from singa.errors import ConfigError, DataError
-from singa.io.records import decode_batch, parse_record
+from singa.io.records import decode_batch, parse_record, read_mean
 from singa.io.store import open_store
 from singa.layers.base import Layer, register
 from singa.layers.input import ImagePreprocessLayer, StoreInputLayer, partition_rows
-from singa.proto import common_pb2, job_pb2
+from singa.proto import job_pb2
 
-__all__ = ["ShardDataLayer", "MnistLayer", "LabelLayer", "RGBImageLayer"]
+__all__ = ["ShardDataLayer", "LMDBDataLayer", "MnistLayer", "LabelLayer", "RGBImageLayer"]
 
 
 @register(job_pb2.kShardData)
@@ -25,19 +23,21 @@ class ShardDataLayer(StoreInputLayer):
     each whole batch); U{0..random_skip} records are skipped on the first read.
     """
 
+    field, default_backend = "sharddata_conf", "kvfile"
+
     def setup(self, srclayers):
-        dc = self.conf.sharddata_conf
+        dc = getattr(self.conf, self.field)
         n = dc.batchsize
         if self.conf.partition_dim == 0:
             n //= self.conf.num_partitions
         if n <= 0:
             raise ConfigError(f"layer '{self.name}': batch size {n} must be positive")
-        self.backend = "kvfile"
+        self.backend = self.default_backend
         self.path = resolve(dc.path)
         with open_store(self.backend, self.path, "read") as store:
             first = store.read()
         if first is None:
-            raise DataError(f"{store.path}: the shard is empty")
+            raise DataError(f"{store.path}: the {self.backend} store is empty")
         self.shape = tuple(parse_record(first[1], first[0].decode(errors="replace")).shape)
         if not self.shape or min(self.shape) <= 0:
             raise DataError(f"{self.path}: record {first[0]!r} has shape {list(self.shape)}; "
@@ -55,11 +55,20 @@ class ShardDataLayer(StoreInputLayer):
         decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
 
 
+@register(job_pb2.kLMDBData)
+class LMDBDataLayer(ShardDataLayer):
+    """ShardData over a Caffe LMDB (lmdbdata_conf: path, batchsize, random_skip), each Datum
+    the record SINGA makes of it (src/neuralnet/input_layer/lmdb_data.cc): shape (channels,
+    height, width), pixel bytes or float data, label; encoded Datums decoded as Caffe does."""
+
+    field, default_backend = "lmdbdata_conf", "lmdb"
+
+
 def shard_source(layer, srclayers):
     """The one ShardData layer a parser layer reads."""
     if len(srclayers) != 1 or not isinstance(srclayers[0], ShardDataLayer):
         raise ConfigError(f"layer '{layer.name}' parses records: its one srclayer must be a "
-                          f"kShardData layer")
+                          f"kShardData or kLMDBData layer")
     return srclayers[0]
 
 
@@ -127,34 +136,3 @@ class RGBImageLayer(ImagePreprocessLayer):
         if self.mean is not None:
             x = np.subtract(x, self.mean, out=self._centred)
         self.transform(flag, x)
-
-
-def read_mean(path, shape):
-    """The mean image of `shape` from a meanfile (see RGBImageLayer)."""
-    dim = int(np.prod(shape))
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read the mean file: {e.strerror}") from None
-    if "binaryproto" in path:
-        try:
-            values = common_pb2.CaffeBlob.FromString(raw).data
-        except DecodeError:
-            raise DataError(f"{path}: not a Caffe binaryproto (CaffeBlob)") from None
-    else:
-        values = _record_data(raw)
-        if len(values) != dim and raw[8:12] == b"mean":    # a kvfile whose first key is "mean"
-            with open_store("kvfile", path, "read") as store:
-                values = _record_data(store.read()[1])
-    if len(values) != dim:
-        raise DataError(f"{path}: the mean file holds {len(values)} values, the images "
-                        f"{dim} (shape {list(shape)})")
-    return np.array(values, np.float32).reshape(shape)
-
-
-def _record_data(value):
-    try:
-        return common_pb2.RecordProto.FromString(value).data
-    except DecodeError:
-        return []

@@ -115,11 +115,15 @@ def test_refusals_name_the_file_the_layer_and_its_type(layer, why):
     assert "\n" not in msg
 
 
-def test_test_phase_crop_is_refused():
-    net = upgrade(text_format.Parse(
-        'layer { name: "d" type: "Data" top: "data" top: "label" transform_param { crop_size: 4 } '
-        'data_param { source: "s" batch_size: 2 } }', caffe_pb2.NetParameter()), "n")
-    with pytest.raises(Refused, match="centre crop"):
+def test_test_phase_crops_the_centre_and_mirror_is_refused():
+    text = ('layer {{ name: "d" type: "Data" top: "data" top: "label" transform_param {{ '
+            'crop_size: 4 {} }} data_param {{ source: "s" batch_size: 2 }} }}')
+    net = upgrade(text_format.Parse(text.format(""), caffe_pb2.NetParameter()), "n")
+    t = translate(net, "n", input_shape=(3, 8, 8))
+    crops = {tuple(c.include): c.rgbimage_conf for c in t.layers if c.name == "d_transform"}
+    assert crops[(job_pb2.kTest,)].center_crop and not crops[(job_pb2.kTrain,)].center_crop
+    net = upgrade(text_format.Parse(text.format("mirror: true"), caffe_pb2.NetParameter()), "n")
+    with pytest.raises(Refused, match="mirrors in TEST"):
         translate(net, "n", input_shape=(3, 8, 8))
 
 

@@ -66,13 +66,6 @@ def test_layer_type_not_implemented(tmp_path, monkeypatch):
     expect_error(tmp_path, text, 'name: "loss"', "layer 'loss': layer type kNoSuchLayer is not implemented")
 
 
-def test_lmdb_data_layer_is_refused_in_one_line(tmp_path):
-    text = GOOD.replace('type: kRecordInput\n    store_conf {\n      path: "TRAIN"',
-                        'type: kLMDBData\n    lmdbdata_conf {\n      path: "TRAIN"')
-    expect_error(tmp_path, text, 'name: "data"', "layer 'data': kLMDBData reads Caffe LMDB databases, "
-            "which this build does not read; convert the data to a kvfile of RecordProto")
-
-
 def test_srclayer_naming_no_layer(tmp_path):
     expect_error(tmp_path, GOOD.replace('srclayers: "fc"', 'srclayers: "fc9"'), '"fc9"',
             "layer 'loss': srclayer 'fc9' names no layer", check_layers=False)

@@ -220,6 +220,18 @@ def test_image_preprocess_crops_the_top_left_corner_and_scales_outside_training(
                 assert list(layer.data[i, c, r]) == [v / 2 for v in x[i, c, r, :4]]
 
 
+def test_image_preprocess_center_crop_takes_caffes_test_crop_of_non_square_images():
+    x = np.random.default_rng(3).integers(0, 256, (2, 3, 7, 10)).astype(np.float32)
+    layer, src = image_preprocess(x, "cropsize: 4 center_crop: true scale: 0.5")
+    layer.compute_feature(job_pb2.kTest, [src])
+    np.testing.assert_array_equal(layer.data, x[:, :, 1:5, 3:7] * np.float32(0.5))
+    layer.compute_feature(TRAIN, [src])         # training crops at random within the image
+    for i in range(2):
+        offsets = {(h, w) for h in range(4) for w in range(7)
+                   if np.array_equal(x[i, :, h:h + 4, w:w + 4] * np.float32(0.5), layer.data[i])}
+        assert len(offsets) == 1
+
+
 def placements(image, out):
     """(h, w, mirrored) of every place where `out` is a crop of `image`, found by trying all."""
     s = out.shape[-1]
@@ -254,9 +266,9 @@ def test_image_preprocess_without_crop_scales_the_whole_image():
 
 
 @pytest.mark.parametrize("shape, conf, message", [
-    ((2, 3, 4, 5), "", r"needs square images \(N, C, S, S\) from 'data', got shape \(2, 3, 4, 5\)"),
-    ((2, 12), "", "needs square images"),
+    ((2, 12), "", r"needs images \(N, C, H, W\) from 'data', got shape \(2, 12\)"),
     ((2, 3, 4, 4), "cropsize: 5", r"rgbimage_conf.cropsize 5 must be in \[0, 4\]"),
+    ((2, 3, 4, 6), "cropsize: 5", r"rgbimage_conf.cropsize 5 must be in \[0, 4\]"),
     ((2, 3, 4, 4), "scale: 0", "rgbimage_conf.scale must not be 0"),
 ])
 def test_image_preprocess_conf_mistakes_name_the_layer(shape, conf, message):

@@ -61,7 +61,7 @@ def test_shard_data_position_is_saved_and_restored(tmp_path):
 def test_shard_data_names_an_empty_shard(tmp_path):
     (tmp_path / "shard").mkdir()
     (tmp_path / "shard" / "shard.dat").write_bytes(b"")
-    with pytest.raises(DataError, match=f"{tmp_path}/shard/shard.dat: the shard is empty"):
+    with pytest.raises(DataError, match=f"{tmp_path}/shard/shard.dat: the kvfile store is empty"):
         shard_data(tmp_path / "shard")
 
 
@@ -143,5 +143,5 @@ def test_rgb_image_parser_names_a_mean_file_of_the_wrong_size(tmp_path):
 def test_parser_needs_a_shard_data_source():
     from gradcheck import Source
     with pytest.raises(ConfigError, match="layer 'p' parses records: its one srclayer must be a "
-                                          "kShardData layer"):
+                                          "kShardData or kLMDBData layer"):
         make_layer('name: "p" type: kLabel', [Source(np.zeros((2, 3)))])

@@ -62,7 +62,9 @@ def test_additions_stay_outside_singa_extension_ranges():
                                 "checkpoint_on_improvement": 304, "new_data": 330,
                                 "test_at_end": 331},
              job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300},
-             job_pb2.StoreProto: {"whole_pass": 300}}
+             job_pb2.StoreProto: {"whole_pass": 300, "root_folder": 301, "new_height": 302,
+                                  "new_width": 303, "is_color": 304, "shuffle": 305},
+             job_pb2.RGBImageProto: {"center_crop": 300}}
     for msg, fields in added.items():
         for name, number in fields.items():
             assert _field(msg, name).number == number
@@ -96,7 +98,7 @@ def _singa_protos():
 # our fields and values start here
 ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300,
          "ConvolutionProto": 300, "PoolingProto": 300, "StoreProto": 300, "LRNProto": 300,
-         "SoftmaxProto": 300, "LayerType": 700, "LayerProto": 700}
+         "SoftmaxProto": 300, "RGBImageProto": 300, "LayerType": 700, "LayerProto": 700}
 
 
 def _label(f):

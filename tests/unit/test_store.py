@@ -72,8 +72,8 @@ def test_kvfile_store_reads_singa_shard():
 
 
 def test_unknown_backend_is_named():
-    with pytest.raises(DataError, match="'lmdb'"):
-        open_store("lmdb", "x", "read")
+    with pytest.raises(DataError, match="'leveldb'"):
+        open_store("leveldb", "x", "read")
 
 
 @pytest.mark.parametrize("backend", ["textfile", "kvfile"])

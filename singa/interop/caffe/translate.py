@@ -290,11 +290,13 @@ class _Translator:
         phase = "train" if self.phase == TRAIN else "test"
         return f"{self.data_dir}/{layer.name}-{phase}.kvfile"
 
-    def data_shape(self, layer, mean_shape):
+    def data_shape(self, layer, mean_shape, store=None):
         if self.input_shape:
             return tuple(self.input_shape)
         if mean_shape:
             return tuple(mean_shape)
+        if store is not None and os.path.exists(store.path):
+            return caffe_store_shape(store)
         # the first InnerProduct that reads the blob flattens it: its weights give the size
         first = next((l for l in self.net.layer if l.type == "InnerProduct" and
                       layer.top[0] in l.bottom), None)
@@ -306,8 +308,9 @@ class _Translator:
         self.refuse(layer, "reads records whose shape is not in the prototxt; give "
                     "-input_shape C,H,W")
 
-    def store_input(self, layer, batch, source, skip=0):
-        """kRecordInput over the kvfile the user provides, with Caffe's transform_param."""
+    def store_input(self, layer, batch, source, skip=0, store=None):
+        """kRecordInput over the kvfile the user provides, or over Caffe's data as it is
+        (`store`: a StoreProto of a Caffe backend), with Caffe's transform_param."""
         tops = list(layer.top)
         if not 1 <= len(tops) <= 2:
             self.refuse(layer, f"has {len(tops)} tops, expected data and label")
@@ -317,7 +320,10 @@ class _Translator:
                 self.refuse(layer, f"sets transform_param.{f} (not supported)")
         conf = self.new(layer, job_pb2.kRecordInput, [])
         sc = conf.store_conf
-        sc.backend, sc.path = "kvfile", self.data_path(layer)
+        if store is not None:
+            sc.CopyFrom(store)
+        else:
+            sc.backend, sc.path = "kvfile", self.data_path(layer)
         sc.batchsize.append(batch)
         if skip:
             sc.random_skip = skip
@@ -326,7 +332,7 @@ class _Translator:
             if t.mean_value:
                 self.refuse(layer, "sets both mean_file and mean_value")
             mean = self.mean_file(layer, t.mean_file)
-        shape = self.data_shape(layer, None if mean is None else mean.shape)
+        shape = self.data_shape(layer, None if mean is None else mean.shape, store)
         sc.shape.extend(shape)
         if mean is not None:
             if mean.shape != shape:
@@ -343,18 +349,24 @@ class _Translator:
         scale = t.scale
         preprocess = None
         if t.crop_size or t.mirror or (scale != 1 and scale not in _POW2):
-            if self.phase == TEST and (t.crop_size or t.mirror):
-                self.refuse(layer, "crops or mirrors in TEST: Caffe takes the centre crop (and "
-                            "mirrors at random), SINGA's kImagePreprocess the top-left corner")
+            if self.phase == TEST and t.mirror:
+                self.refuse(layer, "mirrors in TEST: Caffe mirrors at random there, SINGA's "
+                            "kImagePreprocess only in training")
             preprocess = self.new(layer, job_pb2.kImagePreprocess, [conf.name],
                                   name=f"{layer.name}_transform")
             rc = preprocess.rgbimage_conf
             rc.scale, rc.cropsize, rc.mirror = scale, t.crop_size, t.mirror
+            if t.crop_size and self.phase == TEST:
+                rc.center_crop = True       # Caffe's TEST crop
         elif scale != 1:
             sc.std_value = 1 / scale     # a power of two: x / (1/s) == x·s exactly
-        self.notes.append(f"layer '{layer.name}' ({layer.type}, {source}) reads the kvfile "
-                          f"{sc.path}: write it with RecordProto records of shape "
-                          f"{list(shape)} (pixel bytes or float data) and their labels")
+        if store is not None:
+            self.notes.append(f"layer '{layer.name}' ({layer.type}) reads the {sc.backend} "
+                              f"{sc.path} as it is, records of shape {list(shape)}")
+        else:
+            self.notes.append(f"layer '{layer.name}' ({layer.type}, {source}) reads the kvfile "
+                              f"{sc.path}: write it with RecordProto records of shape "
+                              f"{list(shape)} (pixel bytes or float data) and their labels")
         self.tops[tops[0]] = (preprocess or conf).name
         crop = t.crop_size and len(shape) == 3
         self.shapes[tops[0]] = shape[:1] + (t.crop_size,) * 2 if crop else shape
@@ -411,7 +423,45 @@ def _data(t, layer):
     p = layer.data_param
     if p.backend not in (C.DataParameter.LMDB, C.DataParameter.LEVELDB):
         t.refuse(layer, "has an unknown backend")
-    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip)
+    store = None
+    if p.backend == C.DataParameter.LMDB:       # read as it is; LevelDB: a kvfile you write
+        store = job_pb2.StoreProto(backend="lmdb", path=caffe_path(t.path, p.source))
+    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip, store)
+
+
+def _image_data(t, layer):
+    """Caffe's ImageData: the "imagelist" store over its list of images as it is."""
+    p = layer.image_data_param
+    if bool(p.new_height) != bool(p.new_width):
+        t.refuse(layer, "sets one of new_height and new_width (Caffe needs both or neither)")
+    store = job_pb2.StoreProto(backend="imagelist", path=caffe_path(t.path, p.source),
+                               new_height=p.new_height, new_width=p.new_width,
+                               is_color=p.is_color, shuffle=p.shuffle)
+    if p.root_folder:
+        store.root_folder = caffe_path(t.path, p.root_folder)
+    else:           # Caffe opens the list's paths from where it runs: the prototxt's folder
+        store.root_folder = os.path.dirname(os.path.abspath(t.path))
+    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip, store)
+
+
+def caffe_path(net_path, name):
+    """The absolute path of a file a Caffe prototxt names: beside the prototxt if it is there,
+    else from the current directory (Caffe opens it from where it runs)."""
+    path = relative_to(net_path, name)
+    if not os.path.exists(path) and os.path.exists(name):
+        path = name
+    return os.path.abspath(path)
+
+
+def caffe_store_shape(store):
+    """The (C, H, W) of the first record of Caffe's data at `store` (a StoreProto)."""
+    from singa.io.records import parse_record
+    from singa.io.store import open_store
+    with open_store(store.backend, store.path, "read", store) as s:
+        kv = s.read()
+    if kv is None:
+        raise Refused(f"{store.path}: the {store.backend} store is empty")
+    return tuple(parse_record(kv[1], kv[0]).shape)
 
 
 def _hdf5(t, layer):
@@ -798,7 +848,8 @@ def _silence(t, layer):
 
 
 _HANDLERS = {
-    "Input": _input, "Data": _data, "HDF5Data": _hdf5, "Convolution": _conv,
+    "Input": _input, "Data": _data, "ImageData": _image_data, "HDF5Data": _hdf5,
+    "Convolution": _conv,
     "InnerProduct": _inner_product, "Pooling": _pooling, "LRN": _lrn, "ReLU": _relu,
     "Sigmoid": _sigmoid, "TanH": _tanh, "Dropout": _dropout, "Softmax": _softmax,
     "SoftmaxWithLoss": _softmax_loss, "Accuracy": _accuracy, "Concat": _concat,

@@ -1,0 +1,160 @@
+"""The "lmdb" store backend: Caffe's LMDB of `Datum`s (convert_imageset's output) read as it is,
+each Datum given as the RecordProto SINGA's LMDBDataLayer makes of it (ConvertCaffeDatumToRecord,
+src/neuralnet/input_layer/lmdb_data.cc): shape (channels, height, width), label, `pixel` bytes
+or float `data`; an encoded (JPEG, PNG) Datum is decoded as Caffe does (OpenCV's BGR order)."""
+import os
+import threading
+
+from google.protobuf.message import DecodeError
+
+from singa.errors import DataError
+from singa.io.images import decode_image, image_record
+from singa.proto import caffe_pb2, common_pb2
+
+__all__ = ["LMDBStore", "datum_record"]
+
+# LMDB allows one environment per database and process: the stores of one database (workers,
+# partitions, test nets) share it, each with its own read transaction and cursor
+_ENVS = {}          # real path -> [Environment, stores open on it]
+_ENVS_LOCK = threading.Lock()
+
+
+class LMDBStore:
+    """A Caffe LMDB opened for reading (a folder holding data.mdb, or the file itself).
+
+    read() gives (key, RecordProto bytes) in key order, as Caffe's cursor walks it; positions
+    (`tell`/`seek`) are record indices. Opened without LMDB's lock file, so a read-only
+    folder reads too (nobody may write the database meanwhile).
+    """
+
+    _env = None
+
+    def __init__(self, path, mode="read", conf=None):
+        self.path = os.fspath(path)
+        if mode != "read":
+            raise DataError(f"{self.path}: the lmdb store is read-only (write Caffe's LMDBs with "
+                            f"its convert_imageset)")
+        lmdb = _lmdb()
+        if not os.path.exists(self.path):
+            raise DataError(f"{self.path}: no such LMDB")
+        self._real = os.path.realpath(self.path)
+        try:
+            with _ENVS_LOCK:
+                held = _ENVS.get(self._real)
+                if held is None:
+                    held = _ENVS[self._real] = [lmdb.open(
+                        self.path, readonly=True, lock=False, readahead=False,
+                        subdir=os.path.isdir(self.path)), 0]
+                held[1] += 1
+                self._env = held[0]
+            self._txn = self._env.begin()
+            self._cursor = self._txn.cursor()
+            self._valid = self._cursor.first()
+        except lmdb.Error as e:
+            self.close()
+            raise DataError(f"{self.path}: not a readable LMDB ({_why(e)})") from None
+        self._lmdb = lmdb
+        self._pos = 0
+
+    def read(self):
+        """Next (key, RecordProto bytes), or None after the last record."""
+        if not self._valid:
+            return None
+        try:
+            key, value = self._cursor.item()
+            self._valid = self._cursor.next()
+        except self._lmdb.Error as e:
+            raise DataError(f"{self.path}: record {self._pos} cannot be read: {_why(e)}") from None
+        self._pos += 1
+        return key, datum_record(value, key, self.path)
+
+    def seek_to_first(self):
+        self.seek(0)
+
+    def tell(self):
+        """The index of the next record."""
+        return self._pos
+
+    def seek(self, offset):
+        """Continue reading at record `offset` (a value of `tell`)."""
+        if offset < 0 or offset > self.count():
+            raise DataError(f"{self.path}: position {offset} is beyond its {self.count()} records")
+        try:
+            if offset < self._pos or not self._valid:
+                self._valid, self._pos = self._cursor.first(), 0
+            while self._pos < offset:
+                self._valid = self._cursor.next()
+                self._pos += 1
+        except self._lmdb.Error as e:
+            raise DataError(f"{self.path}: cannot walk to record {offset}: {_why(e)}") from None
+
+    def count(self):
+        """The number of records."""
+        return self._env.stat()["entries"]
+
+    def write(self, key, value):
+        raise DataError(f"{self.path}: the lmdb store is read-only")
+
+    def flush(self):
+        pass
+
+    def close(self):
+        if self._env is None:
+            return
+        if getattr(self, "_txn", None) is not None:
+            self._txn.abort()
+            self._txn = None
+        with _ENVS_LOCK:
+            held = _ENVS[self._real]
+            held[1] -= 1
+            if held[1] == 0:
+                del _ENVS[self._real]
+                self._env.close()
+        self._env = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __iter__(self):
+        return iter(self.read, None)
+
+
+def datum_record(value, key, path):
+    """The RecordProto bytes of the serialized Caffe Datum `value` (record `key` of `path`)."""
+    name = key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key)
+    d = caffe_pb2.Datum()
+    try:
+        d.ParseFromString(value)
+    except DecodeError:
+        raise DataError(f"{path}: record '{name}' is not a Caffe Datum "
+                        f"({len(value)} bytes)") from None
+    if d.encoded:
+        return image_record(decode_image(d.data, f"{path}: record '{name}'"), d.label)
+    shape = (d.channels, d.height, d.width)
+    rec = common_pb2.RecordProto(shape=shape, label=d.label)
+    # Caffe's DataTransformer takes the bytes when there are any, else float_data
+    count = len(d.data) or len(d.float_data)
+    if count != d.channels * d.height * d.width or count == 0:
+        raise DataError(f"{path}: record '{name}' is a Datum of shape {d.channels}x{d.height}x"
+                        f"{d.width} holding {count} values")
+    if d.data:
+        rec.pixel = d.data
+    else:
+        rec.data.extend(d.float_data)
+    return rec.SerializeToString()
+
+
+def _lmdb():
+    try:
+        import lmdb
+    except ImportError:
+        raise DataError("the lmdb store backend needs the lmdb package: "
+                        "pip install 'singa[lmdb]'") from None
+    return lmdb
+
+
+def _why(e):
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
