@@ -2,8 +2,10 @@
 outputs layer by layer, `caffe test`'s accuracy and loss, Caffe's own resume from a
 `.solverstate`, legacy V1 files, and one-line refusals."""
 import os
+import shutil
 import subprocess
 
+import lmdb
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from singa.interop.caffe.blobs import CaffeFile
 from singa.io import memory
 from singa.io.kvfile import KVFile
 from singa.neuralnet import NeuralNet
-from singa.proto import common_pb2, job_pb2
+from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
 IMPORT = os.path.join(singa.HOME, "bin", "singa-import.sh")
@@ -47,6 +49,26 @@ def write_kvfile(path, x, y):
             else:
                 rec.data.extend(x[i].ravel().tolist())
             f.insert(b"%08d" % i, rec.SerializeToString())
+
+
+def solver(tmp_path, name):
+    """The solver to import: the fixture's; for convnet a copy whose TEST data is Caffe's LMDB
+    of raw Datums at `data/test_lmdb` beside its net, where the prototxt names it."""
+    if name != "convnet":
+        return fx(name, f"{name}_solver.prototxt")
+    src = tmp_path / "convnet-src"
+    (src / "data").mkdir(parents=True)
+    for f in ("convnet_solver.prototxt", "convnet_train_test.prototxt"):
+        shutil.copy(fx("convnet", f), src / f)
+    shutil.copy(fx("convnet", "data", "mean.binaryproto"), src / "data" / "mean.binaryproto")
+    x, y = np.load(fx("convnet", "data", "test_x.npy")), np.load(fx("convnet", "data", "test_y.npy"))
+    with lmdb.open(str(src / "data" / "test_lmdb"), map_size=1 << 24) as env, \
+            env.begin(write=True) as txn:
+        for i in range(len(x)):
+            d = caffe_pb2.Datum(channels=x.shape[1], height=x.shape[2], width=x.shape[3],
+                                label=int(y[i]), data=x[i].tobytes())
+            txn.put(b"%08d" % i, d.SerializeToString())
+    return src / "convnet_solver.prototxt"
 
 
 def feed(out, name, phases=("train", "test")):
@@ -129,9 +151,7 @@ def test_convnet_forward_matches_caffe_layer_by_layer(tmp_path):
 def test_convnet_data_layer_transform_is_caffes(tmp_path):
     """Data + transform_param {scale 1/64, mean_file}: the records' pixels come out of our
     input layer as the data blob Caffe fed its net (input.npy), bit for bit."""
-    imported(tmp_path, fx("convnet", "convnet_solver.prototxt"),
-             fx("convnet", "convnet_iter_60.caffemodel"))
-    feed(str(tmp_path), "convnet", ("test",))
+    imported(tmp_path, solver(tmp_path, "convnet"), fx("convnet", "convnet_iter_60.caffemodel"))
     job = config.load_job(str(tmp_path / "job.conf"), check_paths=False)
     net = NeuralNet(job.neuralnet, job_pb2.kTest, np.random.default_rng(0))
     data = next(layer for layer in net.layers if layer.conf.type == job_pb2.kRecordInput)
@@ -150,10 +170,12 @@ def test_convnet_data_layer_transform_is_caffes(tmp_path):
     ("convnet", "convnet/convnet_iter_60.caffemodel", 0.83125, 1.62963),
 ])
 def test_test_reproduces_caffe_test(tmp_path, name, weights, accuracy, loss):
-    """The solver's net, weights and the test data as a kvfile: -test gives `caffe test`'s
-    accuracy and loss (test_iter batches of the TEST data layer)."""
-    imported(tmp_path, fx(name, f"{name}_solver.prototxt"), fx(weights))
-    feed(str(tmp_path), name, ("test",))   # the TRAIN data is not needed to test
+    """The solver's net, weights and the test data (a kvfile for HDF5's, Caffe's LMDB for
+    convnet's): -test gives `caffe test`'s accuracy and loss (test_iter batches of the TEST
+    data layer)."""
+    imported(tmp_path, solver(tmp_path, name), fx(weights))
+    if name == "mlp":
+        feed(str(tmp_path), name, ("test",))   # the TRAIN data is not needed to test
     job = config.load_job(str(tmp_path / "job.conf"), check_paths=False)
     metrics = session.test(job)
     print(f"{weights}: {metrics}")

@@ -4,7 +4,9 @@ CIFAR-10 full trains; ONNX of each computes our outputs (onnxruntime) and its Ca
 imports back to the same ops, params and outputs, bit for bit; -fold-bn against the
 unfolded ResNet."""
 import os
+import shutil
 
+import lmdb
 import numpy as np
 import pytest
 
@@ -14,9 +16,8 @@ from singa.checkpoint.format import write_file
 from singa.interop import deploy, exporter
 from singa.interop.caffe import write as caffe_write
 from singa.interop.caffe.importer import import_caffe
-from singa.io.kvfile import KVFile
 from singa.neuralnet import NeuralNet
-from singa.proto import common_pb2, job_pb2
+from singa.proto import caffe_pb2, job_pb2
 
 ZOO = os.path.join(singa.HOME, "tests", "fixtures", "caffe", "zoo")
 
@@ -114,16 +115,25 @@ def test_zoo_in_place_layers_read_the_last_writer(tmp_path):
 
 
 def test_cifar10_full_trains(tmp_path):
-    """The solver and its train_test net (Data layers with a mean file, LRN WITHIN_CHANNEL):
-    12 SGD steps on a two-class kvfile, the loss falls."""
-    conf = zoo_import("cifar10_full_solver.prototxt", tmp_path)
+    """The solver and its train_test net (LMDB Data layers with a mean file, LRN
+    WITHIN_CHANNEL), its LMDBs of raw Datums beside the prototxt as Caffe's examples lay them
+    out: 12 SGD steps on two classes, the loss falls."""
+    src = tmp_path / "src"
+    (src / "examples" / "cifar10").mkdir(parents=True)
+    for name in ("cifar10_full_solver.prototxt", "cifar10_full_train_test.prototxt",
+                 "mean.binaryproto"):
+        shutil.copy(os.path.join(ZOO, name), src / name)
     rng = np.random.default_rng(0)
     for phase in ("train", "test"):
-        with KVFile(str(tmp_path / "data" / f"cifar-{phase}.kvfile"), "create") as f:
+        path = src / "examples" / "cifar10" / f"cifar10_{phase}_lmdb"
+        with lmdb.open(str(path), map_size=1 << 24) as env, env.begin(write=True) as txn:
             for i in range(40):
                 x = rng.integers(0, 128, (3, 16, 16), dtype=np.uint8) + np.uint8(100 * (i % 2))
-                rec = common_pb2.RecordProto(shape=x.shape, label=i % 2, pixel=x.tobytes())
-                f.insert(b"%08d" % i, rec.SerializeToString())
+                d = caffe_pb2.Datum(channels=3, height=16, width=16, label=i % 2,
+                                    data=x.tobytes())
+                txn.put(b"%08d" % i, d.SerializeToString())
+    conf = import_caffe(str(src / "cifar10_full_solver.prototxt"), str(tmp_path / "out"),
+                        print=lambda *a: None)
     history = session.train(config.load_job(conf), progress=False)
     losses = [m["loss"] for _, m in history["train"]]
     print("cifar10_full losses", [round(v, 4) for v in losses])
