@@ -14,6 +14,7 @@ the signal's number.
 `-check` only checks the conf and the processes per host (`singa.launch`) and exits.
 """
 import logging
+import math
 import os
 import signal
 import sys
@@ -34,8 +35,10 @@ from singa.zk import ZKService, route_address
 
 log = logging.getLogger("singa")
 
-REGISTER_TIMEOUT = 20.0    # seconds a process waits for the other processes of its job
-SILENCE_TIMEOUT = 60.0     # seconds without a message, ZooKeeper unreachable: the others are lost
+# seconds a process waits for the other processes of its job to register; seconds without a
+# message, ZooKeeper unreachable, after which it takes the others for lost (the environment's
+# SINGA_REGISTER_TIMEOUT and SINGA_SILENCE_TIMEOUT, when set)
+REGISTER_TIMEOUT, SILENCE_TIMEOUT = 20.0, 60.0
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
          "[-resume|-test] [-check [-oversubscribe]] [-user_proto FILE.proto]... "
          "[-user_layers FILE.py]...")
@@ -74,6 +77,7 @@ def main(argv=None):
             launch.check(job, hostfile, flags["test"], flags["oversubscribe"])
             return 0
         trust = job_trust(job)
+        set_timeouts(os.environ)
         with ZKService(singa_conf.zookeeper_host, trust=trust) as zk:
             job_id = int(flags.get("singa_job", -1))
             if job_id < 0:
@@ -327,6 +331,25 @@ class Driver:
         if self.reporter is not None:
             self.reporter.metrics(0, step, "test", metrics)
         return metrics
+
+
+def set_timeouts(env):
+    """REGISTER_TIMEOUT and SILENCE_TIMEOUT from `env` where it sets them (positive seconds;
+    ConfigError naming the variable otherwise)."""
+    global REGISTER_TIMEOUT, SILENCE_TIMEOUT
+    seconds = {}
+    for name in ("SINGA_REGISTER_TIMEOUT", "SINGA_SILENCE_TIMEOUT"):
+        text = env.get(name)
+        if text is None:
+            continue
+        try:
+            seconds[name] = float(text)
+        except ValueError:
+            seconds[name] = math.nan
+        if not 0 < seconds[name] < math.inf:
+            raise ConfigError(f"{name}={text}: must be a positive number of seconds")
+    REGISTER_TIMEOUT = seconds.get("SINGA_REGISTER_TIMEOUT", REGISTER_TIMEOUT)
+    SILENCE_TIMEOUT = seconds.get("SINGA_SILENCE_TIMEOUT", SILENCE_TIMEOUT)
 
 
 def silence_message(job_id, pid, endpoints):

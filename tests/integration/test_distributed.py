@@ -282,16 +282,16 @@ def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is
     later, both writing their files of that step (a complete snapshot there, wherever the
     last checkpoint_freq step was), and the processes end; -resume from it ends with the
     params of an uninterrupted run."""
-    whole = run_job(job_text(fixture_job, tmp_path, "whole", LAYOUTS["sandblaster"], steps=3000),
+    whole = run_job(job_text(fixture_job, tmp_path, "whole", LAYOUTS["sandblaster"], steps=1200),
                     singa_conf, zk_server, 3)
     assert all(rc == 0 for rc, _ in whole), whole
-    conf = job_text(fixture_job, tmp_path, "signalled", LAYOUTS["sandblaster"], steps=3000)
+    conf = job_text(fixture_job, tmp_path, "signalled", LAYOUTS["sandblaster"], steps=1200)
     job_id, env, _ = new_job(zk_server)
     logs = [tmp_path / f"usr1-{i}.log" for i in range(3)]
     procs = start_drivers(conf, singa_conf, job_id, env, logs)
     try:
         deadline = time.monotonic() + 120
-        while "Train @ step 1000 " not in "".join(log.read_text() for log in logs):
+        while "Train @ step 400 " not in "".join(log.read_text() for log in logs):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
             time.sleep(0.05)
         procs[0].send_signal(signal.SIGUSR1)
@@ -308,7 +308,7 @@ def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is
     steps = {int(s) for s in re.findall(r"stopping at step (\d+) after a snapshot", text)}
     assert len(steps) == 1, text
     (step,) = steps
-    assert 1000 < step < 3000, step      # a step or two (0.25 s of steps) after the signal
+    assert 400 < step < 1200, step      # a step or two (0.25 s of steps) after the signal
     folder = tmp_path / "signalled" / "checkpoint"
     assert {p.name for p in folder.glob(f"step{step}-worker*.bin")} == \
         {f"step{step}-worker0.bin", f"step{step}-worker1.bin"}
@@ -316,7 +316,7 @@ def test_sigusr1_to_one_process_snapshots_every_worker_at_one_step_and_resume_is
     assert all(rc == 0 for rc, _ in resumed), resumed
     assert f"Resume from step {step}" in "".join(log for _, log in resumed)
     for w in (0, 1):
-        ours = CheckpointReader(str(folder / f"step3000-worker{w}.bin"))
-        ref = CheckpointReader(str(tmp_path / "whole" / "checkpoint" / f"step3000-worker{w}.bin"))
+        ours = CheckpointReader(str(folder / f"step1200-worker{w}.bin"))
+        ref = CheckpointReader(str(tmp_path / "whole" / "checkpoint" / f"step1200-worker{w}.bin"))
         for name in ref.names:
             np.testing.assert_array_equal(ours.param(name), ref.param(name), err_msg=name)

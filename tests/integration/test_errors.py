@@ -130,10 +130,13 @@ def test_a_process_whose_job_partners_never_start_stops_with_one_line(fixture_jo
     r = run_driver(conf)
     assert r.returncode == 2 and r.stderr == "singa: fixture-mlp: a job of 2 processes needs " \
         "its secret in SINGA_JOB_SECRET (bin/singa-run.sh makes one per run)\n", r.stderr
-    r = run_driver(conf, env={ENV: new_secret()})
+    r = run_driver(conf, env={ENV: new_secret(), "SINGA_REGISTER_TIMEOUT": "4"})
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert re.search(r"^singa: process 1 of job \d+ did not register in ZooKeeper at \S+ within "
-                     r"20 s$", r.stderr, re.M), r.stderr
+                     r"4 s$", r.stderr, re.M), r.stderr
+    r = run_driver(conf, env={ENV: new_secret(), "SINGA_REGISTER_TIMEOUT": "soon"})
+    assert r.returncode == 2 and r.stderr == ("singa: SINGA_REGISTER_TIMEOUT=soon: must be a "
+                                              "positive number of seconds\n"), r.stderr
 
 
 def last_line_error(r, code=2):

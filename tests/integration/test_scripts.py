@@ -234,7 +234,7 @@ def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, 
         "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
             "nservers_per_group: 2",
-        "train_steps: 200": "train_steps: 3000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+        "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
     with open(tmp_path / "run.log", "w") as out:
         run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -256,7 +256,7 @@ def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, 
     assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
                      r"complete snapshot", log)
     assert re.search(r"Resume from step [1-9]\d*", log) and "was lost" in log
-    assert (tmp_path / "ws" / "checkpoint" / "step3000-worker1.bin").is_file()
+    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
 
 
 def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
@@ -267,7 +267,7 @@ def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_jo
         "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
             "nservers_per_group: 2",
-        "train_steps: 200": "train_steps: 3000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+        "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
@@ -295,7 +295,7 @@ def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_jo
     assert rc == 0 and stopped_in <= 15, (stopped_in, text)
     assert re.search(rf"process \d of job \d+ \(127\.0\.0\.1:\d+, pid {drivers[0]}\) was "
                      rf"stopped by SIGTERM", text), text
-    assert (tmp_path / "ws" / "checkpoint" / "step3000-worker1.bin").is_file()
+    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
 
 
 @pytest.mark.parametrize("how", ["SIGTERM to singa-run.sh", "Ctrl-C", "SIGHUP to singa-run.sh"])
