@@ -1,6 +1,6 @@
-"""The small zoo nets (tests/fixtures/caffe/zoo) against real Caffe 1.0
-(tests/fixtures/caffe/zoo/caffe, README there): each imported with the caffemodel Caffe wrote
-from seeded values, our forward of Caffe's input matches every blob Caffe kept."""
+"""Against real Caffe 1.0 (tests/fixtures/caffe/zoo/caffe, README there): the small zoo nets
+(tests/fixtures/caffe/zoo), each imported with the caffemodel Caffe wrote from seeded values,
+match every blob Caffe kept; a BatchNorm net trains as Caffe's SGD solver trained it."""
 import os
 
 import numpy as np
@@ -8,6 +8,8 @@ import pytest
 from google.protobuf import text_format
 
 import singa
+from singa import config, session
+from singa.checkpoint.format import CheckpointReader
 from singa.interop import deploy
 from singa.interop.caffe.importer import import_caffe
 from singa.proto import caffe_pb2
@@ -46,3 +48,34 @@ def test_zoo_net_matches_caffe(name, tmp_path):
         worst = max(worst, rel)
         assert rel <= 1e-5, (blob, rel)
     print(f"{name}: {len(want.files)} blobs, max |ours − Caffe| / max |Caffe| {worst:.3g}")
+
+
+def test_batchnorm_net_trains_as_caffes_solver(tmp_path):
+    """conv → BatchNorm (training: batch statistics, moving_average_fraction 0.95, sums of a
+    factor 2.997 to start) → Scale → ReLU, in place, → InnerProduct → SoftmaxWithLoss over
+    an LMDB, 20 SGD steps from Caffe's initial params: each loss within 1e-5 of Caffe's, every
+    final param (BatchNorm's three sums too) within 1e-5 of its largest value."""
+    folder = os.path.join(REAL, "bn_train")
+    solver = os.path.join(folder, "bn_solver.prototxt")
+    conf = import_caffe(solver, str(tmp_path / "ours"), os.path.join(folder, "init.caffemodel"),
+                        print=lambda *a: None)
+    history = session.train(config.load_job(conf), progress=False)
+    losses = np.array([m["loss"] for _, m in history["train"]])
+    want = np.loadtxt(os.path.join(folder, "losses.txt"))
+    rel = np.abs(losses - want) / want
+    print(f"BatchNorm training: 20 losses {want[0]:.4f} → {want[-1]:.4f}, "
+          f"max relative difference {rel.max():.3g}")
+    assert len(losses) == 20 and rel.max() <= 1e-5
+    # Caffe's final params as the importer reads them: the same names as ours
+    import_caffe(solver, str(tmp_path / "caffe"), os.path.join(folder, "final.caffemodel"),
+                 print=lambda *a: None)
+    ours = CheckpointReader(str(tmp_path / "ours" / "checkpoint" / "step20-worker0.bin"))
+    theirs = CheckpointReader(str(tmp_path / "caffe" / "checkpoint" / "step0-worker0.bin"))
+    assert sorted(ours.names) == sorted(theirs.names)
+    # Caffe's factor after 20 steps of f ← 0.95·f + 1, from 2.997
+    assert np.isclose(theirs.param("0#bn_factor")[0], 2.997 * 0.95**20 + (1 - 0.95**20) / 0.05)
+    for name in theirs.names:
+        ref = theirs.param(name)
+        diff = np.abs(ours.param(name) - ref).max() / np.abs(ref).max()
+        print(f"  {name}: max |ours − Caffe| / max |Caffe| {diff:.3g}")
+        assert diff <= 1e-5, name
