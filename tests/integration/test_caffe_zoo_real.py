@@ -53,8 +53,9 @@ def test_zoo_net_matches_caffe(name, tmp_path):
 def test_batchnorm_net_trains_as_caffes_solver(tmp_path):
     """conv → BatchNorm (training: batch statistics, moving_average_fraction 0.95, sums of a
     factor 2.997 to start) → Scale → ReLU, in place, → InnerProduct → SoftmaxWithLoss over
-    an LMDB, 20 SGD steps from Caffe's initial params: each loss within 1e-5 of Caffe's, every
-    final param (BatchNorm's three sums too) within 1e-5 of its largest value."""
+    an LMDB (a TRAIN-only Data layer: the solver has no test_iter, so no TEST net), 20 SGD
+    steps from Caffe's initial params: each loss within 1e-5 of Caffe's, every final param
+    (BatchNorm's three sums too) within 1e-5 of its largest value."""
     folder = os.path.join(REAL, "bn_train")
     solver = os.path.join(folder, "bn_solver.prototxt")
     conf = import_caffe(solver, str(tmp_path / "ours"), os.path.join(folder, "init.caffemodel"),
