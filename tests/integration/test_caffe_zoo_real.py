@@ -1,6 +1,7 @@
 """Against real Caffe 1.0 (tests/fixtures/caffe/zoo/caffe, README there): the small zoo nets
 (tests/fixtures/caffe/zoo), each imported with the caffemodel Caffe wrote from seeded values,
-match every blob Caffe kept; a BatchNorm net trains as Caffe's SGD solver trained it."""
+match every blob Caffe kept; a BatchNorm net trains as Caffe's SGD solver trained it; the
+zoo's own deploy prototxts import to Caffe's output shapes."""
 import os
 
 import numpy as np
@@ -12,7 +13,8 @@ from singa import config, session
 from singa.checkpoint.format import CheckpointReader
 from singa.interop import deploy
 from singa.interop.caffe.importer import import_caffe
-from singa.proto import caffe_pb2
+from singa.neuralnet import NeuralNet
+from singa.proto import caffe_pb2, job_pb2
 
 ZOO = os.path.join(singa.HOME, "tests", "fixtures", "caffe", "zoo")
 REAL = os.path.join(ZOO, "caffe")
@@ -80,3 +82,25 @@ def test_batchnorm_net_trains_as_caffes_solver(tmp_path):
         diff = np.abs(ours.param(name) - ref).max() / np.abs(ref).max()
         print(f"  {name}: max |ours − Caffe| / max |Caffe| {diff:.3g}")
         assert diff <= 1e-5, name
+
+
+@pytest.mark.parametrize("name, output, shape", [
+    ("ResNet-50-deploy", "prob", (1, 1000)),
+    ("ResNet-101-deploy", "prob", (1, 1000)),
+    ("ResNet-152-deploy", "prob", (1, 1000)),
+    ("mobilenet_deploy", "prob", (1, 1000, 1, 1)),
+    ("mobilenet_v2_deploy", "prob", (1, 1000, 1, 1)),
+    ("SqueezeNet_v1.0_deploy", "prob", (10, 1000, 1, 1)),
+    ("SqueezeNet_v1.1_deploy", "prob", (10, 1000, 1, 1)),
+    ("voc-fcn8s_deploy", "score", (1, 21, 500, 500)),
+    ("cifar10_full", "prob", (1, 10))])
+def test_the_zoos_own_deploy_prototxts_import(name, output, shape, tmp_path):
+    """The zoo's prototxts as published (tests/fixtures/caffe/zoo/real), no weights: the job
+    conf builds the net, its output of Caffe's shape."""
+    conf = import_caffe(os.path.join(ZOO, "real", name + ".prototxt"), str(tmp_path),
+                        print=lambda *a: None)
+    job = config.load_job(conf, check_paths=False)
+    net = NeuralNet(deploy.deploy_net(job.neuralnet, conf), job_pb2.kTest,
+                    np.random.default_rng(0))
+    assert job.neuralnet.layer[-1].name == output
+    assert net.layers[-1].data.shape == shape
