@@ -102,7 +102,7 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         if model is not None:
             _, blobs = model.net()
         t = translate(net_msg, net_path, blobs, weights, os.path.join(out, "data"), input_shape,
-                      fold_bn)
+                      fold_bn, test=solver_msg is None or bool(solver_msg.test_iter))
         job = _job(net_msg, t, out, solver_msg, solver_path)
         step = state.iter if state is not None else 0
         if model is not None:

@@ -64,18 +64,19 @@ class Translation:
 
 
 def translate(net, net_path, weights=None, weights_path=None, data_dir="data",
-              input_shape=None, fold_bn=False):
+              input_shape=None, fold_bn=False, test=True):
     """The Translation of NetParameter `net` (V2 layers, see netdef.upgrade) read from
     `net_path`; `weights` = {layer name: [Blob]} of `weights_path`; `data_dir`: where data
     files go (kvfiles the user provides, the mean file written here); `input_shape`: the
     (C, H, W) of data layers, whose records Caffe's prototxt does not describe; `fold_bn`
     (needs `weights`): BatchNorm layers of global statistics (and the Scale after one)
     folded into the Convolution before them, W' = W·k, b' = (b − μ)·k + β with
-    k = γ/√(σ² + ε), μ and σ² Caffe's sums over its factor."""
+    k = γ/√(σ² + ε), μ and σ² Caffe's sums over its factor; `test` False: the TRAIN net
+    only, as Caffe's solver builds for a solver without test_iter."""
     if fold_bn and weights is None:
         raise ConfigError(f"{net_path}: -fold-bn needs the weights (WEIGHTS.caffemodel)")
     t = _Translator(net, net_path, weights, weights_path, data_dir, input_shape, fold_bn)
-    return t.run()
+    return t.run((TRAIN, TEST) if test else (TRAIN,))
 
 
 _POW2 = {2.0 ** k for k in range(-60, 61)}
@@ -93,12 +94,12 @@ class _Translator:
         self.folds = {}         # folded BatchNorm -> (its Convolution, its Scale or None, ε)
         self.has_loss = any(l.type.endswith("Loss") or l.loss_weight for l in net.layer)
 
-    def run(self):
+    def run(self, phases):
         layers = self.net.layer
         if not layers:
             raise Refused(f"{self.path}: the net has no layers")
         per_phase = {}
-        for phase in (TRAIN, TEST):
+        for phase in phases:
             self.phase = phase
             self.tops = {}          # blob -> SINGA layer writing it last
             self.flat = set()       # blobs known to be (N, D): no spatial positions
@@ -110,7 +111,7 @@ class _Translator:
             for self.at, layer in enumerate(layers):        # self.at: where readers() looks
                 per_phase[phase].append(self._layer(layer) if in_phase(layer, phase) else None)
         out = []
-        for train, test in zip(per_phase[TRAIN], per_phase[TEST]):
+        for train, test in zip(per_phase[TRAIN], per_phase.get(TEST, per_phase[TRAIN])):
             if train is not None and test is not None and \
                     [c.SerializeToString() for c in train] == [c.SerializeToString() for c in test]:
                 out += train
