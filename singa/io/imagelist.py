@@ -12,6 +12,7 @@ import os
 import numpy as np
 
 from singa.errors import DataError
+from singa.io.base import ReadOnly
 from singa.io.images import decode_image, image_record
 
 __all__ = ["ImageListStore"]
@@ -20,8 +21,10 @@ _INDEX_BITS = 32
 _KEYS = 1 << 31
 
 
-class ImageListStore:
+class ImageListStore(ReadOnly):
     """An image list opened for reading; `conf` is the layer's store_conf (None: defaults)."""
+
+    backend = "imagelist"
 
     def __init__(self, path, mode="read", conf=None):
         self.path = os.fspath(path)
@@ -97,24 +100,6 @@ class ImageListStore:
 
     def count(self):
         return len(self.items)
-
-    def write(self, key, value):
-        raise DataError(f"{self.path}: the imagelist store is read-only")
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return iter(self.read, None)
 
     def _set(self, key, i):
         if key != self._key or (key and self._order is None):

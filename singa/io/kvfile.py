@@ -6,6 +6,7 @@ import os
 import struct
 
 from singa.errors import DataError
+from singa.io.base import Store
 
 __all__ = ["KVFile", "CAPACITY", "pack"]
 
@@ -15,7 +16,7 @@ CAPACITY = 10485760
 _LEN = struct.Struct("<Q")
 
 
-class KVFile:
+class KVFile(Store):
     """A kvfile opened in mode "read", "create" or "append".
 
     Read and append open `path`, or `path/shard.dat` when `path` is a 0.1 shard folder;
@@ -127,16 +128,6 @@ class KVFile:
         self.flush()
         with _open(self.path, "rb") as f:
             return sum(1 for _ in _walk(f))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        """(key, value) from the current position to the end."""
-        return iter(self.read, None)
 
     def _fits(self, offset, length):
         # A length prefix beyond the end of the file is a torn tail or garbage: never allocate it.

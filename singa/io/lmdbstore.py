@@ -8,6 +8,7 @@ import threading
 from google.protobuf.message import DecodeError
 
 from singa.errors import DataError
+from singa.io.base import ReadOnly
 from singa.io.images import decode_image, image_record
 from singa.proto import caffe_pb2, common_pb2
 
@@ -19,13 +20,15 @@ _ENVS = {}          # real path -> [Environment, stores open on it]
 _ENVS_LOCK = threading.Lock()
 
 
-class LMDBStore:
+class LMDBStore(ReadOnly):
     """A Caffe LMDB opened for reading (a folder holding data.mdb, or the file itself).
 
     read() gives (key, RecordProto bytes) in key order, as Caffe's cursor walks it; positions
     (`tell`/`seek`) are record indices. Opened without LMDB's lock file, so a read-only
     folder reads too (nobody may write the database meanwhile).
     """
+
+    backend = "lmdb"
 
     _env = None
 
@@ -92,12 +95,6 @@ class LMDBStore:
         """The number of records."""
         return self._env.stat()["entries"]
 
-    def write(self, key, value):
-        raise DataError(f"{self.path}: the lmdb store is read-only")
-
-    def flush(self):
-        pass
-
     def close(self):
         if self._env is None:
             return
@@ -111,15 +108,6 @@ class LMDBStore:
                 del _ENVS[self._real]
                 self._env.close()
         self._env = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        return iter(self.read, None)
 
 
 def datum_record(value, key, path):

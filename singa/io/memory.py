@@ -13,6 +13,7 @@ import threading
 import numpy as np
 
 from singa.errors import ConfigError, DataError
+from singa.io.base import ReadOnly
 from singa.io.records import class_indices, encode_record
 
 PREFIX = "memory://"
@@ -52,8 +53,10 @@ def arrays(path):
     return found
 
 
-class MemoryStore:
+class MemoryStore(ReadOnly):
     """A read-only store over registered arrays (see `singa.io.store.open_store`)."""
+
+    backend = "memory"
 
     def __init__(self, path, mode="read"):
         if mode != "read":
@@ -80,17 +83,3 @@ class MemoryStore:
             raise DataError(f"{self.path}: position {offset} is beyond its {len(self.x)} records")
         self.pos = offset
 
-    def write(self, key, value):
-        raise DataError(f"{self.path}: the memory store is read-only")
-
-    def flush(self):
-        pass
-
-    def close(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -2,11 +2,12 @@
 import os
 
 from singa.errors import DataError
+from singa.io.base import Store
 
 __all__ = ["TextFileStore"]
 
 
-class TextFileStore:
+class TextFileStore(Store):
     """A text file opened in mode "read", "create" (truncates) or "append".
 
     read() gives (b"<line number>", line without its b"\\n"), like std::getline; write()
@@ -73,12 +74,3 @@ class TextFileStore:
     def close(self):
         self._file.close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __iter__(self):
-        """(key, value) from the current position to the end."""
-        return iter(self.read, None)
