@@ -34,12 +34,6 @@ class Device:
     def __repr__(self):
         return f"Device({self.gpu})"
 
-    def __eq__(self, other):
-        return isinstance(other, Device) and other.gpu == self.gpu
-
-    def __hash__(self):
-        return hash(self.gpu)
-
     def use(self):
         """Make this the calling thread's current CUDA device (CuPy's is per thread): a
         worker's thread, for its whole life."""
@@ -107,7 +101,7 @@ def of_workers(ids, workers, make=True):
     gpus = {w: ids[i] if i < len(ids) else None for i, w in enumerate(workers)}
     if not make:
         return gpus
-    made = {gpu: Device(gpu) for gpu in set(gpus.values())}
+    made = {gpu: CPU if gpu is None else Device(gpu) for gpu in set(gpus.values())}
     return {w: made[gpu] for w, gpu in gpus.items()}
 
 
