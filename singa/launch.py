@@ -1,12 +1,15 @@
 """What `singa -check` checks before singa-run.sh starts a job's processes: the net builds from
 the conf, and no host gets more processes than it can sensibly run."""
+import copy
 import os
 from collections import Counter
 
 import numpy as np
 
 from singa import cluster
-from singa.errors import ConfigError
+from singa.device import CPU
+from singa.errors import ConfigError, SingaError
+from singa.footprint import SHAPES, BeyondMemory
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.job_manager import read_hostfile
@@ -19,14 +22,42 @@ def check(job, hostfile, test=False, oversubscribe=False):
     unless `oversubscribe` allows any: then `hostfile` is not read (bin/singa-sbatch.sh, and
     singa-run.sh inside a Slurm allocation, pass it: Slurm places the processes, and the conf
     folder may have no hostfile)."""
-    cl = job.cluster
-    if test:
-        NeuralNet(job.neuralnet, job_pb2.kTest, np.random.default_rng(0))
-    else:
-        NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), None,
-                  cl.nworkers_per_group)
+    build(job, test)
     if not oversubscribe:
-        check_hosts(cluster.nprocs(cl), read_hostfile(hostfile), len(os.sched_getaffinity(0)))
+        check_hosts(cluster.nprocs(job.cluster), read_hostfile(hostfile),
+                    len(os.sched_getaffinity(0)))
+
+
+def build(job, test=False, device=CPU):
+    """The net a worker of `job` builds, on `device`: the kTest net for -test (`test`), else
+    the kTrain net over nworkers_per_group partitions."""
+    rng = np.random.default_rng(0)
+    if test:
+        return NeuralNet(job.neuralnet, job_pb2.kTest, rng, device=device)
+    return NeuralNet(job.neuralnet, job_pb2.kTrain, rng, None, job.cluster.nworkers_per_group,
+                     device=device)
+
+
+def check_memory(job, what):
+    """ConfigError "<what>: ..." naming the param or layer if the net `build` makes of `job`
+    would allocate an array larger than this machine's memory (`singa.footprint`'s rule, per
+    array), learnt by setting the net up on SHAPES: nothing is allocated and nothing is
+    written. Mean and std files, which hold values and no shapes, are not read (an importer
+    writes its mean file after this check); other mistakes, such as a data store not yet
+    written, are left to the build that runs the net."""
+    job = copy.deepcopy(job)
+    for layer in job.neuralnet.layer:
+        if layer.HasField("store_conf"):
+            layer.store_conf.ClearField("mean_file")
+            layer.store_conf.ClearField("std_file")
+        if layer.HasField("rgbimage_conf"):
+            layer.rgbimage_conf.ClearField("meanfile")
+    try:
+        build(job, device=SHAPES)
+    except BeyondMemory as e:
+        raise ConfigError(f"{what}: {e}") from None
+    except SingaError:
+        pass
 
 
 def check_hosts(nprocs, hosts, cores):

@@ -19,7 +19,7 @@ import os
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, config, evaluation, files, naming, session
+from singa import checkpoint, config, evaluation, files, launch, naming, session
 from singa.callbacks import Callback, LearningRateScheduler
 from singa.errors import ConfigError
 from singa.io import memory
@@ -224,6 +224,7 @@ class Model:
         extra = {field: [os.path.abspath(p) for p in _list(paths)]
                  for field, paths in (('user_proto', user_proto), ('user_layers', user_layers))}
         job = config.load_job(os.path.abspath(path), check_paths=False, **extra)
+        launch.check_memory(job, path)
         for field, paths in extra.items():
             getattr(job, field).extend(paths)
         m = cls(job.name)

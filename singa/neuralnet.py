@@ -12,6 +12,7 @@ from singa import graph, layers, partition  # noqa: F401  (layers: registers eve
 from singa.device import CPU, is_host
 from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
+from singa.footprint import BeyondMemory
 from singa.layers.base import create_layer, layer_class
 from singa.naming import unrolled
 from singa.phase import in_phase
@@ -52,7 +53,7 @@ class NeuralNet:
         for conf in confs:
             layer = create_layer(conf)
             layer.rng = self.rngs[conf.partition_id]
-            if not layer.one_to_many:
+            if not layer.one_to_many or device.gpu is None:    # host layers: also on SHAPES
                 layer.device = device
             self.layers.append(layer)
             self.by_name[conf.name] = layer
@@ -63,8 +64,8 @@ class NeuralNet:
                 srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
                 try:
                     layer.setup(srcs)
-                except MemoryError as e:   # numpy's message names the shape and the bytes
-                    raise ConfigError(f"layer '{layer.name}': {e}") from None
+                except MemoryError as e:   # numpy's message (or SHAPES's) names shape and bytes
+                    raise BeyondMemory(f"layer '{layer.name}': {e}") from None
             if device.gpu is not None:
                 self._mirror_host_layers()
         if num_partitions > 1:

@@ -1,24 +1,12 @@
 """Param: a named, versioned float32 array with its gradient; SINGA's init methods (src/utils/param.cc)."""
 import math
-import os
 
 import numpy as np
 
 from singa.device import assign
 from singa.errors import ConfigError
+from singa.footprint import check_fits
 from singa.proto import job_pb2
-
-
-#: Physical memory of this machine: no param may need more.
-MEMORY_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def format_bytes(n):
-    """`n` bytes in decimal units: 12.5 TB, 3.1 MB, 512 B."""
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if n < 1000 or unit == "PB":
-            return f"{n:.3g} {unit}" if unit != "B" else f"{n} B"
-        n /= 1000
 
 
 class Param:
@@ -51,12 +39,9 @@ class Param:
     def setup(self, shape, xp=np):
         """Allocate zeroed values and gradient of `shape` with array module `xp` (numpy or
         cupy); ConfigError if the two would not fit in this machine's memory (a typo such as
-        `num_output: 2000000000`)."""
-        need = 2 * 4 * math.prod(shape)
-        if need > MEMORY_BYTES:
-            raise ConfigError(f"param '{self.name}' of shape {tuple(shape)}: its values and "
-                              f"gradient need {format_bytes(need)}, more than this machine's "
-                              f"{format_bytes(MEMORY_BYTES)} of memory")
+        `num_output: 2000000000`; `singa.footprint.check_fits`)."""
+        check_fits(2 * 4 * math.prod(shape),
+                   f"param '{self.name}' of shape {tuple(shape)}: its values and gradient need")
         self.data = xp.zeros(shape, np.float32)
         self.grad = xp.zeros(shape, np.float32)
 

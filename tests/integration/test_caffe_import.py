@@ -263,6 +263,27 @@ def test_refusal_is_one_line_exit_2(tmp_path):
     assert not os.path.exists(tmp_path / "out" / "job.conf")
 
 
+@pytest.mark.parametrize("top, layer, what", [
+    ('input_param { shape { dim: 10000000 dim: 3 dim: 224 dim: 224 } }', "", "layer '0#data': "
+     "an array of shape (10000000, 3, 224, 224) (float32) needs 6.02 TB"),
+    ('input_param { shape { dim: 1 dim: 3 dim: 224 dim: 224 } }',
+     'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+     'inner_product_param { num_output: 2000000000 } }',
+     "param '0#ip_weight' of shape (2000000000, 150528): its values and gradient need 2.41 PB"),
+])
+def test_a_net_larger_than_memory_is_one_line_exit_2_and_nothing_written(tmp_path, top, layer,
+                                                                         what):
+    """Sizes far beyond any machine: a regression that allocated them would fail at once."""
+    net = tmp_path / "huge.prototxt"
+    net.write_text(f'name: "huge"\nlayer {{ name: "data" type: "Input" top: "data" {top} }}\n'
+                   f'{layer}\n')
+    r = run_import(net, "-o", tmp_path / "out")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"{net}: {what}, more than this machine's "), r.stderr
+    assert r.stderr.endswith(" of memory\n") and r.stdout == ""
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_bad_files_are_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.caffemodel"
     bad.write_bytes(open(fx("mlp", "mlp_iter_40.caffemodel"), "rb").read()[:5000])

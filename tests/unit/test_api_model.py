@@ -2,6 +2,7 @@
 conf and Python as one thing (to_conf / from_conf)."""
 import glob
 import os
+import re
 
 import pytest
 
@@ -42,6 +43,24 @@ def test_from_conf_resolves_relative_paths_against_the_current_directory(tmp_pat
     assert Model.from_conf("mine.conf").jobconf.train_steps == 7
     with pytest.raises(ConfigError, match="nothing.conf"):
         Model.from_conf("nothing.conf")
+
+
+@pytest.mark.parametrize("old, new, what", [
+    ("num_output: 2500", "num_output: 2000000000",
+     r"param '0#w1' of shape \(2000000000, 784\): its values and gradient need 12\.5 TB"),
+    ("batchsize: 64", "batchsize: 1000000000",
+     r"layer '0#data': an array of shape \(1000000000, 784\) \(float32\) needs 3\.14 TB"),
+])
+def test_from_conf_refuses_a_net_larger_than_memory_naming_the_file_and_the_param_or_layer(
+        tmp_path, old, new, what):
+    """Sizes far beyond any machine: a regression that allocated them would fail at once."""
+    text = open(os.path.join(singa.HOME, "examples", "mnist", "job.conf")).read()
+    assert old in text
+    conf = tmp_path / "huge.conf"
+    conf.write_text(text.replace(old, new))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(conf))}: {what}, more than this "
+                                          rf"machine's .* of memory$"):
+        Model.from_conf(str(conf))
 
 
 def test_compile_turns_the_softmax_into_the_loss_and_the_data_layer_feeds_the_label():

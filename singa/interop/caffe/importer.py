@@ -16,7 +16,7 @@ import sys
 
 from google.protobuf import text_format
 
-from singa import config
+from singa import config, launch
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
 from singa.checkpoint import folder as checkpoint_folder
 from singa.errors import ConfigError, DataError, run_command
@@ -109,6 +109,7 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
             job.checkpoint_path.append(snapshot_file(checkpoint_folder(out), step, 0))
         text = text_format.MessageToString(job)
         config.parse_job(text, os.path.join(out, "job.conf"), check_paths=False)
+        launch.check_memory(job, net_path)
         os.makedirs(os.path.join(out, "data"), exist_ok=True)
         for path, tuples in t.files.items():
             with KVFile(path, "create") as f:
