@@ -220,7 +220,9 @@ class Model:
     def from_conf(cls, path, user_proto=(), user_layers=()):
         """A model of the job conf at `path` (relative to the current directory): `fit` trains
         it as `singa-run.sh -conf` would, `evaluate` and `predict` use its nets. `user_proto`
-        and `user_layers` (files, as singa-run.sh's flags) join the conf's own extensions."""
+        and `user_layers` (files, as singa-run.sh's flags) join the conf's own extensions.
+        ConfigError naming `path` for a net with a param or layer array larger than this
+        machine's memory (`singa.launch.check_memory`: nothing is allocated)."""
         extra = {field: [os.path.abspath(p) for p in _list(paths)]
                  for field, paths in (('user_proto', user_proto), ('user_layers', user_layers))}
         job = config.load_job(os.path.abspath(path), check_paths=False, **extra)
