@@ -15,8 +15,10 @@
 # the program. SIGINT, SIGTERM or SIGHUP stops every process of the job (SIGKILL for those
 # still running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal;
 # SIGUSR1 has the job write a snapshot a step or two later and stop there (exit 138), so
-# that -resume loses nothing. Whichever way it ends (the job's end, a lost host, a failure with
-# or without a restart, a signal, an error), nothing it started in the background runs on.
+# that -resume loses nothing. With max_restarts, a lost worker-only process of an asynchronous
+# job restarts alone and rejoins it (docs/distributed.md). Whichever way it ends (the job's
+# end, a lost host, a failure with or without a restart, a signal, an error), nothing it
+# started in the background runs on.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
