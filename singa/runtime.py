@@ -188,7 +188,8 @@ class Process:
                          None if single else self.peer, stop_servers_with_workers=single,
                          farewells=farewells, nprocs=cluster.nprocs(cl), elastic=elastic,
                          forget=self.forget, returned=self.returned,
-                         rejoin_timeout=rejoin_timeout)
+                         rejoin_timeout=rejoin_timeout,
+                         rejoinable=lambda: cluster_rt is not None and cluster_rt.connected)
         self.cluster_rt = cluster_rt
         self.peers, self.connect = {}, peers
         self.lost_at = {}       # procs id -> the endpoint it was lost at

@@ -59,17 +59,18 @@ class Stub:
 
     def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
                  stop_servers_with_workers=True, farewells=None, nprocs=1, elastic=(),
-                 forget=None, returned=None, rejoin_timeout=60.0):
+                 forget=None, returned=None, rejoin_timeout=60.0, rejoinable=None):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
         the Peer connection to another process's stub (of `nprocs`); `farewells` maps a local
         worker to the servers told (kStop from it) when it stops. The loss of a process of
         `elastic` (`cluster.elastic_procs`) does not stop this one: it is away until a message
         of its restart arrives, for at most `rejoin_timeout` s; `forget(pid)` drops its
         connection, `returned(pid)` says whether it registered again (not a late message of
-        the lost one)."""
+        the lost one); while `rejoinable()` is false (ZooKeeper away) a loss stops this one."""
         self.nprocs = nprocs
         self.elastic, self.forget, self.returned = set(elastic), forget, returned
         self.rejoin_timeout = rejoin_timeout
+        self.rejoinable = rejoinable or (lambda: True)
         self.away = {}              # procs id -> (why it left, deadline to come back)
         self.latest = 0             # the newest step an Update passing here was of
         self.latest_at = None       # when it was seen
@@ -154,7 +155,7 @@ class Stub:
             text, procs_id = arg
             if procs_id in self.away:
                 return
-            if procs_id in self.elastic and self.error is None:
+            if procs_id in self.elastic and self.error is None and self.rejoinable():
                 self.leave(procs_id, text)
                 return
             if self.error is None:
