@@ -225,7 +225,7 @@ while :; do
     local i=$1 host=$2 remote
     shift 2
     if [ "$host" = localhost ]; then
-      echo "Executing : ${cmd[*]} -procs_id $i $*"
+      echo "Executing : ${cmd[*]} -procs_id $i${*:+ $*}"
       (exec "${cmd[@]}" -procs_id "$i" "$@") &
       local_pids+=($!)
     else
