@@ -15,8 +15,10 @@
 # the program. SIGINT, SIGTERM or SIGHUP stops every process of the job (SIGKILL for those
 # still running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal;
 # SIGUSR1 has the job write a snapshot a step or two later and stop there (exit 138), so
-# that -resume loses nothing. Whichever way it ends (the job's end, a lost host, a failure with
-# or without a restart, a signal, an error), nothing it started in the background runs on.
+# that -resume loses nothing. With max_restarts, a lost worker-only process of an asynchronous
+# job restarts alone and rejoins it (docs/distributed.md). Whichever way it ends (the job's
+# end, a lost host, a failure with or without a restart, a signal, an error), nothing it
+# started in the background runs on.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
@@ -129,7 +131,9 @@ fi
 test_flag=()
 for arg in "${args[@]}"; do [ "$arg" != -test ] || test_flag=(-test); done
 max_restarts=$(singatool maxrestarts "$conf" "${test_flag[@]}" 2>/dev/null) || max_restarts=0
-restarts=0
+elastic=""
+[ ${#test_flag[@]} -gt 0 ] || elastic=$(singatool elastic "$conf" 2>/dev/null) || elastic=""
+restarts=0; proc_restarts=()
 while :; do
   # a secret per run (singa/trust.py): the keys of the job's tcp traffic and of its znodes;
   # processes here get it in their environment, those over ssh on their standard input
@@ -210,11 +214,70 @@ while :; do
     fi
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
+  proc_pid=(); proc_host=(); rc_whole=""
   trap 'stop_job SIGINT; exit 130' INT
   trap 'stop_job SIGTERM; exit 143' TERM
   trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
   trap 'snapshot_job' USR1
 
+  # Process $1 of the job (its -procs_id) on host $2, with the flags that follow (-rejoin)
+  start_proc() {
+    local i=$1 host=$2 remote
+    shift 2
+    if [ "$host" = localhost ]; then
+      echo "Executing : ${cmd[*]} -procs_id $i${*:+ $*}"
+      (exec "${cmd[@]}" -procs_id "$i" "$@") &
+      local_pids+=($!)
+    else
+      remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}" -procs_id "$i" "$@")-host $(printf %q "$host")"
+      # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
+      # ssh within 15 s), a bounded connect
+      "${SINGA_SSH[@]}" -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
+      remote_pids+=($!); remote_hosts+=("$host")
+    fi
+    proc_pid[$i]=$!; proc_host[$i]=$host
+  }
+  # The pid $1, ended and waited for, leaves the lists of the job's processes
+  forget_pid() {
+    local kept=() hosts=() k
+    for k in "${local_pids[@]}"; do [ "$k" = "$1" ] || kept+=("$k"); done
+    local_pids=("${kept[@]}"); kept=()
+    for k in "${!remote_pids[@]}"; do
+      [ "${remote_pids[$k]}" = "$1" ] || { kept+=("${remote_pids[$k]}"); hosts+=("${remote_hosts[$k]}"); }
+    done
+    remote_pids=("${kept[@]}"); remote_hosts=("${hosts[@]}")
+  }
+  # Elastic processes (singatool elastic: an asynchronous job's worker-only processes): one
+  # that fails while the processes holding servers run restarts alone (-rejoin, max_restarts
+  # times per process; $log_dir/restarts lists them for singa-console.sh list); its groups
+  # join the running job again. Past max_restarts, or on bad input, the job stops.
+  check_elastic() {
+    local i pid rc j
+    for i in $elastic; do
+      pid=${proc_pid[$i]:-}
+      [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+      rc=0; wait "$pid" || rc=$?
+      forget_pid "$pid"; proc_pid[$i]=""
+      [ $rc -ne 0 ] || continue        # its groups are done
+      sleep 1                          # a job stopping as a whole ends its servers too
+      for j in "${!proc_pid[@]}"; do
+        [[ " $elastic " == *" $j "* ]] || [ -z "${proc_pid[$j]}" ] || kill -0 "${proc_pid[$j]}" 2>/dev/null || rc_whole=$rc
+      done
+      if [ -n "$rc_whole" ] || [ -n "$snapshot" ]; then
+        [ -n "$rc_whole" ] || rc_whole=$rc
+        continue
+      fi
+      if [ $rc -eq 2 ] || [ "${proc_restarts[$i]:-0}" -ge "$max_restarts" ]; then
+        echo "singa-run: job $job_id: process $i failed (exit $rc); not restarted: $([ $rc -eq 2 ] && echo "bad input" || echo "max_restarts $max_restarts reached")" >&2
+        stop_job "process $i failed"
+        exit $rc
+      fi
+      proc_restarts[$i]=$((${proc_restarts[$i]:-0} + 1))
+      echo "singa-run: job $job_id: process $i failed (exit $rc); restart ${proc_restarts[$i]} of $max_restarts: it rejoins the running job" >&2
+      echo "process $i restart ${proc_restarts[$i]} of $max_restarts (exit $rc) at $(date +%FT%T)" >>"$log_dir/restarts"
+      start_proc "$i" "${proc_host[$i]}" -rejoin
+    done
+  }
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
   slurm_step=""
   if [ -n "${SLURM_JOB_ID:-}" ]; then
@@ -231,19 +294,11 @@ while :; do
     srun --ntasks="$nprocs" --job-name="$slurm_step" --kill-on-bad-exit=0 "${cmd[@]}" -host auto &
     local_pids+=($!)
   else
+    i=0
     while read -r host _; do
       [ -n "$host" ] || continue
-      if [ "$host" = localhost ]; then
-        echo "Executing : ${cmd[*]}"
-        (exec "${cmd[@]}") &
-        local_pids+=($!)
-      else
-        remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}")-host $(printf %q "$host")"
-        # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
-        # ssh within 15 s), a bounded connect
-        "${SINGA_SSH[@]}" -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &
-        remote_pids+=($!); remote_hosts+=("$host")
-      fi
+      start_proc "$i" "$host"
+      i=$((i + 1))
     done <"$log_dir/job.hosts"
   fi
 
@@ -261,6 +316,7 @@ while :; do
   [ ${#remote_pids[@]} -eq 0 ] || start_watcher
   over=""; closed=(); rewatch=""
   while :; do
+    [ -z "$elastic" ] || [ -n "$slurm_step" ] || check_elastic
     alive=0
     for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
     [ $alive -eq 1 ] || break
@@ -290,7 +346,7 @@ while :; do
     sleep 0.5
   done
   end_helpers
-  status=0
+  status=${rc_whole:-0}
   for pid in "${local_pids[@]}"; do
     wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
   done

@@ -7,12 +7,13 @@ The runtime's watches call back in a thread of their own (kazoo's, or the leavin
 """
 import logging
 import threading
+import time
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from singa.errors import ClusterError
 from singa.job_manager import parse_proc
-from singa.zk import SHUTDOWN_TIMEOUT, job_path
+from singa.zk import SESSION_TIMEOUT, SHUTDOWN_TIMEOUT, job_path
 
 log = logging.getLogger("singa")
 
@@ -31,13 +32,15 @@ class ClusterRuntime:
 
     job_id = -1
 
-    def reserve_proc(self):
-        """This process's procs id in the job (before it has an endpoint)."""
+    def reserve_proc(self, procs_id=None):
+        """This process's procs id in the job (before it has an endpoint): `procs_id` when
+        given."""
         raise NotImplementedError
 
-    def register_proc(self, endpoint, pid, procs_id=None):
+    def register_proc(self, endpoint, pid, procs_id=None, rejoin=False):
         """Register this process (its stub's `endpoint`, OS `pid`) as `procs_id` (None:
-        reserved now); returns its procs id."""
+        reserved now; `rejoin`: a restart of that process in a running job); returns its
+        procs id."""
         raise NotImplementedError
 
     def proc_endpoint(self, procs_id, timeout=None):
@@ -50,8 +53,12 @@ class ClusterRuntime:
         names when ZooKeeper cannot tell."""
         return {}
 
-    def watch_procs(self, on_lost):
-        """Call `on_lost(text)` once when a process of the job goes away without `proc_done`."""
+    def forget(self, procs_id):
+        """Drop what was learned of process `procs_id` (it restarts elsewhere)."""
+
+    def watch_procs(self, on_lost, on_joined=None):
+        """Call `on_lost(text, procs id)` when a process of the job goes away without
+        `proc_done`, `on_joined(procs id)` when it comes back."""
         raise NotImplementedError
 
     def proc_done(self, procs_id, stopped_by=""):
@@ -92,10 +99,10 @@ class SPClusterRuntime(ClusterRuntime):
         self.members = {}       # sgroup -> {(gid, wid)}
         self.watches = {}       # sgroup -> on_empty
 
-    def reserve_proc(self):
+    def reserve_proc(self, procs_id=None):
         return 0
 
-    def register_proc(self, endpoint, pid, procs_id=None):
+    def register_proc(self, endpoint, pid, procs_id=None, rejoin=False):
         self.endpoint = endpoint
         return 0
 
@@ -105,7 +112,7 @@ class SPClusterRuntime(ClusterRuntime):
                                f"{procs_id}")
         return self.endpoint
 
-    def watch_procs(self, on_lost):
+    def watch_procs(self, on_lost, on_joined=None):
         pass    # no other process to lose
 
     def proc_done(self, procs_id, stopped_by=""):
@@ -140,8 +147,8 @@ class ZKClusterRuntime(ClusterRuntime):
         self.procs_id = None    # once registered
         self.endpoints = {}     # procs id -> "host:port", as read (fixed for the job's run)
 
-    def reserve_proc(self):
-        """The rank of this process's proc-lock node is its procs id."""
+    def reserve_proc(self, procs_id=None):
+        """The rank of this process's proc-lock node is its procs id, unless given."""
         zk, job = self.zk, self.path
         zk.ensure(job, acl=self.acl)
         if self.trust is not None:
@@ -152,18 +159,33 @@ class ZKClusterRuntime(ClusterRuntime):
                                    f"joining it")
         for sub in ("proc", "proc-lock", "group", "proc-done"):
             zk.ensure(f"{job}/{sub}", acl=self.acl)
+        if procs_id is not None:
+            return procs_id
         lock = zk.wait(zk.client.create_async(job + "/proc-lock/lock-", ephemeral=True,
                                               sequence=True, acl=self.acl), "create proc lock")
         locks = sorted(zk.children(job + "/proc-lock"))
         return locks.index(lock.rsplit("/", 1)[1])
 
-    def register_proc(self, endpoint, pid, procs_id=None):
+    def register_proc(self, endpoint, pid, procs_id=None, rejoin=False):
+        """`rejoin`: `procs_id` comes back to a running job (a restart of a lost process,
+        issue 31): its old proc-done mark goes, and its old proc node, which ZooKeeper ends
+        with the lost session, is waited for (SESSION_TIMEOUT and a margin)."""
         zk, job = self.zk, self.path
         if procs_id is None:
             procs_id = self.reserve_proc()
+        node = f"{job}/proc/proc-{procs_id}"
+        if rejoin:
+            try:
+                zk.wait(zk.client.delete_async(f"{job}/proc-done/proc-{procs_id}"),
+                        "delete the old proc-done mark")
+            except NoNodeError:
+                pass
+            deadline = time.monotonic() + SESSION_TIMEOUT + 5
+            while zk.wait(zk.client.exists_async(node), "stat " + node) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.2)
         try:
-            zk.wait(zk.client.create_async(f"{job}/proc/proc-{procs_id}",
-                                           f"{endpoint}|{pid}".encode(), ephemeral=True,
+            zk.wait(zk.client.create_async(node, f"{endpoint}|{pid}".encode(), ephemeral=True,
                                            acl=self.acl), "create proc node")
         except NodeExistsError:
             raise ClusterError(f"procs id {procs_id} of job {self.job_id} is already registered "
@@ -196,46 +218,54 @@ class ZKClusterRuntime(ClusterRuntime):
     def known_endpoints(self):
         return dict(self.endpoints)
 
-    def watch_procs(self, on_lost):
-        """Fires in kazoo's thread when a proc node ends and no proc-done node marks it."""
+    def forget(self, procs_id):
+        """Drop the endpoint learned of `procs_id` (it restarted elsewhere)."""
+        self.endpoints.pop(procs_id, None)
+
+    def watch_procs(self, on_lost, on_joined=None):
+        """In kazoo's thread: `on_lost(text, procs id)` each time a proc node ends without a
+        proc-done mark "" (the mark, a signal's name or `failed: <why>`, is in the text);
+        `on_joined(procs id)` when a proc node seen to end comes back (a restart); our own
+        session's expiry is reported once, with procs id None."""
         client, job = self.zk.client, self.path
-        seen, fired = {}, False
+        seen, gone, own = {}, set(), False
 
         def changed(children):
-            nonlocal fired
-            if fired:
-                return False
+            nonlocal own
             for name in children:
                 if name not in seen:
                     try:
                         seen[name] = client.get(f"{job}/proc/{name}")[0].decode(errors="replace")
                     except (NoNodeError, KazooException):
                         seen[name] = "?"
+                    if name in gone and on_joined is not None:
+                        gone.discard(name)
+                        on_joined(int(name.removeprefix("proc-")))
             for name in set(seen) - set(children):
                 value = seen.pop(name)
                 try:
                     mark = client.get(f"{job}/proc-done/{name}")[0]
-                except NoNodeError:
+                except (NoNodeError, KazooException):
                     mark = None
-                except KazooException:
-                    mark = None
-                if mark != b"":
-                    fired = True
-                    host, _, pid = value.rpartition("|")
-                    if name == f"proc-{self.procs_id}":     # our own session expired
+                if mark == b"":
+                    continue
+                gone.add(name)
+                host, _, pid = value.rpartition("|")
+                if name == f"proc-{self.procs_id}":     # our own session expired
+                    if not own:
+                        own = True
                         on_lost(f"this process ({name.removeprefix('proc-')} of job "
                                 f"{self.job_id}) lost its ZooKeeper session at {self.zk.hosts}: "
-                                f"the others take it for lost")
-                        return False
-                    if mark is None:
-                        how = "was lost"
-                    elif mark.startswith(FAILED):
-                        how = mark[:MAX_REASON].decode(errors="replace")
-                    else:
-                        how = f"was stopped by {mark[:20].decode('ascii', 'replace')}"
-                    on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
-                            f"({host or '?'}, pid {pid}) {how}")
-                    return False
+                                f"the others take it for lost", None)
+                    continue
+                if mark is None:
+                    how = "was lost"
+                elif mark.startswith(FAILED):
+                    how = mark[:MAX_REASON].decode(errors="replace")
+                else:
+                    how = f"was stopped by {mark[:20].decode('ascii', 'replace')}"
+                on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
+                        f"({host or '?'}, pid {pid}) {how}", int(name.removeprefix("proc-")))
             return True
 
         client.ChildrenWatch(f"{job}/proc", changed)

@@ -1,7 +1,7 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST|auto]
-          [-resume|-test]
+          [-procs_id N [-rejoin]] [-resume|-test]
           [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
@@ -12,6 +12,10 @@ line on stderr with exit code 2. The job's secret (`singa.trust`) comes in SINGA
 SIGINT, SIGTERM or SIGHUP (a terminal hangup) stops the executors; the exit code is then 128 +
 the signal's number.
 `-check` only checks the conf and the processes per host (`singa.launch`) and exits.
+`-procs_id N` (ours): this process is process N of the job (bin/singa-run.sh numbers them;
+otherwise the order of registration does); `-rejoin`: it restarts lost process N of a running
+asynchronous job (`cluster.elastic_procs`), resuming from the newest snapshot with the
+servers' params.
 """
 import logging
 import math
@@ -40,14 +44,15 @@ log = logging.getLogger("singa")
 # SINGA_REGISTER_TIMEOUT and SINGA_SILENCE_TIMEOUT, when set)
 REGISTER_TIMEOUT, SILENCE_TIMEOUT = 20.0, 60.0
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
-         "[-resume|-test] [-check [-oversubscribe]] [-user_proto FILE.proto]... "
-         "[-user_layers FILE.py]...")
+         "[-procs_id N [-rejoin]] [-resume|-test] [-check [-oversubscribe]] "
+         "[-user_proto FILE.proto]... [-user_layers FILE.py]...")
 
 
 def parse_flags(argv):
     """SINGA's flags: found anywhere in argv by exact match, value = the next argument."""
-    flags = {name: f"-{name}" in argv for name in ("resume", "test", "check", "oversubscribe")}
-    for name in ("-conf", "-singa_conf", "-singa_job", "-host"):
+    flags = {name: f"-{name}" in argv
+             for name in ("resume", "test", "check", "oversubscribe", "rejoin")}
+    for name in ("-conf", "-singa_conf", "-singa_job", "-host", "-procs_id"):
         if name in argv:
             i = argv.index(name)
             if i + 1 >= len(argv):
@@ -60,6 +65,12 @@ def parse_flags(argv):
         flags[name[1:]] = [os.path.abspath(argv[i + 1]) for i in at]
     if "conf" not in flags:
         raise ConfigError(f"no job conf given; {USAGE}")
+    if "procs_id" in flags:
+        if not flags["procs_id"].isdigit():
+            raise ConfigError(f"-procs_id {flags['procs_id']}: not a process number; {USAGE}")
+        flags["procs_id"] = int(flags["procs_id"])
+    elif flags["rejoin"]:
+        raise ConfigError(f"-rejoin needs -procs_id; {USAGE}")
     return flags
 
 
@@ -84,8 +95,9 @@ def main(argv=None):
                 job_id = JobManager(zk).new_job_id(trust)
             driver = Driver(job, ZKClusterRuntime(zk, job_id, trust),
                             process_host(flags.get("host"), singa_conf.zookeeper_host),
-                            flags["resume"],
-                            Reporter(singa.resolve(job.cluster.workspace), job_id), trust)
+                            flags["resume"] or flags["rejoin"],
+                            Reporter(singa.resolve(job.cluster.workspace), job_id), trust,
+                            flags.get("procs_id"), flags["rejoin"])
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
                 signal.signal(sig, driver.on_signal)
             path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
@@ -146,11 +158,19 @@ class Driver:
     resume_hint = "-resume"
 
     def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
-                 trust=None):
+                 trust=None, procs_id=None, rejoin=False):
         """`resume`: continue from the newest snapshot (True, or that Snapshot, its files
         parsed, when the caller found it already). `trust` (a `singa.trust.JobTrust`): the
         keys of the job's tcp traffic (None, or the job's `cluster.trusted_network`: plain
-        tcp)."""
+        tcp). `procs_id`: this process's number (None: by registration); `rejoin`: it
+        restarts that lost process of the running job (an elastic one)."""
+        n = cluster.nprocs(job.cluster)
+        if procs_id is not None and procs_id >= n:
+            raise ConfigError(f"-procs_id {procs_id}: job {job.name} runs {n} processes")
+        if rejoin and procs_id not in cluster.elastic_procs(job.cluster):
+            raise ConfigError(f"-rejoin: process {procs_id} of job {job.name} holds servers or "
+                              f"part of a worker group: only a whole job restarts it")
+        self.procs_id, self.rejoin = procs_id, rejoin
         self.job = job
         self.trust = None if job.cluster.trusted_network else trust
         self.cluster_rt = cluster_rt
@@ -236,13 +256,16 @@ class Driver:
         cl, rt = self.job.cluster, self.cluster_rt
         transport, process = Transport(self.trust, self.job_id), None
         try:
-            pid = rt.reserve_proc()
+            pid = rt.reserve_proc(self.procs_id)
+            if self.rejoin:
+                log.info("Process %d rejoins job %d at step %d", pid, self.job_id, self.job.step)
             process = Process(self.job, pid, resume, rt, peers=rt.proc_endpoint,
-                              transport=transport, reporter=self.reporter)
+                              transport=transport, reporter=self.reporter, rejoin=self.rejoin,
+                              rejoin_timeout=3 * REGISTER_TIMEOUT)
             endpoint = f"{self.host}:0"
             if cluster.nprocs(cl) > 1:     # frames over the largest the job sends: refused
                 endpoint = transport.listen(self.host, 2 * process.largest_frame() + (1 << 20))
-            self.register(endpoint, pid)
+            self.register(endpoint, pid, self.rejoin)
             for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
                 rt.proc_endpoint(other, timeout=REGISTER_TIMEOUT)
         except BaseException:
@@ -254,7 +277,8 @@ class Driver:
             with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
                 f.write(process.train_graph.to_json())
         # the local servers stop once every local server group has lost its workers (each
-        # server group alone stops on its workers' farewells, or with them in one process)
+        # server group alone stops on its workers' farewells, or with them in one process),
+        # unless their workers may come back (an elastic job: farewells alone)
         groups = {g for g, _ in cluster.servers_of(cl, pid)}
         emptied = set()
 
@@ -262,10 +286,10 @@ class Driver:
             emptied.add(g)
             if emptied == groups:
                 process.stub.stop_servers()
-        for g in sorted(groups):
+        for g in sorted(groups) if not process.stub.elastic else ():
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         if cluster.nprocs(cl) > 1:
-            rt.watch_procs(process.stub.report_lost)
+            rt.watch_procs(process.stub.report_lost, process.stub.report_back)
             threading.Thread(target=self.watch_silence, args=(process.stub, pid), daemon=True,
                              name="silence").start()
         failure = None
@@ -302,10 +326,10 @@ class Driver:
                                                  self.cluster_rt.known_endpoints()))
                 return
 
-    def register(self, endpoint, procs_id=None):
+    def register(self, endpoint, procs_id=None, rejoin=False):
         """This process's procs id, by registration in the cluster runtime with `endpoint`
-        (as `procs_id` when reserved already)."""
-        pid = self.cluster_rt.register_proc(endpoint, os.getpid(), procs_id)
+        (as `procs_id` when reserved already; `rejoin`: a restart of it)."""
+        pid = self.cluster_rt.register_proc(endpoint, os.getpid(), procs_id, rejoin)
         log.info("proc #%d -> %s (pid = %d)", pid, endpoint, os.getpid())
         return pid
 

@@ -91,10 +91,14 @@ class Process:
     or None) are handed to the workers. A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
+    In an asynchronous job with `max_restarts`, this process rides out the loss of the
+    processes of `cluster.elastic_procs` (the stub waits `rejoin_timeout` s for their
+    restart); `rejoin`: this process is such a restart, its worker groups Get the servers'
+    params instead of putting their own.
     """
 
     def __init__(self, job, pid=0, resume=None, cluster_rt=None, peers=None, transport=None,
-                 reporter=None):
+                 reporter=None, rejoin=False, rejoin_timeout=60.0):
         cl = job.cluster
         G, K = cl.nworker_groups, cl.nworkers_per_group
         self.job, self.pid = job, pid
@@ -173,16 +177,22 @@ class Process:
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
                 init_rng=copy.deepcopy(rngs[INIT]), resume=resume,
-                cluster_rt=cluster_rt, reporter=reporter, device=self.device)
+                cluster_rt=cluster_rt, reporter=reporter, device=self.device, put=not rejoin)
             for (g, j), net in nets.items()]
         farewells = {} if single else {
             w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)
                         for s in range(cl.nservers_per_group)] for w in self.workers}
+        elastic = cluster.elastic_procs(cl) - {pid} if job.max_restarts > 0 else set()
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
                          None if single else self.peer, stop_servers_with_workers=single,
-                         farewells=farewells, nprocs=cluster.nprocs(cl))
+                         farewells=farewells, nprocs=cluster.nprocs(cl), elastic=elastic,
+                         forget=self.forget, returned=self.returned,
+                         rejoin_timeout=rejoin_timeout,
+                         rejoinable=lambda: cluster_rt is not None and cluster_rt.connected)
+        self.cluster_rt = cluster_rt
         self.peers, self.connect = {}, peers
+        self.lost_at = {}       # procs id -> the endpoint it was lost at
 
     def largest_frame(self):
         """Bytes of the largest array this process's executors may send another process: a
@@ -215,6 +225,29 @@ class Process:
         if pid not in self.peers:
             self.peers[pid] = self.transport.peer(self.connect(pid))
         return self.peers[pid]
+
+    def forget(self, pid):
+        """Drop the connection to process `pid` (lost, or restarted elsewhere)."""
+        peer = self.peers.pop(pid, None)
+        if peer is not None:
+            peer.close()
+        if self.cluster_rt is not None:
+            known = self.cluster_rt.known_endpoints().get(pid)
+            if known is not None:
+                self.lost_at[pid] = known
+            self.cluster_rt.forget(pid)
+
+    def returned(self, pid):
+        """Whether process `pid` is registered again, at another endpoint than the one it was
+        lost at (a message of the lost process may arrive late)."""
+        try:
+            endpoint = self.connect(pid, timeout=0.001)
+        except ClusterError:
+            return False
+        if endpoint == self.lost_at.get(pid):
+            self.cluster_rt.forget(pid)
+            return False
+        return True
 
     def run(self):
         """Run every executor in its thread and route until all stop; raise the first failure."""

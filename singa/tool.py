@@ -15,7 +15,7 @@ from google.protobuf import text_format
 
 import singa
 from singa import metrics
-from singa.cluster import nprocs
+from singa.cluster import elastic_procs, nprocs
 from singa.config import load_job, load_singa_conf, parse_block
 from singa.errors import SingaError
 from singa.log import format_metrics
@@ -50,6 +50,8 @@ Usage: singatool <command> [args] [-confdir <dir>]
   jobname JOB_CONF   print the job's name
   maxrestarts JOB_CONF [-test]
                      print the job's max_restarts
+  elastic JOB_CONF   print the processes restarted alone when lost (an asynchronous job with
+                     max_restarts: cluster.elastic_procs), space-separated
   newsecret          print a new job secret (singa/trust.py)
   freeport ADDRESS   print a TCP port free on ADDRESS
   -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
@@ -59,11 +61,11 @@ ARITY = {"getlogdir": (0,), "getzkhost": (0,), "withzkhost": (1,), "waitzk": (1,
          "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,), "view": (1,),
          "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,), "wait": (1,),
          "nprocs": (1,), "jobname": (1,), "maxrestarts": (1, 2), "newsecret": (0,),
-         "freeport": (1,)}
+         "freeport": (1,), "elastic": (1,)}
 # command -> the flag its optional second argument must be
 FLAG = {"waitzk": "-local", "maxrestarts": "-test"}
 # commands that read neither singa.conf nor ZooKeeper
-ALONE = ("nprocs", "jobname", "maxrestarts", "newsecret", "freeport")
+ALONE = ("nprocs", "jobname", "maxrestarts", "newsecret", "freeport", "elastic")
 
 
 def main(argv=None):
@@ -97,9 +99,13 @@ def run_alone(cmd, rest):
     """The commands of ALONE; returns the exit status."""
     if cmd == "nprocs":
         print(nprocs(read_cluster(rest[0])))
-    elif cmd in ("jobname", "maxrestarts"):
+    elif cmd in ("jobname", "maxrestarts", "elastic"):
         job = load_job(rest[0], check_paths=False, check_layers=False, test="-test" in rest)
-        print(job.name if cmd == "jobname" else job.max_restarts)
+        if cmd == "elastic":
+            procs = elastic_procs(job.cluster) if job.max_restarts > 0 else ()
+            print(" ".join(map(str, sorted(procs))))
+        else:
+            print(job.name if cmd == "jobname" else job.max_restarts)
     elif cmd == "newsecret":
         print(new_secret())
     elif cmd == "freeport":
@@ -138,17 +144,21 @@ def run(cmd, rest, confdir):
             print("\n".join(jobs.gen_hosts(os.path.join(confdir, "hostfile"), n)))
         elif cmd in ("list", "listall"):
             listed = jobs.list_jobs(all=cmd == "listall")
+            columns = [("JOB ID", {j: j for j, _ in listed}), ("NUM PROCS", dict(listed))]
             slurm = {job_id: slurm_job(job_id, conf.log_dir) for job_id, _ in listed}
             if any(slurm.values()):     # jobs of bin/singa-sbatch.sh: Slurm's id beside ours
-                print("JOB ID    |NUM PROCS |SLURM JOB")
-                print("----------|----------|----------")
-                for job_id, n in listed:
-                    print("%-10d|%-10d|%s" % (job_id, n, slurm[job_id]))
+                columns.append(("SLURM JOB", slurm))
+            restarts = {job_id: len(job_info(job_id, conf.log_dir, "restarts").splitlines())
+                        for job_id, _ in listed}
+            if any(restarts.values()):  # processes bin/singa-run.sh restarted alone
+                columns.append(("RESTARTS", restarts))
+            if len(columns) == 2:       # SINGA's own header
+                print("JOB ID    |NUM PROCS  \n----------|-----------")
             else:
-                print("JOB ID    |NUM PROCS  ")
-                print("----------|-----------")
-                for job_id, n in listed:
-                    print("%-10d|%-10d" % (job_id, n))
+                print("|".join(f"{title:<10}" for title, _ in columns))
+                print("|".join("-" * 10 for _ in columns))
+            for job_id, _ in listed:
+                print("|".join(f"{str(values[job_id]):<10}" for _, values in columns))
         elif cmd == "wait":
             # the launcher that asked is gone (its end kills this wait; a SIGKILL cannot):
             # nobody waits for the answer, so neither does this process
@@ -178,15 +188,21 @@ def free_port(address):
         return s.getsockname()[1]
 
 
-def slurm_job(job_id, log_dir):
-    """The Slurm job id of job `job_id` (what bin/singa-run.sh keeps in the newest
-    `<log_dir>/job-info/job-<id>-<time>/slurm.job` inside an allocation), else ""."""
+def job_info(job_id, log_dir, name):
+    """The text of file `name` (at most 64 KiB) in job `job_id`'s newest
+    `<log_dir>/job-info/job-<id>-<time>/` (bin/singa-run.sh's), else ""."""
     infos = sorted(glob.glob(os.path.join(glob.escape(log_dir), "job-info", f"job-{job_id}-*")))
     try:
-        with open(os.path.join(infos[-1], "slurm.job")) as f:
-            value = f.read().strip()
+        with open(os.path.join(infos[-1], name), errors="replace") as f:
+            return f.read(1 << 16)
     except (IndexError, OSError):
         return ""
+
+
+def slurm_job(job_id, log_dir):
+    """The Slurm job id of job `job_id` (what bin/singa-run.sh keeps in `slurm.job` of its job
+    information inside an allocation), else ""."""
+    value = job_info(job_id, log_dir, "slurm.job").strip()
     return value if re.fullmatch(r"[\w.+-]{1,64}", value) else ""
 
 

@@ -53,7 +53,8 @@ class Worker:
     `init_rng` draws the initial values of the params this worker owns; `resume` is the
     Snapshot a -resume continues from, its files parsed (None: a fresh start); the worker
     joins and leaves its server group in `cluster_rt` (a `singa.cluster_rt.ClusterRuntime`, or
-    None). What it displays and the snapshots it writes also go to `reporter` (a
+    None). `put` False: the worker's group joins a running job again (a restarted process)
+    and Gets every param from the servers. What it displays and the snapshots it writes also go to `reporter` (a
     `singa.metrics.Reporter`, or None).
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
@@ -61,7 +62,7 @@ class Worker:
 
     def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
                  init_rng=None, resume=None, cluster_rt=None, reporter=None,
-                 response_timeout=120.0, device=CPU):
+                 response_timeout=120.0, device=CPU, put=True):
         self.grp, self.id = grp, id_
         self.device = device        # where its nets compute (`gpu`)
         self.address = m.addr(grp, id_, m.kWorkerParam)
@@ -70,6 +71,7 @@ class Worker:
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.init_rng = init_rng
         self.resume = resume
+        self.puts = put
         self.cluster_rt = cluster_rt
         self.reporter = reporter
         self.sgroup = cluster.server_group(job.cluster, grp)
@@ -279,8 +281,8 @@ class Worker:
         and Puts them (with the snapshot's updater state and LR index on a resume); every
         worker then Gets what it lacks."""
         resumed = self.resumed_state()
-        if self.grp % cluster.nworker_groups_per_server_group(self.job.cluster) == 0 \
-                and self.owned:
+        if self.puts and self.owned and \
+                self.grp % cluster.nworker_groups_per_server_group(self.job.cluster) == 0:
             loaded = self.load_owned()
             self.init_fresh([p for p in self.owned if p.name not in loaded], loaded)
             lr_index = resumed.lr_index if resumed is not None else -1

@@ -58,11 +58,20 @@ class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
     def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
-                 stop_servers_with_workers=True, farewells=None, nprocs=1):
+                 stop_servers_with_workers=True, farewells=None, nprocs=1, elastic=(),
+                 forget=None, returned=None, rejoin_timeout=60.0, rejoinable=None):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
         the Peer connection to another process's stub (of `nprocs`); `farewells` maps a local
-        worker to the servers told (kStop from it) when it stops."""
+        worker to the servers told (kStop from it) when it stops. The loss of a process of
+        `elastic` (`cluster.elastic_procs`) does not stop this one: it is away until a message
+        of its restart arrives, for at most `rejoin_timeout` s; `forget(pid)` drops its
+        connection, `returned(pid)` says whether it registered again (not a late message of
+        the lost one); while `rejoinable()` is false (ZooKeeper away) a loss stops this one."""
         self.nprocs = nprocs
+        self.elastic, self.forget, self.returned = set(elastic), forget, returned
+        self.rejoin_timeout = rejoin_timeout
+        self.rejoinable = rejoinable or (lambda: True)
+        self.away = {}              # procs id -> (why it left, deadline to come back)
         self.latest = 0             # the newest step an Update passing here was of
         self.latest_at = None       # when it was seen
         self.step_seconds = None    # a running mean of the time a step takes
@@ -95,10 +104,15 @@ class Stub:
         the other processes' stubs. Thread-safe, and safe in a signal handler."""
         self.requests.put(("snapshot", step))
 
-    def report_lost(self, text):
-        """A process of the job was lost (`text` says which): `run` stops every local executor
-        and returns it as the failure. Thread-safe."""
-        self.requests.put(("lost", text))
+    def report_lost(self, text, procs_id=None):
+        """Process `procs_id` of the job was lost (`text` says which; None: unknown): `run`
+        stops every local executor and returns it as the failure, unless the process is
+        elastic (it is then away). Thread-safe."""
+        self.requests.put(("lost", (text, procs_id)))
+
+    def report_back(self, procs_id):
+        """Process `procs_id` registered again (a restart). Thread-safe."""
+        self.requests.put(("back", procs_id))
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
@@ -113,6 +127,8 @@ class Stub:
                 log.warning("Stub: dropped a message: %s", e)
             while not self.requests.empty():
                 self.take_request(*self.requests.get())
+            if self.away:
+                self.check_away()
             if self.stop_servers_with_workers and self.workers == 0 and self.servers > 0:
                 self.stop_local(m.kServer)
         log.info("Stub in process stops")
@@ -123,8 +139,8 @@ class Stub:
         return time.monotonic() - self.heard
 
     def take_request(self, what, arg):
-        """Carry out a request of `stop`, `stop_servers`, `snapshot` (at step `arg`) or
-        `report_lost` (the failure's text `arg`)."""
+        """Carry out a request of `stop`, `stop_servers`, `snapshot` (at step `arg`),
+        `report_lost` ((text, procs id) `arg`) or `report_back` (procs id `arg`)."""
         if what == "servers":
             self.stop_local(m.kServer)
             return
@@ -132,18 +148,56 @@ class Stub:
             self.spread_snapshot(self.latest + self.lead() if arg is None
                                  else max(arg, self.latest + 1))
             return
-        text = arg
-        if what == "lost" and self.error is None:
-            self.error = ("ClusterError", text)
-            log.error("%s; stopping", text)
+        if what == "back":
+            self.come_back(arg)
+            return
+        if what == "lost":
+            text, procs_id = arg
+            if procs_id in self.away:
+                return
+            if procs_id in self.elastic and self.error is None and self.rejoinable():
+                self.leave(procs_id, text)
+                return
+            if self.error is None:
+                self.error = ("ClusterError", text)
+                log.error("%s; stopping", text)
         self.stop_local(None)
+
+    def leave(self, procs_id, text):
+        """Elastic process `procs_id` is lost: its worker groups leave, this process goes on
+        and drops what is sent to it until it comes back."""
+        self.away[procs_id] = (text, time.monotonic() + self.rejoin_timeout)
+        if self.forget is not None:
+            self.forget(procs_id)
+        log.warning("%s: its worker groups leave at step %d; the job goes on, and they join "
+                    "again when it restarts (within %.0f s)", text, self.latest,
+                    self.rejoin_timeout)
+
+    def come_back(self, procs_id):
+        """Process `procs_id` restarted: messages to it go to its new endpoint."""
+        if self.away.pop(procs_id, None) is None:
+            return
+        if self.forget is not None:
+            self.forget(procs_id)
+        log.info("Process %d rejoined the job at step %d: its worker groups take the servers' "
+                 "params", procs_id, self.latest)
+
+    def check_away(self):
+        """A process away for longer than `rejoin_timeout`: the job stops."""
+        now = time.monotonic()
+        for procs_id, (text, deadline) in list(self.away.items()):
+            if now > deadline and self.error is None:
+                self.error = ("ClusterError", f"{text}, and did not rejoin within "
+                                              f"{self.rejoin_timeout:.0f} s")
+                log.error("%s; stopping", self.error[1])
+                self.stop_local(None)
 
     def send(self, msg):
         """To a local executor through the router, else to its process's stub."""
         where = self.pid if self.locate is None else self.locate(msg.dst)
         if where == self.pid:
             self.router.send(msg)
-        else:
+        elif where not in self.away:
             self.peers(where).send(msg)
 
     def address(self, grp):
@@ -156,6 +210,10 @@ class Stub:
         stub's answer to it; by type what is for this stub: its executors' requests and stops,
         the servers' answers."""
         dst = msg.dst
+        if self.away:
+            origin = self.origin(msg)
+            if origin in self.away and (self.returned is None or self.returned(origin)):
+                self.come_back(origin)
         if msg.type == m.kUpdate:
             self.note_step(msg.trgt_version)
         if m.addr_type(dst) != m.kStub:
@@ -165,7 +223,8 @@ class Stub:
             if self.peers is None:
                 raise ClusterError(f"message for the stub of process {m.addr_id(dst)}, "
                                    f"in a job of one process")
-            self.peers(m.addr_id(dst)).send(msg)
+            if m.addr_id(dst) not in self.away:
+                self.peers(m.addr_id(dst)).send(msg)
             return
         t = msg.type
         if t in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
@@ -196,6 +255,15 @@ class Stub:
         else:
             raise ClusterError(f"unexpected message type {t} for the stub")
 
+    def origin(self, msg):
+        """The process `msg` comes from: its source stub's, or its source executor's."""
+        if m.addr_type(msg.src) == m.kStub:
+            return m.addr_id(msg.src)
+        try:
+            return self.pid if self.locate is None else self.locate(msg.src)
+        except ClusterError:
+            return None
+
     def note_step(self, step):
         """An Update of `step` passed: the newest step and the time a step takes."""
         if step <= self.latest:
@@ -224,7 +292,7 @@ class Stub:
             if m.addr_type(a) != m.kServer:
                 self.router.send(m.Msg(m.STUB, a, m.kSnapshot, 0, step))
         for pid in range(self.nprocs):
-            if pid != self.pid:
+            if pid != self.pid and pid not in self.away:
                 self.peers(pid).send(m.Msg(self.address(0), m.addr(0, pid, m.kStub),
                                            m.kSnapshot, 0, step))
 

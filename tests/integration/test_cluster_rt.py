@@ -97,7 +97,7 @@ def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
     done, killed = ZKService(zk_server), ZKService(zk_server)
     ZKClusterRuntime(done, job_id).register_proc("127.0.0.1:5001", 101)
     ZKClusterRuntime(killed, job_id).register_proc("127.0.0.1:5002", 102)
-    ZKClusterRuntime(zk, job_id).watch_procs(lost.append)
+    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, pid: lost.append(text))
     ZKClusterRuntime(done, job_id).proc_done(1)
     done.close()
     time.sleep(1)
@@ -116,7 +116,7 @@ def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_s
     ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
     failed = ZKService(zk_server)
     ZKClusterRuntime(failed, job_id).register_proc("127.0.0.1:5001", 101)
-    ZKClusterRuntime(zk, job_id).watch_procs(lost.append)
+    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, pid: lost.append(text))
     why = "/ws/checkpoint: No space left on device " + "x" * 600
     ZKClusterRuntime(failed, job_id).proc_done(1, failed_mark(why))
     failed.close()
@@ -144,3 +144,31 @@ def test_an_endpoint_once_read_is_known_with_zookeeper_away(zk, zk_server):
     assert rt.known_endpoints() == {0: "10.1.2.3:4567"}
     with pytest.raises(ClusterError):
         rt.proc_endpoint(1, timeout=1)
+
+
+def test_a_lost_process_that_rejoins_is_reported_back(zk, zk_server):
+    """A restarted process re-registers its procs id (its old mark deleted, its old node
+    waited for): the watch reports the loss with the procs id, then the return."""
+    job_id = JobManager(zk).new_job_id()
+    events = []
+    ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
+    first = ZKService(zk_server)
+    ZKClusterRuntime(first, job_id).register_proc("127.0.0.1:5001", 101)
+    ZKClusterRuntime(first, job_id).proc_done(1, failed_mark("disk full"))
+    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, pid: events.append((pid, text)),
+                                             lambda pid: events.append((pid, "back")))
+    first.close()
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.05)
+    again = ZKService(zk_server)
+    assert ZKClusterRuntime(again, job_id).register_proc("127.0.0.1:5002", 102, 1,
+                                                         rejoin=True) == 1
+    while len(events) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert events == [(1, f"process 1 of job {job_id} (127.0.0.1:5001, pid 101) failed: "
+                          f"disk full"), (1, "back")]
+    ZKClusterRuntime(again, job_id).proc_done(1)     # its own mark, not the old one
+    again.close()
+    time.sleep(1)
+    assert len(events) == 2

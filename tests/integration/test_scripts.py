@@ -147,7 +147,8 @@ def test_run_trains_with_job_info_and_test_reads_its_checkpoint(fixture_job, env
     assert open(os.path.join(info, "job.conf")).read() == conf.read_text()
     assert open(os.path.join(info, "job.hosts")).read() == "localhost\n"
     executing = re.search(r"^Executing : (.+)$", r.stdout, re.M)[1]
-    assert "-m singa.driver" in executing and executing.endswith(f"-singa_job {n} -conf {conf}")
+    assert "-m singa.driver" in executing and \
+        executing.endswith(f"-singa_job {n} -conf {conf} -procs_id 0")
     assert len(TRAIN.findall(r.stderr)) == 10
 
     # a conf made for testing alone, as SINGA's Driver::Test allows: no kTrain data layer

@@ -3,7 +3,7 @@ import itertools
 import pytest
 from google.protobuf import text_format
 
-from singa.cluster import (check_layout, executor_range, lcm, nprocs, partition_slices, server_group,
+from singa.cluster import (check_layout, elastic_procs, executor_range, lcm, nprocs, partition_slices, server_group,
                            server_procs, servers_of, slice_sizes, worker_procs, workers_of)
 from singa.proto import job_pb2
 
@@ -128,3 +128,20 @@ def test_layouts_singa_cannot_run_are_refused():
     assert "at least 1" in check_layout(cluster("nworkers_per_procs:0"))
     assert "divides" in check_layout(cluster("nworker_groups:3 nworkers_per_group:1 "
                                              "nworkers_per_procs:2"))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", set()),                                                       # one worker group
+    ("nworker_groups:1 nserver_groups:1 nworkers_per_group:3 nservers_per_group:2 "
+     "server_worker_separate:true", set()),                             # Sandblaster: one group
+    ("nworker_groups:2 nserver_groups:1", {1}),                         # Downpour, SINGA's conf
+    ("nworker_groups:2 nserver_groups:1 server_worker_separate:true", {0, 1}),
+    ("nworker_groups:2 nserver_groups:1 nworkers_per_group:2 nservers_per_group:2 "
+     "server_worker_separate:true", set()),                             # a group over 2 procs
+    ("nworker_groups:4 nworkers_per_procs:2 server_worker_separate:true", {0, 1}),
+    ("nworker_groups:3 nserver_groups:3", set()),                       # Hogwild: servers each
+    ("nworker_groups:2 nserver_groups:2 nservers_per_procs:2 server_worker_separate:true",
+     {0, 1}),
+])
+def test_elastic_procs_hold_whole_asynchronous_groups_and_no_server(text, expected):
+    assert elastic_procs(cluster(text)) == expected

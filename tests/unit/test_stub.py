@@ -169,3 +169,46 @@ def test_server_drops_malformed_puts_and_keeps_serving(frames):
     got = values_of(answer)     # 1 - 0.5 * 2: the bad messages changed nothing
     np.testing.assert_allclose(np.concatenate([got[0], got[4]]), 0.0)
     b.close()
+
+
+def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_away_stops():
+    """The loss of an elastic process (issue 31) does not stop the stub: nothing goes to it
+    until a message of its restart arrives (then everything does), and one that stays away
+    past `rejoin_timeout` stops the stub with the loss named."""
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-elastic-stub")
+    worker = Dealer(ctx, m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    remote = Dealer(ctx, m.addr(0, 1, m.kStub), router.endpoint)
+    sent, forgot = [], []
+
+    class Peer:
+        def __init__(self, pid):
+            self.pid = pid
+
+        def send(self, msg):
+            sent.append((self.pid, msg.type))
+
+    stub = Stub(router, {}, [worker.address], poll_ms=10, pid=0, locate=lambda a: 0,
+                peers=Peer, nprocs=3, elastic={1, 2}, forget=forgot.append,
+                returned=lambda pid: True, rejoin_timeout=1.0)
+    thread = threading.Thread(target=stub.run, daemon=True)
+    thread.start()
+    try:
+        stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
+        stub.request_snapshot(50)
+        assert worker.receive(2000).type == m.kSnapshot
+        assert sent == [(2, m.kSnapshot)] and forgot == [1]
+        remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 60))
+        assert worker.receive(2000).trgt_version == 60
+        assert sent[1:] == [(1, m.kSnapshot), (2, m.kSnapshot)] and forgot == [1, 1]
+        assert thread.is_alive() and stub.error is None
+        stub.report_lost("process 2 of job 3 (h:2, pid 10) was lost", 2)
+        assert worker.receive(3000).type == m.kStop
+        assert stub.error == ("ClusterError", "process 2 of job 3 (h:2, pid 10) was lost, and "
+                                              "did not rejoin within 1 s")
+    finally:
+        worker.send(m.Msg(worker.address, m.STUB, m.kStop))
+        thread.join(5)
+        worker.close(), remote.close(), router.close()
+        ctx.term()
+    assert not thread.is_alive()
