@@ -284,6 +284,19 @@ def test_a_net_larger_than_memory_is_one_line_exit_2_and_nothing_written(tmp_pat
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_a_caffe_count_past_singas_int32_is_one_line_exit_2(tmp_path):
+    """Caffe's num_output is uint32, SINGA's int32."""
+    net = tmp_path / "wide.prototxt"
+    net.write_text('name: "w" input: "data" input_shape { dim: 1 dim: 10 }\nlayer { name: "ip" '
+                   'type: "InnerProduct" bottom: "data" top: "ip" '
+                   'inner_product_param { num_output: 4000000001 } }\n')
+    r = run_import(net, "-o", tmp_path / "out")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert r.stderr == (f"{net}: layer 'ip' of type InnerProduct holds a value SINGA's conf "
+                        f"cannot: Value out of range: 4000000001\n")
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_bad_files_are_one_line_exit_2(tmp_path):
     bad = tmp_path / "bad.caffemodel"
     bad.write_bytes(open(fx("mlp", "mlp_iter_40.caffemodel"), "rb").read()[:5000])

@@ -134,7 +134,12 @@ class _Translator:
         handler = _HANDLERS.get(kind)
         if handler is None:
             self.refuse(layer, "has no SINGA equivalent")
-        return handler(self, layer)
+        try:
+            return handler(self, layer)
+        except ValueError as e:     # protobuf: a Caffe uint32 past SINGA's int32 field
+            if "out of range" not in str(e):
+                raise
+            self.refuse(layer, f"holds a value SINGA's conf cannot: {e}")
 
     def refuse(self, layer, why):
         raise Refused(f"{self.path}: layer '{layer.name}' of type {layer.type or '(none)'} {why}")
