@@ -3,7 +3,9 @@
 Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
   * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
     for layers that take no gradient) and creates `params` (list of `singa.param.Param`,
-    in the order of the conf's `param` entries).
+    in the order of the conf's `param` entries). Blobs that only the backward pass touches
+    are made by `xp.zeros` (the OS's zero pages, not written: `zeros_like` writes them) or at
+    the first backward pass, so that a net that only runs forward keeps none of them.
   * `compute_feature(flag, srclayers)` fills `data` (and `aux_data` for input layers).
   * `compute_gradient(flag, srclayers)` reads `grad` (dL/d data, written by the
     destinations), fills each param's `grad`, and writes dL/d src into `src.grad_for(self)`

@@ -63,8 +63,8 @@ class ScaleLayer(Layer):
             roles["bias"] = shape or (1,)
         self.params = make_params(self, roles)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
-        self._tmp = np.empty_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self._tmp = None        # g·x, made at the first backward pass
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -74,6 +74,8 @@ class ScaleLayer(Layer):
 
     def compute_gradient(self, flag, srclayers):
         g, src = self.grad, srclayers[0]
+        if self._tmp is None:
+            self._tmp = np.empty_like(self.data)
         gxy = np.multiply(g, src.data_for(self), out=self._tmp)
         _write(self.params[0], gxy.sum(axis=self.others), flag)
         if len(self.params) > 1:
@@ -106,19 +108,24 @@ class EltwiseLayer(Layer):
                               f"one value per source ({len(xs)}), got {len(ec.coeff)}")
         self.coeff = [np.float32(c) for c in ec.coeff] or [np.float32(1)] * len(xs)
         self.data = self.xp.zeros(xs[0].shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         if self.op == job_pb2.EltwiseProto.MAX:
             self.argmax = self.xp.zeros(xs[0].shape, np.min_scalar_type(len(xs)))
             self._hit = self.xp.empty(xs[0].shape, bool)
-        else:
-            self._tmp = np.empty_like(self.data)
+        self._tmp = None        # c·x, made at its first use (SUM with a coefficient not 1)
 
     def compute_feature(self, flag, srclayers):
         xs = [s.data_for(self) for s in srclayers]
         y = self.data
         if self.op == job_pb2.EltwiseProto.SUM:
-            np.multiply(xs[0], self.coeff[0], out=y)
-            for x, c in zip(xs[1:], self.coeff[1:]):
+            first = 2 if self.coeff[0] == self.coeff[1] == 1 else 1     # x·1 is x: same bits
+            if first == 2:
+                np.add(xs[0], xs[1], out=y)
+            else:
+                np.multiply(xs[0], self.coeff[0], out=y)
+            for x, c in zip(xs[first:], self.coeff[first:]):
+                if c != 1 and self._tmp is None:
+                    self._tmp = np.empty_like(self.data)
                 y += np.multiply(x, c, out=self._tmp) if c != 1 else x
         elif self.op == job_pb2.EltwiseProto.PROD:
             np.multiply(xs[0], xs[1], out=y)
@@ -169,7 +176,7 @@ class FlattenLayer(Layer):
                               f"before axis {fc.axis} in a source of shape {src.shape}")
         shape = src.shape[:a] + (math.prod(src.shape[a:e + 1]),) + src.shape[e + 1:]
         self.data = self.xp.zeros(shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         np.copyto(self.data, srclayers[0].data_for(self).reshape(self.data.shape))
@@ -210,7 +217,7 @@ class CropLayer(Layer):
             self.window.append(slice(o, o + ref.shape[a]))
         self.window = tuple(self.window)
         self.data = self.xp.zeros(tuple(shape), np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         np.copyto(self.data, srclayers[0].data_for(self)[self.window])

@@ -118,7 +118,7 @@ class ConcateLayer(Layer):
                                   f"does not concatenate with shape {shapes[0]} on dim {self.axis}")
         first[self.axis] = sum(s[self.axis] for s in shapes)
         self.data = self.xp.zeros(first, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._cuts = np.cumsum([s[self.axis] for s in shapes])[:-1].tolist()
 
     def compute_feature(self, flag, srclayers):
@@ -168,7 +168,7 @@ class BridgeDstLayer(_Bridge):
 
     def setup(self, srclayers):
         self.data = self.xp.zeros(srclayers[0].data_for(self).shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         self.channel.receive(self, job_pb2.kForward, self.data)

@@ -137,7 +137,7 @@ class ConvolutionLayer(Layer):
             self, {"weight": (f, k // g), "bias": (f,)})
         mark_pieces(self, {self.weight: 0, self.bias: 0})
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._loops = kernels.compiled(self.device)      # they pad as they copy
         padded = (ph or pw) and self._loops is None
         self._xpad = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
@@ -149,8 +149,9 @@ class ConvolutionLayer(Layer):
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G): BLAS runs it 1.4-1.9× faster than
-        # g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same bits
-        self._gws = self.xp.empty((len(self.chunks), g, k // g, f // g), np.float32)
+        # g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same bits; made at
+        # the first backward pass (chunks × W's size: a forward-only net never needs them)
+        self._gws, self._k = None, k // g
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
@@ -189,7 +190,7 @@ class ConvolutionLayer(Layer):
         b = key[1]
         (c, h, w), (kh, kw), (f, oh, ow) = self.chw, self.kernel, self.data.shape[1:]
         s = {"gt": self.xp.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
-        g, k = self.group, self._gws.shape[2]
+        g, k = self.group, self._k
         if k <= GW_BY_SAMPLE:
             s["gws_by_sample"] = self.xp.empty((g, b, k, f // g), np.float32)
         if self._cols is None:
@@ -211,7 +212,7 @@ class ConvolutionLayer(Layer):
         col = self._col(x, i, slot)
         f, b, g = self.data.shape[1], col.shape[3], self.group
         out = self._scratch[slot, b]["gt"]
-        _matmul(self._gw(), col.reshape(g, self._gws.shape[2], -1), out.reshape(g, f // g, -1))
+        _matmul(self._gw(), col.reshape(g, self._k, -1), out.reshape(g, f // g, -1))
         np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
 
     def _col(self, x, i, slot):
@@ -245,6 +246,9 @@ class ConvolutionLayer(Layer):
             kh, kw = self.kernel
             flipped = self.weight.data.reshape(self.group, f // self.group, -1, kh, kw)
             np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
+        if self._gws is None:
+            self._gws = self.xp.empty((len(self.chunks), self.group, self._k, f // self.group),
+                                      np.float32)
         threads.run(lambda i, slot: self._backward(x, gx, i, slot), len(self.chunks))
         gw = self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
         if flag & job_pb2.kAggGrad:
@@ -257,7 +261,7 @@ class ConvolutionLayer(Layer):
         rows = self.chunks[i]
         # with kept cols, chunk i's still holds the forward's
         col = self._cols[i] if self._cols is not None else self._col(x, i, slot)
-        f, b, k, g = self.data.shape[1], col.shape[3], self._gws.shape[2], self.group
+        f, b, k, g = self.data.shape[1], col.shape[3], self._k, self.group
         s = self._scratch[slot, b]
         gt, by_sample = s["gt"], "gws_by_sample" in s
         if gx is not None or not by_sample:     # g as (F, b, oh, ow)
@@ -344,7 +348,7 @@ class DeconvolutionLayer(Layer):
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (c, f // g, kh, kw), "bias": (f,)})
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._loops = kernels.compiled(self.device)
         self.taps = _taps(kh, kw, sh, sw, h, w)
         self._ypad = self._gpad = None
@@ -478,7 +482,7 @@ class PoolingLayer(Layer):
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
         self.data = self.xp.zeros((n, c, oh, ow), np.float32)
         self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4, is_host(self.data))
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._xpad = self._gpad = None
         # the padded input reaches the end of the last window (past H + 2p in ceil mode)
         hp = ph + h + max(ph, (oh - 1) * sh + kh - ph - h)
@@ -515,7 +519,7 @@ class PoolingLayer(Layer):
                               f"0, stride 1); it takes no {', '.join(given)}")
         self.chw, self.is_max = (c, h, w), conf.pool == job_pb2.PoolingProto.MAX
         self.data = self.xp.zeros((n, c, 1, 1), np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         if self.is_max:
             self._argmax = self.xp.zeros((n, c, 1), np.intp)
             self._plane = self.xp.arange(h * w)

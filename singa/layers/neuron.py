@@ -65,7 +65,7 @@ class InnerProductLayer(Layer):
             self, {"weight": wshape, "bias": (self.hdim,)})
         mark_pieces(self, {self.weight: int(self.transpose), self.bias: 0})
         self.data = self.xp.zeros((n, self.hdim), np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
@@ -97,7 +97,8 @@ class _Elementwise(Layer):
     """y = f(x) elementwise; gx = g·f', where f' is computed from y.
 
     Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d). The derivative
-    goes to a scratch blob first so that gx may alias g (share_src_blobs).
+    goes to a scratch blob first so that gx may alias g (share_src_blobs); the blob is made
+    at the first backward pass (a net that only runs forward never needs it).
     """
 
     feature_parts = True
@@ -105,8 +106,8 @@ class _Elementwise(Layer):
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
-        self._d = np.empty_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self._d = None
 
     def compute_feature(self, flag, srclayers):
         self.forward(srclayers[0].data_for(self), self.data)
@@ -114,6 +115,8 @@ class _Elementwise(Layer):
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is not None:
+            if self._d is None:
+                self._d = np.empty_like(self.data)
             self.derivative(self.data, self._d)
             np.multiply(self.grad, self._d, out=gsrc)
 
@@ -210,7 +213,7 @@ class DropoutLayer(Layer):
         src = srclayers[0].data_for(self)
         self.keep = np.float32(1 - self.conf.dropout_conf.dropout_ratio)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.mask = np.ones_like(self.data)
         self._keep = self.xp.empty(src.shape, bool)
 
@@ -252,7 +255,7 @@ class SoftmaxLayer(Layer):
                               f"range for a source of shape {src.shape}")
         a = sc.axis % src.ndim
         self.view = (math.prod(src.shape[:a]), src.shape[a], math.prod(src.shape[a + 1:]))
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._tmp = np.empty_like(self.data)
         self._rowmax = self.xp.empty((self.view[0], 1, self.view[2]), np.float32)
 
@@ -308,7 +311,7 @@ class DummyLayer(Layer):
         else:
             shape = srclayers[0].data_for(self).shape
         self.data = self.xp.zeros(shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
 
     def compute_feature(self, flag, srclayers):
         if self.conf.dummy_conf.input:

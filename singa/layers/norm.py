@@ -54,7 +54,7 @@ class LRNLayer(Layer):
         self.knorm = np.float32(lc.knorm)
         n, c, h, w = src.shape
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.norm = np.empty_like(self.data)
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
@@ -155,7 +155,7 @@ class BMLayer(Layer):
                                          "running inverse variance": shape})
         self.gamma, self.beta = self.params[:2]
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.xhat = np.empty_like(self.data)
         self._tmp = np.empty_like(self.data)
         self.inv_std = self.xp.empty(shape, np.float32)
@@ -204,6 +204,9 @@ class CaffeBatchNormLayer(Layer):
     The three are not learned: the layer updates them (`Param.updated_by_layer`: the worker
     keeps them, never sending them for an update), their lr_scale and wd_scale are forced to
     0 and their gradient is 0; a param without init starts at 0, as Caffe's.
+    With global statistics the forward pass writes y straight into `data`; x̂ is kept apart
+    (an in-place successor may change data) only for batch statistics' backward pass, in a
+    blob made at the first such forward pass.
     On partition_dim 0 every partition normalises by its share of the batch and partition 0
     alone keeps the sums (the copies share them), as Caffe's root solver.
     """
@@ -231,9 +234,8 @@ class CaffeBatchNormLayer(Layer):
         self.correction = np.float32(m / (m - 1) if m > 1 else 1)
         self.keeps_sums = self.conf.partition_id == 0
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = np.zeros_like(self.data)
-        self.xhat = np.empty_like(self.data)   # y, kept apart from data (an in-place successor)
-        self._tmp = np.empty_like(self.data)
+        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.xhat = self._tmp = None   # batch statistics only (see the docstring)
         self._mu = self.xp.empty(bshape, np.float32)
         self._var = self.xp.empty(bshape, np.float32)
         self.inv_std = self.xp.empty(bshape, np.float32)
@@ -249,19 +251,27 @@ class CaffeBatchNormLayer(Layer):
             s = sums_scale(host(self.factor.data)[0])
             np.multiply(self.mean.data, s, out=mu)
             np.multiply(self.variance.data, s, out=var)
-            np.subtract(x, self._mu, out=self.xhat)
-        else:
-            np.copyto(mu, x.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
-            np.subtract(x, self._mu, out=self.xhat)
-            sq = np.square(self.xhat, out=self._tmp)
-            np.copyto(var, sq.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
-            if self.keeps_sums:
-                self._accumulate(mu, var)
+            self._inv_std()
+            np.subtract(x, self._mu, out=self.data)
+            self.data *= self.inv_std
+            return
+        if self.xhat is None:
+            self.xhat, self._tmp = np.empty_like(self.data), np.empty_like(self.data)
+        np.copyto(mu, x.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
+        np.subtract(x, self._mu, out=self.xhat)
+        sq = np.square(self.xhat, out=self._tmp)
+        np.copyto(var, sq.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
+        if self.keeps_sums:
+            self._accumulate(mu, var)
+        self._inv_std()
+        self.xhat *= self.inv_std
+        np.copyto(self.data, self.xhat)
+
+    def _inv_std(self):
+        """inv_std = 1/√(σ² + ε)."""
         np.add(self._var, np.float32(self.eps), out=self.inv_std)
         np.sqrt(self.inv_std, out=self.inv_std)
         np.reciprocal(self.inv_std, out=self.inv_std)
-        self.xhat *= self.inv_std
-        np.copyto(self.data, self.xhat)
 
     def _accumulate(self, mu, var):
         """Caffe's moving sums: s ← λs + 1, S_μ ← λS_μ + μ, S_σ² ← λS_σ² + m/(m−1)·σ²."""

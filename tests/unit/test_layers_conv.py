@@ -109,6 +109,17 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
         check_gradients(layer, [src])
 
 
+def test_a_forward_pass_makes_no_blob_of_the_backward_pass():
+    """The chunks' weight gradients (chunks × W's size) are made by the first backward pass:
+    a net that only runs forward (kTest) never holds them."""
+    src = Source(np.random.default_rng(0).standard_normal((4, 2, 5, 5)))
+    layer = make_layer(conv_conf(kernel=3, pad=1), [src])
+    layer.compute_feature(job_pb2.kTest, [src])
+    assert layer._gws is None
+    check_gradients(layer, [src])
+    assert layer._gws is not None
+
+
 def test_convolution_results_do_not_depend_on_the_thread_count(monkeypatch):
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)      # chunks this small, to have 7
     src = Source(np.random.default_rng(0).standard_normal((20, 3, 8, 8)))

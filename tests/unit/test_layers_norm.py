@@ -231,6 +231,7 @@ def test_caffe_batchnorm_global_statistics_scale_by_the_sums_factor(conf, flag):
     want = (src.data.astype(np.float64) - np.reshape([0.5, -1, 2], (1, 3, 1, 1))) / \
         np.sqrt(np.reshape([1, 2, 0.25], (1, 3, 1, 1)) + 1e-5)
     np.testing.assert_allclose(layer.data, want, rtol=1e-5)
+    assert layer.xhat is None       # y straight into data: no x̂ blob beside it
     assert all(np.array_equal(p.data, b) for p, b in zip(layer.params, before))
     factor.data[...] = 0        # Caffe's scale factor 0: μ = σ² = 0
     layer.compute_feature(flag, [src])
