@@ -1,6 +1,7 @@
 """Elastic asynchronous groups (issue 31): bin/singa-run.sh restarts a lost worker-only process
 of a Downpour or Hogwild job alone; its groups join the running job again. Real processes, a
-real ZooKeeper, the fixture MLP on real data."""
+real ZooKeeper, the fixture MLP on real data. A lost process holding servers restarts the
+whole job (test_scripts)."""
 import csv
 import os
 import re
@@ -128,19 +129,3 @@ def test_a_hogwild_worker_process_killed_past_max_restarts_stops_the_job(fixture
     assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); not restarted: "
                      r"max_restarts 1 reached", text), text
     assert "restart 2 of" not in text
-
-
-def test_a_killed_downpour_server_process_restarts_the_whole_job(fixture_job, env, tmp_path):
-    """A process holding servers is not elastic: the job restarts whole from its snapshot."""
-    conf = fixture_job(head="max_restarts: 1\n", edits={
-        **EDITS, "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
-        "train_steps: 200": "train_steps: 800"})
-    log = tmp_path / "run.log"
-    run = launch(conf, env, log)
-    wait_for(run, log, "step200-worker0.bin")
-    kill_process(run, 0)
-    rc, text = finish(run, log)
-    assert rc == 0, text
-    assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
-                     r"complete snapshot", text), text
-    assert "rejoins" not in text and re.search(r"Resume from step [1-9]", text)

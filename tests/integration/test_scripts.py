@@ -230,24 +230,26 @@ def test_run_starts_a_process_per_host_of_a_multi_process_job(fixture_job, env, 
         assert (tmp_path / "ws" / "checkpoint" / f"step200-worker{w}.bin").is_file()
 
 
-def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, tmp_path):
+def test_max_restarts_restarts_a_job_whose_server_process_was_killed(fixture_job, env,
+                                                                    tmp_path):
+    """SINGA's Downpour layout, process 0 (the servers and group 0) killed: a process holding
+    servers is not restarted alone (as an asynchronous job's worker-only process is,
+    test_elastic): the whole job restarts from its newest snapshot and finishes."""
     conf = fixture_job(head="max_restarts: 1\n", edits={
-        "cluster { nworker_groups: 1 nserver_groups: 1":
-            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
-            "nservers_per_group: 2",
+        "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
         "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
     with open(tmp_path / "run.log", "w") as out:
         run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while "step50-worker1.bin" not in (tmp_path / "run.log").read_text():
+        while "step50-worker0.bin" not in (tmp_path / "run.log").read_text():
             assert time.monotonic() < deadline and run.poll() is None, (tmp_path / "run.log").read_text()
             time.sleep(0.2)
-        drivers = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver"],
-                                 capture_output=True, text=True).stdout.split()
-        assert len(drivers) == 2
-        os.kill(int(drivers[0]), signal.SIGKILL)
+        server = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver.*procs_id 0"],
+                                capture_output=True, text=True).stdout.split()
+        assert len(server) == 1
+        os.kill(int(server[0]), signal.SIGKILL)
         rc = run.wait(timeout=300)
     finally:
         if run.poll() is None:
@@ -257,7 +259,8 @@ def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, 
     assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
                      r"complete snapshot", log)
     assert re.search(r"Resume from step [1-9]\d*", log) and "was lost" in log
-    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
+    assert "rejoin" not in log
+    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker0.bin").is_file()
 
 
 def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
