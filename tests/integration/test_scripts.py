@@ -263,6 +263,38 @@ def test_max_restarts_restarts_a_job_whose_server_process_was_killed(fixture_job
     assert (tmp_path / "ws" / "checkpoint" / "step1000-worker0.bin").is_file()
 
 
+def test_a_frozen_process_is_taken_for_lost_and_the_launcher_ends(fixture_job, env, tmp_path):
+    """SIGSTOP to one process: the other takes it for lost and stops; the launcher, which
+    would wait for the stopped process for ever, kills it once it has left ZooKeeper."""
+    conf = fixture_job(edits={
+        "cluster { nworker_groups: 1 nserver_groups: 1":
+            "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
+            "nservers_per_group: 2", **LONG})
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 1000 " not in log.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+            time.sleep(0.2)
+        frozen = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver.*procs_id 1"],
+                                capture_output=True, text=True).stdout.split()
+        assert len(frozen) == 1
+        os.kill(int(frozen[0]), signal.SIGSTOP)
+        rc = run.wait(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc != 0, text
+    assert re.search(rf"process 1 of job \d+ \(127\.0\.0\.1:\d+, pid {frozen[0]}\) was lost",
+                     text), text
+    assert f"singa-run: process {frozen[0]} left job" in text and "is stopped (frozen); " \
+        "killing it" in text, text
+
+
 def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
                                                                      tmp_path):
     """An admin's kill of one process is a failure, not a user's stop: the other process stops
