@@ -150,6 +150,53 @@ def singa_conf(tmp_path, zk_server):
 
 
 @pytest.fixture
+def env(singa_conf, zk_server):
+    """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty
+    (a module that lists jobs has a `zk_server` of its own)."""
+    with ZKService(zk_server) as zk:
+        JobManager(zk).cleanup()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
+    env["SINGA_CONF"] = str(singa_conf.parent)
+    return env
+
+
+def launch(conf, env, log, *args):
+    """bin/singa-run.sh -conf `conf` [args] running in a session of its own, its output in
+    the file `log`."""
+    with open(log, "w") as out:
+        return subprocess.Popen([os.path.join(singa.HOME, "bin", "singa-run.sh"), "-conf",
+                                 str(conf), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(run, log, text, seconds=120):
+    """Until `text` is in the file `log` of the launch `run` (which must still run)."""
+    deadline = time.monotonic() + seconds
+    while text not in log.read_text():
+        assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+        time.sleep(0.1)
+
+
+def job_process(run, procs_id):
+    """The pid of process `procs_id` of the job of the launch `run` (its child)."""
+    pids = subprocess.run(["pgrep", "-P", str(run.pid), "-f", f"singa.driver.*procs_id "
+                           f"{procs_id}( |$)"], capture_output=True, text=True).stdout.split()
+    assert len(pids) == 1, pids
+    return int(pids[0])
+
+
+def finish(run, log, timeout=300):
+    """(exit code, output) of the launch `run` once it ends (its session killed after
+    `timeout` s)."""
+    try:
+        rc = run.wait(timeout=timeout)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, 9)
+    return rc, log.read_text()
+
+
+@pytest.fixture
 def singa_popen(singa_conf):
     """popen(conf, *flags): the driver as a running Popen (stdout and stderr to one log file
     beside conf, `<conf>.log`), for tests that kill it."""

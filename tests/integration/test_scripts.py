@@ -12,7 +12,7 @@ import pytest
 
 import processes
 import singa
-from conftest import free_port, zk_service, zookeeper
+from conftest import finish, free_port, job_process, launch, wait_for, zk_service, zookeeper
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.zk import ZKService
@@ -34,16 +34,6 @@ TRAIN_DATA = """\
 """
 LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq: 0",
         "checkpoint_freq: 100": "checkpoint_freq: 0", "disp_freq: 20": "disp_freq: 1000"}
-
-
-@pytest.fixture
-def env(singa_conf, zk_server):
-    """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty."""
-    with ZKService(zk_server) as zk:
-        JobManager(zk).cleanup()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
-    env["SINGA_CONF"] = str(singa_conf.parent)
-    return env
 
 
 def script(name, *args, env, timeout=180):
@@ -238,28 +228,16 @@ def test_max_restarts_restarts_a_job_whose_server_process_was_killed(fixture_job
     conf = fixture_job(head="max_restarts: 1\n", edits={
         "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
         "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
-    with open(tmp_path / "run.log", "w") as out:
-        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "step50-worker0.bin" not in (tmp_path / "run.log").read_text():
-            assert time.monotonic() < deadline and run.poll() is None, (tmp_path / "run.log").read_text()
-            time.sleep(0.2)
-        server = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver.*procs_id 0"],
-                                capture_output=True, text=True).stdout.split()
-        assert len(server) == 1
-        os.kill(int(server[0]), signal.SIGKILL)
-        rc = run.wait(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    log = (tmp_path / "run.log").read_text()
-    assert rc == 0, log
+    log = tmp_path / "run.log"
+    run = launch(conf, env, log)
+    wait_for(run, log, "step50-worker0.bin")
+    os.kill(job_process(run, 0), signal.SIGKILL)
+    rc, text = finish(run, log)
+    assert rc == 0, text
     assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
-                     r"complete snapshot", log)
-    assert re.search(r"Resume from step [1-9]\d*", log) and "was lost" in log
-    assert "rejoin" not in log
+                     r"complete snapshot", text)
+    assert re.search(r"Resume from step [1-9]\d*", text) and "was lost" in text
+    assert "rejoin" not in text
     assert (tmp_path / "ws" / "checkpoint" / "step1000-worker0.bin").is_file()
 
 
@@ -271,28 +249,16 @@ def test_a_frozen_process_is_taken_for_lost_and_the_launcher_ends(fixture_job, e
             "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
             "nservers_per_group: 2", **LONG})
     log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "Train @ step 1000 " not in log.read_text():
-            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-            time.sleep(0.2)
-        frozen = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver.*procs_id 1"],
-                                capture_output=True, text=True).stdout.split()
-        assert len(frozen) == 1
-        os.kill(int(frozen[0]), signal.SIGSTOP)
-        rc = run.wait(timeout=120)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    text = log.read_text()
+    run = launch(conf, env, log)
+    wait_for(run, log, "Train @ step 1000 ")
+    frozen = job_process(run, 1)
+    os.kill(frozen, signal.SIGSTOP)
+    rc, text = finish(run, log, timeout=120)
     assert rc != 0, text
-    assert re.search(rf"process 1 of job \d+ \(127\.0\.0\.1:\d+, pid {frozen[0]}\) was lost",
+    assert re.search(rf"process 1 of job \d+ \(127\.0\.0\.1:\d+, pid {frozen}\) was lost",
                      text), text
-    assert f"singa-run: process {frozen[0]} left job" in text and "is stopped (frozen); " \
-        "killing it" in text, text
+    assert f"singa-run: process {frozen} left job {job_id(text)} in ZooKeeper but is stopped " \
+        f"(frozen); killing it" in text, text
 
 
 def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
@@ -305,31 +271,17 @@ def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_jo
             "nservers_per_group: 2",
         "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
     log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "step50-worker1.bin" not in log.read_text():
-            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-            time.sleep(0.2)
-        drivers = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver"],
-                                 capture_output=True, text=True).stdout.split()
-        assert len(drivers) == 2
-        os.kill(int(drivers[0]), signal.SIGTERM)
-        signalled = time.monotonic()
-        while "restart 1 of 1" not in log.read_text():
-            assert time.monotonic() < signalled + 60 and run.poll() is None, log.read_text()
-            time.sleep(0.1)
-        stopped_in = time.monotonic() - signalled
-        rc = run.wait(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    text = log.read_text()
+    run = launch(conf, env, log)
+    wait_for(run, log, "step50-worker1.bin")
+    stopped = job_process(run, 0)
+    os.kill(stopped, signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_for(run, log, "restart 1 of 1", 60)
+    stopped_in = time.monotonic() - signalled
+    rc, text = finish(run, log)
     print(f"SIGTERM to one process: the job stopped {stopped_in:.1f} s later")
     assert rc == 0 and stopped_in <= 15, (stopped_in, text)
-    assert re.search(rf"process \d of job \d+ \(127\.0\.0\.1:\d+, pid {drivers[0]}\) was "
+    assert re.search(rf"process 0 of job \d+ \(127\.0\.0\.1:\d+, pid {stopped}\) was "
                      rf"stopped by SIGTERM", text), text
     assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
 
