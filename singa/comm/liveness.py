@@ -1,0 +1,67 @@
+"""PeerWatch: which other processes of a job are still there, from their connections alone.
+
+Every process holds a Peer to every other (runtime.Process.watch_peers); a Peer's connection
+carries ZMTP heartbeats (`socket.HEARTBEAT_IVL`, `HEARTBEAT_TIMEOUT`). A killed process's
+connection drops at once, a frozen one's when its heartbeats stop; ZeroMQ then reconnects. A
+connection that has been up and stays down for DOWN_GRACE s is taken for the process's end,
+without ZooKeeper (whose session timeout, `zk.SESSION_TIMEOUT`, is kept long for loaded
+machines): the caller decides whether that end was a loss (its farewell or proc-done mark).
+"""
+import logging
+import threading
+import time
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+log = logging.getLogger("singa")
+
+#: seconds a connection that was up stays down before its process is taken for ended: a
+#: reconnect within it is no loss, and a farewell sent before the close has arrived by then
+DOWN_GRACE = 1.0
+
+
+class PeerWatch:
+    """Watches the connections of `peers` ({procs id: watched Peer}) in a thread of its own:
+    `on_down(procs id)` is called there, once per process, when a connection that has been up
+    has stayed down for DOWN_GRACE s. The thread reads and closes the Peers' `events`."""
+
+    def __init__(self, peers, on_down):
+        self.peers, self.on_down = peers, on_down
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="peer-watch", daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        """End the watch (no more `on_down`) and close the events sockets; idempotent."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    def run(self):
+        events = {peer.events: pid for pid, peer in self.peers.items()}
+        poller = zmq.Poller()
+        for sock in events:
+            poller.register(sock, zmq.POLLIN)
+        up, down_since = set(), {}
+        try:
+            while not self.stopping.is_set():
+                for sock, _ in poller.poll(100):
+                    pid, event = events[sock], recv_monitor_message(sock)["event"]
+                    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                        up.add(pid)
+                        down_since.pop(pid, None)
+                    elif event == zmq.EVENT_DISCONNECTED and pid in up:
+                        down_since.setdefault(pid, time.monotonic())
+                now = time.monotonic()
+                for pid, since in sorted(down_since.items()):
+                    if now - since >= DOWN_GRACE and not self.stopping.is_set():
+                        del down_since[pid]
+                        up.discard(pid)
+                        poller.unregister(self.peers[pid].events)   # once per process
+                        self.on_down(pid)
+        finally:
+            for sock in events:
+                sock.close(0)
