@@ -254,7 +254,7 @@ class Process:
 
     def close(self):
         if self.watch is not None:
-            self.watch.stop()
+            self.watch.close()
         for peer in self.peers.values():
             peer.close()
         for x in self.servers + self.workers:

@@ -24,19 +24,31 @@ DOWN_GRACE = 1.0
 class PeerWatch:
     """Watches the connections of `peers` ({procs id: watched Peer}) in a thread of its own:
     `on_down(procs id)` is called there, once per process, when a connection that has been up
-    has stayed down for DOWN_GRACE s. The thread reads and closes the Peers' `events`."""
+    has stayed down for DOWN_GRACE s. The thread reads the Peers' `events` until `close`: a
+    socket's monitor that nobody reads blocks ZeroMQ's I/O thread, and with it every socket of
+    the context."""
 
     def __init__(self, peers, on_down):
         self.peers, self.on_down = peers, on_down
-        self.stopping = threading.Event()
+        self.quiet, self.closing = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self.run, name="peer-watch", daemon=True)
 
     def start(self):
         self.thread.start()
 
     def stop(self):
-        """End the watch (no more `on_down`) and close the events sockets; idempotent."""
-        self.stopping.set()
+        """No more `on_down` (this process ends: the others' ends are no news). Thread-safe."""
+        self.quiet.set()
+
+    def close(self):
+        """Stop the Peers' monitors, then the thread; from the thread that owns the Peers,
+        before they close. Idempotent."""
+        self.quiet.set()
+        if self.closing.is_set():
+            return
+        for peer in self.peers.values():
+            peer.unwatch()
+        self.closing.set()
         if self.thread.is_alive():
             self.thread.join()
 
@@ -45,11 +57,13 @@ class PeerWatch:
         poller = zmq.Poller()
         for sock in events:
             poller.register(sock, zmq.POLLIN)
-        up, down_since = set(), {}
+        up, down_since, ended = set(), {}, set()
         try:
-            while not self.stopping.is_set():
+            while not self.closing.is_set():
                 for sock, _ in poller.poll(100):
                     pid, event = events[sock], recv_monitor_message(sock)["event"]
+                    if pid in ended:
+                        continue
                     if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                         up.add(pid)
                         down_since.pop(pid, None)
@@ -57,11 +71,13 @@ class PeerWatch:
                         down_since.setdefault(pid, time.monotonic())
                 now = time.monotonic()
                 for pid, since in sorted(down_since.items()):
-                    if now - since >= DOWN_GRACE and not self.stopping.is_set():
+                    if now - since >= DOWN_GRACE and not self.quiet.is_set():
                         del down_since[pid]
-                        up.discard(pid)
-                        poller.unregister(self.peers[pid].events)   # once per process
-                        self.on_down(pid)
+                        ended.add(pid)
+                        try:
+                            self.on_down(pid)
+                        except Exception:       # the thread must go on reading
+                            log.exception("Peer watch: process %d", pid)
         finally:
             for sock in events:
                 sock.close(0)

@@ -63,7 +63,7 @@ class Peer:
     `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys. Every message starts
     with a frame of the job's id, which the Router checks. The connection carries heartbeats;
     a `watched` Peer has `events`, a socket of its connection's events (handshake succeeded,
-    disconnected: `zmq.utils.monitor`), for one other thread to read and close
+    disconnected: `zmq.utils.monitor`), for one other thread to read
     (`singa.comm.liveness.PeerWatch`)."""
 
     def __init__(self, ctx, endpoint, trust=None, job=-1, watched=False):
@@ -90,10 +90,12 @@ class Peer:
         except zmq.Again:
             pass
 
+    def unwatch(self):
+        """No more `events` (before their reader stops reading them)."""
+        self.sock.disable_monitor()
+
     def close(self):
-        """Close the connection (its `events` must have been closed by their reader)."""
-        if self.events is not None:
-            self.sock.disable_monitor()
+        """Close the connection (a watched one's events stopped first: `PeerWatch.close`)."""
         self.sock.close()
 
 

@@ -9,7 +9,7 @@ import pytest
 from singa.cluster_rt import ClusterRuntime, failed_mark
 from singa.comm import msg as m
 from singa.comm.liveness import DOWN_GRACE, PeerWatch
-from singa.comm.socket import Router
+from singa.comm.socket import Peer, Router
 from singa.comm.stub import Stub
 from singa.driver import Driver
 from singa.errors import ClusterError
@@ -39,7 +39,7 @@ class Watched:
         assert self.remote.router.receive(5000) is not None
 
     def close(self):
-        self.watch.stop()
+        self.watch.close()
         self.peer.close()
         self.local.close()
         self.remote.close()
@@ -77,6 +77,24 @@ def test_a_connection_back_within_the_grace_is_no_end(watched):
     assert not watched.fired.wait(2 * DOWN_GRACE), watched.down
 
 
+@pytest.mark.parametrize("end", ["stop", "close"])
+def test_connections_dropping_after_the_watch_ends_leave_zeromq_working(watched, end):
+    """A dropped connection's event still goes somewhere: a monitor whose reader has gone
+    blocks ZeroMQ's I/O thread, and with it every tcp socket of the context (and its end)."""
+    watched.up()
+    getattr(watched.watch, end)()
+    watched.remote.router.close()
+    assert not watched.fired.wait(2 * DOWN_GRACE)
+    router = Router(watched.local.ctx, "inproc://test-liveness-probe")
+    peer = Peer(watched.local.ctx, router.bind("tcp://127.0.0.1:*"))
+    try:
+        peer.send(m.Msg(0, m.STUB, m.kStop))
+        assert router.receive(5000) is not None
+    finally:
+        peer.close()
+        router.close()
+
+
 def test_a_peer_never_reached_is_not_reported():
     """Only a connection that has been up counts (a process that never came is ZooKeeper's
     and the registration time-out's to report)."""
@@ -88,7 +106,7 @@ def test_a_peer_never_reached_is_not_reported():
     try:
         assert not threading.Event().wait(2 * DOWN_GRACE)
     finally:
-        watch.stop()
+        watch.close()
         peer.close()
         local.close()
     assert down == []
