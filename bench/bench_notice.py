@@ -1,12 +1,13 @@
 """Time to notice a lost process: a real ZooKeeper, real 3-process jobs (SINGA's fixture MLP,
 Downpour: two worker groups and their server group, each in a process), one process killed
-(SIGKILL) per job, from the kill to the survivors' loss report (the stub's `... was lost;
-stopping` line, its time stamp; the later of the two survivors). Two sides, in interleaved
-rounds: ours (a dropped connection, `singa.comm.liveness`) and the reference, ZooKeeper alone
-(the same driver with the connection watch's grace made infinite: a lost process is noticed
-when its session ends, `zk.SESSION_TIMEOUT`). The victim turns round the processes.
+(SIGKILL, or frozen: `--signal STOP`) per job, from the signal to the survivors' loss report
+(the stub's `... was lost; stopping` line, its time stamp; the later of the two survivors).
+Two sides, in interleaved rounds: ours (a dropped connection, `singa.comm.liveness`) and the
+reference, ZooKeeper alone (the same driver with the connection watch's grace made infinite:
+a lost process is noticed when its session ends, `zk.SESSION_TIMEOUT`). The victim turns
+round the processes.
 
-    .venv/bin/python bench/bench_notice.py [--kills 10] [--load 0] [--calm 30]
+    .venv/bin/python bench/bench_notice.py [--kills 10] [--load 0] [--calm 30] [--signal KILL]
 
 `--load N` runs N CPU-burning processes during the whole measurement, and first a job that
 nobody kills for `--calm` s under that load: no process may report another lost (a false
@@ -41,8 +42,10 @@ def job_conf(folder):
     """The fixture MLP as a Downpour job of 3 processes that trains until it is killed."""
     with open(os.path.join(FIXTURES, "job.conf")) as f:
         text = f.read()
-    for old, new in (("train_steps: 200", "train_steps: 10000000"), ("test_freq: 100", "test_freq: 0"),
-                     ("checkpoint_freq: 100", "checkpoint_freq: 0"), ("disp_freq: 20", "disp_freq: 50"),
+    for old, new in (("train_steps: 200", "train_steps: 10000000"),
+                     ("test_freq: 100", "test_freq: 0"),
+                     ("checkpoint_freq: 100", "checkpoint_freq: 0"),
+                     ("disp_freq: 20", "disp_freq: 50"),
                      ("/tmp/singa-fixture-ws", os.path.join(folder, "ws")),
                      ('"tests/fixtures/singa-0.3/', f'"{FIXTURES}/'),
                      ("cluster { nworker_groups: 1", "cluster { server_worker_separate: true "
@@ -102,7 +105,8 @@ class Job:
         return [open(log).read() for log in self.logs]
 
     def wait_training(self, timeout=300):
-        """Until every process runs its stub and a worker is past step 50; {procs id: Popen}."""
+        """Until every process runs its stub and a worker is past step 50; {procs id: index
+        in start order}."""
         deadline = time.monotonic() + timeout
         while True:
             texts = self.texts()
@@ -113,7 +117,7 @@ class Job:
                 self.close()
                 sys.exit("the job did not start:\n" + "\n".join(t[-2000:] for t in texts))
             time.sleep(0.05)
-        return {int(re.search(r"proc #(\d+) ->", t)[1]): p for t, p in zip(texts, self.procs)}
+        return {int(re.search(r"proc #(\d+) ->", t)[1]): i for i, t in enumerate(texts)}
 
     def close(self):
         for p in self.procs:
@@ -128,25 +132,27 @@ def stamp(text):
     return time.mktime(t) + int(text[-6:]) / 1e6
 
 
-def kill_one(side, victim, conf, singa_conf, zk, folder):
-    """Seconds from SIGKILL to process `victim` to the later survivor's loss report."""
+def kill_one(side, victim, sig, conf, singa_conf, zk, folder):
+    """Seconds from signal `sig` to process `victim` to the later survivor's loss report (the
+    victim is killed once the survivors have ended)."""
     job = Job(side, conf, singa_conf, zk, folder)
     try:
-        procs = job.wait_training()
+        index = job.wait_training()
         time.sleep(0.5)
-        procs[victim].send_signal(signal.SIGKILL)
+        job.procs[index[victim]].send_signal(sig)
         killed = time.time()
-        for p in procs.values():
-            p.wait(timeout=120)
+        for i in index.values():
+            if i != index[victim]:
+                job.procs[i].wait(timeout=120)
     finally:
         job.close()
-    noticed = []
-    for pid, text in zip(sorted(procs), job.texts()):
+    noticed, texts = [], job.texts()
+    for pid, i in sorted(index.items()):
         if pid == victim:
             continue
-        report = REPORT.search(text)
+        report = REPORT.search(texts[i])
         if report is None:
-            sys.exit(f"process {pid} of job {job.id} reported no loss:\n{text[-2000:]}")
+            sys.exit(f"process {pid} of job {job.id} reported no loss:\n{texts[i][-2000:]}")
         noticed.append(stamp(report[1]) - killed)
     return max(noticed)
 
@@ -172,6 +178,8 @@ def main():
     ap.add_argument("--load", type=int, default=0, help="CPU-burning processes meanwhile")
     ap.add_argument("--calm", type=float, default=30.0,
                     help="seconds of an unkilled job under --load (false alarms)")
+    ap.add_argument("--signal", default="KILL", choices=["KILL", "STOP"],
+                    help="SIGKILL, or SIGSTOP (a frozen process)")
     args = ap.parse_args()
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(args.load)]
@@ -188,16 +196,17 @@ def main():
             times = {side: [] for side in DRIVER}
             for i in range(args.kills):
                 for side in DRIVER:
-                    times[side].append(kill_one(side, i % 3, conf, singa_conf, zk, folder))
-                    print(f"kill {i + 1:2d} of process {i % 3}, {side:15s}: "
+                    times[side].append(kill_one(side, i % 3, signal.Signals["SIG" + args.signal],
+                                                conf, singa_conf, zk, folder))
+                    print(f"SIG{args.signal} {i + 1:2d} to process {i % 3}, {side:15s}: "
                           f"{times[side][-1]:5.2f} s", flush=True)
     finally:
         for b in burners:
             b.kill()
             b.wait()
     print(f"\n{os.cpu_count()} cpus, load {args.load} (+ the job's 3 processes), "
-          f"{args.kills} kills per side")
-    print(f"{'kill to the survivors report it':32s} {'median s':>9s} {'max s':>7s} {'min s':>7s}")
+          f"{args.kills} jobs per side, SIG{args.signal} to one process of each")
+    print(f"{'signal to the survivors report':32s} {'median s':>9s} {'max s':>7s} {'min s':>7s}")
     for side, t in times.items():
         print(f"{side:32s} {statistics.median(t):9.2f} {max(t):7.2f} {min(t):7.2f}")
     ours, zk = (statistics.median(t) for t in times.values())

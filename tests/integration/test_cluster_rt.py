@@ -116,7 +116,9 @@ def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_s
     ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
     failed = ZKService(zk_server)
     ZKClusterRuntime(failed, job_id).register_proc("127.0.0.1:5001", 101)
-    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, procs_id: lost.append((text, procs_id)))
+    rt = ZKClusterRuntime(zk, job_id)
+    rt.proc_endpoint(1)
+    rt.watch_procs(lambda text, procs_id: lost.append((text, procs_id)))
     why = "/ws/checkpoint: No space left on device " + "x" * 600
     ZKClusterRuntime(failed, job_id).proc_done(1, failed_mark(why))
     failed.close()
@@ -127,6 +129,9 @@ def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_s
     (text, procs_id), = lost
     assert text.startswith(head) and procs_id == 1, lost
     assert len(text) < len(head) + MAX_REASON        # a peer's text, bounded
+    # what a dropped connection's judge reads
+    assert rt.proc_mark(1) == failed_mark(why).encode() and rt.proc_mark(0) is None
+    assert rt.proc_address(1) == "127.0.0.1:5001, pid 101"
 
 
 def test_an_endpoint_once_read_is_known_with_zookeeper_away(zk, zk_server):
