@@ -42,14 +42,15 @@ def new_job(zk_server):
 
 def start_drivers(conf, singa_conf, job_id, env, logs, flags=()):
     """A `singa` driver of job `job_id` per path of `logs`, each logging to its file (a file:
-    an unread pipe fills up and stalls the job)."""
+    an unread pipe fills up and stalls the job); the i-th is process i (`-procs_id`, as
+    bin/singa-run.sh numbers them)."""
     procs = []
-    for log in logs:
+    for i, log in enumerate(logs):
         with open(log, "w") as out:
             procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
                                            "-singa_conf", str(singa_conf), "-singa_job",
-                                           str(job_id), *flags], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT))
+                                           str(job_id), "-procs_id", str(i), *flags], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 
