@@ -1,6 +1,7 @@
 """Fixtures of the integration tests: a real ZooKeeper server, a singa.conf pointing at it, and
 runs of the `singa` driver on SINGA's fixture jobs."""
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -161,6 +162,35 @@ def env(singa_conf, zk_server):
     return env
 
 
+FAKE_SSH = """#!/usr/bin/env bash
+# ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
+# remote process outlives a killed ssh client), and exits with its status; a host whose name
+# starts with "down" cannot be reached (exit 255 3 s later, as ssh's after its connect timeout).
+printf '%s\\n' "$*" >> {log}
+while [ $# -gt 0 ]; do
+  case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
+done
+case $1 in down*) sleep 3; exit 255 ;; esac
+shift   # the host
+setsid bash -c "$*" <&0 &
+wait $!
+"""
+
+
+@pytest.fixture
+def ssh_env(env, tmp_path):
+    """`env` with an `ssh` on PATH that runs commands here and logs its arguments to
+    <tmp>/ssh.log (read it with ssh_env.log())."""
+    bindir = tmp_path / "fake bin"
+    bindir.mkdir()
+    log = tmp_path / "ssh.log"
+    log.touch()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH.format(log=shlex.quote(str(log))))
+    ssh.chmod(0o755)
+    return dict(env, PATH=f"{bindir}:{env['PATH']}"), log
+
+
 def launch(conf, env, log, *args):
     """bin/singa-run.sh -conf `conf` [args] running in a session of its own, its output in
     the file `log`."""
@@ -178,10 +208,13 @@ def wait_for(run, log, text, seconds=120):
         time.sleep(0.1)
 
 
-def job_process(run, procs_id):
-    """The pid of process `procs_id` of the job of the launch `run` (its child)."""
-    pids = subprocess.run(["pgrep", "-P", str(run.pid), "-f", f"singa.driver.*procs_id "
-                           f"{procs_id}( |$)"], capture_output=True, text=True).stdout.split()
+def job_process(run, procs_id, job_id=None):
+    """The pid of process `procs_id` of the job of the launch `run`: its child, or, started
+    over ssh, the process of job `job_id`."""
+    parent = ["-P", str(run.pid)] if job_id is None else []
+    pids = subprocess.run(["pgrep", *parent, "-f", f"^[^ ]*python[^ ]* -m singa.driver .*"
+                           f"singa_job {job_id or ''}.*procs_id {procs_id}( |$)"],
+                          capture_output=True, text=True).stdout.split()
     assert len(pids) == 1, pids
     return int(pids[0])
 

@@ -67,10 +67,13 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
     assert (tmp_path / "ws" / "checkpoint" / "step3600-worker0.bin").is_file()
 
 
-def test_a_hogwild_worker_process_killed_past_max_restarts_stops_the_job(fixture_job, env,
-                                                                         tmp_path):
-    """Distributed Hogwild, servers in a process of their own: the first kill of process 1
-    restarts it, the second (max_restarts 1) stops the whole job with one line."""
+def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_job(
+        fixture_job, ssh_env, singa_conf, tmp_path):
+    """Distributed Hogwild, servers in a process of their own, every process started over
+    ssh: the first kill of process 1 restarts it (over ssh again), the second (max_restarts 1)
+    stops the whole job with one line."""
+    env, ssh_log = ssh_env
+    (singa_conf.parent / "hostfile").write_text("127.0.0.1\n")
     conf = fixture_job(head="max_restarts: 1\n", edits={
         **EDITS, "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 2 nserver_groups: 2 nservers_per_procs: 2 "
@@ -78,12 +81,18 @@ def test_a_hogwild_worker_process_killed_past_max_restarts_stops_the_job(fixture
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
     wait_for(run, log, "Test @ step 200")
-    os.kill(job_process(run, 1), signal.SIGKILL)
+    job = int(re.search(r"Unique JOB_ID is (\d+)", log.read_text())[1])
+    os.kill(job_process(run, 1, job), signal.SIGKILL)
     wait_for(run, log, "Process 1 rejoined the job")
     time.sleep(1)
-    os.kill(job_process(run, 1), signal.SIGKILL)
+    os.kill(job_process(run, 1, job), signal.SIGKILL)
     rc, text = finish(run, log)
     assert rc == 137, text
+    assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); restart 1 of 1: it "
+                     r"rejoins the running job", text), text
     assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); not restarted: "
                      r"max_restarts 1 reached", text), text
     assert "restart 2 of" not in text
+    launched = ssh_log.read_text()
+    assert launched.count(" -procs_id 1 -host ") == 1, launched
+    assert launched.count(" -procs_id 1 -rejoin -host ") == 1, launched

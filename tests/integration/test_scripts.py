@@ -305,35 +305,6 @@ def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
     assert n not in listed(env)
 
 
-FAKE_SSH = """#!/usr/bin/env bash
-# ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
-# remote process outlives a killed ssh client), and exits with its status; a host whose name
-# starts with "down" cannot be reached (exit 255 3 s later, as ssh's after its connect timeout).
-printf '%s\\n' "$*" >> {log}
-while [ $# -gt 0 ]; do
-  case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
-done
-case $1 in down*) sleep 3; exit 255 ;; esac
-shift   # the host
-setsid bash -c "$*" <&0 &
-wait $!
-"""
-
-
-@pytest.fixture
-def ssh_env(env, tmp_path):
-    """`env` with an `ssh` on PATH that runs commands here and logs its arguments to
-    <tmp>/ssh.log (read it with ssh_env.log())."""
-    bindir = tmp_path / "fake bin"
-    bindir.mkdir()
-    log = tmp_path / "ssh.log"
-    log.touch()
-    ssh = bindir / "ssh"
-    ssh.write_text(FAKE_SSH.format(log=shlex.quote(str(log))))
-    ssh.chmod(0o755)
-    return dict(env, PATH=f"{bindir}:{env['PATH']}"), log
-
-
 def test_sigterm_to_run_stops_a_process_it_started_over_ssh(long_job, ssh_env, singa_conf):
     env, ssh_log = ssh_env
     (singa_conf.parent / "hostfile").write_text("node1\n")
