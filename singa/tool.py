@@ -155,10 +155,10 @@ def run(cmd, rest, confdir):
             if len(columns) == 2:       # SINGA's own header
                 print("JOB ID    |NUM PROCS  \n----------|-----------")
             else:
-                print("|".join(f"{title:<10}" for title, _ in columns))
+                print("|".join(f"{title:<10}" for title, _ in columns).rstrip())
                 print("|".join("-" * 10 for _ in columns))
-            for job_id, _ in listed:
-                print("|".join(f"{str(values[job_id]):<10}" for _, values in columns))
+            for job_id, _ in listed:    # the last column unpadded, as SINGA's
+                print("|".join(f"{str(values[job_id]):<10}" for _, values in columns).rstrip())
         elif cmd == "wait":
             # the launcher that asked is gone (its end kills this wait; a SIGKILL cannot):
             # nobody waits for the answer, so neither does this process
