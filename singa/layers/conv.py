@@ -535,8 +535,8 @@ def _group_conv_wgrad(xp, gy, taps, acc, tmp):
 
 
 def _group_conv_xgrad(gy, w, taps, gp, tmp):
-    """gp (b, G·cg, ·, ·) = 0, then gp[:, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·gy[:, g·m + k]
-    for each c, tap (i, j) in scan order, then k; tmp (b, G, oh, ow)."""
+    """gp (b, G·cg, ·, ·) = 0, then gp[:, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·
+    gy[:, g·m + k] for each c, tap (i, j) in scan order, then k; tmp (b, G, oh, ow)."""
     ng, m, cg = w.shape[:3]
     b, (oh, ow) = gy.shape[0], gy.shape[2:]
     g5, p5 = gy.reshape(b, ng, m, oh, ow), gp.reshape(b, ng, cg, *gp.shape[2:])

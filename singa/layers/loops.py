@@ -192,8 +192,8 @@ def _taps3x3(flat, w, sh, sw, hq, wq, dst, run):
 
 @jit
 def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
-    """acc[g·m + k, c, i, j] (oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw], the
-    sum over the b samples in order (conv's numpy `_group_conv_wgrad`: the same bits)."""
+    """acc[g·m + k, c, i, j] (oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw],
+    the sum over the b samples in order (conv's numpy `_group_conv_wgrad`: the same bits)."""
     b, nf, oh, ow = gy.shape
     cg, kh, kw = acc.shape[1], acc.shape[2], acc.shape[3]
     ng = x.shape[1] // cg

@@ -399,7 +399,9 @@ def test_small_groups_run_direct_loops_that_match_the_definition(channels, num_f
     assert layer.direct and layer._cols is None
     layer.compute_feature(FORWARD, [src])
     w, b = layer.params
-    get = lambda name, axis, default: window.get(name, window.get(f"{name}_{axis}", default))
+
+    def get(name, axis, default):
+        return window.get(name, window.get(f"{name}_{axis}", default))
     want = direct_group_conv(src.data, w.data, b.data, group, get("kernel", "y", 3),
                              get("kernel", "x", 3), get("pad", "y", 0), get("pad", "x", 0),
                              get("stride", "y", 1), get("stride", "x", 1))
