@@ -109,6 +109,17 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
         check_gradients(layer, [src])
 
 
+def test_a_pointwise_convolution_multiplies_each_sample_without_col():
+    src = Source(np.random.default_rng(0).standard_normal((3, 2, 28, 29)))
+    layer = make_layer(conv_conf(num_filters=4, kernel=1), [src])
+    assert layer.pointwise and layer._cols is None
+    layer.compute_feature(FORWARD, [src])
+    w, b = layer.params
+    want = direct_conv(src.data, w.data, b.data, 1, 1, 0, 0, 1, 1)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+    check_gradients(layer, [src])
+
+
 def test_a_forward_pass_makes_no_blob_of_the_backward_pass():
     """The chunks' weight gradients (chunks × W's size) are made by the first backward pass:
     a net that only runs forward (kTest) never holds them."""
