@@ -90,3 +90,11 @@ def test_by_samples_covers_every_sample_once_in_chunks(monkeypatch):
         threads.by_samples(lambda rows: seen.append(rows), y)
     assert len(seen) > 2
     assert sorted(i for rows in seen for i in range(10)[rows]) == list(range(10))
+
+
+def test_by_samples_runs_a_small_blob_at_once_on_the_calling_thread():
+    seen = []
+    with threads.limit(2):
+        threads.by_samples(lambda rows: seen.append((rows, threading.current_thread())),
+                           np.zeros((10, 3), np.float32))
+    assert seen == [(slice(0, 10), threading.current_thread())]
