@@ -159,6 +159,10 @@ class ConvolutionLayer(Layer):
         self._loops = kernels.compiled(self.device)      # they pad as they copy
         padded = (ph or pw) and self._loops is None
         self._xpad = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
+        # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
+        # faster than g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same
+        # bits; made at the first backward pass (chunks × W's size: a forward-only net never
+        # needs them)
         self._gws, self._k = None, k // g
         self._scratch = threads.Scratch(self._make_scratch)
         self.pointwise = False
@@ -180,9 +184,6 @@ class ConvolutionLayer(Layer):
             flat = self.xp.empty(n * k * oh * ow, np.float32)
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
-        # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G): BLAS runs it 1.4-1.9× faster than
-        # g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same bits; made at
-        # the first backward pass (chunks × W's size: a forward-only net never needs them)
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
