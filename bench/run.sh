@@ -28,3 +28,6 @@ echo "== bench_startup.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_api.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_api.py
+echo
+echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_notice.py

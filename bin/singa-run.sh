@@ -306,14 +306,22 @@ while :; do
   singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true
 
   # The job is over when every process has ended, or once ZooKeeper has none of them left
-  # (each done or lost): then an ssh to a host that went away is not waited for. Only the
+  # (each done or lost): then an ssh to a host that went away is not waited for, nor a local
+  # process that is stopped (SIGSTOP: frozen, taken for lost by the others). Only the
   # watcher's exit 0 says so: it rides through a ZooKeeper outage, and when it fails (ZooKeeper
   # unreachable as it starts) another starts 5 s later; it ends with the job.
   start_watcher() {
     "$PYTHON" -m singa.tool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
     watcher=$!; helpers+=("$watcher")
   }
-  [ ${#remote_pids[@]} -eq 0 ] || start_watcher
+  # True while process $1 is stopped (state T: SIGSTOP, SIGTSTP)
+  stopped() {
+    local stat
+    read -r stat 2>/dev/null <"/proc/$1/stat" || return 1
+    stat=${stat##*) }
+    [[ $stat == [Tt]* ]]
+  }
+  [ -n "$slurm_step" ] || start_watcher
   over=""; closed=(); rewatch=""
   while :; do
     [ -z "$elastic" ] || [ -n "$slurm_step" ] || check_elastic
@@ -339,6 +347,12 @@ while :; do
           echo "singa-run: host ${remote_hosts[$i]}: its process left job $job_id but its ssh session does not end; closing it" >&2
           kill -TERM "${remote_pids[$i]}" 2>/dev/null || true
           closed[$i]=1
+        fi
+      done
+      for pid in "${local_pids[@]}"; do
+        if stopped "$pid"; then
+          echo "singa-run: process $pid left job $job_id in ZooKeeper but is stopped (frozen); killing it" >&2
+          kill -KILL "$pid" 2>/dev/null || true
         fi
       done
       over=$((SECONDS + 3600))

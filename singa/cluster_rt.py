@@ -27,6 +27,18 @@ def failed_mark(why):
     return (FAILED + str(why).encode(errors="replace"))[:MAX_REASON].decode(errors="ignore")
 
 
+def lost_text(job_id, procs_id, where, mark=None):
+    """The report of process `procs_id` of job `job_id` gone (`where`: "host:port, pid N")
+    without a normal end: its proc-done `mark` (bytes) names why, None: it was lost."""
+    if mark is None:
+        how = "was lost"
+    elif mark.startswith(FAILED):
+        how = mark[:MAX_REASON].decode(errors="replace")
+    else:
+        how = f"was stopped by {mark[:20].decode('ascii', 'replace')}"
+    return f"process {procs_id} of job {job_id} ({where}) {how}"
+
+
 class ClusterRuntime:
     """What a job's process asks of its cluster runtime; `job_id` names the job."""
 
@@ -56,9 +68,19 @@ class ClusterRuntime:
     def forget(self, procs_id):
         """Drop what was learned of process `procs_id` (it restarts elsewhere)."""
 
+    def proc_address(self, procs_id):
+        """"host:port, pid N" of process `procs_id`, as learned by `proc_endpoint`."""
+        return "?"
+
+    def proc_mark(self, procs_id):
+        """The proc-done mark of process `procs_id` (bytes; see `proc_done`), None when it has
+        none or the runtime cannot tell now (within a second)."""
+        return None
+
     def watch_procs(self, on_lost, on_joined=None):
         """Call `on_lost(text, procs id)` when a process of the job goes away without
-        `proc_done`, `on_joined(procs id)` when it comes back."""
+        `proc_done` (procs id None: this process's own registration ended), `on_joined(procs
+        id)` when it comes back."""
         raise NotImplementedError
 
     def proc_done(self, procs_id, stopped_by=""):
@@ -146,6 +168,7 @@ class ZKClusterRuntime(ClusterRuntime):
         self.acl = trust.zk_acl if trust is not None else None
         self.procs_id = None    # once registered
         self.endpoints = {}     # procs id -> "host:port", as read (fixed for the job's run)
+        self.os_pids = {}       # procs id -> its OS pid, as read
 
     def reserve_proc(self, procs_id=None):
         """The rank of this process's proc-lock node is its procs id, unless given."""
@@ -213,6 +236,7 @@ class ZKClusterRuntime(ClusterRuntime):
             raise ClusterError(f"{path} in ZooKeeper at {zk.hosts} holds {bytes(data)[:40]!r}, "
                                f"not <host>:<port>|<pid>")
         self.endpoints[procs_id] = f"{proc[0]}:{proc[1]}"
+        self.os_pids[procs_id] = proc[2]
         return self.endpoints[procs_id]
 
     def known_endpoints(self):
@@ -221,6 +245,20 @@ class ZKClusterRuntime(ClusterRuntime):
     def forget(self, procs_id):
         """Drop the endpoint learned of `procs_id` (it restarted elsewhere)."""
         self.endpoints.pop(procs_id, None)
+        self.os_pids.pop(procs_id, None)
+
+    def proc_address(self, procs_id):
+        return f"{self.endpoints.get(procs_id, '?')}, pid {self.os_pids.get(procs_id, '?')}"
+
+    def proc_mark(self, procs_id):
+        zk = self.zk
+        if not zk.connected:
+            return None
+        try:
+            return zk.wait(zk.client.get_async(f"{self.path}/proc-done/proc-{procs_id}"),
+                           "read a proc-done mark", 1.0)[0]
+        except (NoNodeError, ClusterError):
+            return None
 
     def watch_procs(self, on_lost, on_joined=None):
         """In kazoo's thread: `on_lost(text, procs id)` each time a proc node ends without a
@@ -240,7 +278,9 @@ class ZKClusterRuntime(ClusterRuntime):
                         seen[name] = "?"
                     if name in gone and on_joined is not None:
                         gone.discard(name)
-                        on_joined(int(name.removeprefix("proc-")))
+                        procs_id = name.removeprefix("proc-")
+                        if procs_id.isdigit():
+                            on_joined(int(procs_id))
             for name in set(seen) - set(children):
                 value = seen.pop(name)
                 try:
@@ -258,14 +298,9 @@ class ZKClusterRuntime(ClusterRuntime):
                                 f"{self.job_id}) lost its ZooKeeper session at {self.zk.hosts}: "
                                 f"the others take it for lost", None)
                     continue
-                if mark is None:
-                    how = "was lost"
-                elif mark.startswith(FAILED):
-                    how = mark[:MAX_REASON].decode(errors="replace")
-                else:
-                    how = f"was stopped by {mark[:20].decode('ascii', 'replace')}"
-                on_lost(f"process {name.removeprefix('proc-')} of job {self.job_id} "
-                        f"({host or '?'}, pid {pid}) {how}", int(name.removeprefix("proc-")))
+                procs_id = name.removeprefix("proc-")
+                on_lost(lost_text(self.job_id, procs_id, f"{host or '?'}, pid {pid}", mark),
+                        int(procs_id) if procs_id.isdigit() else None)
             return True
 
         client.ChildrenWatch(f"{job}/proc", changed)

@@ -27,7 +27,8 @@ import threading
 import singa
 from singa import checkpoint, cluster, config, evaluation, launch, threads, workspace
 from singa import log as singa_log
-from singa.cluster_rt import ZKClusterRuntime, failed_mark
+from singa.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
+from singa.comm.liveness import DOWN_GRACE
 from singa.errors import ClusterError, ConfigError, SingaError
 from singa.job_manager import JobManager
 from singa.metrics import Reporter
@@ -288,25 +289,29 @@ class Driver:
                 process.stub.stop_servers()
         for g in sorted(groups) if not process.stub.elastic else ():
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
-        if cluster.nprocs(cl) > 1:
-            rt.watch_procs(process.stub.report_lost, process.stub.report_back)
-            threading.Thread(target=self.watch_silence, args=(process.stub, pid), daemon=True,
-                             name="silence").start()
         failure = None
         try:
-            process.run()
+            if cluster.nprocs(cl) > 1:
+                rt.watch_procs(process.stub.report_lost, process.stub.report_back)
+                process.watch_peers(self.on_peer_down)
+                threading.Thread(target=self.watch_silence, args=(process.stub, pid),
+                                 daemon=True, name="silence").start()
+            process.route()
         except BaseException as e:     # the others name why (a full disk), not "was lost"
             failure = e if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
             raise
         finally:
             self.stopped.set()
-            if cluster.nprocs(cl) > 1:
-                self.mark_done(pid, failure)
+            try:
+                if cluster.nprocs(cl) > 1:      # both before the connections drop
+                    process.stub.farewell(self.mark_done(pid, failure))
+            finally:
+                process.close()
 
     def mark_done(self, pid, failure):
-        """Mark this process's end in the cluster runtime: nothing for a normal end, the
-        signal's name (a failure for the others, unless the job stops for a snapshot), or
-        `failure`, the error it stopped on."""
+        """Mark this process's end in the cluster runtime, and return the mark: "" for a
+        normal end, the signal's name (a failure for the others, unless the job stops for a
+        snapshot), or `failure`, the error it stopped on."""
         stopped_by = ""
         if self.signal and not self.snapshot:
             stopped_by = signal.Signals(self.signal).name
@@ -314,8 +319,23 @@ class Driver:
             stopped_by = failed_mark(failure)
         try:
             self.cluster_rt.proc_done(pid, stopped_by)
-        except ClusterError as e:      # the others may then report this process lost
+        except ClusterError as e:      # its farewell still tells the others
             log.warning("process %d could not mark its end in ZooKeeper: %s", pid, e)
+        return stopped_by
+
+    def on_peer_down(self, pid):
+        """The connection to process `pid` has dropped for good: a loss to report unless it
+        ended normally, as its farewell says (or, not heard, its proc-done mark when
+        ZooKeeper answers); a failed or stopped end is reported as that."""
+        stub = self.process.stub
+        mark = stub.ended.get(pid)
+        mark = self.cluster_rt.proc_mark(pid) if mark is None else mark.encode()
+        if mark == b"":
+            return
+        text = lost_text(self.job_id, pid, self.cluster_rt.proc_address(pid), mark)
+        if stub.report_lost(text, pid):
+            log.warning("No connection to process %d at %s for %g s", pid,
+                        self.cluster_rt.known_endpoints().get(pid, "?"), DOWN_GRACE)
 
     def watch_silence(self, stub, pid):
         """With ZooKeeper unreachable nothing reports a lost process: one that has heard no
@@ -323,7 +343,7 @@ class Driver:
         while not self.stopped.wait(1):
             if not self.cluster_rt.connected and stub.silent_for() > SILENCE_TIMEOUT:
                 stub.report_lost(silence_message(self.job_id, pid,
-                                                 self.cluster_rt.known_endpoints()))
+                                                 self.cluster_rt.known_endpoints()), None)
                 return
 
     def register(self, endpoint, procs_id=None, rejoin=False):

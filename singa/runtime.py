@@ -15,6 +15,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from singa import checkpoint, cluster, device, errors, evaluation
 from singa.comm import msg as m
+from singa.comm.liveness import PeerWatch
 from singa.comm.socket import Peer, Router
 from singa.errors import ClusterError
 from singa.comm.stub import ParamEntry, Stub
@@ -193,6 +194,7 @@ class Process:
         self.cluster_rt = cluster_rt
         self.peers, self.connect = {}, peers
         self.lost_at = {}       # procs id -> the endpoint it was lost at
+        self.watch = None
 
     def largest_frame(self):
         """Bytes of the largest array this process's executors may send another process: a
@@ -222,14 +224,21 @@ class Process:
         raise ClusterError(f"no executor at address {address}")
 
     def peer(self, pid):
+        """The Peer to process `pid`, connected now if needed (watched, when the others are:
+        a restarted process's new endpoint)."""
         if pid not in self.peers:
-            self.peers[pid] = self.transport.peer(self.connect(pid))
+            self.peers[pid] = self.transport.peer(self.connect(pid),
+                                                  watched=self.watch is not None)
+            if self.watch is not None:
+                self.watch.add(pid, self.peers[pid])
         return self.peers[pid]
 
     def forget(self, pid):
         """Drop the connection to process `pid` (lost, or restarted elsewhere)."""
         peer = self.peers.pop(pid, None)
         if peer is not None:
+            if peer.events is not None:     # its watch reads the events left, then drops them
+                peer.unwatch()
             peer.close()
         if self.cluster_rt is not None:
             known = self.cluster_rt.known_endpoints().get(pid)
@@ -249,8 +258,26 @@ class Process:
             return False
         return True
 
+    def watch_peers(self, on_down):
+        """Connect to every other process of the job now and watch those connections until
+        the stub stops: `on_down(procs id)` (in the watch's thread) once a process's connection
+        has dropped for good (`singa.comm.liveness`). Before `run` or `route`, instead of
+        connecting as messages need."""
+        self.peers = {pid: self.transport.peer(self.connect(pid), watched=True)
+                      for pid in range(cluster.nprocs(self.job.cluster)) if pid != self.pid}
+        self.watch = PeerWatch(self.peers, on_down)
+        self.watch.start()
+
     def run(self):
-        """Run every executor in its thread and route until all stop; raise the first failure."""
+        """`route`, then close every socket."""
+        try:
+            self.route()
+        finally:
+            self.close()
+
+    def route(self):
+        """Run every executor in its thread and route until all stop (the sockets stay open:
+        a farewell may follow); raise the first failure."""
         threads = [threading.Thread(target=x.run, name=f"{type(x).__name__}-{x.grp}-{x.id}",
                                     daemon=True) for x in self.servers + self.workers]
         for t in threads:
@@ -258,13 +285,16 @@ class Process:
         try:
             failure = self.stub.run()
         finally:
+            if self.watch is not None:      # this process ends: no more reports
+                self.watch.stop()
             for t in threads:
                 t.join(timeout=30)
-            self.close()
         if failure is not None:
             raise failure_error(*failure)
 
     def close(self):
+        if self.watch is not None:
+            self.watch.close()
         for peer in self.peers.values():
             peer.close()
         for x in self.servers + self.workers:
@@ -304,9 +334,9 @@ class Transport:
         return self.router.bind(f"tcp://{address}:*", self.trust, max_frame) \
             .removeprefix("tcp://")
 
-    def peer(self, endpoint):
+    def peer(self, endpoint, watched=False):
         """A Peer connected to another process's stub at tcp `endpoint` ("address:port")."""
-        return Peer(self.ctx, "tcp://" + endpoint, self.trust, self.job)
+        return Peer(self.ctx, "tcp://" + endpoint, self.trust, self.job, watched)
 
     def close(self):
         self.router.close()

@@ -10,6 +10,15 @@ import zmq
 from singa.comm.msg import Msg
 from singa.errors import ClusterError
 
+#: ZMTP heartbeats of a Peer, in ms: a PING every HEARTBEAT_IVL; a connection that has heard
+#: nothing for HEARTBEAT_TIMEOUT after one is dropped. The other process's libzmq I/O thread
+#: answers, not Python, so a busy process (its GIL held, its cores loaded) still does in time;
+#: a frozen one (SIGSTOP) does not. A killed one drops the connection at once (its kernel
+#: closes the socket).
+HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 500, 2000
+#: ms a closing Peer still tries to deliver what it was sent (a farewell to the other stub)
+LINGER = 500
+
 
 def identity(address):
     return b"%d" % address
@@ -52,24 +61,42 @@ class Dealer:
 class Peer:
     """A send-only connection to another process's stub (its Router's tcp endpoint); with a
     `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys. Every message starts
-    with a frame of the job's id, which the Router checks."""
+    with a frame of the job's id, which the Router checks. The connection carries heartbeats;
+    a `watched` Peer has `events`, a socket of its connection's events (handshake succeeded,
+    disconnected: `zmq.utils.monitor`), for one other thread to read
+    (`singa.comm.liveness.PeerWatch`)."""
 
-    def __init__(self, ctx, endpoint, trust=None, job=-1):
+    def __init__(self, ctx, endpoint, trust=None, job=-1, watched=False):
         self.endpoint = endpoint
         self.job = b"%d" % job
         self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.LINGER, LINGER)
+        self.sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL)
+        self.sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT)
         if trust is not None:
             self.sock.curve_serverkey = trust.server_public
             self.sock.curve_publickey = trust.client_public
             self.sock.curve_secretkey = trust.client_secret
-        self.sock.connect(endpoint)
+        self.events = self.sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED) if watched else None
+        self.sock.connect(endpoint)     # after the options and the monitor: they take from here
 
-    def send(self, msg):
-        self.sock.send_multipart([self.job, msg.header(), *msg.frames], copy=False)
+    def send(self, msg, wait=True):
+        """Queue `msg` for the other process; not `wait`ing, a full queue (a process that
+        reads nothing) drops it."""
+        try:
+            self.sock.send_multipart([self.job, msg.header(), *msg.frames], copy=False,
+                                     flags=0 if wait else zmq.DONTWAIT)
+        except zmq.Again:
+            pass
+
+    def unwatch(self):
+        """No more `events` (before their reader stops reading them)."""
+        self.sock.disable_monitor()
 
     def close(self):
-        self.sock.close(0)
+        """Close the connection (a watched one's events stopped first: `PeerWatch.close`)."""
+        self.sock.close()
 
 
 class Router:

@@ -8,11 +8,14 @@ itself (`address(grp)`, SINGA's Addr(grp, procs_id, kStub)); the servers answer 
 and, once every slice has answered, the stub gives each share one message (`comm.param_msg`).
 Everything is routed by its destination address: an executor's here or at its process's stub
 over tcp (`peers`), another stub's by the process id in it. A failure (kError) stops every
-local executor; `run` then returns it as (type name, message).
+local executor; `run` then returns it as (type name, message). A process on its way out tells
+every other stub (`farewell`: a kStop from stub to stub, with its proc-done mark), so that its
+dropped connection is known for an end, not a loss, without ZooKeeper.
 """
 import logging
 import math
 import queue
+import threading
 import time
 
 from singa.comm import msg as m
@@ -85,9 +88,12 @@ class Stub:
         self.workers = sum(m.addr_type(a) != m.kServer for a in self.executors)
         self.servers = len(self.executors) - self.workers
         self.poll_ms = poll_ms
-        self.requests = queue.SimpleQueue()     # (what, text) from other threads, for `run`
+        self.requests = queue.SimpleQueue()     # (what, arg[, procs id]) from other threads
         self.error = None
         self.heard = time.monotonic()           # when the last message arrived
+        self.ended = {}             # procs id -> its proc-done mark, from its farewell
+        self.lost = set()           # the procs ids reported lost
+        self.lock = threading.Lock()
 
     def stop(self):
         """Have `run` stop every local executor. Thread-safe, and safe in a signal handler."""
@@ -105,14 +111,31 @@ class Stub:
         self.requests.put(("snapshot", step))
 
     def report_lost(self, text, procs_id=None):
-        """Process `procs_id` of the job was lost (`text` says which; None: unknown): `run`
-        stops every local executor and returns it as the failure, unless the process is
-        elastic (it is then away). Thread-safe."""
-        self.requests.put(("lost", (text, procs_id)))
+        """Process `procs_id` of the job was lost (`text` says which; None: unknown or
+        several): `run` stops every local executor and returns it as the failure, unless the
+        process is elastic (it is then away). Once per loss of a process, whoever notices it
+        (ZooKeeper or its connection); returns whether this was the first report.
+        Thread-safe."""
+        with self.lock:
+            if procs_id in self.lost:
+                return False
+            if procs_id is not None:
+                self.lost.add(procs_id)
+        self.requests.put(("lost", text, procs_id))
+        return True
 
     def report_back(self, procs_id):
         """Process `procs_id` registered again (a restart). Thread-safe."""
         self.requests.put(("back", procs_id))
+
+    def farewell(self, mark):
+        """Tell every other process's stub (but those away) that this one ends, with its
+        proc-done `mark` (`cluster_rt.ClusterRuntime.proc_done`: "" for a normal end). After
+        `run`, before the Peers close (they linger to deliver it)."""
+        for pid in range(self.nprocs):
+            if pid != self.pid and pid not in self.away:
+                self.peers(pid).send(m.Msg(self.address(0), m.addr(0, pid, m.kStub), m.kStop,
+                                           frames=[mark.encode()]), wait=False)
 
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
@@ -138,9 +161,10 @@ class Stub:
         """Seconds since the last message arrived (for any executor here, or this stub)."""
         return time.monotonic() - self.heard
 
-    def take_request(self, what, arg):
+    def take_request(self, what, arg, procs_id=None):
         """Carry out a request of `stop`, `stop_servers`, `snapshot` (at step `arg`),
-        `report_lost` ((text, procs id) `arg`) or `report_back` (procs id `arg`)."""
+        `report_lost` (the failure's text `arg`, of process `procs_id`) or `report_back`
+        (procs id `arg`)."""
         if what == "servers":
             self.stop_local(m.kServer)
             return
@@ -152,7 +176,7 @@ class Stub:
             self.come_back(arg)
             return
         if what == "lost":
-            text, procs_id = arg
+            text = arg
             if procs_id in self.away:
                 return
             if procs_id in self.elastic and self.error is None and self.rejoinable():
@@ -174,9 +198,13 @@ class Stub:
                     self.rejoin_timeout)
 
     def come_back(self, procs_id):
-        """Process `procs_id` restarted: messages to it go to its new endpoint."""
+        """Process `procs_id` restarted: messages to it go to its new endpoint, and its next
+        loss is news."""
         if self.away.pop(procs_id, None) is None:
             return
+        with self.lock:
+            self.lost.discard(procs_id)
+        self.ended.pop(procs_id, None)
         if self.forget is not None:
             self.forget(procs_id)
         log.info("Process %d rejoined the job at step %d: its worker groups take the servers' "
@@ -232,6 +260,9 @@ class Stub:
         elif t == m.kSnapshot:     # from another process: later, if ours are there already
             step = msg.trgt_version
             self.spread_snapshot(step if step > self.latest + 1 else self.latest + self.lead())
+        elif t == m.kStop and m.addr_type(msg.src) == m.kStub:     # another stub's farewell
+            self.ended[m.addr_id(msg.src)] = bytes(msg.frames[0]).decode(errors="replace") \
+                if msg.frames else ""
         elif msg.src not in self.executors:
             raise ClusterError(f"request of type {t} from an executor this process does not run")
         elif t == m.kStop:

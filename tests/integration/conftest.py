@@ -1,6 +1,7 @@
 """Fixtures of the integration tests: a real ZooKeeper server, a singa.conf pointing at it, and
 runs of the `singa` driver on SINGA's fixture jobs."""
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -42,14 +43,15 @@ def new_job(zk_server):
 
 def start_drivers(conf, singa_conf, job_id, env, logs, flags=()):
     """A `singa` driver of job `job_id` per path of `logs`, each logging to its file (a file:
-    an unread pipe fills up and stalls the job)."""
+    an unread pipe fills up and stalls the job); the i-th is process i (`-procs_id`, as
+    bin/singa-run.sh numbers them)."""
     procs = []
-    for log in logs:
+    for i, log in enumerate(logs):
         with open(log, "w") as out:
             procs.append(subprocess.Popen([PYTHON, "-m", "singa.driver", "-conf", str(conf),
                                            "-singa_conf", str(singa_conf), "-singa_job",
-                                           str(job_id), *flags], env=env, stdout=out,
-                                          stderr=subprocess.STDOUT))
+                                           str(job_id), "-procs_id", str(i), *flags], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -147,6 +149,85 @@ def singa_conf(tmp_path, zk_server):
     path = conf / "singa.conf"
     path.write_text(f'zookeeper_host: "{zk_server}"\nlog_dir: "{tmp_path / "log"}/"\n')
     return path
+
+
+@pytest.fixture
+def env(singa_conf, zk_server):
+    """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty
+    (a module that lists jobs has a `zk_server` of its own)."""
+    with ZKService(zk_server) as zk:
+        JobManager(zk).cleanup()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
+    env["SINGA_CONF"] = str(singa_conf.parent)
+    return env
+
+
+FAKE_SSH = """#!/usr/bin/env bash
+# ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
+# remote process outlives a killed ssh client), and exits with its status; a host whose name
+# starts with "down" cannot be reached (exit 255 3 s later, as ssh's after its connect timeout).
+printf '%s\\n' "$*" >> {log}
+while [ $# -gt 0 ]; do
+  case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
+done
+case $1 in down*) sleep 3; exit 255 ;; esac
+shift   # the host
+setsid bash -c "$*" <&0 &
+wait $!
+"""
+
+
+@pytest.fixture
+def ssh_env(env, tmp_path):
+    """`env` with an `ssh` on PATH that runs commands here and logs its arguments to
+    <tmp>/ssh.log (read it with ssh_env.log())."""
+    bindir = tmp_path / "fake bin"
+    bindir.mkdir()
+    log = tmp_path / "ssh.log"
+    log.touch()
+    ssh = bindir / "ssh"
+    ssh.write_text(FAKE_SSH.format(log=shlex.quote(str(log))))
+    ssh.chmod(0o755)
+    return dict(env, PATH=f"{bindir}:{env['PATH']}"), log
+
+
+def launch(conf, env, log, *args):
+    """bin/singa-run.sh -conf `conf` [args] running in a session of its own, its output in
+    the file `log`."""
+    with open(log, "w") as out:
+        return subprocess.Popen([os.path.join(singa.HOME, "bin", "singa-run.sh"), "-conf",
+                                 str(conf), *args], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(run, log, text, seconds=120):
+    """Until `text` is in the file `log` of the launch `run` (which must still run)."""
+    deadline = time.monotonic() + seconds
+    while text not in log.read_text():
+        assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+        time.sleep(0.1)
+
+
+def job_process(run, procs_id, job_id=None):
+    """The pid of process `procs_id` of the job of the launch `run`: its child, or, started
+    over ssh, the process of job `job_id`."""
+    parent = ["-P", str(run.pid)] if job_id is None else []
+    pids = subprocess.run(["pgrep", *parent, "-f", f"^[^ ]*python[^ ]* -m singa.driver .*"
+                           f"singa_job {job_id or ''}.*procs_id {procs_id}( |$)"],
+                          capture_output=True, text=True).stdout.split()
+    assert len(pids) == 1, pids
+    return int(pids[0])
+
+
+def finish(run, log, timeout=300):
+    """(exit code, output) of the launch `run` once it ends (its session killed after
+    `timeout` s)."""
+    try:
+        rc = run.wait(timeout=timeout)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, 9)
+    return rc, log.read_text()
 
 
 @pytest.fixture

@@ -97,7 +97,7 @@ def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
     done, killed = ZKService(zk_server), ZKService(zk_server)
     ZKClusterRuntime(done, job_id).register_proc("127.0.0.1:5001", 101)
     ZKClusterRuntime(killed, job_id).register_proc("127.0.0.1:5002", 102)
-    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, pid: lost.append(text))
+    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, procs_id: lost.append((text, procs_id)))
     ZKClusterRuntime(done, job_id).proc_done(1)
     done.close()
     time.sleep(1)
@@ -106,7 +106,7 @@ def test_a_process_gone_without_ending_normally_is_reported_lost(zk, zk_server):
     deadline = time.monotonic() + 10
     while not lost and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert lost == [f"process 2 of job {job_id} (127.0.0.1:5002, pid 102) was lost"]
+    assert lost == [(f"process 2 of job {job_id} (127.0.0.1:5002, pid 102) was lost", 2)]
 
 
 def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_server):
@@ -116,7 +116,9 @@ def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_s
     ZKClusterRuntime(zk, job_id).register_proc("127.0.0.1:5000", 100)
     failed = ZKService(zk_server)
     ZKClusterRuntime(failed, job_id).register_proc("127.0.0.1:5001", 101)
-    ZKClusterRuntime(zk, job_id).watch_procs(lambda text, pid: lost.append(text))
+    rt = ZKClusterRuntime(zk, job_id)
+    rt.proc_endpoint(1)
+    rt.watch_procs(lambda text, procs_id: lost.append((text, procs_id)))
     why = "/ws/checkpoint: No space left on device " + "x" * 600
     ZKClusterRuntime(failed, job_id).proc_done(1, failed_mark(why))
     failed.close()
@@ -124,8 +126,12 @@ def test_a_process_that_stopped_on_an_error_is_reported_with_its_reason(zk, zk_s
     while not lost and time.monotonic() < deadline:
         time.sleep(0.1)
     head = f"process 1 of job {job_id} (127.0.0.1:5001, pid 101) failed: /ws/checkpoint: No space"
-    assert len(lost) == 1 and lost[0].startswith(head), lost
-    assert len(lost[0]) < len(head) + MAX_REASON        # a peer's text, bounded
+    (text, procs_id), = lost
+    assert text.startswith(head) and procs_id == 1, lost
+    assert len(text) < len(head) + MAX_REASON        # a peer's text, bounded
+    # what a dropped connection's judge reads
+    assert rt.proc_mark(1) == failed_mark(why).encode() and rt.proc_mark(0) is None
+    assert rt.proc_address(1) == "127.0.0.1:5001, pid 101"
 
 
 def test_an_endpoint_once_read_is_known_with_zookeeper_away(zk, zk_server):

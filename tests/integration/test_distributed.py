@@ -79,9 +79,10 @@ def test_synchronous_frameworks_in_processes_train_as_in_one(framework, fixture_
             np.testing.assert_allclose(ours.param(name), ref.param(name), rtol=1e-5, atol=1e-6)
 
 
-def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, singa_conf,
-                                                                  zk_server, tmp_path):
-    conf = job_text(fixture_job, tmp_path, "killed", LAYOUTS["allreduce"], steps=100000)
+def survivor_of(sig, fixture_job, singa_conf, zk_server, tmp_path):
+    """A 2-process AllReduce job, `sig` to one process once both train: (the victim's OS pid,
+    the other's exit status and log, the job id). The victim is killed at the end."""
+    conf = job_text(fixture_job, tmp_path, "victim", LAYOUTS["allreduce"], steps=100000)
     job_id, env, _ = new_job(zk_server)
     logs = [tmp_path / f"proc{i}.log" for i in range(2)]
     procs = start_drivers(conf, singa_conf, job_id, env, logs)
@@ -92,19 +93,30 @@ def test_a_killed_process_stops_the_others_with_a_line_naming_it(fixture_job, si
                 "".join(log.read_text() for log in logs)
             time.sleep(0.2)
         victim, survivor = procs
-        victim.send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
+        victim.send_signal(sig)
         rc = survivor.wait(timeout=60)
-        noticed = time.monotonic() - killed_at
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    text = logs[1].read_text()
-    assert rc != 0 and noticed <= 30, text
-    assert re.search(rf"process \d of job {job_id} \(127\.0\.0\.1:\d+, pid {victim.pid}\) was lost",
-                     text), text
-    assert "Traceback" not in text
+            p.wait()
+    return victim.pid, rc, logs[1].read_text(), job_id
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_killed_or_frozen_process_is_noticed_by_its_connection(sig, fixture_job, singa_conf,
+                                                                 zk_server, tmp_path):
+    """The other process stops with a line naming it, noticed by its dropped connection (a
+    kill at once, a freeze by missed heartbeats), not by its ZooKeeper session's end, which
+    logs no "No connection" line."""
+    pid, rc, text, job_id = survivor_of(sig, fixture_job, singa_conf, zk_server, tmp_path)
+    lost = re.search(rf"process (\d) of job {job_id} \(127\.0\.0\.1:(\d+), pid {pid}\) was "
+                     rf"lost", text)
+    assert rc != 0 and lost, text
+    noticed = re.search(rf"No connection to process {lost[1]} at 127\.0\.0\.1:{lost[2]} for 1 s",
+                        text)
+    assert noticed and noticed.start() < lost.start(), text
+    assert text.count(" was lost") == 2 and "Traceback" not in text    # the log's line, stderr's
 
 
 GARBAGE = [

@@ -1,6 +1,7 @@
 """Elastic asynchronous groups (issue 31): bin/singa-run.sh restarts a lost worker-only process
 of a Downpour or Hogwild job alone; its groups join the running job again. Real processes, a
-real ZooKeeper, the fixture MLP on real data."""
+real ZooKeeper, the fixture MLP on real data. A lost process holding servers restarts the
+whole job (test_scripts)."""
 import csv
 import os
 import re
@@ -11,9 +12,7 @@ import time
 import pytest
 
 import singa
-from conftest import zookeeper
-from singa.job_manager import JobManager
-from singa.zk import ZKService
+from conftest import finish, job_process, launch, wait_for, zookeeper
 
 BIN = os.path.join(singa.HOME, "bin")
 TEST = re.compile(r"Test @ step (\d+)\n.*accuracy = ([\d.]+)")
@@ -30,47 +29,6 @@ def zk_server(tmp_path_factory):
     yield from zookeeper(tmp_path_factory)
 
 
-@pytest.fixture
-def env(singa_conf, zk_server):
-    with ZKService(zk_server) as zk:
-        JobManager(zk).cleanup()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
-    env["SINGA_CONF"] = str(singa_conf.parent)
-    return env
-
-
-def launch(conf, env, log):
-    with open(log, "w") as out:
-        return subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-
-
-def wait_for(run, log, text, seconds=120):
-    deadline = time.monotonic() + seconds
-    while text not in log.read_text():
-        assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-        time.sleep(0.1)
-
-
-def kill_process(run, procs_id, sig=signal.SIGKILL):
-    """Signal the job's process `procs_id` (a child of the launcher); returns its pid."""
-    pids = subprocess.run(["pgrep", "-P", str(run.pid), "-f", f"procs_id {procs_id}( |$)"],
-                          capture_output=True, text=True).stdout.split()
-    assert len(pids) == 1, pids
-    os.kill(int(pids[0]), sig)
-    return int(pids[0])
-
-
-def finish(run, log, timeout=300):
-    try:
-        rc = run.wait(timeout=timeout)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    return rc, log.read_text()
-
-
 def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_job, env,
                                                                         tmp_path):
     """SINGA's Downpour layout: process 0 holds the servers and group 0, process 1 group 1.
@@ -84,7 +42,8 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
     wait_for(run, log, "Test @ step 200")
-    killed, at = kill_process(run, 1), time.time()
+    killed, at = job_process(run, 1), time.time()
+    os.kill(killed, signal.SIGKILL)
     wait_for(run, log, "Process 1 rejoined the job")
     listed = subprocess.run([os.path.join(BIN, "singa-console.sh"), "list"], env=env,
                             capture_output=True, text=True).stdout
@@ -108,10 +67,13 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
     assert (tmp_path / "ws" / "checkpoint" / "step3600-worker0.bin").is_file()
 
 
-def test_a_hogwild_worker_process_killed_past_max_restarts_stops_the_job(fixture_job, env,
-                                                                         tmp_path):
-    """Distributed Hogwild, servers in a process of their own: the first kill of process 1
-    restarts it, the second (max_restarts 1) stops the whole job with one line."""
+def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_job(
+        fixture_job, ssh_env, singa_conf, tmp_path):
+    """Distributed Hogwild, servers in a process of their own, every process started over
+    ssh: the first kill of process 1 restarts it (over ssh again), the second (max_restarts 1)
+    stops the whole job with one line."""
+    env, ssh_log = ssh_env
+    (singa_conf.parent / "hostfile").write_text("127.0.0.1\n")
     conf = fixture_job(head="max_restarts: 1\n", edits={
         **EDITS, "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 2 nserver_groups: 2 nservers_per_procs: 2 "
@@ -119,28 +81,18 @@ def test_a_hogwild_worker_process_killed_past_max_restarts_stops_the_job(fixture
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
     wait_for(run, log, "Test @ step 200")
-    kill_process(run, 1)
+    job = int(re.search(r"Unique JOB_ID is (\d+)", log.read_text())[1])
+    os.kill(job_process(run, 1, job), signal.SIGKILL)
     wait_for(run, log, "Process 1 rejoined the job")
     time.sleep(1)
-    kill_process(run, 1)
+    os.kill(job_process(run, 1, job), signal.SIGKILL)
     rc, text = finish(run, log)
     assert rc == 137, text
+    assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); restart 1 of 1: it "
+                     r"rejoins the running job", text), text
     assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); not restarted: "
                      r"max_restarts 1 reached", text), text
     assert "restart 2 of" not in text
-
-
-def test_a_killed_downpour_server_process_restarts_the_whole_job(fixture_job, env, tmp_path):
-    """A process holding servers is not elastic: the job restarts whole from its snapshot."""
-    conf = fixture_job(head="max_restarts: 1\n", edits={
-        **EDITS, "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
-        "train_steps: 200": "train_steps: 800"})
-    log = tmp_path / "run.log"
-    run = launch(conf, env, log)
-    wait_for(run, log, "step200-worker0.bin")
-    kill_process(run, 0)
-    rc, text = finish(run, log)
-    assert rc == 0, text
-    assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
-                     r"complete snapshot", text), text
-    assert "rejoins" not in text and re.search(r"Resume from step [1-9]", text)
+    launched = ssh_log.read_text()
+    assert launched.count(" -procs_id 1 -host ") == 1, launched
+    assert launched.count(" -procs_id 1 -rejoin -host ") == 1, launched

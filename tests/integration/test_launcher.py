@@ -10,8 +10,7 @@ import time
 import pytest
 
 import singa
-from conftest import free_port, zk_service
-from test_scripts import FAKE_SSH
+from conftest import FAKE_SSH, free_port, zk_service
 
 BIN = os.path.join(singa.HOME, "bin")
 

@@ -12,7 +12,7 @@ import pytest
 
 import processes
 import singa
-from conftest import free_port, zk_service, zookeeper
+from conftest import finish, free_port, job_process, launch, wait_for, zk_service, zookeeper
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.zk import ZKService
@@ -34,16 +34,6 @@ TRAIN_DATA = """\
 """
 LONG = {"train_steps: 200": "train_steps: 1000000", "test_freq: 100": "test_freq: 0",
         "checkpoint_freq: 100": "checkpoint_freq: 0", "disp_freq: 20": "disp_freq: 1000"}
-
-
-@pytest.fixture
-def env(singa_conf, zk_server):
-    """The environment of a user whose SINGA_CONF is the tmp conf dir; ZooKeeper starts empty."""
-    with ZKService(zk_server) as zk:
-        JobManager(zk).cleanup()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SINGA_") and k != "PYTHON"}
-    env["SINGA_CONF"] = str(singa_conf.parent)
-    return env
 
 
 def script(name, *args, env, timeout=180):
@@ -230,34 +220,45 @@ def test_run_starts_a_process_per_host_of_a_multi_process_job(fixture_job, env, 
         assert (tmp_path / "ws" / "checkpoint" / f"step200-worker{w}.bin").is_file()
 
 
-def test_max_restarts_restarts_a_job_whose_process_was_killed(fixture_job, env, tmp_path):
+def test_max_restarts_restarts_a_job_whose_server_process_was_killed(fixture_job, env,
+                                                                    tmp_path):
+    """SINGA's Downpour layout, process 0 (the servers and group 0) killed: a process holding
+    servers is not restarted alone (as an asynchronous job's worker-only process is,
+    test_elastic): the whole job restarts from its newest snapshot and finishes."""
     conf = fixture_job(head="max_restarts: 1\n", edits={
+        "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
+        "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
+    log = tmp_path / "run.log"
+    run = launch(conf, env, log)
+    wait_for(run, log, "step50-worker0.bin")
+    os.kill(job_process(run, 0), signal.SIGKILL)
+    rc, text = finish(run, log)
+    assert rc == 0, text
+    assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
+                     r"complete snapshot", text)
+    assert re.search(r"Resume from step [1-9]\d*", text) and "was lost" in text
+    assert "rejoin" not in text
+    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker0.bin").is_file()
+
+
+def test_a_frozen_process_is_taken_for_lost_and_the_launcher_ends(fixture_job, env, tmp_path):
+    """SIGSTOP to one process: the other takes it for lost and stops; the launcher, which
+    would wait for the stopped process for ever, kills it once it has left ZooKeeper."""
+    conf = fixture_job(edits={
         "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
-            "nservers_per_group: 2",
-        "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
-    with open(tmp_path / "run.log", "w") as out:
-        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "step50-worker1.bin" not in (tmp_path / "run.log").read_text():
-            assert time.monotonic() < deadline and run.poll() is None, (tmp_path / "run.log").read_text()
-            time.sleep(0.2)
-        drivers = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver"],
-                                 capture_output=True, text=True).stdout.split()
-        assert len(drivers) == 2
-        os.kill(int(drivers[0]), signal.SIGKILL)
-        rc = run.wait(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    log = (tmp_path / "run.log").read_text()
-    assert rc == 0, log
-    assert re.search(r"singa-run: job \d+ failed \(exit \d+\); restart 1 of 1 from its newest "
-                     r"complete snapshot", log)
-    assert re.search(r"Resume from step [1-9]\d*", log) and "was lost" in log
-    assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
+            "nservers_per_group: 2", **LONG})
+    log = tmp_path / "run.log"
+    run = launch(conf, env, log)
+    wait_for(run, log, "Train @ step 1000 ")
+    frozen = job_process(run, 1)
+    os.kill(frozen, signal.SIGSTOP)
+    rc, text = finish(run, log, timeout=120)
+    assert rc != 0, text
+    assert re.search(rf"process 1 of job \d+ \(127\.0\.0\.1:\d+, pid {frozen}\) was lost",
+                     text), text
+    assert f"singa-run: process {frozen} left job {job_id(text)} in ZooKeeper but is stopped " \
+        f"(frozen); killing it" in text, text
 
 
 def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_job, env,
@@ -270,31 +271,17 @@ def test_sigterm_to_one_process_stops_the_job_at_once_and_restarts_it(fixture_jo
             "nservers_per_group: 2",
         "train_steps: 200": "train_steps: 1000", "checkpoint_freq: 100": "checkpoint_freq: 50"})
     log = tmp_path / "run.log"
-    with open(log, "w") as out:
-        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
-                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "step50-worker1.bin" not in log.read_text():
-            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-            time.sleep(0.2)
-        drivers = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "singa.driver"],
-                                 capture_output=True, text=True).stdout.split()
-        assert len(drivers) == 2
-        os.kill(int(drivers[0]), signal.SIGTERM)
-        signalled = time.monotonic()
-        while "restart 1 of 1" not in log.read_text():
-            assert time.monotonic() < signalled + 60 and run.poll() is None, log.read_text()
-            time.sleep(0.1)
-        stopped_in = time.monotonic() - signalled
-        rc = run.wait(timeout=300)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-    text = log.read_text()
+    run = launch(conf, env, log)
+    wait_for(run, log, "step50-worker1.bin")
+    stopped = job_process(run, 0)
+    os.kill(stopped, signal.SIGTERM)
+    signalled = time.monotonic()
+    wait_for(run, log, "restart 1 of 1", 60)
+    stopped_in = time.monotonic() - signalled
+    rc, text = finish(run, log)
     print(f"SIGTERM to one process: the job stopped {stopped_in:.1f} s later")
     assert rc == 0 and stopped_in <= 15, (stopped_in, text)
-    assert re.search(rf"process \d of job \d+ \(127\.0\.0\.1:\d+, pid {drivers[0]}\) was "
+    assert re.search(rf"process 0 of job \d+ \(127\.0\.0\.1:\d+, pid {stopped}\) was "
                      rf"stopped by SIGTERM", text), text
     assert (tmp_path / "ws" / "checkpoint" / "step1000-worker1.bin").is_file()
 
@@ -316,35 +303,6 @@ def test_signal_to_run_stops_every_process_of_the_job(how, long_job, env):
     assert job.wait() == expected, job.out.read_text()
     assert cmdline(pid) == ""
     assert n not in listed(env)
-
-
-FAKE_SSH = """#!/usr/bin/env bash
-# ssh stand-in: logs its arguments, runs the remote command here in a session of its own (a
-# remote process outlives a killed ssh client), and exits with its status; a host whose name
-# starts with "down" cannot be reached (exit 255 3 s later, as ssh's after its connect timeout).
-printf '%s\\n' "$*" >> {log}
-while [ $# -gt 0 ]; do
-  case $1 in --) shift; break ;; -*) shift ;; *) break ;; esac
-done
-case $1 in down*) sleep 3; exit 255 ;; esac
-shift   # the host
-setsid bash -c "$*" <&0 &
-wait $!
-"""
-
-
-@pytest.fixture
-def ssh_env(env, tmp_path):
-    """`env` with an `ssh` on PATH that runs commands here and logs its arguments to
-    <tmp>/ssh.log (read it with ssh_env.log())."""
-    bindir = tmp_path / "fake bin"
-    bindir.mkdir()
-    log = tmp_path / "ssh.log"
-    log.touch()
-    ssh = bindir / "ssh"
-    ssh.write_text(FAKE_SSH.format(log=shlex.quote(str(log))))
-    ssh.chmod(0o755)
-    return dict(env, PATH=f"{bindir}:{env['PATH']}"), log
 
 
 def test_sigterm_to_run_stops_a_process_it_started_over_ssh(long_job, ssh_env, singa_conf):

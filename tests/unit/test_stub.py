@@ -1,6 +1,7 @@
 """comm.stub: the stub talks to the servers as itself and routes their answers by address; the
 Stub ⇄ Server protocol (Put, Get, Update, State) over real inproc sockets."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -171,6 +172,12 @@ def test_server_drops_malformed_puts_and_keeps_serving(frames):
     b.close()
 
 
+def until(done, seconds=2.0):
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_away_stops():
     """The loss of an elastic process (issue 31) does not stop the stub: nothing goes to it
     until a message of its restart arrives (then everything does), and one that stays away
@@ -197,9 +204,11 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
         stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
         stub.request_snapshot(50)
         assert worker.receive(2000).type == m.kSnapshot
+        until(lambda: sent)         # the peers are told after the local workers
         assert sent == [(2, m.kSnapshot)] and forgot == [1]
         remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 60))
         assert worker.receive(2000).trgt_version == 60
+        until(lambda: len(sent) == 3)
         assert sent[1:] == [(1, m.kSnapshot), (2, m.kSnapshot)] and forgot == [1, 1]
         assert thread.is_alive() and stub.error is None
         stub.report_lost("process 2 of job 3 (h:2, pid 10) was lost", 2)
