@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
@@ -43,7 +44,8 @@ class ScaleLayer(Layer):
     over the other axes; gγ = Σ g·x, gβ = Σ g over those others; gx = g·γ.
 
     Params in conf order: γ, then β with bias_term. num_axes −1: to the last axis; 0: γ is
-    one number (shape (1,)). One source (Caffe's second-source γ is not supported).
+    one number (shape (1,)). One source (Caffe's second-source γ is not supported). The
+    forward pass runs by chunks of samples on the compute threads.
     """
 
     def setup(self, srclayers):
@@ -68,9 +70,16 @@ class ScaleLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
-        np.multiply(x, self.params[0].data.reshape(self.view), out=self.data)
+        threads.by_samples(lambda rows: self._scale(x, rows), self.data)
+
+    def _scale(self, x, rows):
+        """Samples `rows` of y = x·γ (+ β)."""
+        def per(p):     # γ or β for these samples: all of it unless it spans dim 0
+            v = p.data.reshape(self.view)
+            return v[rows] if self.view[0] > 1 else v
+        np.multiply(x[rows], per(self.params[0]), out=self.data[rows])
         if len(self.params) > 1:
-            self.data += self.params[1].data.reshape(self.view)
+            self.data[rows] += per(self.params[1])
 
     def compute_gradient(self, flag, srclayers):
         g, src = self.grad, srclayers[0]

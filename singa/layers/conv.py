@@ -84,6 +84,18 @@ def _padded(x, buf, pad):
 # inner size 32·24·24; cifar10's conv1 (75) ties, and from 500 on the one product wins.
 GW_BY_SAMPLE = 32
 
+# A grouped convolution whose groups have C/G·F/G <= DIRECT_GROUP (depthwise: 1) runs as
+# direct loops over the kernel taps, without a col: its per-group products are too small for
+# GEMM (MobileNet v1's depthwise layers at batch 8: see bench/README.md).
+DIRECT_GROUP = 4
+
+# A 1 × 1 convolution (stride 1, no padding, one group) of at least POINTWISE_PIXELS output
+# pixels runs its forward pass as one product per sample on x itself, no col (MobileNet's at
+# batch 8, one thread: 28 × 28 12.4 against 13.9 ms, 56 × 56 13.8 against 14.8, 112 × 112
+# 10.1 against 11.9; at 14 × 14 and 7 × 7 the products per sample are too thin: 11.7 against
+# 10.1 and 10.3).
+POINTWISE_PIXELS = 28 * 28
+
 # The forward pass keeps every chunk's col for the backward pass while they total at most
 # KEEP_COL_BYTES (AlexNet's conv1 at batch 256 would keep 1.1 GB); beyond, each compute thread
 # has one col and the backward pass makes it again. The compiled im2col makes a col at about
@@ -106,9 +118,15 @@ class ConvolutionLayer(Layer):
     order (each as gWᵀ = col·gᵀ, the faster product). With stride 1 and pad < kernel, gx is
     computed as the convolution of g, padded by k−1−p, with W flipped (the transposed
     convolution), a GEMM instead of kh·kw scatter-adds, where F is not much larger than C;
+    a 1 × 1 convolution on large planes (`pointwise`) computes y[n] = W·x[n] without col;
     else col2im scatter-adds, one numpy add per kernel tap. Where numba is installed
     (`kernels.compiled`), im2col and col2im are compiled loops that pad as they copy, around
     the same products: the same bits.
+    Groups of at most DIRECT_GROUP channel·filter pairs (C/G·F/G; depthwise: 1) run without
+    col, as direct loops over the kernel taps (`direct`): y = Σ_{c,i,j} W[f,c,i,j]·x shifted
+    by (i, j), in (c, i, j) order; per tap, gW sums g·(x shifted) over the samples in order,
+    then over the pixels (np.sum); gx adds W·g back per tap, in scan order. numba's loops
+    (`loops.group_conv*`) add in the same orders: the same bits.
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
     channels get a zero gradient from it).
@@ -141,17 +159,31 @@ class ConvolutionLayer(Layer):
         self._loops = kernels.compiled(self.device)      # they pad as they copy
         padded = (ph or pw) and self._loops is None
         self._xpad = self.xp.zeros((n, c, h + 2 * ph, w + 2 * pw), np.float32) if padded else None
+        # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
+        # faster than g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same
+        # bits; made at the first backward pass (chunks × W's size: a forward-only net never
+        # needs them)
+        self._gws, self._k = None, k // g
+        self._scratch = threads.Scratch(self._make_scratch)
+        self.pointwise = False
+        # by the whole layer's group, so that every partition of it runs the same loops
+        self.direct = (self.conf.convolution_conf.group > 1
+                       and (c // g) * (f // g) <= DIRECT_GROUP)
+        if self.direct:
+            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4, is_host(self.data))
+            self._cols, self.transposed = None, False
+            self._gpad = np.zeros_like(self._xpad) if padded else None
+            return
         self.chunks = threads.chunks(n, k * oh * ow * 4, is_host(self.data))
         self._cols = None
-        if n * k * oh * ow * 4 <= (KEEP_COL_BYTES if self._loops is None
-                                   else KEEP_COMPILED_COL_BYTES):
+        # 1 × 1, stride 1, no padding, one group: col is x itself, one product per sample
+        self.pointwise = (kh, kw, ph, pw, sh, sw, g) == (1, 1, 0, 0, 1, 1, 1) \
+            and oh * ow >= POINTWISE_PIXELS
+        if not self.pointwise and n * k * oh * ow * 4 <= (
+                KEEP_COL_BYTES if self._loops is None else KEEP_COMPILED_COL_BYTES):
             flat = self.xp.empty(n * k * oh * ow, np.float32)
             self._cols = [flat[r.start * k * oh * ow:r.stop * k * oh * ow]
                           .reshape(c, kh, kw, r.stop - r.start, oh, ow) for r in self.chunks]
-        # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G): BLAS runs it 1.4-1.9× faster than
-        # g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same bits; made at
-        # the first backward pass (chunks × W's size: a forward-only net never needs them)
-        self._gws, self._k = None, k // g
         # The transposed convolution copies F·kh·kw·H·W floats per sample into its col where
         # col2im scatter-adds C·kh·kw·oh·ow at about thrice the cost per float (measured).
         self.transposed = sh == sw == 1 and ph < kh and pw < kw and f * h * w <= 2 * c * oh * ow
@@ -159,7 +191,6 @@ class ConvolutionLayer(Layer):
             self._wflip = self.xp.empty((g, c // g, f // g, kh, kw), np.float32)
         else:
             self._gpad = np.zeros_like(self._xpad) if padded else None
-        self._scratch = threads.Scratch(self._make_scratch)
 
     def _group(self, c):
         """(the groups this layer computes, the slice of the `c` source channels it reads):
@@ -185,10 +216,25 @@ class ConvolutionLayer(Layer):
         """W as (G, F/G, C/G·kh·kw)."""
         return self.weight.data.reshape(self.group, -1, self.weight.shape[1])
 
+    def _w5(self):
+        """W as (G, F/G, C/G, kh, kw)."""
+        g, f = self.group, self.data.shape[1]
+        return self.weight.data.reshape(g, f // g, -1, *self.kernel)
+
     def _make_scratch(self, key):
-        """A compute thread's buffers for chunks of b samples: key (slot, b)."""
+        """A compute thread's buffers for chunks of b samples: key (slot, b), or (slot, b,
+        "backward") for the direct path's backward pass."""
         b = key[1]
         (c, h, w), (kh, kw), (f, oh, ow) = self.chw, self.kernel, self.data.shape[1:]
+        if self.direct:
+            g, numpy = self.group, self._loops is None
+            if len(key) == 2:
+                return {"tmp": self.xp.empty((b, g, f // g, oh, ow), np.float32)} if numpy else {}
+            s = {"acc": self.xp.empty((f, c // g, kh, kw, oh, ow), np.float32)}
+            if numpy:
+                s["tmp"] = self.xp.empty((g, f // g, oh, ow), np.float32)
+                s["gtmp"] = self.xp.empty((b, g, oh, ow), np.float32)
+            return s
         s = {"gt": self.xp.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
         g, k = self.group, self._k
         if k <= GW_BY_SAMPLE:
@@ -205,10 +251,29 @@ class ConvolutionLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = self._input(srclayers)
-        threads.run(lambda i, slot: self._forward(x, i, slot), len(self.chunks))
+        forward = self._direct_forward if self.direct else self._forward
+        threads.run(lambda i, slot: forward(x, i, slot), len(self.chunks))
+
+    def _direct_forward(self, x, i, slot):
+        rows = self.chunks[i]
+        y = self.data[rows]
+        if self._loops is not None:
+            self._loops.group_conv(np.ascontiguousarray(x[rows]), self._w5(), self.bias.data,
+                                   *self.pad, *self.stride, y)
+            return
+        xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
+        _group_conv(xp, self._w5(), self.taps, y, self._scratch[slot, y.shape[0]]["tmp"])
+        y += self.bias.data[:, None, None]
 
     def _forward(self, x, i, slot):
         rows = self.chunks[i]
+        if self.pointwise:
+            y = self.data[rows]
+            b, f = y.shape[:2]
+            np.matmul(self.weight.data, x[rows].reshape(b, self.chw[0], -1),
+                      out=y.reshape(b, f, -1))
+            y += self.bias.data[:, None, None]
+            return
         col = self._col(x, i, slot)
         f, b, g = self.data.shape[1], col.shape[3], self.group
         out = self._scratch[slot, b]["gt"]
@@ -246,15 +311,42 @@ class ConvolutionLayer(Layer):
             kh, kw = self.kernel
             flipped = self.weight.data.reshape(self.group, f // self.group, -1, kh, kw)
             np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
-        if self._gws is None:
-            self._gws = self.xp.empty((len(self.chunks), self.group, self._k, f // self.group),
-                                      np.float32)
-        threads.run(lambda i, slot: self._backward(x, gx, i, slot), len(self.chunks))
-        gw = self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
+        if self._gws is None:     # per chunk: gW, or gWᵀ as (G, C/G·kh·kw, F/G)
+            self._gws = self.xp.empty(
+                (len(self.chunks),) + ((f, self._k) if self.direct
+                                       else (self.group, self._k, f // self.group)), np.float32)
+        backward = self._direct_backward if self.direct else self._backward
+        threads.run(lambda i, slot: backward(x, gx, i, slot), len(self.chunks))
+        gw = self.weight.grad if self.direct else \
+            self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
         if flag & job_pb2.kAggGrad:
             gw += self._gws.sum(axis=0)
         else:
             np.sum(self._gws, axis=0, out=gw)
+
+    def _direct_backward(self, x, gx, i, slot):
+        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+        rows = self.chunks[i]
+        gy = self.grad[rows]
+        b, f = gy.shape[:2]
+        s = self._scratch[slot, b, "backward"]
+        if self._loops is not None:
+            self._loops.group_conv_wgrad(np.ascontiguousarray(x[rows]), gy, *self.pad,
+                                         *self.stride, s["acc"])
+        else:
+            xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
+            _group_conv_wgrad(xp, gy, self.taps, s["acc"], s["tmp"])
+        np.sum(s["acc"].reshape(f, self._k, -1), axis=2, out=self._gws[i])
+        if gx is None:
+            return
+        if self._loops is not None:
+            self._loops.group_conv_xgrad(gy, self._w5(), *self.pad, *self.stride, gx[rows])
+            return
+        gp = gx[rows] if self._gpad is None else self._gpad[rows]
+        _group_conv_xgrad(gy, self._w5(), self.taps, gp, s["gtmp"])
+        if self._gpad is not None:
+            (ph, pw), (h, w) = self.pad, self.chw[1:]
+            gx[rows] = gp[:, :, ph:ph + h, pw:pw + w]
 
     def _backward(self, x, gx, i, slot):
         """Chunk i's share of gWᵀ into _gws[i], and its samples' gx."""
@@ -427,6 +519,53 @@ class DeconvolutionLayer(Layer):
         if gx is not None:
             _matmul(self._gw(), col, xt)        # xt is no longer needed: gx as (C, b, H, W)
             np.copyto(gx[rows], s["xt"].transpose(1, 0, 2, 3))
+
+
+def _group_conv(xp, w, taps, y, tmp):
+    """y (b, G·m, oh, ow) = Σ_{c, (i, j)} w[g, k, c, i, j]·xp[:, g·cg + c, i::sh, j::sw] for
+    filter g·m + k, one product per (c, tap) over the whole chunk, in (c, i, j) order;
+    xp (b, G·cg, ·, ·) padded, w (G, m, cg, kh, kw), tmp (b, G, m, oh, ow)."""
+    ng, m, cg = w.shape[:3]
+    b, (oh, ow) = y.shape[0], y.shape[2:]
+    y5, x5 = y.reshape(b, ng, m, oh, ow), xp.reshape(b, ng, cg, *xp.shape[2:])
+    for c in range(cg):
+        for i, j, r, s in taps:
+            first = c == 0 and i == j == 0
+            np.multiply(x5[:, :, c:c + 1, r, s], w[:, :, c, i, j, None, None],
+                        out=y5 if first else tmp)
+            if not first:
+                y5 += tmp
+
+
+def _group_conv_wgrad(xp, gy, taps, acc, tmp):
+    """acc (G·m, cg, kh, kw, oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw], the
+    samples summed in order; tmp (G, m, oh, ow)."""
+    b, f, oh, ow = gy.shape
+    cg = acc.shape[1]
+    ng = xp.shape[1] // cg
+    g5, x5 = gy.reshape(b, ng, f // ng, oh, ow), xp.reshape(b, ng, cg, *xp.shape[2:])
+    a = acc.reshape(ng, f // ng, *acc.shape[1:])
+    for c in range(cg):
+        for i, j, r, s in taps:
+            dst = a[:, :, c, i, j]
+            np.multiply(g5[0], x5[0, :, c:c + 1, r, s], out=dst)
+            for n in range(1, b):
+                np.multiply(g5[n], x5[n, :, c:c + 1, r, s], out=tmp)
+                dst += tmp
+
+
+def _group_conv_xgrad(gy, w, taps, gp, tmp):
+    """gp (b, G·cg, ·, ·) = 0, then gp[:, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·
+    gy[:, g·m + k] for each c, tap (i, j) in scan order, then k; tmp (b, G, oh, ow)."""
+    ng, m, cg = w.shape[:3]
+    b, (oh, ow) = gy.shape[0], gy.shape[2:]
+    g5, p5 = gy.reshape(b, ng, m, oh, ow), gp.reshape(b, ng, cg, *gp.shape[2:])
+    gp[...] = 0
+    for c in range(cg):
+        for i, j, r, s in taps:
+            for k in range(m):
+                np.multiply(g5[:, :, k], w[:, k, c, i, j, None, None], out=tmp)
+                p5[:, :, c, r, s] += tmp
 
 
 def _im2col(x, kernel, stride, col, channel_axis=1):

@@ -1,7 +1,8 @@
 """Convolution's copies compiled by numba (chosen by `kernels.compiled`): im2col, padding as
-it copies, and col2im, one pass each where numpy makes one per kernel tap (bench/README.md).
+it copies, and col2im, one pass each where numpy makes one per kernel tap (bench/README.md);
+and the direct loops of small groups (depthwise convolution), forward and backward.
 
-Both release the GIL, so the compute threads run their chunks side by side, and col2im adds in
+All release the GIL, so the compute threads run their chunks side by side, and all add in
 the order of the layer's numpy path: both paths give the same float32 bits
 (tests/unit/test_kernels.py).
 """
@@ -101,4 +102,153 @@ def col2im(col, ph, pw, sh, sw, gx):
                         start = j - pw
                         for u in range(zhi - zlo):
                             dst[U(start + (zlo + u) * sw)] += src[U(zlo + u)]
+    return gx
+
+
+
+@jit
+def _phases(x, ph, pw, sh, sw, out):
+    """out[a, b, r, q] = xp[r·sh + a, q·sw + b], xp the plane x padded by zeros: tap (i, j) of
+    a strided window reads phase (i % sh, j % sw) at (oy + i // sh, z + j // sw), a stride-1
+    run. out's cells outside x must be 0 already: only those inside are written."""
+    h, w = x.shape
+    for r in range(h):
+        a, rq = (r + ph) % sh, (r + ph) // sh
+        src = x[r]
+        for b in range(sw):      # columns col = q·sw + b − pw of x
+            qlo = (pw - b + sw - 1) // sw if pw > b else 0
+            start = qlo * sw + b - pw
+            dst = out[a, b, rq, qlo:(w - 1 + pw - b) // sw + 1]
+            for q in range(dst.shape[0]):
+                dst[U(q)] = src[U(start + q * sw)]
+
+
+@jit
+def group_conv(x, w, bias, ph, pw, sh, sw, y):
+    """y[n, g·m + k] = Σ_{c, i, j} w[g, k, c, i, j]·xp[n, g·cg + c, i::sh, j::sw] + bias, the
+    sum in (c, i, j) order from −0 (conv's numpy `_group_conv`: the same bits); x is
+    (b, G·cg, H, W), xp its planes padded by zeros, w (G, m, cg, kh, kw), y (b, G·m, oh, ow).
+    Each tap is one run over the flat phase plane (`_phases`) into rows of its pitch; the
+    cells past ow in each row are dropped."""
+    b, nf, oh, ow = y.shape
+    ng, m, cg, kh, kw = w.shape
+    h, wd = x.shape[2], x.shape[3]
+    hq, wq = -(-(h + 2 * ph) // sh), -(-(wd + 2 * pw) // sw)
+    phases = np.zeros((sh, sw, hq, wq), np.float32)
+    flat, planes = phases.reshape(sh * sw * hq * wq), phases.reshape(sh, sw, hq * wq)
+    run = (oh - 1) * wq + ow
+    acc = np.empty((m, oh * wq), np.float32)
+    for n in range(b):
+        for g in range(ng):
+            acc[...] = -0.0
+            for c in range(cg):
+                _phases(x[n, g * cg + c], ph, pw, sh, sw, phases)
+                for k in range(m):
+                    if kh == 3 and kw == 3:
+                        _taps3x3(flat, w[g, k, c], sh, sw, hq, wq, acc[k], run)
+                        continue
+                    dst = acc[k]
+                    for i in range(kh):
+                        for j in range(kw):
+                            wt = w[g, k, c, i, j]
+                            src = planes[i % sh, j % sw]
+                            off = (i // sh) * wq + j // sw
+                            for u in range(run):
+                                dst[U(u)] += wt * src[U(u + off)]
+            for k in range(m):
+                f = g * m + k
+                out, bf = y[n, f], bias[f]
+                for oy in range(oh):
+                    for z in range(ow):
+                        out[oy, z] = acc[k, U(oy * wq + z)] + bf
+    return y
+
+
+@jit
+def _taps3x3(flat, w, sh, sw, hq, wq, dst, run):
+    """dst[u] += Σ_{i, j} w[i, j]·(tap (i, j)'s run)[u] for a 3 × 3 kernel, the taps added in
+    scan order: `group_conv`'s loop over taps in one pass over dst. flat is the phase planes
+    as one C-contiguous run (indexed flat, LLVM vectorises the loop)."""
+    r0, r1, r2 = (0 % sh) * sw * hq * wq, (1 % sh) * sw * hq * wq + (1 // sh) * wq, \
+        (2 % sh) * sw * hq * wq + (2 // sh) * wq
+    c0, c1, c2 = 0, (1 % sw) * hq * wq + 1 // sw, (2 % sw) * hq * wq + 2 // sw
+    o0, o1, o2, o3, o4, o5, o6, o7, o8 = (U(r0 + c0), U(r0 + c1), U(r0 + c2), U(r1 + c0),
+                                          U(r1 + c1), U(r1 + c2), U(r2 + c0), U(r2 + c1),
+                                          U(r2 + c2))
+    w00, w01, w02, w10, w11, w12, w20, w21, w22 = (w[0, 0], w[0, 1], w[0, 2], w[1, 0],
+                                                   w[1, 1], w[1, 2], w[2, 0], w[2, 1], w[2, 2])
+    for t in range(run):
+        u = U(t)
+        v = dst[u] + w00 * flat[o0 + u]
+        v = v + w01 * flat[o1 + u]
+        v = v + w02 * flat[o2 + u]
+        v = v + w10 * flat[o3 + u]
+        v = v + w11 * flat[o4 + u]
+        v = v + w12 * flat[o5 + u]
+        v = v + w20 * flat[o6 + u]
+        v = v + w21 * flat[o7 + u]
+        dst[u] = v + w22 * flat[o8 + u]
+
+
+@jit
+def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
+    """acc[g·m + k, c, i, j] (oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw],
+    the sum over the b samples in order (conv's numpy `_group_conv_wgrad`: the same bits)."""
+    b, nf, oh, ow = gy.shape
+    cg, kh, kw = acc.shape[1], acc.shape[2], acc.shape[3]
+    ng = x.shape[1] // cg
+    m = nf // ng
+    h, wd = x.shape[2], x.shape[3]
+    hq, wq = -(-(h + 2 * ph) // sh), -(-(wd + 2 * pw) // sw)
+    phases = np.zeros((sh, sw, hq, wq), np.float32)
+    for n in range(b):
+        for g in range(ng):
+            for c in range(cg):
+                _phases(x[n, g * cg + c], ph, pw, sh, sw, phases)
+                for k in range(m):
+                    grad = gy[n, g * m + k]
+                    for i in range(kh):
+                        for j in range(kw):
+                            a = acc[g * m + k, c, i, j]
+                            p = phases[i % sh, j % sw]
+                            for oy in range(oh):
+                                src = p[U(oy + i // sh), j // sw:]
+                                gr, dst = grad[oy], a[oy]
+                                if n == 0:
+                                    for z in range(ow):
+                                        dst[z] = gr[z] * src[z]
+                                else:
+                                    for z in range(ow):
+                                        dst[z] += gr[z] * src[z]
+    return acc
+
+
+@jit
+def group_conv_xgrad(gy, w, ph, pw, sh, sw, gx):
+    """gxp[n, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·gy[n, g·m + k] over (i, j) in scan
+    order, then k, from 0; gx is gxp without its padding (conv's numpy `_group_conv_xgrad`:
+    the same bits). Accumulated in phase planes (`_phases`), stride-1 runs."""
+    b, nf, oh, ow = gy.shape
+    ng, m, cg, kh, kw = w.shape
+    h, wd = gx.shape[2], gx.shape[3]
+    hq, wq = -(-(h + 2 * ph) // sh), -(-(wd + 2 * pw) // sw)
+    phases = np.empty((sh, sw, hq, wq), np.float32)
+    for n in range(b):
+        for g in range(ng):
+            for c in range(cg):
+                phases[...] = 0
+                for i in range(kh):
+                    for j in range(kw):
+                        p = phases[i % sh, j % sw]
+                        for k in range(m):
+                            wt, grad = w[g, k, c, i, j], gy[n, g * m + k]
+                            for oy in range(oh):
+                                src, dst = grad[oy], p[U(oy + i // sh), j // sw:]
+                                for z in range(ow):
+                                    dst[z] += wt * src[z]
+                out = gx[n, g * cg + c]
+                for r in range(h):
+                    a, rq = (r + ph) % sh, (r + ph) // sh
+                    for col in range(wd):
+                        out[r, col] = phases[a, (col + pw) % sw, rq, (col + pw) // sw]
     return gx

@@ -96,7 +96,8 @@ class InnerProductLayer(Layer):
 class _Elementwise(Layer):
     """y = f(x) elementwise; gx = g·f', where f' is computed from y.
 
-    Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d). The derivative
+    Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d); the forward
+    pass runs by chunks of samples on the compute threads. The derivative
     goes to a scratch blob first so that gx may alias g (share_src_blobs); the blob is made
     at the first backward pass (a net that only runs forward never needs it).
     """
@@ -110,7 +111,8 @@ class _Elementwise(Layer):
         self._d = None
 
     def compute_feature(self, flag, srclayers):
-        self.forward(srclayers[0].data_for(self), self.data)
+        x, y = srclayers[0].data_for(self), self.data
+        threads.by_samples(lambda rows: self.forward(x[rows], y[rows]), y)
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)

@@ -204,7 +204,8 @@ class CaffeBatchNormLayer(Layer):
     The three are not learned: the layer updates them (`Param.updated_by_layer`: the worker
     keeps them, never sending them for an update), their lr_scale and wd_scale are forced to
     0 and their gradient is 0; a param without init starts at 0, as Caffe's.
-    With global statistics the forward pass writes y straight into `data`; x̂ is kept apart
+    With global statistics the forward pass writes y straight into `data`, by chunks of samples
+    on the compute threads; x̂ is kept apart
     (an in-place successor may change data) only for batch statistics' backward pass, in a
     blob made at the first such forward pass.
     On partition_dim 0 every partition normalises by its share of the batch and partition 0
@@ -252,8 +253,7 @@ class CaffeBatchNormLayer(Layer):
             np.multiply(self.mean.data, s, out=mu)
             np.multiply(self.variance.data, s, out=var)
             self._inv_std()
-            np.subtract(x, self._mu, out=self.data)
-            self.data *= self.inv_std
+            threads.by_samples(lambda rows: self._normalise(x[rows], self.data[rows]), x)
             return
         if self.xhat is None:
             self.xhat, self._tmp = np.empty_like(self.data), np.empty_like(self.data)
@@ -266,6 +266,11 @@ class CaffeBatchNormLayer(Layer):
         self._inv_std()
         self.xhat *= self.inv_std
         np.copyto(self.data, self.xhat)
+
+    def _normalise(self, x, y):
+        """y = (x − μ)·inv_std."""
+        np.subtract(x, self._mu, out=y)
+        y *= self.inv_std
 
     def _inv_std(self):
         """inv_std = 1/√(σ² + ε)."""

@@ -44,6 +44,10 @@ def step(monkeypatch, choice, conf, shape, nthreads):
     (conv(6, kernel_x=3, kernel_y=2, pad_x=2, pad_y=1, stride_x=3), (5, 2, 7, 9)),
     (conv(4, group=2, kernel=3, pad=1), (7, 6, 8, 8)),      # groups, transposed
     (conv(14, group=2, kernel=3, pad=1), (7, 6, 8, 8)),     # groups, col2im
+    (conv(6, group=6, kernel=3, pad=1), (5, 6, 9, 8)),      # depthwise: direct, 3 × 3 pass
+    (conv(6, group=6, kernel=3, pad=1, stride=2), (5, 6, 9, 8)),    # phase planes
+    (conv(8, group=4, kernel_x=3, kernel_y=2, pad_x=2, stride_y=2), (3, 8, 6, 7)),
+    (conv(8, group=4, kernel=5, pad=2, stride=3), (3, 4, 9, 9)),    # 2 filters per channel
 ])
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_compiled_copies_give_numpys_bits(monkeypatch, conf, shape, nthreads):

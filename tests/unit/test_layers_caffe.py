@@ -5,7 +5,7 @@ import pytest
 from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import partition
+from singa import partition, threads
 from singa.errors import ConfigError
 from singa.layers.base import layer_class
 from singa.proto import job_pb2
@@ -33,6 +33,19 @@ def test_scale_multiplies_along_its_axes_and_adds_the_bias(conf, view):
         want += layer.params[1].data.reshape(view)
     np.testing.assert_allclose(layer.data, want, rtol=1e-6, atol=1e-7)
     assert check_gradients(layer, [src]) == src.data.size + sum(p.size for p in layer.params)
+
+
+@pytest.mark.parametrize("conf, view", [("bias_term: true", (1, 3, 1, 1)),
+                                        ("axis: 0 num_axes: 2 bias_term: true", (6, 3, 1, 1))])
+def test_scale_by_chunks_of_samples_on_two_threads(monkeypatch, conf, view):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(inputs((6, 3, 4, 2)))
+    layer = make_layer(SCALE % conf, [src])
+    with threads.limit(2):
+        layer.compute_feature(job_pb2.kTest, [src])
+    want = src.data.astype(np.float64) * layer.params[0].data.reshape(view) + \
+        layer.params[1].data.reshape(view)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-6, atol=1e-7)
 
 
 def test_scale_on_a_two_dimensional_source():

@@ -109,6 +109,17 @@ def test_convolution_in_chunks_of_samples_matches_direct_loops(monkeypatch, wind
         check_gradients(layer, [src])
 
 
+def test_a_pointwise_convolution_multiplies_each_sample_without_col():
+    src = Source(np.random.default_rng(0).standard_normal((3, 2, 28, 29)))
+    layer = make_layer(conv_conf(num_filters=4, kernel=1), [src])
+    assert layer.pointwise and layer._cols is None
+    layer.compute_feature(FORWARD, [src])
+    w, b = layer.params
+    want = direct_conv(src.data, w.data, b.data, 1, 1, 0, 0, 1, 1)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+    check_gradients(layer, [src])
+
+
 def test_a_forward_pass_makes_no_blob_of_the_backward_pass():
     """The chunks' weight gradients (chunks × W's size) are made by the first backward pass:
     a net that only runs forward (kTest) never holds them."""
@@ -330,8 +341,10 @@ def test_group_convolution_equals_a_block_diagonal_weight():
     (12, dict(kernel=3)), (12, dict(kernel=3, pad=1)), (12, dict(kernel=3, pad=1, stride=2)),
     (12, dict(kernel_x=3, kernel_y=2, pad_x=1)),
     (2, dict(kernel=3, pad=1)), (2, dict(kernel_x=3, kernel_y=2, pad_x=2, pad_y=1))])
-def test_group_convolution_gradients(num_filters, window):
+def test_group_convolution_gradients(monkeypatch, num_filters, window):
     # 12 filters on 4 channels: col2im (long runs at stride 1); 2 filters: transposed convolution
+    # (not the direct loops, which 2 filters of 2 channels per group would choose)
+    monkeypatch.setattr(conv, "DIRECT_GROUP", 0)
     src = Source(np.random.default_rng(0).standard_normal((2, 4, 5, 6)))
     layer = make_layer(conv_conf(num_filters=num_filters, group=2, **window), [src])
     assert layer.transposed == (num_filters == 2)
@@ -368,6 +381,70 @@ def test_group_convolution_results_do_not_depend_on_the_thread_count(monkeypatch
         layer = make_layer(conv_conf(num_filters=num_filters, group=2, kernel=3, pad=1), [src])
         assert len(layer.chunks) == 7 and layer.transposed == (num_filters == 4)
         layer.params[0].data[...] = np.random.default_rng(1).standard_normal((num_filters, 27))
+        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+        with threads.limit(nthreads):
+            layer.compute_feature(FORWARD, [src])
+            layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), layer.params[0].grad.copy(), src.grad.copy()])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+# ---- depthwise and other small groups: direct loops over the kernel taps ----
+
+DIRECT_CASES = [  # (channels, num_filters, group, window)
+    (6, 6, 6, dict(kernel=3, pad=1)),                           # depthwise, 3 × 3 in one pass
+    (6, 6, 6, dict(kernel=3, pad=1, stride=2)),                 # strided: phase planes
+    (6, 12, 6, dict(kernel=3, stride_x=2)),                     # 2 filters per channel
+    (8, 8, 4, dict(kernel_x=3, kernel_y=2, pad_x=2, stride_y=2)),   # 2 channels per group
+    (4, 4, 4, dict(kernel=5, pad=2, stride=3)),                 # any kernel, tap by tap
+]
+
+
+@pytest.mark.parametrize("channels, num_filters, group, window", DIRECT_CASES)
+def test_small_groups_run_direct_loops_that_match_the_definition(channels, num_filters, group,
+                                                                window):
+    src = Source(np.random.default_rng(0).standard_normal((3, channels, 7, 8)))
+    layer = make_layer(conv_conf(num_filters=num_filters, group=group, **window), [src])
+    assert layer.direct and layer._cols is None
+    layer.compute_feature(FORWARD, [src])
+    w, b = layer.params
+
+    def get(name, axis, default):
+        return window.get(name, window.get(f"{name}_{axis}", default))
+    want = direct_group_conv(src.data, w.data, b.data, group, get("kernel", "y", 3),
+                             get("kernel", "x", 3), get("pad", "y", 0), get("pad", "x", 0),
+                             get("stride", "y", 1), get("stride", "x", 1))
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5, atol=1e-5)
+    check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("channels, num_filters, group, window", DIRECT_CASES[:4])
+def test_direct_loops_agree_with_the_gemm_path(monkeypatch, channels, num_filters, group,
+                                               window):
+    src = Source(np.random.default_rng(0).standard_normal((4, channels, 9, 9)))
+    results = []
+    for direct in (True, False):
+        monkeypatch.setattr(conv, "DIRECT_GROUP", 4 if direct else 0)
+        layer = make_layer(conv_conf(num_filters=num_filters, group=group, **window), [src])
+        assert layer.direct == direct
+        layer.grad[...] = np.random.default_rng(1).standard_normal(layer.grad.shape)
+        layer.compute_feature(FORWARD, [src])
+        layer.compute_gradient(BACKWARD, [src])
+        results.append([layer.data.copy(), src.grad.copy(), layer.weight.grad.copy(),
+                        layer.bias.grad.copy()])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_direct_loops_do_not_depend_on_the_thread_count(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(np.random.default_rng(0).standard_normal((20, 6, 8, 8)))
+    results = []
+    for nthreads in (1, 2, 3):
+        layer = make_layer(conv_conf(num_filters=6, group=6, kernel=3, pad=1), [src])
+        assert layer.direct and len(layer.chunks) > 3
         layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
         with threads.limit(nthreads):
             layer.compute_feature(FORWARD, [src])

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
+from singa import threads
 from singa.errors import ConfigError
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2
@@ -86,6 +87,20 @@ def test_activation_layer_values_and_gradients(kind, layer_type):
     layer.compute_feature(FORWARD, [src])
     np.testing.assert_allclose(layer.data, ACTIVATIONS[kind](src.data), rtol=1e-5, atol=1e-6)
     check_gradients(layer, [src])
+
+
+@pytest.mark.parametrize("conf", ['name: "f" type: kReLU',
+                                  'name: "a" type: kActivation activation_conf { type: TANH } '
+                                  'share_src_blobs: true'])
+def test_elementwise_forward_by_chunks_of_samples_on_two_threads(monkeypatch, conf):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    x = inputs((9, 2, 3))
+    src = Source(x.copy())     # in place with share_src_blobs
+    layer = make_layer(conf, [src])
+    with threads.limit(2):
+        layer.compute_feature(job_pb2.kTest, [src])
+    want = np.tanh(x) if "TANH" in conf else np.maximum(x, 0)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-6, atol=1e-7)
 
 
 def test_activation_sharing_source_blobs_works_in_place():

@@ -258,3 +258,16 @@ def test_caffe_batchnorm_refuses_a_one_dimensional_source_and_missing_params():
                                           r"factor\), got 1"):
         make_layer('name: "bn" type: kCaffeBatchNorm param { name: "m" }',
                    [Source(inputs((2, 3)))])
+
+
+def test_caffe_batchnorm_global_statistics_by_chunks_of_samples_on_two_threads(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    src = Source(inputs((6, 3, 2, 2)))
+    layer = make_layer(CAFFE_BN.format(conf=""), [src])
+    mean, var, factor = layer.params
+    mean.data[...], var.data[...], factor.data[...] = [1, -2, 4], [2, 4, 0.5], 2
+    with threads.limit(2):
+        layer.compute_feature(job_pb2.kTest, [src])
+    want = (src.data.astype(np.float64) - np.reshape([0.5, -1, 2], (1, 3, 1, 1))) / \
+        np.sqrt(np.reshape([1, 2, 0.25], (1, 3, 1, 1)) + 1e-5)
+    np.testing.assert_allclose(layer.data, want, rtol=1e-5)

@@ -80,3 +80,21 @@ def test_scratch_makes_each_key_once():
     assert scratch[0, 3] is scratch[0, 3]
     scratch[1, 3]
     assert made == [(0, 3), (1, 3)]
+
+
+def test_by_samples_covers_every_sample_once_in_chunks(monkeypatch):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    y = np.zeros((10, 3, 4), np.float32)
+    seen = []
+    with threads.limit(2):
+        threads.by_samples(lambda rows: seen.append(rows), y)
+    assert len(seen) > 2
+    assert sorted(i for rows in seen for i in range(10)[rows]) == list(range(10))
+
+
+def test_by_samples_runs_a_small_blob_at_once_on_the_calling_thread():
+    seen = []
+    with threads.limit(2):
+        threads.by_samples(lambda rows: seen.append((rows, threading.current_thread())),
+                           np.zeros((10, 3), np.float32))
+    assert seen == [(slice(0, 10), threading.current_thread())]
