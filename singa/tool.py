@@ -152,13 +152,15 @@ def run(cmd, rest, confdir):
                         for job_id, _ in listed}
             if any(restarts.values()):  # processes bin/singa-run.sh restarted alone
                 columns.append(("RESTARTS", restarts))
-            if len(columns) == 2:       # SINGA's own header
+            if len(columns) == 2:       # SINGA's own lines
                 print("JOB ID    |NUM PROCS  \n----------|-----------")
-            else:
+                for job_id, n in listed:
+                    print("%-10d|%-10d" % (job_id, n))
+            else:                       # ours: the last column unpadded
                 print("|".join(f"{title:<10}" for title, _ in columns).rstrip())
                 print("|".join("-" * 10 for _ in columns))
-            for job_id, _ in listed:    # the last column unpadded, as SINGA's
-                print("|".join(f"{str(values[job_id]):<10}" for _, values in columns).rstrip())
+                for job_id, _ in listed:
+                    print("|".join(f"{values[job_id]!s:<10}" for _, values in columns).rstrip())
         elif cmd == "wait":
             # the launcher that asked is gone (its end kills this wait; a SIGKILL cannot):
             # nobody waits for the answer, so neither does this process
