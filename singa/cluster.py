@@ -76,11 +76,13 @@ def server_group(cluster, worker_grp):
     return worker_grp // nworker_groups_per_server_group(cluster)
 
 
-def elastic_procs(cluster):
+def elastic_procs(cluster, max_restarts):
     """The processes whose loss an asynchronous job rides out (issue 31): with several worker
-    groups (Downpour, Hogwild), a process that holds whole worker groups and no server; its
-    groups leave their server group and join again when it restarts."""
-    if cluster.nworker_groups < 2 or cluster.nworkers_per_group > cluster.nworkers_per_procs:
+    groups (Downpour, Hogwild) and `max_restarts` (the job's: none, nothing restarts them), a
+    process that holds whole worker groups and no server; its groups leave their server group
+    and join again when it restarts."""
+    if max_restarts < 1 or cluster.nworker_groups < 2 or \
+            cluster.nworkers_per_group > cluster.nworkers_per_procs:
         return set()
     return {pid for pid in range(nworker_procs(cluster)) if not servers_of(cluster, pid)}
 

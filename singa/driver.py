@@ -168,9 +168,10 @@ class Driver:
         n = cluster.nprocs(job.cluster)
         if procs_id is not None and procs_id >= n:
             raise ConfigError(f"-procs_id {procs_id}: job {job.name} runs {n} processes")
-        if rejoin and procs_id not in cluster.elastic_procs(job.cluster):
-            raise ConfigError(f"-rejoin: process {procs_id} of job {job.name} holds servers or "
-                              f"part of a worker group: only a whole job restarts it")
+        if rejoin and procs_id not in cluster.elastic_procs(job.cluster, job.max_restarts):
+            raise ConfigError(f"-rejoin: process {procs_id} of job {job.name} is not restarted "
+                              f"alone (servers, part of a worker group, or no max_restarts): "
+                              f"only a whole job restarts it")
         self.procs_id, self.rejoin = procs_id, rejoin
         self.job = job
         self.trust = None if job.cluster.trusted_network else trust

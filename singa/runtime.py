@@ -183,7 +183,7 @@ class Process:
         farewells = {} if single else {
             w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)
                         for s in range(cl.nservers_per_group)] for w in self.workers}
-        elastic = cluster.elastic_procs(cl) - {pid} if job.max_restarts > 0 else set()
+        elastic = cluster.elastic_procs(cl, job.max_restarts) - {pid}
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
                          None if single else self.peer, stop_servers_with_workers=single,

@@ -102,8 +102,7 @@ def run_alone(cmd, rest):
     elif cmd in ("jobname", "maxrestarts", "elastic"):
         job = load_job(rest[0], check_paths=False, check_layers=False, test="-test" in rest)
         if cmd == "elastic":
-            procs = elastic_procs(job.cluster) if job.max_restarts > 0 else ()
-            print(" ".join(map(str, sorted(procs))))
+            print(" ".join(map(str, sorted(elastic_procs(job.cluster, job.max_restarts)))))
         else:
             print(job.name if cmd == "jobname" else job.max_restarts)
     elif cmd == "newsecret":

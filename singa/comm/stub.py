@@ -205,8 +205,6 @@ class Stub:
         with self.lock:
             self.lost.discard(procs_id)
         self.ended.pop(procs_id, None)
-        if self.forget is not None:
-            self.forget(procs_id)
         log.info("Process %d rejoined the job at step %d: its worker groups take the servers' "
                  "params", procs_id, self.latest)
 

@@ -144,4 +144,5 @@ def test_layouts_singa_cannot_run_are_refused():
      {0, 1}),
 ])
 def test_elastic_procs_hold_whole_asynchronous_groups_and_no_server(text, expected):
-    assert elastic_procs(cluster(text)) == expected
+    assert elastic_procs(cluster(text), 1) == expected
+    assert elastic_procs(cluster(text), 0) == set()         # nothing restarts them
