@@ -2,7 +2,8 @@
 
 Messages come from stubs and are answered to the requesting stub; their frames are
 `comm.param_msg`'s. A Put creates the slice (in-process values alias the putting worker's
-array); a Get is answered once the slice reaches the version asked for; an Update waits for
+array, on its GPU if it has one: the slice is then updated there, and values from another
+process are copied to it); a Get is answered once the slice reaches the version asked for; an Update waits for
 `num_total` shares, sums them in the order of their senders' addresses (deterministic) and
 applies the updater with grad_scale = 1/num_total, the gradient frame handed over as scratch;
 a State request returns the LR index and copies of the updater buffers (for a snapshot); a
@@ -18,6 +19,7 @@ import numpy as np
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer
+from singa.device import host, host_copy, is_host, like, module, on
 from singa.errors import ClusterError
 from singa.updater import create_updater
 
@@ -131,13 +133,15 @@ class Server:
         data = own(values)
         nstate = self.updater.nstate
         dropped = bool(buffers) and len(buffers) != nstate
-        kept = [b.copy() for b in buffers] if buffers and not dropped \
-            else self.updater.new_state(data.size)
+        with on(data):
+            kept = [like(data, b.copy()) for b in buffers] if buffers and not dropped \
+                else self.updater.new_state(data.size, module(data))
+            last_sync = data.copy() if self.masters.get(sid, self.address) != self.address \
+                else None
         if lr_index >= 0:
             self.updater.lr_gen.set_index(lr_index)
         s = self.slices[sid] = Slice(data, lr_scale, wd_scale, num_total, msg.trgt_version, kept)
-        if self.masters.get(sid, self.address) != self.address:
-            s.last_sync = data.copy()
+        s.last_sync = last_sync
         self.dealer.send(pm.put_reply(msg, msg.trgt_version, nstate, dropped))
         self.answer_gets()
         early, self.early_syncs = self.early_syncs, []
@@ -156,7 +160,7 @@ class Server:
 
     def reply_values(self, s):
         """Slice `s`'s values for a reply: a copy where they may change before it is read."""
-        return s.data.copy() if self.copy_replies else s.data
+        return host_copy(s.data) if self.copy_replies else s.data
 
     def handle_update(self, sid, msg):
         s = self.slice(sid)
@@ -164,13 +168,14 @@ class Server:
         if not 1 <= num_local <= s.num_total - s.num_shares:
             raise ClusterError(f"malformed Update of slice {sid}")
         s.pending.append(msg)
-        s.grads.add(msg.src, own(grad))
+        s.grads.add(msg.src, like(s.data, own(grad)))
         s.num_shares += num_local
         if s.num_shares < s.num_total:
             return
         g = s.grads.take()
-        self.updater.update(msg.trgt_version, s.data, g, s.buffers,
-                            s.lr_scale, s.wd_scale, 1.0 / s.num_total)
+        with on(s.data):
+            self.updater.update(msg.trgt_version, s.data, g, s.buffers,
+                                s.lr_scale, s.wd_scale, 1.0 / s.num_total)
         s.version += 1
         for req in s.pending:
             self.dealer.send(pm.values_reply(req, m.kRUpdate, s.version, self.reply_values(s)))
@@ -187,8 +192,9 @@ class Server:
         s.n_updates += 1
         if s.n_updates < self.sync_freq or s.n_pending_sync > self.sync_freq:
             return
-        delta = np.subtract(s.data, s.last_sync)   # the message's own buffer
-        s.last_sync[:] = s.data
+        with on(s.data):
+            delta = host(np.subtract(s.data, s.last_sync))     # the message's own buffer
+            s.last_sync[...] = s.data
         s.n_updates = 0
         s.n_pending_sync += 1
         self.dealer.send(pm.sync(self.address, self.masters[sid], m.kSyncRequest, msg.trgt_val,
@@ -202,23 +208,26 @@ class Server:
             self.early_syncs.append(msg)
             return
         s = self.slices[sid]
-        s.data += pm.parse_sync(msg, s.data.size)
+        with on(s.data):
+            s.data += like(s.data, pm.parse_sync(msg, s.data.size))
         self.syncs_answered += 1
         self.dealer.send(pm.sync(self.address, msg.src, m.kSyncResponse, msg.trgt_val, s.version,
-                                 s.data.copy()))
+                                 host_copy(s.data)))
 
     def handle_sync_response(self, sid, msg):
         """On the requester: cur = master + (cur - last_sync); last_sync = cur."""
         s = self.slice(sid)
         if s.last_sync is None or s.n_pending_sync < 1 or msg.src != self.masters[sid]:
             raise ClusterError(f"unexpected sync response for slice {sid}")
-        master = pm.parse_sync(msg, s.data.size)
-        s.data += np.subtract(master, s.last_sync, out=s.last_sync)
-        s.last_sync[:] = s.data
+        with on(s.data):
+            master = like(s.data, pm.parse_sync(msg, s.data.size))
+            s.data += np.subtract(master, s.last_sync, out=s.last_sync)
+            s.last_sync[...] = s.data
         s.n_pending_sync -= 1
         self.syncs_received += 1
 
 
 def own(a):
-    """`a` itself when writable (a frame's buffer is then ours to use), else a copy."""
-    return a if a.flags.writeable else a.copy()
+    """`a` itself when writable (a frame's buffer, or a device frame's memory, is then ours
+    to use), else a copy."""
+    return a if not is_host(a) or a.flags.writeable else a.copy()

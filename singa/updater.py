@@ -9,6 +9,7 @@ its inputs: same inputs, same bytes.
 
 import numpy as np
 
+from singa.device import is_host
 from singa.errors import CheckpointError, ConfigError
 from singa.proto import job_pb2
 
@@ -199,9 +200,10 @@ class Updater:
                      if self.clips and proto.clip_high > proto.clip_low else None)
         self._buf = None            # scratch of the weight-decay term (each server owns its Updater)
 
-    def new_state(self, shape):
-        """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update)."""
-        return [np.zeros(shape, np.float32) for _ in range(self.nstate)]
+    def new_state(self, shape, xp=np):
+        """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update), made
+        by array module `xp` (numpy, or cupy for a param on a GPU)."""
+        return [xp.zeros(shape, np.float32) for _ in range(self.nstate)]
 
     def update(self, step, data, grad, buffers, lr_scale=1.0, wd_scale=1.0, grad_scale=1.0):
         """Apply one step to `data` in place; `grad` is overwritten; `buffers` (the slice's,
@@ -224,8 +226,8 @@ class Updater:
         self._rule(data, grad, buffers, lr)
 
     def _scratch(self, like):
-        if self._buf is None or self._buf.size < like.size:
-            self._buf = np.empty(like.size, np.float32)
+        if self._buf is None or self._buf.size < like.size or is_host(self._buf) != is_host(like):
+            self._buf = np.empty_like(like, shape=like.size)    # on like's device
         return self._buf[:like.size].reshape(like.shape)
 
 

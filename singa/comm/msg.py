@@ -4,13 +4,18 @@ On a socket a message is the frame `"src dst type trgt_val trgt_version"` follow
 frames. Arrays travel as raw float32 frames, large ones sent without copying: a receiver in
 the same process then gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it
 may keep that alias), a receiver in another process gets its own buffer. Receivers check
-(`same_memory`) rather than assume, so small frames, which are copied, work the same.
+(`same_memory`) rather than assume, so small frames, which are copied, work the same. A GPU
+array travels inside its process as a reference to its memory (a device frame), whatever its
+size, so a server updates a worker's params where they are; a frame for another process
+carries its values instead (`host_frame`, at `Peer.send`), and a device frame from another
+process is refused (`Router.receive`).
 Display metrics travel as numbers too (`metric_frames`: names, then float64 values).
 """
 import struct
 
 import numpy as np
 
+from singa import device
 from singa.device import host, is_host
 from singa.errors import ClusterError
 from singa.proto import common_pb2
@@ -90,29 +95,64 @@ class Msg:
 
 
 # --- array frames ------------------------------------------------------------------------
+#: a device frame: this tag, the device pointer and the count of float32 values; 25 bytes,
+#: which no array frame (4 bytes a value) has
+_DEVICE, _DEVICE_FRAME = b"*device*", struct.Struct("<8sQQx")
+
+
 def array_frame(a):
-    """A flat float32 array as a frame (no copy of a host array, which must stay unchanged
-    until delivered; a GPU array is copied to the host).
+    """A flat float32 array as a frame, without copying: the array itself for host memory
+    (pyzmq sends an ndarray several times faster than a memoryview: 8 against 33 us a frame
+    here), a device frame for a GPU array. Either way `a` must outlive the message and stay
+    unchanged until it is read (`host_copy` for values about to change)."""
+    if is_host(a):
+        return a.reshape(-1)
+    if not a.flags.c_contiguous:
+        raise ValueError("a device frame needs a contiguous array")
+    return _DEVICE_FRAME.pack(_DEVICE, device.address(a), a.size)
 
-    The array itself, not a memoryview of it: pyzmq sends an ndarray without copying several
-    times faster (8 against 33 us a frame here)."""
-    return host(a).reshape(-1)
+
+def _buffer(frame):
+    return frame.buffer if hasattr(frame, "buffer") else frame
 
 
-def frame_array(frame, n):
-    """The float32 values of `frame`, which must hold exactly `n` of them (a view, no copy)."""
-    buf = frame.buffer if hasattr(frame, "buffer") else frame
+def is_device_frame(frame):
+    """Whether `frame` is a device frame (a reference, valid in this process only)."""
+    if isinstance(frame, np.ndarray):
+        return False
+    buf = _buffer(frame)
+    return len(buf) == _DEVICE_FRAME.size and bytes(buf[:len(_DEVICE)]) == _DEVICE
+
+
+def host_frame(frame):
+    """`frame` as another process can read it: a device frame's values copied to the host."""
+    if not is_device_frame(frame):
+        return frame
+    _, ptr, n = _DEVICE_FRAME.unpack(bytes(_buffer(frame)))
+    return host(device.at(ptr, n))
+
+
+def frame_array(frame, n=None):
+    """The float32 values of `frame`, which must hold exactly `n` of them (None: any number)
+    (a view, no copy): host memory, or the device memory a device frame refers to."""
+    buf = _buffer(frame)
+    if is_device_frame(frame):
+        _, ptr, count = _DEVICE_FRAME.unpack(bytes(buf))
+        if n is not None and count != n:
+            raise ClusterError(f"device frame of {count} values where {n} were expected")
+        return device.at(ptr, count)
     nbytes = memoryview(buf).nbytes
-    if nbytes != 4 * n:
-        raise ClusterError(f"array frame of {nbytes} bytes where {n} float32 values were expected")
+    if n is None and nbytes % 4 or n is not None and nbytes != 4 * n:
+        raise ClusterError(f"array frame of {nbytes} bytes where "
+                           f"{'float32 values' if n is None else f'{n} float32 values'} "
+                           f"were expected")
     return np.frombuffer(buf, np.float32)
 
 
 def same_memory(a, b):
-    """True when `a` and `b` start at the same address (a frame aliasing a local array); never
-    for a GPU array."""
-    return is_host(a) and is_host(b) and \
-        a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+    """True when `a` and `b` start at the same address, both of the host or both of a device
+    (a frame aliasing a local array)."""
+    return is_host(a) == is_host(b) and device.address(a) == device.address(b)
 
 
 class OrderedSum:
@@ -136,11 +176,13 @@ class OrderedSum:
         items, self.items = sorted(self.items, key=lambda t: t[0]), []
         if len(items) == 1:
             return items[0][1]
-        if self.buffer is None:
-            self.buffer = np.empty(self.size, np.float32)
-        g = np.add(items[0][1], items[1][1], out=self.buffer)
-        for _, other in items[2:]:
-            g += other
+        first = items[0][1]
+        with device.on(first):
+            if self.buffer is None:
+                self.buffer = np.empty_like(first, shape=self.size)     # on first's device
+            g = np.add(first, items[1][1], out=self.buffer)
+            for _, other in items[2:]:
+                g += other
         return g
 
 

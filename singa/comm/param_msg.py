@@ -3,7 +3,9 @@ Param::GenPutMsg / GenGetMsg / GenUpdateMsg and their Parse*, src/utils/param.cc
 
 `trgt_val` is (param id, slice id) (`msg.param_trgt`): a worker's request names its owner param
 and slice 0, the stub's requests and the servers' answers one slice; `trgt_version` is the
-version asked for or reached. Arrays travel as float32 frames (`msg.array_frame`).
+version asked for or reached. Arrays travel as float32 frames (`msg.array_frame`): in-process
+a frame aliases the sender's array (a GPU array's memory whatever its size), which must stay
+unchanged until read; values that will change go as a host copy (`device.host_copy`).
 
   worker -> stub     kPut     [ffi: lr_scale, wd_scale, lr_index; values; updater buffers...]
                      kGet     []
@@ -28,7 +30,7 @@ a message they did not build (it is dropped), never write outside the param.
 import numpy as np
 
 from singa.comm import msg as m
-from singa.device import assign
+from singa.device import assign, host_copy
 from singa.errors import ClusterError
 
 
@@ -113,7 +115,7 @@ def values_reply(req, type_, version, values):
 def state_reply(req, version, lr_index, buffers):
     """kRState to `req`: the learning-rate index and copies of the slice's updater buffers."""
     return req.reply(m.kRState, version,
-                     [m.format_frame("i", lr_index)] + [m.array_frame(b.copy()) for b in buffers])
+                     [m.format_frame("i", lr_index)] + [m.array_frame(host_copy(b)) for b in buffers])
 
 
 def sync(src, dst, type_, trgt_val, version, values):
@@ -153,7 +155,7 @@ def _slices(msg, per, what):
 
 def _place(out, o, frame, what):
     """Copy a slice's values into `out` at offset `o` (nothing when the frame aliases it)."""
-    values = m.frame_array(frame, len(frame) // 4)
+    values = m.frame_array(frame)
     if not 0 <= o <= out.size - values.size:
         raise ClusterError(f"values for {what} out of its bounds")
     if not m.same_memory(values, out[o:]):

@@ -3,11 +3,13 @@
 A Dealer is an executor's (worker's or server's) connection to its process's stub; the Router
 is the stub's socket. Endpoints are `inproc://` inside a process and `tcp://` across processes;
 the message layout is the same on both. Frames of 64 KB and more are sent without copying
-(pyzmq's `copy_threshold`): in-process such an array frame aliases the sender's array.
+(pyzmq's `copy_threshold`): in-process such an array frame aliases the sender's array. Device
+frames (`singa.comm.msg`) stay in their process: a Peer sends their values, and a Router
+refuses one from another process.
 """
 import zmq
 
-from singa.comm.msg import Msg
+from singa.comm.msg import Msg, host_frame, is_device_frame
 from singa.errors import ClusterError
 
 #: ZMTP heartbeats of a Peer, in ms: a PING every HEARTBEAT_IVL; a connection that has heard
@@ -85,7 +87,8 @@ class Peer:
         """Queue `msg` for the other process; not `wait`ing, a full queue (a process that
         reads nothing) drops it."""
         try:
-            self.sock.send_multipart([self.job, msg.header(), *msg.frames], copy=False,
+            self.sock.send_multipart([self.job, msg.header(), *map(host_frame, msg.frames)],
+                                     copy=False,
                                      flags=0 if wait else zmq.DONTWAIT)
         except zmq.Again:
             pass
@@ -145,6 +148,8 @@ class Router:
             if frames[1].bytes != self.job:
                 raise ClusterError(f"a message of another job ({frames[1].bytes[:20]!r}), not "
                                    f"of job {self.job.decode()}")
+            if any(map(is_device_frame, frames[3:])):
+                raise ClusterError("a reference to device memory from another process")
             return Msg.from_frames(frames[2:])
         return Msg.from_frames(frames[1:])
 

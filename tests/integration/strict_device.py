@@ -8,6 +8,9 @@ through `asarray`, `DevArray.get` and `DevArray.set`, as with CuPy.
 `installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
+import collections
+import ctypes
+import math
 import sys
 import types
 
@@ -47,10 +50,22 @@ def _dev(v):
     return v
 
 
+#: bytes copied between host and device, each way
+moved = collections.Counter()
+
+
 class DevArray(np.ndarray):
     """An array 'on the GPU'."""
 
-    __cuda_array_interface__ = {}     # what marks a device array (singa.device.is_host)
+    @property
+    def __cuda_array_interface__(self):
+        """What marks a device array (singa.device.is_host); its pointer is a host one here."""
+        return {"shape": self.shape, "typestr": self.dtype.str, "version": 3, "strides": None,
+                "data": (self.view(np.ndarray).__array_interface__["data"][0], False)}
+
+    @property
+    def device(self):
+        return _Device(0)
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         if method == "at":
@@ -88,6 +103,7 @@ class DevArray(np.ndarray):
 
     def get(self):
         """A host copy (cupy.ndarray.get)."""
+        moved["to host"] += self.nbytes
         return np.array(self.view(np.ndarray))
 
     def set(self, values):
@@ -96,14 +112,23 @@ class DevArray(np.ndarray):
                 values.dtype != self.dtype:
             raise StrictError(f"set: needs a host array of shape {self.shape} and dtype "
                               f"{self.dtype}, got {type(values).__name__}")
+        moved["to device"] += values.nbytes
         np.copyto(self.view(np.ndarray), values)
 
 
 def asarray(a, dtype=None):
-    """A device array of `a` (copied from the host; a device array itself)."""
+    """A device array of `a` (copied from the host; a device array itself; a view of the
+    memory an object with CUDA's array interface describes, as CuPy makes one)."""
     if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
         return a
-    return np.array(_plain(a), dtype=dtype).view(DevArray)
+    if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
+        desc = a.__cuda_array_interface__
+        n = math.prod(desc["shape"])
+        view = np.ctypeslib.as_array((ctypes.c_char * (n * 4)).from_address(desc["data"][0]))
+        return view.view(np.dtype(desc["typestr"])).reshape(desc["shape"]).view(DevArray)
+    a = np.array(_plain(a), dtype=dtype)
+    moved["to device"] += a.nbytes
+    return a.view(DevArray)
 
 
 def _made(name):

@@ -10,11 +10,15 @@ import sys
 
 import numpy as np
 import pytest
+import zmq
 
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
 from singa import checkpoint, config, device
+from singa.comm import msg as m
+from singa.comm.socket import Dealer, Peer, Router
+from singa.errors import ClusterError
 from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
                          LRN2D, MaxPooling2D, Model, Sequential)
 from singa.neuralnet import NeuralNet
@@ -77,6 +81,53 @@ def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpu_bytes(tmp_path, m
     x, y = mnist
     assert dev.evaluate(x, y, device=[0], verbose=0) == cpu.evaluate(x, y, verbose=0)
     assert np.array_equal(dev.predict(x[:50], device=[0]), cpu.predict(x[:50]))
+
+
+def test_the_servers_of_a_one_process_job_update_the_params_on_the_device(tmp_path, mnist,
+                                                                         gpu):
+    """No param value or gradient crosses between host and device in a step: the servers
+    update the workers' params where they are. Per step only the batch (and its labels) goes
+    to the device, and nothing comes back (before: every gradient came up and every value
+    went down, 101,800 bytes each way)."""
+    x, y = mnist
+    moved = []
+    for steps in (10, 20):
+        m = Sequential('mlp')
+        m.add(Dense(32, init='uniform', activation='tanh'))
+        m.add(Dense(10, init='uniform', activation='softmax'))
+        m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.05, momentum=0.9),
+                  cluster=Cluster(str(tmp_path / str(steps))))
+        gpu.moved.clear()
+        m.fit(x, y, nb_epoch=steps, batch_size=40, seed=5, progress=False, device=[0])
+        moved.append(dict(gpu.moved))
+    per_step = {k: (moved[1][k] - moved[0][k]) / 10 for k in moved[0]}
+    assert per_step["to host"] == 0
+    assert 40 * x[0].nbytes <= per_step["to device"] <= 40 * (x[0].nbytes + 8)
+
+
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_device_frames_stay_in_their_process(gpu, transport):
+    """In-process a GPU array travels as a reference to its memory, whatever its size; to
+    another process as its values; a reference from another process is refused."""
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-device" if transport == "inproc" else "tcp://127.0.0.1:*")
+    src = m.addr(0, 0, m.kWorkerParam)
+    d = Dealer(ctx, src, router.endpoint) if transport == "inproc" else \
+        Peer(ctx, router.endpoint)
+    a = gpu.arange(3, dtype=np.float32)
+    d.send(m.Msg(src, 1, m.kUpdate, frames=[m.array_frame(a)]))
+    view = m.frame_array(router.receive(2000).frames[0], 3)
+    assert device.is_host(view) == (transport == "tcp")
+    assert m.same_memory(view, a) == (transport == "inproc")
+    np.testing.assert_array_equal(device.host(view), [0, 1, 2])
+    if transport == "tcp":     # a forged reference, as a process of ours never sends one
+        raw = ctx.socket(zmq.DEALER)
+        raw.connect(router.endpoint)
+        raw.send_multipart([b"-1", m.Msg(src, 1, m.kUpdate).header(), m.array_frame(a)])
+        with pytest.raises(ClusterError, match="device memory from another process"):
+            router.receive(2000)
+        raw.close(0)
+    d.close(), router.close(), ctx.term()
 
 
 def test_a_gpu_snapshot_continues_on_the_cpu_as_one_run(tmp_path, mnist, gpu):
