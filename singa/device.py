@@ -3,10 +3,9 @@
 Layers, params and updaters allocate with their device's `xp` (numpy or cupy) and otherwise
 call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and 18): one code
 path serves both devices. Values cross between the host and a GPU only here: `host(a)` (device
-to host) and `assign(dst, src)` / `Device.put` (host to device). Inside a process, executors
-hand device arrays to each other by reference (`address` and `at`, used by `singa.comm.msg`), so
-a server updates its workers' params where they are. Nothing imports CuPy until a job names a
-GPU.
+to host) and `assign(dst, src)` / `Device.put` (host to device); inside a process executors
+hand GPU arrays to each other as they are (`singa.comm.socket`). Nothing imports CuPy until a
+job names a GPU.
 """
 import contextlib
 import importlib
@@ -17,7 +16,7 @@ import numpy as np
 
 from singa.errors import ConfigError
 
-__all__ = ["CPU", "Device", "address", "assign", "at", "check", "cupy", "host", "host_copy",
+__all__ = ["CPU", "Device", "address", "assign", "check", "cupy", "host", "host_copy",
            "is_host", "like", "module", "of_workers", "on"]
 
 INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12; 'singa[gpu-cuda13]' for CUDA 13)"
@@ -101,21 +100,6 @@ def address(a):
     unique across the devices of a process)."""
     return a.__array_interface__["data"][0] if is_host(a) else \
         a.__cuda_array_interface__["data"][0]
-
-
-class _Memory:
-    """CUDA's array interface of `n` float32 values at device pointer `ptr`."""
-
-    def __init__(self, ptr, n):
-        self.__cuda_array_interface__ = {"shape": (n,), "typestr": "<f4", "data": (ptr, False),
-                                         "strides": None, "version": 3, "stream": None}
-
-
-def at(ptr, n):
-    """A float32 device array of the `n` values at device pointer `ptr`: a view of memory
-    another array of this process owns (no copy; the owner must outlive the view). CuPy finds
-    the device from the pointer."""
-    return cupy().asarray(_Memory(ptr, n))
 
 
 def assign(dst, src):

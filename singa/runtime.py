@@ -157,7 +157,7 @@ class Process:
                     e.add_share(m.addr(g, j, m.kWorkerParam), p.id)
 
         self.transport = transport or Transport()
-        self.ctx, self.router = self.transport.ctx, self.transport.router
+        self.router = self.transport.router
         endpoint = self.router.endpoint
         single = cluster.nprocs(cl) == 1
         served = {sg: K * sum(cluster.server_group(cl, g) == sg for g in range(G))
@@ -168,13 +168,13 @@ class Process:
                                                                    rngs[WORKERS])
             masters = slice_masters(job, graph.owner_params)
         asynchronous = cluster.nworker_groups_per_server_group(cl) > 1
-        self.servers = [Server(self.ctx, endpoint, g, s, job.updater, cl.poll_time,
+        self.servers = [Server(endpoint, g, s, job.updater, cl.poll_time,
                                None if single else served[g], masters, cl.sync_freq,
                                copy_replies=asynchronous and not single)
                         for g, s in cluster.servers_of(cl, pid)]
         cls = worker_class(job)
         self.workers = [
-            cls(self.ctx, endpoint, g, j, job, net,
+            cls(endpoint, g, j, job, net,
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
                 init_rng=copy.deepcopy(rngs[INIT]), resume=resume,

@@ -44,7 +44,7 @@ class Slice:
 class Server:
     """One server thread of server group `grp`, id `id`, with its own Updater."""
 
-    def __init__(self, ctx, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None,
+    def __init__(self, endpoint, grp, id_, updater_proto, poll_ms=100, nworkers=None,
                  masters=None, sync_freq=1, copy_replies=False):
         """`nworkers`: the workers whose farewells end the server (None: only the stub's kStop);
         `masters`: {slice id: address of its master server} when there are several server
@@ -60,7 +60,7 @@ class Server:
         self.nworkers, self.left = nworkers, set()
         self.copy_replies = copy_replies
         self.address = m.addr(grp, id_, m.kServer)
-        self.dealer = Dealer(ctx, self.address, endpoint)
+        self.dealer = Dealer(self.address, endpoint)
         self.updater = create_updater(updater_proto)
         self.poll_ms = poll_ms
         self.slices = {}

@@ -60,13 +60,13 @@ class Worker:
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
-    def __init__(self, ctx, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
+    def __init__(self, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
                  init_rng=None, resume=None, cluster_rt=None, reporter=None,
                  response_timeout=120.0, device=CPU, put=True):
         self.grp, self.id = grp, id_
         self.device = device        # where its nets compute (`gpu`)
         self.address = m.addr(grp, id_, m.kWorkerParam)
-        self.dealer = Dealer(ctx, self.address, endpoint)
+        self.dealer = Dealer(self.address, endpoint)
         self.job = job
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.init_rng = init_rng
@@ -85,7 +85,7 @@ class Worker:
         self.owned = train_net.owner_params
         self.channel = None
         if job.cluster.nworkers_per_group > 1:
-            self.channel = LayerChannel(ctx, endpoint, grp, id_, self.dealer, self.handle,
+            self.channel = LayerChannel(endpoint, grp, id_, self.dealer, self.handle,
                                         job.cluster.poll_time, response_timeout,
                                         where=self.worker_where)
             for net in (train_net, test_net, val_net):
@@ -503,6 +503,9 @@ class Worker:
         return min(self.job.train_steps, max(self.snapshot_at, self.step))
 
     def handle(self, msg):
+        if self.channel is not None and self.channel.is_for(msg):
+            self.channel.keep(msg)
+            return
         if msg.type == m.kStop:
             raise AbortedError()
         if msg.type == m.kSnapshot:

@@ -3,15 +3,15 @@ kWorkerLayer): bridge layers' blobs (kData) and the partitions' display metrics 
 
 A message is [name; frames...] with `trgt_val` saying what it carries (kForward: data,
 kBackward: gradient, a step for metrics); it travels through the stubs like any other, so the
-two workers may be in one process or two. While it waits the channel also serves the worker's
-param dealer, so answers from servers are handled and a kStop ends the wait.
+two workers may be in one process or two. Its Dealer shares the worker's inbox: while it
+waits the channel hands the worker's other messages to the worker (answers from servers are
+handled, a kStop ends the wait), and the worker hands it what comes for it (`keep`).
 """
 import collections
 import logging
 import time
 
 import numpy as np
-import zmq
 
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
@@ -25,21 +25,30 @@ log = logging.getLogger("singa")
 class LayerChannel:
     """Worker (grp, id)'s connection to the other workers of its group."""
 
-    def __init__(self, ctx, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout,
+    def __init__(self, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout,
                  where=None):
-        """`handle(msg)`: the worker's handler of what arrives on `param_dealer` meanwhile;
-        `where(peer)`: where worker (grp, peer) runs, "process P at host:port" (for a
-        time-out)."""
+        """`handle(msg)`: the worker's handler of the messages for it that arrive meanwhile
+        on the shared inbox of `param_dealer`; `where(peer)`: where worker (grp, peer) runs,
+        "process P at host:port" (for a time-out)."""
         self.grp, self.id = grp, id_
         self.where = where
         self.address = m.addr(grp, id_, m.kWorkerLayer)
-        self.dealer = Dealer(ctx, self.address, endpoint)
+        self.dealer = Dealer(self.address, endpoint, inbox=param_dealer.inbox)
         self.param_dealer, self.handle = param_dealer, handle
         self.poll_ms, self.timeout = poll_ms, timeout
-        self.poller = zmq.Poller()
-        self.poller.register(self.dealer.sock, zmq.POLLIN)
-        self.poller.register(param_dealer.sock, zmq.POLLIN)
         self.boxes = collections.defaultdict(collections.deque)    # (name, trgt) -> [frames]
+
+    def is_for(self, msg):
+        """Whether `msg` is this channel's (not the worker's param dealer's)."""
+        return msg.dst == self.address
+
+    def keep(self, msg):
+        """File a message for this channel until `wait` asks for it."""
+        if not msg.frames:
+            log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
+            return
+        self.boxes[(bytes(msg.frames[0]).decode(errors="replace"), msg.trgt_val)].append(
+            msg.frames[1:])
 
     def send(self, layer, peer, kind, array):
         """A bridge layer's blob (kind kForward: data, kBackward: gradient) for `peer`."""
@@ -64,21 +73,15 @@ class LayerChannel:
         box = self.boxes[(name, trgt)]
         deadline = time.monotonic() + self.timeout
         while not box:
-            events = dict(self.poller.poll(self.poll_ms))
-            if self.param_dealer.sock in events:
-                msg = self.param_dealer.receive(0)
+            msg = self.param_dealer.receive(self.poll_ms)
+            if msg is not None and self.is_for(msg):
+                self.keep(msg)
+            elif msg is not None:
                 try:
                     self.handle(msg)
                 except ClusterError as e:   # bad traffic: dropped
                     log.warning("Worker (group = %d, id = %d): dropped %r: %s",
                                 self.grp, self.id, msg, e)
-            if self.dealer.sock in events:
-                msg = self.dealer.receive(0)
-                if not msg.frames:
-                    log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
-                    continue
-                self.boxes[(bytes(msg.frames[0]).decode(errors="replace"), msg.trgt_val)].append(
-                    msg.frames[1:])
             if not box and time.monotonic() > deadline:
                 at = f" ({self.where(peer)})" if self.where is not None else ""
                 raise ClusterError(f"worker ({self.grp}, {self.id}): no {what} from worker "

@@ -1,14 +1,10 @@
 """Msg: SINGA's message (src/comm/msg.cc): header ints, a body of frames, addresses and format frames.
 
-On a socket a message is the frame `"src dst type trgt_val trgt_version"` followed by the body
-frames. Arrays travel as raw float32 frames, large ones sent without copying: a receiver in
-the same process then gets a view of the sender's memory (ZeroMQ's inproc zero-copy, and it
-may keep that alias), a receiver in another process gets its own buffer. Receivers check
-(`same_memory`) rather than assume, so small frames, which are copied, work the same. A GPU
-array travels inside its process as a reference to its memory (a device frame), whatever its
-size, so a server updates a worker's params where they are; a frame for another process
-carries its values instead (`host_frame`, at `Peer.send`), and a device frame from another
-process is refused (`Router.receive`).
+Inside a process a message is handed over as it is (`singa.comm.socket`): an array frame is
+the sender's array itself, of the host or of a GPU, which the receiver may keep as an alias
+(`same_memory` tells). To another process a message goes as ZeroMQ frames: the frame
+`"src dst type trgt_val trgt_version"`, then the body, a GPU array's values copied to the host
+(`host_frame`); it arrives as bytes-like frames, which `frame_array` views as float32 values.
 Display metrics travel as numbers too (`metric_frames`: names, then float64 values).
 """
 import struct
@@ -95,52 +91,29 @@ class Msg:
 
 
 # --- array frames ------------------------------------------------------------------------
-#: a device frame: this tag, the device pointer and the count of float32 values; 25 bytes,
-#: which no array frame (4 bytes a value) has
-_DEVICE, _DEVICE_FRAME = b"*device*", struct.Struct("<8sQQx")
-
-
 def array_frame(a):
-    """A flat float32 array as a frame, without copying: the array itself for host memory
-    (pyzmq sends an ndarray several times faster than a memoryview: 8 against 33 us a frame
-    here), a device frame for a GPU array. Either way `a` must outlive the message and stay
-    unchanged until it is read (`host_copy` for values about to change)."""
-    if is_host(a):
-        return a.reshape(-1)
-    if not a.flags.c_contiguous:
-        raise ValueError("a device frame needs a contiguous array")
-    return _DEVICE_FRAME.pack(_DEVICE, device.address(a), a.size)
-
-
-def _buffer(frame):
-    return frame.buffer if hasattr(frame, "buffer") else frame
-
-
-def is_device_frame(frame):
-    """Whether `frame` is a device frame (a reference, valid in this process only)."""
-    if isinstance(frame, np.ndarray):
-        return False
-    buf = _buffer(frame)
-    return len(buf) == _DEVICE_FRAME.size and bytes(buf[:len(_DEVICE)]) == _DEVICE
+    """A float32 array as a frame, flat, not copied: it must outlive the message and stay
+    unchanged until read (`device.host_copy` for values about to change)."""
+    return a.reshape(-1)
 
 
 def host_frame(frame):
-    """`frame` as another process can read it: a device frame's values copied to the host."""
-    if not is_device_frame(frame):
-        return frame
-    _, ptr, n = _DEVICE_FRAME.unpack(bytes(_buffer(frame)))
-    return host(device.at(ptr, n))
+    """`frame` as another process can read it: a GPU array's values copied to the host.
+    (pyzmq sends a host ndarray several times faster than a memoryview: 8 against 33 us.)"""
+    return host(frame) if hasattr(frame, "__cuda_array_interface__") else frame
 
 
 def frame_array(frame, n=None):
-    """The float32 values of `frame`, which must hold exactly `n` of them (None: any number)
-    (a view, no copy): host memory, or the device memory a device frame refers to."""
-    buf = _buffer(frame)
-    if is_device_frame(frame):
-        _, ptr, count = _DEVICE_FRAME.unpack(bytes(buf))
-        if n is not None and count != n:
-            raise ClusterError(f"device frame of {count} values where {n} were expected")
-        return device.at(ptr, count)
+    """The float32 values of `frame`, which must hold exactly `n` of them (None: any number),
+    without copying: the array a sender in this process handed over, or a view of the bytes
+    of another process's frame."""
+    if isinstance(frame, np.ndarray) or hasattr(frame, "__cuda_array_interface__"):
+        if frame.dtype != np.float32 or n is not None and frame.size != n:
+            raise ClusterError(f"array frame of {frame.size} {frame.dtype} values where "
+                               f"{'float32 values' if n is None else f'{n} float32 values'} "
+                               f"were expected")
+        return frame.reshape(-1)
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
     nbytes = memoryview(buf).nbytes
     if n is None and nbytes % 4 or n is not None and nbytes != 4 * n:
         raise ClusterError(f"array frame of {nbytes} bytes where "

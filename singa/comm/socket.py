@@ -1,15 +1,19 @@
-"""Dealer and Router: ZeroMQ endpoints carrying Msgs (SINGA's src/comm/socket.cc).
+"""Dealer, Router and Peer: how messages reach the executors (SINGA's src/comm/socket.cc).
 
 A Dealer is an executor's (worker's or server's) connection to its process's stub; the Router
-is the stub's socket. Endpoints are `inproc://` inside a process and `tcp://` across processes;
-the message layout is the same on both. Frames of 64 KB and more are sent without copying
-(pyzmq's `copy_threshold`): in-process such an array frame aliases the sender's array. Device
-frames (`singa.comm.msg`) stay in their process: a Peer sends their values, and a Router
-refuses one from another process.
+is the stub's. Inside a process a message is handed over as it is, a queue per receiver: its
+array frames are the sender's arrays (of the host or of a GPU), which must stay unchanged
+until read, so a server updates its workers' params where they are. Across processes a Peer
+sends it over ZeroMQ tcp to the other process's Router (a GPU array's values copied to the
+host), where a thread of the Router's own reads it into the Router's queue: such frames are
+bytes (zmq Frames), never references to memory.
 """
+import queue
+import threading
+
 import zmq
 
-from singa.comm.msg import Msg, host_frame, is_device_frame
+from singa.comm.msg import Msg, host_frame
 from singa.errors import ClusterError
 
 #: ZMTP heartbeats of a Peer, in ms: a PING every HEARTBEAT_IVL; a connection that has heard
@@ -20,44 +24,48 @@ from singa.errors import ClusterError
 HEARTBEAT_IVL, HEARTBEAT_TIMEOUT = 500, 2000
 #: ms a closing Peer still tries to deliver what it was sent (a farewell to the other stub)
 LINGER = 500
+#: ms the Router's reader waits for a Peer's message before it looks whether to stop
+READ_POLL_MS = 20
 
 
-def identity(address):
-    return b"%d" % address
+#: the Routers of this process by their `inproc://` endpoint, where Dealers find them
+_ROUTERS = {}
 
 
-def over_tcp(frame):
-    """Whether a received `frame` came from another process: ZeroMQ gives a tcp frame its
-    peer's address as metadata and an inproc frame none. Not the identity, which a tcp peer
-    may set to an executor's."""
+def _take(inbox, timeout_ms):
+    """The next message of `inbox`, or None after `timeout_ms` milliseconds; a ClusterError
+    queued for it (a bad message from another process) is raised."""
     try:
-        frame.get("Peer-Address")
-        return True
-    except zmq.ZMQError:
-        return False
+        item = inbox.get(timeout=timeout_ms / 1000) if timeout_ms > 0 else inbox.get_nowait()
+    except queue.Empty:
+        return None
+    if isinstance(item, ClusterError):
+        raise item
+    return item
 
 
 class Dealer:
-    """One executor's socket, identified by its address, connected to a Router endpoint."""
+    """One executor's connection, by its address, to the Router at `endpoint`; executors of
+    one thread may share an `inbox` (a worker's params and its bridge layers)."""
 
-    def __init__(self, ctx, address, endpoint):
+    def __init__(self, address, endpoint, inbox=None):
+        try:
+            self.router = _ROUTERS[endpoint]
+        except KeyError:
+            raise ClusterError(f"no stub at {endpoint} in this process") from None
         self.address = address
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.IDENTITY, identity(address))
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
+        self.inbox = queue.SimpleQueue() if inbox is None else inbox
+        self.router.dealers[address] = self.inbox
 
     def send(self, msg):
-        self.sock.send_multipart([msg.header(), *msg.frames], copy=False)
+        self.router.inbox.put(msg)
 
     def receive(self, timeout_ms):
         """The next message, or None after `timeout_ms` milliseconds."""
-        if not self.sock.poll(timeout_ms):
-            return None
-        return Msg.from_frames(self.sock.recv_multipart(copy=False))
+        return _take(self.inbox, timeout_ms)
 
     def close(self):
-        self.sock.close(0)
+        self.router.dealers.pop(self.address, None)
 
 
 class Peer:
@@ -103,55 +111,90 @@ class Peer:
 
 
 class Router:
-    """The stub's socket: receives from every Dealer, sends to a Dealer by its address."""
+    """The stub's end: receives from every Dealer of its process and from other processes'
+    Peers (once it listens on tcp: `bind`), sends to a Dealer by its address."""
 
     def __init__(self, ctx, endpoint, job=-1):
-        """`job`: the id a Peer's messages must carry (those of another job or an earlier run
-        are dropped)."""
-        self.job = b"%d" % job
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        try:
-            self.sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            raise ClusterError(f"cannot bind {endpoint}: {e}") from None
-        self.endpoint = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        """`endpoint`: `inproc://<name>`, where this process's Dealers find it, or a tcp
+        endpoint to `bind`; `job`: the id a Peer's messages must carry (those of another job
+        or an earlier run are dropped)."""
+        self.ctx, self.job = ctx, b"%d" % job
+        self.inbox = queue.SimpleQueue()
+        self.dealers = {}       # address -> the inbox of its Dealer
+        self.sock = self.reader = None
+        self.closing = False
+        if endpoint.startswith("inproc://"):
+            if endpoint in _ROUTERS:
+                raise ClusterError(f"cannot bind {endpoint}: another stub of this process has it")
+            _ROUTERS[endpoint] = self
+            self.endpoint = endpoint
+        else:
+            self.endpoint = self.bind(endpoint)
 
     def bind(self, endpoint, trust=None, max_frame=-1):
-        """Also listen on `endpoint` (e.g. `tcp://10.0.0.2:*`); returns the bound endpoint.
-        With a `trust` (`singa.trust.JobTrust`) as the CURVE server of the job's keys, which
-        only its clients pass (the context's ZAP handler must admit them); a peer sending a
-        frame over `max_frame` bytes (-1: no limit) is disconnected before it is received."""
+        """Listen on tcp `endpoint` (e.g. `tcp://10.0.0.2:*`), once; returns the bound
+        endpoint. With a `trust` (`singa.trust.JobTrust`) as the CURVE server of the job's
+        keys, which only its clients pass (the context's ZAP handler must admit them); a peer
+        sending a frame over `max_frame` bytes (-1: no limit) is disconnected before it is
+        received."""
+        if self.sock is not None:
+            raise ClusterError(f"cannot bind {endpoint}: this stub listens already")
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
         if trust is not None:
-            self.sock.curve_server = True
-            self.sock.curve_publickey = trust.server_public
-            self.sock.curve_secretkey = trust.server_secret
-        self.sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
+            sock.curve_server = True
+            sock.curve_publickey = trust.server_public
+            sock.curve_secretkey = trust.server_secret
+        sock.setsockopt(zmq.MAXMSGSIZE, max_frame)
         try:
-            self.sock.bind(endpoint)
+            sock.bind(endpoint)
         except zmq.ZMQError as e:
+            sock.close(0)
             raise ClusterError(f"cannot bind {endpoint}: {e}") from None
-        return self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.sock = sock
+        self.reader = threading.Thread(target=self._read, name="singa-router", daemon=True)
+        self.reader.start()
+        return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _read(self):
+        """The reader thread: queue what Peers send (a ClusterError for a message not of this
+        job, or malformed), until `close`."""
+        while not self.closing:
+            try:
+                if not self.sock.poll(READ_POLL_MS):
+                    continue
+                frames = self.sock.recv_multipart(copy=False)
+            except zmq.ZMQError:
+                return
+            self.inbox.put(self._from_peer(frames))
+
+    def _from_peer(self, frames):
+        """The Msg of a Peer's `frames` [identity, job, header, body...], or a ClusterError."""
+        if len(frames) < 3 or frames[1].bytes != self.job:
+            job = frames[1].bytes[:20] if len(frames) > 1 else b""
+            return ClusterError(f"a message of another job ({job!r}), not of job "
+                                f"{self.job.decode()}")
+        try:
+            return Msg.from_frames(frames[2:])
+        except ClusterError as e:
+            return e
 
     def send(self, msg):
-        try:
-            self.sock.send_multipart([identity(msg.dst), msg.header(), *msg.frames], copy=False)
-        except zmq.ZMQError as e:
-            raise ClusterError(f"cannot deliver {msg}: {e}") from None
+        """To the local executor at `msg.dst`."""
+        inbox = self.dealers.get(msg.dst)
+        if inbox is None:
+            raise ClusterError(f"cannot deliver {msg}: no executor at {msg.dst} in this process")
+        inbox.put(msg)
 
     def receive(self, timeout_ms):
-        if not self.sock.poll(timeout_ms):
-            return None
-        frames = self.sock.recv_multipart(copy=False)
-        if len(frames) > 1 and over_tcp(frames[1]):    # a Peer: whatever identity it set
-            if frames[1].bytes != self.job:
-                raise ClusterError(f"a message of another job ({frames[1].bytes[:20]!r}), not "
-                                   f"of job {self.job.decode()}")
-            if any(map(is_device_frame, frames[3:])):
-                raise ClusterError("a reference to device memory from another process")
-            return Msg.from_frames(frames[2:])
-        return Msg.from_frames(frames[1:])
+        """The next message, or None after `timeout_ms` milliseconds; ClusterError for a
+        message of another process that is not of this job (dropped)."""
+        return _take(self.inbox, timeout_ms)
 
     def close(self):
-        self.sock.close(0)
+        self.closing = True
+        if self.reader is not None:
+            self.reader.join()
+            self.sock.close(0)
+        if _ROUTERS.get(self.endpoint) is self:
+            del _ROUTERS[self.endpoint]

@@ -9,8 +9,6 @@ through `asarray`, `DevArray.get` and `DevArray.set`, as with CuPy.
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
 import collections
-import ctypes
-import math
 import sys
 import types
 
@@ -117,15 +115,9 @@ class DevArray(np.ndarray):
 
 
 def asarray(a, dtype=None):
-    """A device array of `a` (copied from the host; a device array itself; a view of the
-    memory an object with CUDA's array interface describes, as CuPy makes one)."""
+    """A device array of `a` (copied from the host; a device array itself)."""
     if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
         return a
-    if not isinstance(a, np.ndarray) and hasattr(a, "__cuda_array_interface__"):
-        desc = a.__cuda_array_interface__
-        n = math.prod(desc["shape"])
-        view = np.ctypeslib.as_array((ctypes.c_char * (n * 4)).from_address(desc["data"][0]))
-        return view.view(np.dtype(desc["typestr"])).reshape(desc["shape"]).view(DevArray)
     a = np.array(_plain(a), dtype=dtype)
     moved["to device"] += a.nbytes
     return a.view(DevArray)

@@ -29,8 +29,8 @@ def workers():
     """Two channels of group 0 (workers 0 and 1) and the router between them."""
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-bridge")
-    params = [Dealer(ctx, m.addr(0, j, m.kWorkerParam), router.endpoint) for j in (0, 1)]
-    chans = [LayerChannel(ctx, router.endpoint, 0, j, params[j], stop_on_kstop, 10, 0.3)
+    params = [Dealer(m.addr(0, j, m.kWorkerParam), router.endpoint) for j in (0, 1)]
+    chans = [LayerChannel(router.endpoint, 0, j, params[j], stop_on_kstop, 10, 0.3)
              for j in (0, 1)]
     yield router, params, chans
     for x in params + chans:

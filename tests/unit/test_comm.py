@@ -39,7 +39,7 @@ def test_array_frames_alias_in_process_and_copy_across_tcp(transport):
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-alias" if transport == "inproc" else "tcp://127.0.0.1:*")
     src = m.addr(0, 0, m.kWorkerParam)     # across processes a Peer sends (the job id first)
-    d = Dealer(ctx, src, router.endpoint) if transport == "inproc" else \
+    d = Dealer(src, router.endpoint) if transport == "inproc" else \
         Peer(ctx, router.endpoint)
     small, big = np.arange(3, dtype=np.float32), np.arange(100000, dtype=np.float32)
     d.send(m.Msg(src, 1, m.kPut, frames=[m.array_frame(small), m.array_frame(big)]))
@@ -47,17 +47,19 @@ def test_array_frames_alias_in_process_and_copy_across_tcp(transport):
     views = [m.frame_array(f, a.size) for f, a in zip(got.frames, (small, big))]
     for view, a in zip(views, (small, big)):
         np.testing.assert_array_equal(view, a)
-    assert not m.same_memory(views[0], small)      # small frames are copied
-    assert m.same_memory(views[1], big) == (transport == "inproc")
+    for view, a in zip(views, (small, big)):     # in-process every array is handed over
+        assert m.same_memory(view, a) == (transport == "inproc")
     with pytest.raises(ClusterError):
         m.frame_array(got.frames[0], 4)
+    with pytest.raises(ClusterError):
+        m.frame_array(np.arange(3.0), 3)        # float64
     d.close(), router.close(), ctx.term()
 
 
 def test_dealer_router_carry_header_and_frames():
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-dr")
-    d = Dealer(ctx, m.addr(0, 1, m.kWorkerParam), router.endpoint)
+    d = Dealer(m.addr(0, 1, m.kWorkerParam), router.endpoint)
     d.send(m.Msg(d.address, 99, m.kPut, 7, 8, [b"abc"]))
     got = router.receive(1000)
     assert (got.src, got.dst, got.type, got.trgt_val, got.trgt_version) == (d.address, 99, m.kPut, 7, 8)

@@ -23,7 +23,7 @@ def servers():
     updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
     made = []
     try:    # closed whatever happens, or ctx.term() would wait for them at exit
-        made += [Server(ctx, router.endpoint, g, 0, updater, masters={0: MASTER}, sync_freq=2)
+        made += [Server(router.endpoint, g, 0, updater, masters={0: MASTER}, sync_freq=2)
                  for g in (0, 1)]
         yield router, made
     finally:
@@ -123,7 +123,7 @@ def test_replies_of_asynchronous_groups_are_copies_later_updates_cannot_change(c
     ctx = zmq.Context()
     router = Router(ctx, f"inproc://test-server-replies-{id(ctx)}")
     updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
-    server = Server(ctx, router.endpoint, 0, 0, updater, copy_replies=copy_replies)
+    server = Server(router.endpoint, 0, 0, updater, copy_replies=copy_replies)
     n = 1 << 15     # above pyzmq's copy threshold: frames are sent zero-copy
     try:
         put(server, np.ones(n, np.float32))

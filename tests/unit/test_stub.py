@@ -23,8 +23,8 @@ def test_the_stub_asks_the_servers_as_itself_and_routes_their_answers_by_its_add
     updater state goes only to the worker that asked for it."""
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-param-msg-stub")
-    server = Dealer(ctx, m.addr(0, 0, m.kServer), router.endpoint)
-    workers = [Dealer(ctx, m.addr(0, j, m.kWorkerParam), router.endpoint) for j in range(2)]
+    server = Dealer(m.addr(0, 0, m.kServer), router.endpoint)
+    workers = [Dealer(m.addr(0, j, m.kWorkerParam), router.endpoint) for j in range(2)]
     entry = ParamEntry(0, 4, [(0, server.address, 0, 3)])
     for j, w in enumerate(workers):
         entry.add_share(w.address, 10 + j)
@@ -68,8 +68,8 @@ class Bench:
         self.ctx = zmq.Context()
         self.router = Router(self.ctx, f"inproc://test-protocol-{id(self)}")
         updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
-        self.server = Server(self.ctx, self.router.endpoint, 0, 0, updater, poll_ms=10)
-        self.workers = [Dealer(self.ctx, m.addr(0, j, m.kWorkerParam), self.router.endpoint)
+        self.server = Server(self.router.endpoint, 0, 0, updater, poll_ms=10)
+        self.workers = [Dealer(m.addr(0, j, m.kWorkerParam), self.router.endpoint)
                         for j in range(shares)]
         entry = ParamEntry(0, 0, [(0, self.server.address, 0, 4), (1, self.server.address, 4, 2)])
         for j, w in enumerate(self.workers):
@@ -105,7 +105,7 @@ class Bench:
 def values_of(answer):
     """{offset: values} of an RGet / RUpdate answer: [offsets; a frame per slice]."""
     offsets = m.parse_int_frame(answer.frames[0])
-    return {o: m.frame_array(f, len(f) // 4) for o, f in zip(offsets, answer.frames[1:])}
+    return {o: m.frame_array(f) for o, f in zip(offsets, answer.frames[1:])}
 
 
 def test_put_is_acknowledged_and_two_shares_make_one_averaged_update():
@@ -184,8 +184,8 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
     past `rejoin_timeout` stops the stub with the loss named."""
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-elastic-stub")
-    worker = Dealer(ctx, m.addr(0, 0, m.kWorkerParam), router.endpoint)
-    remote = Dealer(ctx, m.addr(0, 1, m.kStub), router.endpoint)
+    worker = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    remote = Dealer(m.addr(0, 1, m.kStub), router.endpoint)
     sent, forgot = [], []
 
     class Peer:

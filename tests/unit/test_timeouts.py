@@ -43,8 +43,8 @@ class Bridge:
 def test_a_bridge_time_out_names_the_peer_workers_process_host_and_port():
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-timeouts")
-    dealer = Dealer(ctx, m.addr(0, 0, m.kWorkerParam), router.endpoint)
-    chan = LayerChannel(ctx, router.endpoint, 0, 0, dealer, lambda msg: None, 10, 0.2,
+    dealer = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    chan = LayerChannel(router.endpoint, 0, 0, dealer, lambda msg: None, 10, 0.2,
                         where=lambda peer: f"process {peer + 2} at 10.0.0.9:40{peer}")
     src = Bridge("bridge_src(a@0->b@1)", 0, Bridge("bridge_dst(a@0->b@1)", 1))
     try:
