@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import zmq
+from google.protobuf import text_format
 
 import singa
 import strict_device
@@ -22,6 +23,7 @@ from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, 
                          LRN2D, MaxPooling2D, Model, Sequential)
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
+from singa.updater import create_updater
 
 
 @pytest.fixture
@@ -102,6 +104,30 @@ def test_the_servers_of_a_one_process_job_update_the_params_on_the_device(tmp_pa
     per_step = {k: (moved[1][k] - moved[0][k]) / 10 for k in moved[0]}
     assert per_step["to host"] == 0
     assert 40 * x[0].nbytes <= per_step["to device"] <= 40 * (x[0].nbytes + 8)
+
+
+@pytest.mark.parametrize("conf", [
+    "type: kSGD momentum: 0.9 weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1",
+    "type: kNesterov momentum: 0.9", "type: kAdaGrad delta: 1e-6",
+    "type: kRMSProp delta: 1e-6 rmsprop_conf { rho: 0.95 }",
+    "type: kAdaDelta delta: 1e-6 adadelta_conf { rho: 0.9 }", "type: kAdam delta: 1e-6",
+    "type: kAdamMax delta: 1e-6 adammax_conf { beta1: 0.8 beta2: 0.99 }"])
+def test_every_updater_runs_on_the_device_to_the_host_bytes(gpu, conf):
+    """A server updates a slice on its worker's GPU: each rule, with weight decay and scales,
+    computes there as on the host."""
+    proto = text_format.Parse(f"{conf} learning_rate {{ type: kFixed base_lr: 0.1 }}",
+                              job_pb2.UpdaterProto())
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 1, 91).astype(np.float32)
+    runs = []
+    for xp in (np, gpu):
+        up = create_updater(proto)
+        data, state = xp.asarray(w.copy()), up.new_state(w.shape, xp)
+        for step, g in enumerate(np.random.default_rng(4).normal(0, 0.3, (4, 91))):
+            up.update(step, data, xp.asarray(g.astype(np.float32)), state, lr_scale=2.0,
+                      wd_scale=3.0, grad_scale=0.5)
+        runs.append(device.host(data).tobytes())
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("transport", ["inproc", "tcp"])
