@@ -7,7 +7,7 @@ Nets: SINGA's MNIST MLP (examples/mnist/job.conf), LeNet (examples/mnist/conv.co
 cifar10 convnet (bench/cifar10_job.conf), each at SINGA's batch (64, 64, 100) and at 1024,
 where compute dominates. Ours: `runtime.Process` with `gpu: 0`, server and stub in their own
 threads, a step being `train_one_batch` then `collect_all` (bench_mlp_step.Runtime: gradients
-to the server and values back, as host frames), synchronised with the GPU at its end. Torch:
+to the server and its updates, on the GPU), synchronised with the GPU at its end. Torch:
 the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
 step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only. Interleaved
 rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the

@@ -76,7 +76,7 @@ def slice_table(job, owners):
 
 
 class Process:
-    """The executors process `pid` of a job runs, wired to its Stub over `inproc://` sockets.
+    """The executors process `pid` of a job runs, wired to its Stub (in-process messages).
 
     Worker (g, j) runs partition j of group g's net, which holds every partition's layers (a
     partition's neighbours may run in other processes, reached through bridge layers). Nets in
@@ -306,7 +306,7 @@ class Process:
 
 
 class Transport:
-    """A process's ZeroMQ context and its stub's Router (`inproc://`, plus tcp for peers).
+    """A process's ZeroMQ context and its stub's Router (in-process queues, plus tcp for peers).
 
     With a `trust` (`singa.trust.JobTrust`) tcp is CURVE: the Router is the server of the
     job's keys, a ZAP handler admits the job's client key only, and Peers are its clients."""
