@@ -2,6 +2,7 @@
 
     python bench/bench_mlp_step.py [--batch 64] [--rounds 10] [--steps 5] [--threads N]
                                    [--clock wall|cpu] [--stat median|min] [--profile]
+                                   [--width W]
 
 Ours: examples/mnist/job.conf (784-2500-2000-1500-1000-500-10, STanh, softmax loss, SGD) on
 SINGA's train-1000.bin shard, built by `runtime.Process`; the server and the stub run
@@ -11,6 +12,9 @@ and their new versions back, like the reference's in-place SGD. Reference:
 `mlp_reference.numpy_step` (and `torch_step` when torch is installed), timed in the same
 process in interleaved rounds (ours, numpy, torch, ours, ...); medians per side. Target:
 ours / numpy <= 1.15. The bench measures; it exits 0 whatever the ratio.
+`--width 8 --batch 1` makes every hidden layer 8 units wide (12 params still): the step is then
+nearly all the runtime's per-step overhead (messages through the stub, the server's updates),
+which ours minus numpy's time gives.
 """
 import argparse
 import cProfile
@@ -38,10 +42,14 @@ MNIST_CONF = os.path.join(singa.HOME, "examples", "mnist", "job.conf")
 TARGET = 1.15
 
 
-def mlp_job(workspace, batch=64):
-    """SINGA's MNIST MLP job: train on train-1000.bin (random_skip 0), test on test-500.bin."""
+def mlp_job(workspace, batch=64, width=None):
+    """SINGA's MNIST MLP job: train on train-1000.bin (random_skip 0), test on test-500.bin;
+    its hidden layers `width` units wide if given."""
     job = config.load_job(MNIST_CONF, check_paths=False)
+    sizes = iter(mlp_reference.hidden(width)[1:])
     for layer in job.neuralnet.layer:
+        if layer.type == job_pb2.kInnerProduct:
+            layer.innerproduct_conf.num_output = next(sizes)
         if layer.type != job_pb2.kRecordInput:
             continue
         sc = layer.store_conf
@@ -190,6 +198,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="profile ours even if within target")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="time steps by the wall clock or by the process's CPU time")
+    ap.add_argument("--width", type=int, help="units of every hidden layer (SINGA's: "
+                    "2500-2000-1500-1000-500)")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="of each side's steps (min: other work on the machine only adds time)")
     args = ap.parse_args(argv)
@@ -198,7 +208,7 @@ def main(argv=None):
     print(f"threads {args.threads}")
     workspace = tempfile.mkdtemp(prefix="singa-bench-mlp-")
     with threads.limit(args.threads):
-        rt = Runtime(mlp_job(workspace, args.batch))
+        rt = Runtime(mlp_job(workspace, args.batch, args.width))
         try:
             bench(rt, args)
         finally:
@@ -208,18 +218,21 @@ def main(argv=None):
 
 
 def bench(rt, args):
+    sizes = mlp_reference.hidden(args.width)
     sides = {"ours (full runtime)": rt.train_step,
-             "numpy reference": at_blas_threads(mlp_reference.numpy_step(args.batch),
+             "numpy reference": at_blas_threads(mlp_reference.numpy_step(args.batch,
+                                                                         sizes=sizes),
                                                 args.threads)}
-    torch_step = mlp_reference.torch_step(args.batch)
+    torch_step = mlp_reference.torch_step(args.batch, sizes=sizes)
     if torch_step is not None:
         sides["torch cpu"] = torch_step
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     med = interleaved(sides, args.rounds, args.steps, clock=clock,
                       stat=np.min if args.stat == "min" else np.median)
     ratio = med["ours (full runtime)"] / med["numpy reference"]
-    flops = mlp_reference.flops_per_step(args.batch)
-    print(f"MNIST MLP step, batch {args.batch}, {args.rounds} rounds x {args.steps} steps "
+    flops = mlp_reference.flops_per_step(args.batch, sizes)
+    print(f"MNIST MLP step ({'-'.join(map(str, sizes))}), batch {args.batch}, "
+          f"{args.rounds} rounds x {args.steps} steps "
           f"per side, {args.stat} {args.clock} ms/step ({flops / 1e9:.2f} GFLOP/step):")
     print_table([[name, f"{t * 1e3:.2f}", f"{flops / t / 1e9:.1f}"] for name, t in med.items()],
                 ["side", "ms/step", "GFLOP/s"])

@@ -21,8 +21,13 @@ SIZES = (784, 2500, 2000, 1500, 1000, 500, 10)
 OUTER, INNER = 1.7159047, 0.66666667    # STanh: OUTER * tanh(INNER * z)
 
 
-def flops_per_step(batch):
-    return sum(6 * batch * fan_in * fan_out for fan_in, fan_out in zip(SIZES, SIZES[1:]))
+def hidden(width):
+    """SIZES with every hidden layer `width` units wide (SIZES itself for None)."""
+    return SIZES if width is None else (SIZES[0],) + (width,) * (len(SIZES) - 2) + (SIZES[-1],)
+
+
+def flops_per_step(batch, sizes=SIZES):
+    return sum(6 * batch * fan_in * fan_out for fan_in, fan_out in zip(sizes, sizes[1:]))
 
 
 def median_seconds(fn, reps=20, warmup=3):
@@ -45,12 +50,12 @@ def gemm_roofline():
     return best
 
 
-def numpy_step(batch=64, lr=0.001, seed=0):
+def numpy_step(batch=64, lr=0.001, seed=0, sizes=SIZES):
     rng = np.random.default_rng(seed)
-    weights = [rng.uniform(-0.05, 0.05, (o, i)).astype(np.float32) for i, o in zip(SIZES, SIZES[1:])]
-    biases = [np.zeros(o, np.float32) for o in SIZES[1:]]
-    x = rng.random((batch, SIZES[0]), dtype=np.float32)
-    labels = rng.integers(0, SIZES[-1], batch)
+    weights = [rng.uniform(-0.05, 0.05, (o, i)).astype(np.float32) for i, o in zip(sizes, sizes[1:])]
+    biases = [np.zeros(o, np.float32) for o in sizes[1:]]
+    x = rng.random((batch, sizes[0]), dtype=np.float32)
+    labels = rng.integers(0, sizes[-1], batch)
     rows = np.arange(batch)
     last = len(weights) - 1
 
@@ -74,7 +79,7 @@ def numpy_step(batch=64, lr=0.001, seed=0):
     return step
 
 
-def torch_step(batch=64, lr=0.001, seed=0, device="cpu"):
+def torch_step(batch=64, lr=0.001, seed=0, device="cpu", sizes=SIZES):
     try:
         import torch
     except ImportError:
@@ -86,12 +91,12 @@ def torch_step(batch=64, lr=0.001, seed=0, device="cpu"):
             return OUTER * torch.tanh(INNER * z)
 
     modules = []
-    for fan_in, fan_out in zip(SIZES, SIZES[1:]):
+    for fan_in, fan_out in zip(sizes, sizes[1:]):
         modules += [torch.nn.Linear(fan_in, fan_out), STanh()]
     net = torch.nn.Sequential(*modules[:-1]).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
-    x = torch.rand(batch, SIZES[0], device=device)
-    labels = torch.randint(0, SIZES[-1], (batch,), device=device)
+    x = torch.rand(batch, sizes[0], device=device)
+    labels = torch.randint(0, sizes[-1], (batch,), device=device)
     loss = torch.nn.CrossEntropyLoss()
     return torch_stepper(torch, net, opt, loss, x, labels, device)
 
