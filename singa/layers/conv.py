@@ -121,12 +121,14 @@ class ConvolutionLayer(Layer):
     a 1 × 1 convolution on large planes (`pointwise`) computes y[n] = W·x[n] without col;
     else col2im scatter-adds, one numpy add per kernel tap. Where numba is installed
     (`kernels.compiled`), im2col and col2im are compiled loops that pad as they copy, around
-    the same products: the same bits.
+    the same products: the same bits; on a GPU they are our CUDA kernels
+    (`singa.layers.cuda`), one launch each, the same bits again.
     Groups of at most DIRECT_GROUP channel·filter pairs (C/G·F/G; depthwise: 1) run without
     col, as direct loops over the kernel taps (`direct`): y = Σ_{c,i,j} W[f,c,i,j]·x shifted
     by (i, j), in (c, i, j) order; per tap, gW sums g·(x shifted) over the samples in order,
     then over the pixels (np.sum); gx adds W·g back per tap, in scan order. numba's loops
-    (`loops.group_conv*`) add in the same orders: the same bits.
+    (`loops.group_conv*`) and on a GPU our CUDA kernels (`cuda.group_conv*`) add in the same
+    orders: the same bits.
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
     channels get a zero gradient from it).
@@ -258,8 +260,8 @@ class ConvolutionLayer(Layer):
         rows = self.chunks[i]
         y = self.data[rows]
         if self._loops is not None:
-            self._loops.group_conv(np.ascontiguousarray(x[rows]), self._w5(), self.bias.data,
-                                   *self.pad, *self.stride, y)
+            self._loops.group_conv(self.xp.ascontiguousarray(x[rows]), self._w5(),
+                                   self.bias.data, *self.pad, *self.stride, y)
             return
         xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         _group_conv(xp, self._w5(), self.taps, y, self._scratch[slot, y.shape[0]]["tmp"])
@@ -287,7 +289,7 @@ class ConvolutionLayer(Layer):
         buf = self._scratch[slot, b]["col"] if self._cols is None else self._cols[i]
         if self._loops is not None:
             # a group's channels of a cut source are copied out: the loops read planes flat
-            return self._loops.im2col(np.ascontiguousarray(x[rows]), *self.pad, *self.stride,
+            return self._loops.im2col(self.xp.ascontiguousarray(x[rows]), *self.pad, *self.stride,
                                       buf, False)
         xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         return _im2col(xp, self.kernel, self.stride, buf)
@@ -331,7 +333,7 @@ class ConvolutionLayer(Layer):
         b, f = gy.shape[:2]
         s = self._scratch[slot, b, "backward"]
         if self._loops is not None:
-            self._loops.group_conv_wgrad(np.ascontiguousarray(x[rows]), gy, *self.pad,
+            self._loops.group_conv_wgrad(self.xp.ascontiguousarray(x[rows]), gy, *self.pad,
                                          *self.stride, s["acc"])
         else:
             xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
@@ -415,7 +417,8 @@ class DeconvolutionLayer(Layer):
     (F·kh·kw, H·W), col2im scatter-adds it into the padded output and drops the padding (the
     backward pass of the convolution of y's shape into x's). Chunks of samples run on the
     compute threads; gW sums the chunks' products in chunk order. Where numba is installed
-    (`kernels.compiled`), col2im and im2col are its compiled loops: the same bits.
+    (`kernels.compiled`), col2im and im2col are its compiled loops, on a GPU our CUDA kernels:
+    the same bits.
     """
 
     def setup(self, srclayers):
@@ -595,7 +598,9 @@ class PoolingLayer(Layer):
     the first argmax's tap; its backward adds g at the flat indices of the
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
-    samples on the compute threads.
+    samples on the compute threads. On a GPU each pass is one of our CUDA kernels
+    (`kernels.pooling`), which pad as they read and add in the same orders (the backward
+    passes gather: each input cell sums its windows' gradients): the same bits.
     With `global_pooling` (ours, Caffe's) the window is the whole H × W: y (N, C, 1, 1) is
     the max (g to the first argmax) or the mean (gx = g/(H·W)) of each plane, in one
     reduction.
@@ -622,31 +627,39 @@ class PoolingLayer(Layer):
         self.data = self.xp.zeros((n, c, oh, ow), np.float32)
         self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4, is_host(self.data))
         self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.window, self.stride = (kh, kw), (sh, sw)
+        self._kernels = kernels.pooling(self.device)
+        if self._kernels is not None:
+            if self.is_max:
+                self._argmax = self.xp.zeros(self.data.shape, np.int32)
+            else:
+                self._size = self.device.put(
+                    self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow))
+            return
         self._xpad = self._gpad = None
         # the padded input reaches the end of the last window (past H + 2p in ceil mode)
         hp = ph + h + max(ph, (oh - 1) * sh + kh - ph - h)
         wp = pw + w + max(pw, (ow - 1) * sw + kw - pw - w)
         if (hp, wp) != (h, w):
-            self._xpad = self.xp.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
+            self._xpad = np.full((n, c, hp, wp), -np.inf if self.is_max else 0, np.float32)
             self._gpad = np.zeros_like(self._xpad)
         if self.is_max:
             self.taps = _taps(kh, kw, sh, sw, oh, ow)
-            self._windows = self.xp.empty((len(self.taps),) + self.data.shape, np.float32)
-            self._argmax = self.xp.zeros(self.data.shape, np.min_scalar_type(kh * kw))
+            self._windows = np.empty((len(self.taps),) + self.data.shape, np.float32)
+            self._argmax = np.zeros(self.data.shape, np.min_scalar_type(kh * kw))
             self._step = np.empty_like(self._argmax)
-            self._hit = self.xp.empty(self.data.shape, bool)
-            if is_host(self.data):
-                # flat index in the padded input of each window's first element, and of each tap
-                planes = np.arange(n * c).reshape(n, c, 1, 1) * (hp * wp)
-                self._base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
-                self._offsets = np.array([i * wp + j for i, j, _, _ in self.taps], np.intp)
-                self._index = np.empty(self.data.shape, np.intp)
+            self._hit = np.empty(self.data.shape, bool)
+            # flat index in the padded input of each window's first element, and of each tap
+            planes = np.arange(n * c).reshape(n, c, 1, 1) * (hp * wp)
+            self._base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
+            self._offsets = np.array([i * wp + j for i, j, _, _ in self.taps], np.intp)
+            self._index = np.empty(self.data.shape, np.intp)
         else:
             self.rows = [slice(i, i + sh * (oh - 1) + 1, sh) for i in range(kh)]
             self.cols = [slice(j, j + sw * (ow - 1) + 1, sw) for j in range(kw)]
-            self._part = self.xp.empty((n, c, oh, wp), np.float32)
+            self._part = np.empty((n, c, oh, wp), np.float32)
             self._tmp = np.empty_like(self.data)
-            self._size = self.device.put(self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow))
+            self._size = self._divisor(h, w, kh, kw, ph, pw, sh, sw, oh, ow)
 
     def _setup_global(self, conf, n, c, h, w):
         given = [f for f in ("kernel", "kernel_x", "kernel_y") if conf.HasField(f)] + \
@@ -703,6 +716,13 @@ class PoolingLayer(Layer):
         threads.run(lambda i, _: self._forward(x, self.chunks[i], train), len(self.chunks))
 
     def _forward(self, x, rows, train):
+        if self._kernels is not None:
+            k = (*self.window, *self.pad, *self.stride)
+            if self.is_max:
+                self._kernels.max_pool(x[rows], *k, self.data[rows], self._argmax[rows], train)
+            else:
+                self._kernels.avg_pool(x[rows], *k, self._size, self.data[rows])
+            return
         xp = _padded(x[rows], None if self._xpad is None else self._xpad[rows], self.pad)
         if self.is_max:
             self._max(xp, rows, train)
@@ -746,16 +766,17 @@ class PoolingLayer(Layer):
         threads.run(lambda i, _: self._backward(gx, self.chunks[i]), len(self.chunks))
 
     def _backward(self, gx, rows):
+        if self._kernels is not None:
+            k = (*self.window, *self.pad, *self.stride)
+            if self.is_max:
+                self._kernels.max_pool_backward(self.grad[rows], self._argmax[rows], *k, gx[rows])
+            else:
+                self._kernels.avg_pool_backward(self.grad[rows], self._size, *k, gx[rows])
+            return
         (ph, pw), (h, w) = self.pad, self.chw[1:]
         gpad = gx[rows] if self._gpad is None else self._gpad[rows]
         gpad[...] = 0
-        if self.is_max and not is_host(gpad):
-            # on a GPU, tap by tap: a cell sums its windows' gradients in tap order, where
-            # atomic adds (add.at) would sum them in a varying order
-            g, am = self.grad[rows], self._argmax[rows]
-            for t, (_, _, r, c) in enumerate(self.taps):
-                gpad[:, :, r, c] += g * (am == t)
-        elif self.is_max:
+        if self.is_max:
             # flat indices of the argmaxes in the padded chunk (its first sample at 0)
             index = self._index[rows]
             np.copyto(index, self._argmax[rows])

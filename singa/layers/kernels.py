@@ -1,34 +1,42 @@
-"""Which copies convolution runs: numba's compiled loops (`singa.layers.loops`, the `fast`
+"""Which compiled kernels convolution and pooling run: on a GPU our CUDA kernels
+(`singa.layers.cuda`); on the CPU numba's compiled loops (`singa.layers.loops`, the `fast`
 extra) where numba is installed, else numpy's.
 
-SINGA_KERNELS=numpy chooses numpy's where numba is installed. Both give the same float32
-bits, so a job may resume on either. A layer chooses at its setup.
+SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give the same
+float32 bits, so a job may resume on any of them. A layer chooses at its setup.
 """
 import functools
+import importlib
 import importlib.util
 import logging
 import os
 
 from singa.errors import ConfigError
+from singa.layers import cuda
 
 log = logging.getLogger("singa")
 
-__all__ = ["compiled"]
+__all__ = ["compiled", "pooling"]
 
 CHOICES = ("numba", "numpy")
 
 
 def compiled(device):
-    """singa.layers.loops, or None for numpy's loops (always on a GPU, where numpy's calls run
-    as CuPy's)."""
+    """Convolution's copies and direct loops: singa.layers.cuda on a GPU; on the CPU
+    singa.layers.loops, or None for numpy's."""
     if device.gpu is not None:
-        return None
+        return cuda
     choice = os.environ.get("SINGA_KERNELS", "numba")
     if choice not in CHOICES:
         raise ConfigError(f"SINGA_KERNELS={choice}: must be one of {', '.join(CHOICES)}")
     if choice == "numpy" or importlib.util.find_spec("numba") is None:
         return None
     return _loops()
+
+
+def pooling(device):
+    """Pooling's kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
+    return cuda if device.gpu is not None else None
 
 
 @functools.cache

@@ -2,11 +2,13 @@
 refuses what a GPU cannot do (host arrays mixed into device operations, atomic adds, device
 arrays handed to the host's buffer protocol). Its numbers are numpy's, so a job on it must
 give a CPU job's bytes wherever the GPU path computes as the CPU path does, and stay within
-float32 rounding where it sums in another order (MAX pooling's backward). The real GPU is
-tests/gpu's."""
+float32 rounding where it sums in another order (a convolution's gW: the CPU sums it chunk by
+chunk, a GPU in one chunk). Our CUDA kernels (singa/layers/cuda.py) run on it through
+tests/cuda_shim.py. The real GPU is tests/gpu's."""
 import io
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from google.protobuf import text_format
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
-from singa import checkpoint, config, device
+from singa import checkpoint, config, device, threads
 from singa.comm import msg as m
 from singa.comm.socket import Dealer, Peer, Router
 from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
@@ -161,8 +163,9 @@ def test_a_gpu_snapshot_continues_on_the_cpu_as_one_run(tmp_path, mnist, gpu):
 
 
 def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, mnist, gpu):
-    """Convolution (padded and strided), MAX and AVG pooling, LRN, ReLU: MAX pooling's backward
-    sums overlapping windows tap by tap on a GPU, so the runs agree to float32 rounding."""
+    """Convolution (padded and strided), MAX and AVG pooling, LRN, ReLU: the CPU sums a
+    convolution's gW chunk by chunk, a GPU in one chunk, so the runs agree to float32
+    rounding."""
     x, y = mnist
     x = x.reshape(-1, 1, 28, 28)
     cpu, hist_cpu = fit(convnet, tmp_path / "cpu", x, y)
@@ -173,6 +176,55 @@ def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, m
     for name, values in theirs.items():
         assert np.allclose(ours[name], values, rtol=1e-4, atol=1e-6), name
     assert hist_cpu["loss"][-1] < hist_cpu["loss"][0]
+
+
+KERNEL_NET = """
+layer { name: "x" type: kDummy dummy_conf { input: true shape: 4 shape: 3 shape: 11 shape: 11 } }
+layer { name: "t" type: kDummy dummy_conf { input: true shape: 4 shape: 4 shape: 3 shape: 3 } }
+layer { name: "c1" type: kConvolution srclayers: "x" param { name: "w1" } param { name: "b1" }
+  convolution_conf { num_filters: 4 kernel: 3 pad: 1 } }
+layer { name: "p1" type: kPooling srclayers: "c1"
+  pooling_conf { pool: MAX kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
+layer { name: "c2" type: kConvolution srclayers: "p1" param { name: "w2" } param { name: "b2" }
+  convolution_conf { num_filters: 6 kernel: 3 stride: 2 pad: 1 } }
+layer { name: "d" type: kDeconvolution srclayers: "c2" param { name: "w3" } param { name: "b3" }
+  convolution_conf { num_filters: 4 kernel: 3 stride: 2 pad: 1 } }
+layer { name: "c3" type: kConvolution srclayers: "d" param { name: "w4" } param { name: "b4" }
+  convolution_conf { num_filters: 4 kernel: 3 pad: 1 group: 4 } }
+layer { name: "p2" type: kCudnnPool srclayers: "c3"
+  pooling_conf { pool: AVG kernel: 2 stride: 1 pad: 1 } }
+layer { name: "p3" type: kPooling srclayers: "p2"
+  pooling_conf { pool: AVG kernel: 3 stride: 2 ceil_mode: true } }
+layer { name: "loss" type: kEuclideanLoss srclayers: "p3" srclayers: "t" }
+"""
+
+
+def test_convolution_and_pooling_kernels_give_the_cpus_bytes_on_the_gpu_path(gpu, monkeypatch):
+    """Each of our CUDA kernels in a net (im2col and col2im, the transposed convolution's
+    im2col, deconvolution, a depthwise convolution's direct loops, MAX and AVG pooling with
+    padding and ceil mode) against numba's loops and numpy's pooling: with the CPU's batch in
+    one chunk, as a GPU's, every blob and gradient has the CPU's bytes."""
+    from google.protobuf import text_format
+    monkeypatch.setattr(threads, "chunks", lambda n, *args: [slice(0, n)])
+    conf = text_format.Parse(KERNEL_NET, job_pb2.NetProto())
+    out = []
+    for place in (device.CPU, device.Device(0)):
+        net = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), device=place)
+        for p in net.params:
+            rng = np.random.default_rng(zlib.crc32(p.name.encode()))
+            p.data[...] = place.put(0.3 * rng.standard_normal(p.data.shape, np.float32))
+        for layer in net.layers:
+            if layer.conf.type == job_pb2.kDummy:
+                rng = np.random.default_rng(zlib.crc32(layer.name.encode()))
+                layer.feed(rng.standard_normal(layer.data.shape, np.float32))
+        net.forward(job_pb2.kTrain | job_pb2.kForward)
+        for layer in reversed(net.layers):
+            layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
+        out.append({f"{layer.name}.{what}": device.host(getattr(layer, what)).tobytes()
+                    for layer in net.layers for what in ("data", "grad")
+                    if hasattr(getattr(layer, what, None), "shape")}
+                   | {p.name: device.host(p.grad).tobytes() for p in net.params})
+    assert len(out[0]) == 26 and out[1] == out[0]
 
 
 def conf_model(tmp_path, name, path, replacements):

@@ -1,0 +1,454 @@
+"""Convolution's copies, its direct small-group loops and pooling as CUDA kernels of our own
+(CuPy RawKernels, chosen by `kernels.compiled` and `kernels.pooling` on a GPU): one launch
+each where numpy's calls make one per kernel tap.
+
+The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
+order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
+float32 bits (`--fmad=false`: no fused multiply-adds). Every kernel is a gather, one thread
+per output element summing its terms in a fixed order: no atomic adds, so a run is
+deterministic. Each is compiled from SOURCE at its first call on a device, then cached by
+CuPy (per device, and on disk). tests/unit/test_cuda_kernels.py runs SOURCE compiled by g++.
+"""
+import functools
+
+import numpy as np
+
+from singa.device import module
+
+__all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
+           "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
+           "avg_pool_backward"]
+
+OPTIONS = ("--fmad=false",)
+
+THREADS = 256
+MAX_BLOCKS = 1 << 16          # grid-stride loops beyond 16 M threads
+
+# Each kernel's index arithmetic is instantiated for int and long long: int (argument `thin`)
+# where every index, and t + the grid's stride, stays below INT_INDEX_LIMIT (int64 division
+# costs a GPU several times int32's).
+INT_INDEX_LIMIT = 2 ** 31
+SOURCE = r"""
+#define INSIDE(r, q, h, w) ((r) >= 0 && (r) < (h) && (q) >= 0 && (q) < (w))
+#define EACH(t, total) \
+    for (I t = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; t < (I)(total); \
+         t += (I)blockDim.x * (I)gridDim.x)
+#define BOTH(f, ...) if (thin) f<int>(__VA_ARGS__); else f<long long>(__VA_ARGS__)
+
+// col[c, i, j, n, y, z] = x[n, c, y*sh + i - ph, z*sw + j - pw], 0 outside x; x is
+// (b, ., h, w) with strides (sn, sc) of its first two axes in elements.
+template <typename I> __device__ void im2col_(
+        const float* x, I sn, I sc, I h, I w, float* col, I nc, I kh, I kw, I b, I oh, I ow,
+        I ph, I pw, I sh, I sw) {
+    EACH(t, nc * kh * kw * b * oh * ow) {
+        I z = t % ow, u = t / ow;
+        I y = u % oh; u /= oh;
+        I n = u % b; u /= b;
+        I j = u % kw; u /= kw;
+        I i = u % kh, c = u / kh;
+        I r = y * sh + i - ph, q = z * sw + j - pw;
+        col[t] = INSIDE(r, q, h, w) ? x[n * sn + c * sc + r * w + q] : 0.0f;
+    }
+}
+
+extern "C" __global__ void im2col(
+        const float* x, long long sn, long long sc, long long h, long long w, float* col,
+        long long nc, long long kh, long long kw, long long b, long long oh, long long ow,
+        long long ph, long long pw, long long sh, long long sw, long long thin) {
+    BOTH(im2col_, x, sn, sc, h, w, col, nc, kh, kw, b, oh, ow, ph, pw, sh, sw);
+}
+
+// gx[n, c, r, q] = sum over taps (i, j) in scan order of col[c, i, j, n, y, z] where
+// y*sh + i - ph = r and z*sw + j - pw = q, from 0 (loops.col2im's order).
+template <typename I> __device__ void col2im_(
+        const float* col, float* gx, I nc, I h, I w, I kh, I kw, I b, I oh, I ow,
+        I ph, I pw, I sh, I sw) {
+    EACH(t, b * nc * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h; u /= h;
+        I c = u % nc, n = u / nc;
+        float s = 0.0f;
+        for (I i = 0; i < kh; ++i) {
+            I a = r + ph - i;
+            if (a < 0 || a % sh || a / sh >= oh) continue;
+            for (I j = 0; j < kw; ++j) {
+                I e = q + pw - j;
+                if (e < 0 || e % sw || e / sw >= ow) continue;
+                s += col[((((c * kh + i) * kw + j) * b + n) * oh + a / sh) * ow + e / sw];
+            }
+        }
+        gx[t] = s;
+    }
+}
+
+extern "C" __global__ void col2im(
+        const float* col, float* gx, long long nc, long long h, long long w, long long kh,
+        long long kw, long long b, long long oh, long long ow, long long ph, long long pw,
+        long long sh, long long sw, long long thin) {
+    BOTH(col2im_, col, gx, nc, h, w, kh, kw, b, oh, ow, ph, pw, sh, sw);
+}
+
+// y[n, g*m + k] = sum over (c, i, j) in order of w[g, k, c, i, j] * xp[n, g*cg + c, i::sh,
+// j::sw], from -0, plus bias (loops.group_conv); xp is x padded by zeros.
+template <typename I> __device__ void group_conv_(
+        const float* x, const float* wt, const float* bias, float* y, I b, I ng, I m, I cg,
+        I h, I w, I oh, I ow, I kh, I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, b * ng * m * oh * ow) {
+        I z = t % ow, u = t / ow;
+        I oy = u % oh; u /= oh;
+        I f = u % (ng * m), n = u / (ng * m);
+        I g = f / m;
+        float s = -0.0f;
+        for (I c = 0; c < cg; ++c) {
+            const float* plane = x + ((n * ng + g) * cg + c) * h * w;
+            const float* taps = wt + (f * cg + c) * kh * kw;
+            for (I i = 0; i < kh; ++i)
+                for (I j = 0; j < kw; ++j) {
+                    I r = oy * sh + i - ph, q = z * sw + j - pw;
+                    s += taps[i * kw + j] * (INSIDE(r, q, h, w) ? plane[r * w + q] : 0.0f);
+                }
+        }
+        y[t] = s + bias[f];
+    }
+}
+
+extern "C" __global__ void group_conv(
+        const float* x, const float* wt, const float* bias, float* y, long long b,
+        long long ng, long long m, long long cg, long long h, long long w, long long oh,
+        long long ow, long long kh, long long kw, long long ph, long long pw, long long sh,
+        long long sw, long long thin) {
+    BOTH(group_conv_, x, wt, bias, y, b, ng, m, cg, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// acc[g*m + k, c, i, j, oy, z] = sum over the samples n in order of
+// gy[n, g*m + k, oy, z] * xp[n, g*cg + c, oy*sh + i, z*sw + j] (loops.group_conv_wgrad).
+template <typename I> __device__ void group_conv_wgrad_(
+        const float* x, const float* gy, float* acc, I b, I ng, I m, I cg, I h, I w, I oh,
+        I ow, I kh, I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, ng * m * cg * kh * kw * oh * ow) {
+        I z = t % ow, u = t / ow;
+        I oy = u % oh; u /= oh;
+        I j = u % kw; u /= kw;
+        I i = u % kh; u /= kh;
+        I c = u % cg, f = u / cg;
+        I r = oy * sh + i - ph, q = z * sw + j - pw;
+        bool inside = INSIDE(r, q, h, w);
+        const float* xs = x + ((f / m) * cg + c) * h * w + (inside ? r * w + q : 0);
+        const float* gs = gy + (f * oh + oy) * ow + z;
+        float s = 0.0f;
+        for (I n = 0; n < b; ++n) {
+            float p = gs[n * ng * m * oh * ow] * (inside ? xs[n * ng * cg * h * w] : 0.0f);
+            s = n == 0 ? p : s + p;
+        }
+        acc[t] = s;
+    }
+}
+
+extern "C" __global__ void group_conv_wgrad(
+        const float* x, const float* gy, float* acc, long long b, long long ng, long long m,
+        long long cg, long long h, long long w, long long oh, long long ow, long long kh,
+        long long kw, long long ph, long long pw, long long sh, long long sw, long long thin) {
+    BOTH(group_conv_wgrad_, x, gy, acc, b, ng, m, cg, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// gx[n, g*cg + c, r, q] = sum over taps (i, j) in scan order, then k, of
+// w[g, k, c, i, j] * gy[n, g*m + k, y, z] where y*sh + i - ph = r, z*sw + j - pw = q, from 0
+// (loops.group_conv_xgrad).
+template <typename I> __device__ void group_conv_xgrad_(
+        const float* gy, const float* wt, float* gx, I b, I ng, I m, I cg, I h, I w, I oh,
+        I ow, I kh, I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, b * ng * cg * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h; u /= h;
+        I ch = u % (ng * cg), n = u / (ng * cg);
+        I g = ch / cg, c = ch % cg;
+        float s = 0.0f;
+        for (I i = 0; i < kh; ++i) {
+            I a = r + ph - i;
+            if (a < 0 || a % sh || a / sh >= oh) continue;
+            for (I j = 0; j < kw; ++j) {
+                I e = q + pw - j;
+                if (e < 0 || e % sw || e / sw >= ow) continue;
+                for (I k = 0; k < m; ++k)
+                    s += wt[(((g * m + k) * cg + c) * kh + i) * kw + j]
+                         * gy[((n * ng + g) * m + k) * oh * ow + (a / sh) * ow + e / sw];
+            }
+        }
+        gx[t] = s;
+    }
+}
+
+extern "C" __global__ void group_conv_xgrad(
+        const float* gy, const float* wt, float* gx, long long b, long long ng, long long m,
+        long long cg, long long h, long long w, long long oh, long long ow, long long kh,
+        long long kw, long long ph, long long pw, long long sh, long long sw, long long thin) {
+    BOTH(group_conv_xgrad_, gy, wt, gx, b, ng, m, cg, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// y[p, oy, z] = max over taps t = i*kw + j of xp[p, oy*sh + i, z*sw + j], xp padded by -inf
+// (NaN wins, as numpy's max); with train, argmax = the first tap equal to y (0 if none).
+template <typename I> __device__ void max_pool_(
+        const float* x, float* y, int* argmax, I planes, I h, I w, I oh, I ow, I kh, I kw,
+        I ph, I pw, I sh, I sw, I train) {
+    const float ninf = __int_as_float(0xff800000);
+    EACH(t, planes * oh * ow) {
+        I z = t % ow, u = t / ow;
+        I oy = u % oh, p = u / oh;
+        const float* plane = x + p * h * w;
+        float best = 0.0f;
+        for (I i = 0; i < kh; ++i)
+            for (I j = 0; j < kw; ++j) {
+                I r = oy * sh + i - ph, q = z * sw + j - pw;
+                float v = INSIDE(r, q, h, w) ? plane[r * w + q] : ninf;
+                // !(v <= best): v is larger, or NaN; once NaN, best stays NaN
+                if ((i == 0 && j == 0) || (best == best && !(v <= best))) best = v;
+            }
+        y[t] = best;
+        if (!train) continue;
+        int first = 0;
+        for (I k = kh * kw - 1; k >= 0; --k) {
+            I r = oy * sh + k / kw - ph, q = z * sw + k % kw - pw;
+            if ((INSIDE(r, q, h, w) ? plane[r * w + q] : ninf) == best) first = (int)k;
+        }
+        argmax[t] = first;
+    }
+}
+
+extern "C" __global__ void max_pool(
+        const float* x, float* y, int* argmax, long long planes, long long h, long long w,
+        long long oh, long long ow, long long kh, long long kw, long long ph, long long pw,
+        long long sh, long long sw, long long train, long long thin) {
+    BOTH(max_pool_, x, y, argmax, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw, train);
+}
+
+// y[p, oy, z] = (sum over j of (sum over i of xp[p, oy*sh + i, z*sw + j])) / size[oy, z],
+// xp padded by zeros: the layer's separable sums, rows then columns, in order.
+template <typename I> __device__ void avg_pool_(
+        const float* x, const float* size, float* y, I planes, I h, I w, I oh, I ow, I kh,
+        I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, planes * oh * ow) {
+        I z = t % ow, u = t / ow;
+        I oy = u % oh, p = u / oh;
+        const float* plane = x + p * h * w;
+        float s = 0.0f;
+        for (I j = 0; j < kw; ++j) {
+            float col = 0.0f;
+            for (I i = 0; i < kh; ++i) {
+                I r = oy * sh + i - ph, q = z * sw + j - pw;
+                float v = INSIDE(r, q, h, w) ? plane[r * w + q] : 0.0f;
+                col = i == 0 ? v : col + v;
+            }
+            s = j == 0 ? col : s + col;
+        }
+        y[t] = s / size[oy * ow + z];
+    }
+}
+
+extern "C" __global__ void avg_pool(
+        const float* x, const float* size, float* y, long long planes, long long h,
+        long long w, long long oh, long long ow, long long kh, long long kw, long long ph,
+        long long pw, long long sh, long long sw, long long thin) {
+    BOTH(avg_pool_, x, size, y, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// gx[p, r, q] = sum over the windows (oy, z) in scan order whose argmax is the tap at
+// (r, q) of gy[p, oy, z], from 0 (the layer's add.at at the argmaxes, in window order).
+template <typename I> __device__ void max_pool_backward_(
+        const float* gy, const int* argmax, float* gx, I planes, I h, I w, I oh, I ow, I kh,
+        I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, planes * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h, p = u / h;
+        I a = r + ph, e = q + pw;
+        I ylo = a >= kh ? (a - kh) / sh + 1 : 0, zlo = e >= kw ? (e - kw) / sw + 1 : 0;
+        I yhi = a / sh < oh - 1 ? a / sh : oh - 1, zhi = e / sw < ow - 1 ? e / sw : ow - 1;
+        float s = 0.0f;
+        for (I oy = ylo; oy <= yhi; ++oy)
+            for (I z = zlo; z <= zhi; ++z) {
+                I k = p * oh * ow + oy * ow + z;
+                if (argmax[k] == (int)((a - oy * sh) * kw + e - z * sw)) s += gy[k];
+            }
+        gx[t] = s;
+    }
+}
+
+extern "C" __global__ void max_pool_backward(
+        const float* gy, const int* argmax, float* gx, long long planes, long long h,
+        long long w, long long oh, long long ow, long long kh, long long kw, long long ph,
+        long long pw, long long sh, long long sw, long long thin) {
+    BOTH(max_pool_backward_, gy, argmax, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// gx[p, r, q] = sum over taps i in order of (sum over taps j in order of gy / size at the
+// window (oy, z) whose tap (i, j) is (r, q)), from 0: the layer's transposed separable sums.
+template <typename I> __device__ void avg_pool_backward_(
+        const float* gy, const float* size, float* gx, I planes, I h, I w, I oh, I ow, I kh,
+        I kw, I ph, I pw, I sh, I sw) {
+    EACH(t, planes * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h, p = u / h;
+        float s = 0.0f;
+        for (I i = 0; i < kh; ++i) {
+            I a = r + ph - i;
+            if (a < 0 || a % sh || a / sh >= oh) continue;
+            float part = 0.0f;
+            for (I j = 0; j < kw; ++j) {
+                I e = q + pw - j;
+                if (e < 0 || e % sw || e / sw >= ow) continue;
+                I k = (a / sh) * ow + e / sw;
+                part += gy[p * oh * ow + k] / size[k];
+            }
+            s += part;
+        }
+        gx[t] = s;
+    }
+}
+
+extern "C" __global__ void avg_pool_backward(
+        const float* gy, const float* size, float* gx, long long planes, long long h,
+        long long w, long long oh, long long ow, long long kh, long long kw, long long ph,
+        long long pw, long long sh, long long sw, long long thin) {
+    BOTH(avg_pool_backward_, gy, size, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+"""
+
+
+def im2col(x, ph, pw, sh, sw, col, channels_first):
+    """col[c, i, j, n, y, z] = x[n, c, y·sh + i − ph, z·sw + j − pw], 0 outside x; x is
+    (b, C, H, W), or (C, b, H, W) if channels_first (loops.im2col). Returns col."""
+    nc, kh, kw, b, oh, ow = col.shape
+    x = _contiguous(x)
+    d1, h, w = x.shape[1:]
+    sn, sc = (h * w, d1 * h * w) if channels_first else (d1 * h * w, h * w)
+    _launch("im2col", col.size, x, sn, sc, h, w, _out(col), nc, kh, kw, b, oh, ow,
+            ph, pw, sh, sw)
+    return col
+
+
+def col2im(col, ph, pw, sh, sw, gx):
+    """gx[n, c, r, q] = Σ col[c, i, j, n, y, z] over the taps (i, j), in scan order, with
+    y·sh + i − ph = r, z·sw + j − pw = q (loops.col2im). Returns gx."""
+    nc, kh, kw, b, oh, ow = col.shape
+    h, w = gx.shape[2:]
+    out = _into(gx)
+    _launch("col2im", gx.size, _contiguous(col), out, nc, h, w, kh, kw, b, oh, ow,
+            ph, pw, sh, sw)
+    return _back(out, gx)
+
+
+def group_conv(x, w, bias, ph, pw, sh, sw, y):
+    """y[n, g·m + k] = Σ_{c, i, j} w[g, k, c, i, j]·xp[n, g·cg + c, i::sh, j::sw] + bias, the
+    sum in (c, i, j) order from −0 (loops.group_conv). Returns y."""
+    b, _, oh, ow = y.shape
+    ng, m, cg, kh, kw = w.shape
+    x = _contiguous(x)
+    out = _into(y)
+    _launch("group_conv", y.size, x, _contiguous(w), _contiguous(bias), out, b, ng,
+            m, cg, *x.shape[2:], oh, ow, kh, kw, ph, pw, sh, sw)
+    return _back(out, y)
+
+
+def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
+    """acc[g·m + k, c, i, j] (oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw], the
+    samples in order (loops.group_conv_wgrad). Returns acc."""
+    b, nf, oh, ow = gy.shape
+    cg, kh, kw = acc.shape[1:4]
+    x = _contiguous(x)
+    ng = x.shape[1] // cg
+    _launch("group_conv_wgrad", acc.size, x, _contiguous(gy), _out(acc), b, ng,
+            nf // ng, cg, *x.shape[2:], oh, ow, kh, kw, ph, pw, sh, sw)
+    return acc
+
+
+def group_conv_xgrad(gy, w, ph, pw, sh, sw, gx):
+    """gx = gxp without its padding, gxp[n, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·
+    gy[n, g·m + k] over (i, j) in scan order, then k, from 0 (loops.group_conv_xgrad).
+    Returns gx."""
+    b, _, oh, ow = gy.shape
+    ng, m, cg, kh, kw = w.shape
+    out = _into(gx)
+    _launch("group_conv_xgrad", gx.size, _contiguous(gy), _contiguous(w), out, b,
+            ng, m, cg, *gx.shape[2:], oh, ow, kh, kw, ph, pw, sh, sw)
+    return _back(out, gx)
+
+
+def max_pool(x, kh, kw, ph, pw, sh, sw, y, argmax, train):
+    """y[n, c, oy, z] = max of the window (kh, kw) at (oy·sh − ph, z·sw − pw) of x (padding
+    never wins); with `train`, argmax (int32, y's shape) = the window's first maximal tap
+    i·kw + j."""
+    x = _contiguous(x)
+    n, c, h, w = x.shape
+    oh, ow = y.shape[2:]
+    _launch("max_pool", y.size, x, _out(y), _out(argmax), n * c, h, w, oh, ow, kh, kw,
+            ph, pw, sh, sw, int(bool(train)))
+
+
+def avg_pool(x, kh, kw, ph, pw, sh, sw, size, y):
+    """y = the sum of each window of x (padding 0), over its rows then its columns, / size
+    (oh, ow)."""
+    x = _contiguous(x)
+    n, c, h, w = x.shape
+    oh, ow = y.shape[2:]
+    _launch("avg_pool", y.size, x, _contiguous(size), _out(y), n * c, h, w, oh, ow,
+            kh, kw, ph, pw, sh, sw)
+
+
+def max_pool_backward(gy, argmax, kh, kw, ph, pw, sh, sw, gx):
+    """gx[n, c, r, q] = Σ gy over the windows, in scan order, whose argmax is (r, q)."""
+    n, c, h, w = gx.shape
+    oh, ow = gy.shape[2:]
+    out = _into(gx)
+    _launch("max_pool_backward", gx.size, _contiguous(gy), _contiguous(argmax), out,
+            n * c, h, w, oh, ow, kh, kw, ph, pw, sh, sw)
+    _back(out, gx)
+
+
+def avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx):
+    """gx[n, c, r, q] = Σ_i Σ_j gy/size at the window whose tap (i, j) is (r, q), in order."""
+    n, c, h, w = gx.shape
+    oh, ow = gy.shape[2:]
+    out = _into(gx)
+    _launch("avg_pool_backward", gx.size, _contiguous(gy), _contiguous(size), out,
+            n * c, h, w, oh, ow, kh, kw, ph, pw, sh, sw)
+    _back(out, gx)
+
+
+@functools.cache
+def _kernel(xp, name):
+    return xp.RawKernel(SOURCE, name, options=OPTIONS)
+
+
+def _launch(name, total, *args):
+    """Kernel `name` over `total` elements, grid-stride, on the device of its first argument;
+    integer args as int64, then `thin` (see INT_INDEX_LIMIT)."""
+    if total == 0:
+        return
+    blocks = min(-(-total // THREADS), MAX_BLOCKS)
+    arrays = [a for a in args if not isinstance(a, (int, np.integer))]
+    thin = max(total, *(a.size for a in arrays)) + blocks * THREADS < INT_INDEX_LIMIT
+    _kernel(module(arrays[0]), name)(
+        (blocks,), (THREADS,),
+        tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args + (thin,)))
+
+
+def _contiguous(a):
+    return module(a).ascontiguousarray(a)     # numpy's would copy a device array to the host
+
+
+def _out(a):
+    """An output written in place: C-contiguous, as the kernels index it."""
+    if not a.flags.c_contiguous:
+        raise ValueError(f"a kernel's output of shape {a.shape} must be C-contiguous")
+    return a
+
+
+def _into(a):
+    """`a`, or a contiguous array to compute a non-contiguous `a` into (see _back)."""
+    return a if a.flags.c_contiguous else np.empty_like(a, order="C")
+
+
+def _back(out, a):
+    """`a`, with out copied in where it was computed elsewhere (_into)."""
+    if out is not a:
+        a[...] = out
+    return a

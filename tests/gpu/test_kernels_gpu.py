@@ -1,0 +1,93 @@
+"""Our CUDA kernels (singa/layers/cuda.py) on GPU 0 against the CPU: each kernel against
+numba's loops on the same inputs, and a net of pooling layers against numpy's pooling, the
+same float32 bytes (the kernels add in the CPU's order, NVRTC with --fmad=false: no fused
+multiply-adds; no atomics)."""
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from test_layers_gpu import blobs, run
+
+from singa import device
+from singa.layers import cuda
+from singa.proto import job_pb2
+
+loops = pytest.importorskip("singa.layers.loops")
+
+# (b, C, H, W, kh, kw, ph, pw, sh, sw): padding, strides above and below the kernel, odd sizes
+CONV = [(8, 16, 15, 17, 3, 3, 1, 1, 1, 1), (4, 6, 16, 13, 3, 2, 0, 1, 2, 2),
+        (3, 5, 19, 19, 5, 5, 2, 2, 3, 3), (2, 4, 9, 9, 4, 4, 3, 3, 1, 2)]
+# (b, G, m, cg, H, W, kh, kw, ph, pw, sh, sw): depthwise, small groups
+GROUPS = [(4, 32, 1, 1, 14, 14, 3, 3, 1, 1, 1, 1), (2, 4, 2, 2, 11, 9, 3, 3, 1, 0, 2, 2),
+          (3, 8, 1, 1, 9, 8, 5, 5, 2, 2, 3, 3)]
+
+
+def on_gpu(*arrays):
+    return [device.Device(0).put(a) for a in arrays]
+
+
+def same(gpu, cpu):
+    assert device.host(gpu).tobytes() == cpu.tobytes(), np.abs(device.host(gpu) - cpu).max()
+    return True
+
+
+@pytest.mark.parametrize("case", CONV)
+def test_im2col_and_col2im_give_numbas_bytes(case):
+    b, c, h, w, kh, kw, ph, pw, sh, sw = case
+    rng = np.random.default_rng(0)
+    shape = (c, kh, kw, b, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+    for channels_first in (False, True):
+        x = rng.standard_normal((c, b, h, w) if channels_first else (b, c, h, w), np.float32)
+        want = loops.im2col(x, ph, pw, sh, sw, np.empty(shape, np.float32), channels_first)
+        xg, col = on_gpu(x, np.zeros(shape, np.float32))
+        assert same(cuda.im2col(xg, ph, pw, sh, sw, col, channels_first), want)
+    col = rng.standard_normal(shape, np.float32)
+    want = loops.col2im(col, ph, pw, sh, sw, np.empty((b, c, h, w), np.float32))
+    colg, gx = on_gpu(col, np.zeros((b, c, h, w), np.float32))
+    assert same(cuda.col2im(colg, ph, pw, sh, sw, gx), want)
+
+
+@pytest.mark.parametrize("case", GROUPS)
+def test_direct_group_convolution_gives_numbas_bytes(case):
+    b, ng, m, cg, h, w, kh, kw, ph, pw, sh, sw = case
+    rng = np.random.default_rng(1)
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    x = rng.standard_normal((b, ng * cg, h, w), np.float32)
+    wt = rng.standard_normal((ng, m, cg, kh, kw), np.float32)
+    bias = rng.standard_normal(ng * m, np.float32)
+    gy = rng.standard_normal((b, ng * m, oh, ow), np.float32)
+    xg, wg, bg, gyg = on_gpu(x, wt, bias, gy)
+    y, acc, gx = on_gpu(np.zeros(gy.shape, np.float32),
+                        np.zeros((ng * m, cg, kh, kw, oh, ow), np.float32),
+                        np.zeros(x.shape, np.float32))
+    assert same(cuda.group_conv(xg, wg, bg, ph, pw, sh, sw, y),
+                loops.group_conv(x, wt, bias, ph, pw, sh, sw, np.empty(gy.shape, np.float32)))
+    assert same(cuda.group_conv_wgrad(xg, gyg, ph, pw, sh, sw, acc),
+                loops.group_conv_wgrad(x, gy, ph, pw, sh, sw, np.empty(acc.shape, np.float32)))
+    assert same(cuda.group_conv_xgrad(gyg, wg, ph, pw, sh, sw, gx),
+                loops.group_conv_xgrad(gy, wt, ph, pw, sh, sw, np.empty(x.shape, np.float32)))
+
+
+POOLS = """
+layer { name: "x" type: kDummy dummy_conf { input: true shape: 8 shape: 6 shape: 15 shape: 15 } }
+layer { name: "t" type: kDummy dummy_conf { input: true shape: 8 shape: 6 shape: 4 shape: 4 } }
+layer { name: "p1" type: kPooling srclayers: "x"
+  pooling_conf { pool: MAX kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
+layer { name: "p2" type: kCudnnPool srclayers: "p1" pooling_conf { pool: AVG kernel: 2 stride: 1 pad: 1 } }
+layer { name: "p3" type: kCPooling srclayers: "p2"
+  pooling_conf { pool: AVG kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
+layer { name: "p4" type: kPooling srclayers: "p3" pooling_conf { pool: MAX kernel: 2 stride: 1 } }
+layer { name: "loss" type: kEuclideanLoss srclayers: "p4" srclayers: "t" }
+"""
+
+
+def test_pooling_layers_give_the_cpus_bytes():
+    """MAX (ceil mode, overlapping, padded, ties among small integers) and AVG (both
+    divisors), forward and backward; the Euclidean loss's gradient is elementwise."""
+    conf = text_format.Parse(POOLS, job_pb2.NetProto())
+    x = np.random.default_rng(2).integers(-4, 5, (8, 6, 15, 15)).astype(np.float32)
+    cpu = blobs(run(conf, device.CPU, x, None))
+    gpu = blobs(run(conf, device.Device(0), x, None))
+    assert gpu.keys() == cpu.keys() and len(cpu) == 12
+    for key, ours in cpu.items():
+        if "loss" not in key:
+            assert gpu[key].tobytes() == ours.tobytes(), key

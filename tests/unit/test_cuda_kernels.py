@@ -1,0 +1,234 @@
+"""singa.layers.cuda without a GPU: its CUDA source built by the C++ compiler
+(tests/cuda_shim.py), every (block, thread) of each launch run in turn, against numba's loops
+(`singa.layers.loops`) and the pooling layer's numpy path: the same float32 bits. Inputs sit
+between NaN guards and outputs start as NaN, so a kernel that reads or writes past its arrays,
+or leaves an element unwritten, fails. Each runs with int and with long long indices. nvcc,
+where installed, builds the same source for sm_80 and sm_90 (CUDA-only errors)."""
+import os
+import shutil
+import subprocess
+import types
+
+import numpy as np
+import pytest
+
+import cuda_shim
+from gradcheck import BACKWARD, FORWARD, Source, make_layer
+from singa.layers import conv, cuda, kernels
+
+loops = pytest.importorskip("singa.layers.loops")
+
+GUARD = 64
+
+
+@pytest.fixture(params=["int", "long long"])
+def shim(request, monkeypatch):
+    """cuda's kernels on host arrays through the shim, with `request.param` indices."""
+    if cuda_shim.compiler() is None:
+        pytest.skip("no C++ compiler (g++, c++ or $CXX) to build the CUDA source with")
+    monkeypatch.setattr(cuda, "module", lambda a: Host)
+    if request.param == "long long":
+        monkeypatch.setattr(cuda, "INT_INDEX_LIMIT", 0)
+    return Guards()
+
+
+class Host:
+    """The array module the kernels see: cupy's RawKernel on host arrays."""
+    RawKernel = cuda_shim.RawKernel
+    ascontiguousarray = staticmethod(np.ascontiguousarray)
+
+
+class Guards:
+    """Arrays placed between guard cells (NaN, or -77 for ints), checked by `intact`."""
+
+    def __init__(self):
+        self.made = []
+
+    def new(self, a, dtype=np.float32):
+        """A copy of `a` between guards (`a` a shape: filled with the guard value)."""
+        fill = np.nan if np.dtype(dtype).kind == "f" else -77
+        shape = a if isinstance(a, tuple) else np.shape(a)
+        size = int(np.prod(shape))
+        buf = np.full(size + 2 * GUARD, fill, dtype)
+        view = buf[GUARD:GUARD + size].reshape(shape)
+        if not isinstance(a, tuple):
+            view[...] = a
+        self.made.append((buf, size, fill))
+        return view
+
+    def intact(self):
+        for buf, size, fill in self.made:
+            for side in (buf[:GUARD], buf[GUARD + size:]):
+                assert side.tobytes() == np.full_like(side, fill).tobytes(), \
+                    "a kernel wrote past an array"
+        return True
+
+
+def same_bits(ours, theirs):
+    assert ours.shape == theirs.shape
+    assert ours.tobytes() == theirs.tobytes(), np.abs(ours - theirs).max()
+    return True
+
+
+# (b, C, H, W, kh, kw, ph, pw, sh, sw): same padding, strides, kernel larger and smaller
+# than the stride, odd sizes, windows wholly in the padding
+CONV = [(2, 3, 7, 9, 3, 3, 1, 1, 1, 1), (3, 2, 8, 7, 3, 2, 0, 1, 2, 2),
+        (2, 3, 9, 9, 5, 5, 2, 2, 3, 3), (1, 2, 6, 5, 2, 3, 0, 2, 1, 3),
+        (2, 1, 5, 5, 1, 1, 0, 0, 2, 2), (2, 2, 4, 6, 4, 4, 3, 3, 1, 2)]
+
+
+def col_shape(b, c, h, w, kh, kw, ph, pw, sh, sw):
+    return (c, kh, kw, b, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+
+
+@pytest.mark.parametrize("case", CONV)
+@pytest.mark.parametrize("channels_first", [False, True])
+def test_im2col_copies_as_numbas_loops(shim, case, channels_first):
+    b, c, h, w, kh, kw, ph, pw, sh, sw = case
+    x = np.random.default_rng(0).standard_normal((c, b, h, w) if channels_first
+                                                 else (b, c, h, w)).astype(np.float32)
+    want = loops.im2col(x, ph, pw, sh, sw, np.empty(col_shape(*case), np.float32),
+                        channels_first)
+    col = shim.new(col_shape(*case))
+    assert cuda.im2col(shim.new(x), ph, pw, sh, sw, col, channels_first) is col
+    assert same_bits(col, want) and shim.intact()
+
+
+@pytest.mark.parametrize("case", CONV)
+def test_col2im_adds_the_taps_in_numbas_order(shim, case):
+    b, c, h, w, kh, kw, ph, pw, sh, sw = case
+    col = np.random.default_rng(1).standard_normal(col_shape(*case)).astype(np.float32)
+    want = loops.col2im(col, ph, pw, sh, sw, np.empty((b, c, h, w), np.float32))
+    gx = shim.new((b, c, h, w))
+    assert cuda.col2im(shim.new(col), ph, pw, sh, sw, gx) is gx
+    assert same_bits(gx, want) and shim.intact()
+
+
+def test_col2im_writes_a_channel_slice_of_a_larger_gradient(shim):
+    """A cut grouped convolution's gx is a channel slice: not contiguous."""
+    case = CONV[1]
+    b, c, h, w, kh, kw, ph, pw, sh, sw = case
+    col = np.random.default_rng(1).standard_normal(col_shape(*case)).astype(np.float32)
+    whole = shim.new((b, c + 2, h, w))
+    cuda.col2im(shim.new(col), ph, pw, sh, sw, whole[:, 1:c + 1])
+    want = loops.col2im(col, ph, pw, sh, sw, np.empty((b, c, h, w), np.float32))
+    assert same_bits(whole[:, 1:c + 1], want) and np.isnan(whole[:, [0, c + 1]]).all()
+
+
+# (b, G, m, cg, H, W, kh, kw, ph, pw, sh, sw): depthwise 3 × 3 (numba's unrolled taps), small
+# groups, strides above and below the kernel
+GROUPS = [(2, 3, 1, 1, 7, 7, 3, 3, 1, 1, 1, 1), (2, 2, 2, 2, 6, 5, 3, 3, 1, 0, 2, 2),
+          (3, 4, 1, 1, 9, 8, 5, 5, 2, 2, 3, 3), (1, 2, 4, 1, 5, 5, 2, 2, 1, 1, 3, 3),
+          (2, 2, 1, 3, 6, 7, 3, 2, 2, 1, 2, 1)]
+
+
+def group_arrays(case, seed=2):
+    b, ng, m, cg, h, w, kh, kw, ph, pw, sh, sw = case
+    rng = np.random.default_rng(seed)
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    x = rng.standard_normal((b, ng * cg, h, w)).astype(np.float32)
+    wt = rng.standard_normal((ng, m, cg, kh, kw)).astype(np.float32)
+    bias = rng.standard_normal(ng * m).astype(np.float32)
+    gy = rng.standard_normal((b, ng * m, oh, ow)).astype(np.float32)
+    return x, wt, bias, gy
+
+
+@pytest.mark.parametrize("case", GROUPS)
+def test_group_conv_sums_as_numbas_loops(shim, case):
+    ph, pw, sh, sw = case[-4:]
+    x, wt, bias, gy = group_arrays(case)
+    want = loops.group_conv(x, wt, bias, ph, pw, sh, sw, np.empty(gy.shape, np.float32))
+    y = shim.new(gy.shape)
+    cuda.group_conv(shim.new(x), shim.new(wt), shim.new(bias), ph, pw, sh, sw, y)
+    assert same_bits(y, want) and shim.intact()
+
+
+@pytest.mark.parametrize("case", GROUPS)
+def test_group_conv_gradients_sum_as_numbas_loops(shim, case):
+    b, ng, m, cg, h, w, kh, kw, ph, pw, sh, sw = case
+    x, wt, _, gy = group_arrays(case)
+    shape = (ng * m, cg, kh, kw) + gy.shape[2:]
+    want = loops.group_conv_wgrad(x, gy, ph, pw, sh, sw, np.empty(shape, np.float32))
+    acc = shim.new(shape)
+    cuda.group_conv_wgrad(shim.new(x), shim.new(gy), ph, pw, sh, sw, acc)
+    assert same_bits(acc, want)
+    want = loops.group_conv_xgrad(gy, wt, ph, pw, sh, sw, np.empty(x.shape, np.float32))
+    gx = shim.new(x.shape)
+    cuda.group_conv_xgrad(shim.new(gy), shim.new(wt), ph, pw, sh, sw, gx)
+    assert same_bits(gx, want) and shim.intact()
+
+
+POOLS = [dict(kernel=2, stride=2), dict(kernel=3, stride=2, pad=1),
+         dict(kernel_x=2, kernel_y=3, stride_x=1, stride_y=2, pad_x=1),
+         dict(kernel=3, stride=2, pad=1, ceil_mode="true"), dict(kernel=3, stride=2,
+                                                                 ceil_mode="true"),
+         dict(kernel=2, stride=3), dict(kernel=4, stride=1, pad=3)]
+
+
+@pytest.mark.parametrize("layer_type", ["kCPooling", "kCudnnPool"])
+@pytest.mark.parametrize("pool", ["MAX", "AVG"])
+@pytest.mark.parametrize("window", POOLS)
+@pytest.mark.parametrize("shape", [(2, 3, 7, 8), (1, 2, 6, 6)])
+def test_pooling_kernels_give_the_layers_bits(shim, layer_type, pool, window, shape):
+    """Forward and backward against the layer's numpy path; small integers, so windows tie
+    (MAX: the first maximum wins, Caffe's rule)."""
+    rng = np.random.default_rng(4)
+    src = Source(rng.integers(-3, 4, shape).astype(np.float32))
+    layer = make_layer(f'name: "pool" type: {layer_type} pooling_conf {{ pool: {pool} '
+                       + " ".join(f"{k}: {v}" for k, v in window.items()) + " }", [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = rng.standard_normal(layer.grad.shape)
+    layer.compute_gradient(BACKWARD, [src])
+    kh, kw, ph, pw, sh, sw = conv.window(layer.conf.pooling_conf)
+    y, gx = shim.new(layer.data.shape), shim.new(shape)
+    g, x = shim.new(layer.grad), shim.new(src.data)
+    if pool == "MAX":
+        argmax = shim.new(layer.data.shape, np.int32)
+        cuda.max_pool(x, kh, kw, ph, pw, sh, sw, y, argmax, True)
+        assert np.array_equal(argmax, layer._argmax)
+        cuda.max_pool_backward(g, argmax, kh, kw, ph, pw, sh, sw, gx)
+    else:
+        size = shim.new(layer._size)
+        cuda.avg_pool(x, kh, kw, ph, pw, sh, sw, size, y)
+        cuda.avg_pool_backward(g, size, kh, kw, ph, pw, sh, sw, gx)
+    assert same_bits(y, layer.data) and same_bits(gx, src.grad) and shim.intact()
+
+
+def test_max_pooling_keeps_nan_and_leaves_argmax_alone_out_of_training(shim):
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 0, 1] = np.nan
+    y, argmax = np.empty((1, 1, 2, 2), np.float32), np.full((1, 1, 2, 2), 9, np.int32)
+    cuda.max_pool(x, 2, 2, 0, 0, 2, 2, y, argmax, False)
+    assert np.isnan(y[0, 0, 0, 0]) and y[0, 0].ravel()[1:].tolist() == [7, 13, 15]
+    assert (argmax == 9).all()
+    cuda.max_pool(x, 2, 2, 0, 0, 2, 2, y, argmax, True)
+    assert argmax.ravel().tolist() == [0, 3, 3, 3]     # NaN equals nothing: tap 0, as numpy's
+
+
+def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
+    x, col = np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1, 3, 3), np.float32)
+    run = cuda_shim.RawKernel(cuda.SOURCE, "im2col")
+    args = [x, np.int64(9), np.int64(9), np.int64(3), np.int64(3), col] + [np.int64(1)] * 11
+    run((1,), (32,), args)
+    with pytest.raises(TypeError, match="parameter long long sn: needs a numpy int64 scalar"):
+        run((1,), (32,), [x, np.int32(9)] + args[2:])
+    with pytest.raises(TypeError, match="parameter float\\* col: needs a C-contiguous array"):
+        run((1,), (32,), args[:5] + [col.astype(np.float64)] + args[6:])
+
+
+def test_on_a_gpu_convolution_and_pooling_choose_the_cuda_kernels():
+    gpu, cpu = types.SimpleNamespace(gpu=0), types.SimpleNamespace(gpu=None)
+    assert kernels.compiled(gpu) is cuda and kernels.pooling(gpu) is cuda
+    assert kernels.pooling(cpu) is None and kernels.compiled(cpu) is not cuda
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvcc_builds_the_source(tmp_path, arch):
+    src = tmp_path / "kernels.cu"
+    src.write_text(cuda.SOURCE)
+    out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *cuda.OPTIONS, "-o",
+                          os.fspath(tmp_path / "k.cubin"), os.fspath(src)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "k.cubin").stat().st_size > 0
