@@ -30,7 +30,8 @@ from singa.job_manager import JobManager  # noqa: E402
 from singa.trust import ENV, JobTrust, new_secret  # noqa: E402
 from singa.zk import ZKService  # noqa: E402
 
-FIXTURES = os.path.join(HOME, "tests", "fixtures", "singa-0.3")
+from bench_startup import fixture_job  # noqa: E402
+
 DRIVER = {"ours": "from singa.driver import main",
           "ZooKeeper only": "import math, singa.comm.liveness as l\nl.DOWN_GRACE = math.inf\n"
                             "from singa.driver import main"}
@@ -40,22 +41,12 @@ REPORT = re.compile(r"^E(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*\] (process \d+ of job \
 
 def job_conf(folder):
     """The fixture MLP as a Downpour job of 3 processes that trains until it is killed."""
-    with open(os.path.join(FIXTURES, "job.conf")) as f:
-        text = f.read()
-    for old, new in (("train_steps: 200", "train_steps: 10000000"),
-                     ("test_freq: 100", "test_freq: 0"),
-                     ("checkpoint_freq: 100", "checkpoint_freq: 0"),
-                     ("disp_freq: 20", "disp_freq: 50"),
-                     ("/tmp/singa-fixture-ws", os.path.join(folder, "ws")),
-                     ('"tests/fixtures/singa-0.3/', f'"{FIXTURES}/'),
-                     ("cluster { nworker_groups: 1", "cluster { server_worker_separate: true "
-                                                      "nworker_groups: 2")):
-        assert old in text, old
-        text = text.replace(old, new)
-    path = os.path.join(folder, "job.conf")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return fixture_job(folder, (("train_steps: 200", "train_steps: 10000000"),
+                                ("test_freq: 100", "test_freq: 0"),
+                                ("checkpoint_freq: 100", "checkpoint_freq: 0"),
+                                ("disp_freq: 20", "disp_freq: 50"),
+                                ("cluster { nworker_groups: 1",
+                                 "cluster { server_worker_separate: true nworker_groups: 2")))
 
 
 def free_port():

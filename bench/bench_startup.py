@@ -22,18 +22,25 @@ API = ("import sys\nfrom singa.model import Model\n"
        "Model.from_conf(sys.argv[1]).fit(nb_epoch=1, progress=False)\n")
 
 
-def job_conf(folder):
+def fixture_job(folder, replacements):
+    """The fixture MLP's job.conf with each (old, new) of `replacements` made (each must
+    occur; its workspace and data paths always), written to <folder>/job.conf: its path."""
     with open(os.path.join(FIXTURES, "job.conf")) as f:
         text = f.read()
-    for old, new in (("train_steps: 200", "train_steps: 1"), ("test_steps: 5", "test_steps: 0"),
-                     ("/tmp/singa-fixture-ws", os.path.join(folder, "ws")),
-                     ('"tests/fixtures/singa-0.3/', f'"{FIXTURES}/')):
+    for old, new in tuple(replacements) + (
+            ("/tmp/singa-fixture-ws", os.path.join(folder, "ws")),
+            ('"tests/fixtures/singa-0.3/', f'"{FIXTURES}/')):
         assert old in text, old
         text = text.replace(old, new)
     path = os.path.join(folder, "job.conf")
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def job_conf(folder):
+    return fixture_job(folder, (("train_steps: 200", "train_steps: 1"),
+                                ("test_steps: 5", "test_steps: 0")))
 
 
 def timed(cmd):

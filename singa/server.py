@@ -228,6 +228,6 @@ class Server:
 
 
 def own(a):
-    """`a` itself when writable (a frame's buffer, or a device frame's memory, is then ours
+    """`a` itself when writable (a frame's buffer, or a GPU array handed over, is then ours
     to use), else a copy."""
     return a if not is_host(a) or a.flags.writeable else a.copy()

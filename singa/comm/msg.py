@@ -107,18 +107,16 @@ def frame_array(frame, n=None):
     """The float32 values of `frame`, which must hold exactly `n` of them (None: any number),
     without copying: the array a sender in this process handed over, or a view of the bytes
     of another process's frame."""
+    expected = "float32 values" if n is None else f"{n} float32 values"
     if isinstance(frame, np.ndarray) or hasattr(frame, "__cuda_array_interface__"):
         if frame.dtype != np.float32 or n is not None and frame.size != n:
             raise ClusterError(f"array frame of {frame.size} {frame.dtype} values where "
-                               f"{'float32 values' if n is None else f'{n} float32 values'} "
-                               f"were expected")
+                               f"{expected} were expected")
         return frame.reshape(-1)
     buf = frame.buffer if hasattr(frame, "buffer") else frame
     nbytes = memoryview(buf).nbytes
-    if n is None and nbytes % 4 or n is not None and nbytes != 4 * n:
-        raise ClusterError(f"array frame of {nbytes} bytes where "
-                           f"{'float32 values' if n is None else f'{n} float32 values'} "
-                           f"were expected")
+    if nbytes % 4 if n is None else nbytes != 4 * n:
+        raise ClusterError(f"array frame of {nbytes} bytes where {expected} were expected")
     return np.frombuffer(buf, np.float32)
 
 

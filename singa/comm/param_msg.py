@@ -4,8 +4,8 @@ Param::GenPutMsg / GenGetMsg / GenUpdateMsg and their Parse*, src/utils/param.cc
 `trgt_val` is (param id, slice id) (`msg.param_trgt`): a worker's request names its owner param
 and slice 0, the stub's requests and the servers' answers one slice; `trgt_version` is the
 version asked for or reached. Arrays travel as float32 frames (`msg.array_frame`): in-process
-a frame aliases the sender's array (a GPU array's memory whatever its size), which must stay
-unchanged until read; values that will change go as a host copy (`device.host_copy`).
+a frame is the sender's array (of the host or of a GPU), which must stay unchanged until read;
+values that will change go as a host copy (`device.host_copy`).
 
   worker -> stub     kPut     [ffi: lr_scale, wd_scale, lr_index; values; updater buffers...]
                      kGet     []

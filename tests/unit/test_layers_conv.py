@@ -131,14 +131,19 @@ def test_a_forward_pass_makes_no_blob_of_the_backward_pass():
     assert layer._gws is not None
 
 
-def test_convolution_results_do_not_depend_on_the_thread_count(monkeypatch):
+@pytest.mark.parametrize("channels, conf, direct", [
+    (3, dict(num_filters=4, kernel=3, pad=1), False),               # im2col + GEMM, 7 chunks
+    (6, dict(num_filters=6, group=6, kernel=3, pad=1), True)])      # depthwise: direct loops
+def test_convolution_results_do_not_depend_on_the_thread_count(monkeypatch, channels, conf,
+                                                                direct):
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)      # chunks this small, to have 7
-    src = Source(np.random.default_rng(0).standard_normal((20, 3, 8, 8)))
+    src = Source(np.random.default_rng(0).standard_normal((20, channels, 8, 8)))
     results = []
     for nthreads in (1, 2, 3):
-        layer = make_layer(conv_conf(num_filters=4, kernel=3, pad=1), [src])
-        assert len(layer.chunks) == 7
-        layer.params[0].data[...] = np.random.default_rng(1).standard_normal((4, 27))
+        layer = make_layer(conv_conf(**conf), [src])
+        assert layer.direct == direct and len(layer.chunks) == 7
+        w = layer.params[0].data
+        w[...] = np.random.default_rng(1).standard_normal(w.shape)
         layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
         with threads.limit(nthreads):
             layer.compute_feature(FORWARD, [src])
@@ -436,23 +441,6 @@ def test_direct_loops_agree_with_the_gemm_path(monkeypatch, channels, num_filter
                         layer.bias.grad.copy()])
     for a, b in zip(*results):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_direct_loops_do_not_depend_on_the_thread_count(monkeypatch):
-    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
-    src = Source(np.random.default_rng(0).standard_normal((20, 6, 8, 8)))
-    results = []
-    for nthreads in (1, 2, 3):
-        layer = make_layer(conv_conf(num_filters=6, group=6, kernel=3, pad=1), [src])
-        assert layer.direct and len(layer.chunks) > 3
-        layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
-        with threads.limit(nthreads):
-            layer.compute_feature(FORWARD, [src])
-            layer.compute_gradient(BACKWARD, [src])
-        results.append([layer.data.copy(), layer.params[0].grad.copy(), src.grad.copy()])
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("channels, num_filters, what", [(5, 4, r"input channels \(5\)"),
