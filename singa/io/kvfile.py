@@ -12,6 +12,8 @@ __all__ = ["KVFile", "CAPACITY", "pack"]
 
 #: SINGA's default write-buffer capacity in bytes.
 CAPACITY = 10485760
+#: bytes a reader reads at once (more when one tuple is longer)
+CHUNK = 1 << 20
 
 _LEN = struct.Struct("<Q")
 
@@ -42,6 +44,7 @@ class KVFile(Store):
                 raise DataError(f"{self.path}: no such kvfile")
             self._file = _open(self.path, "rb")
             self._size = os.fstat(self._file.fileno()).st_size
+            self.seek(0)
             return
         if not os.path.exists(self.path):
             self._file = _open(self.path, "wb")
@@ -55,33 +58,43 @@ class KVFile(Store):
         self._file.seek(end)
 
     def read(self):
-        """Next (key, value) as bytes, or None at the end of the file.
+        """Next (key, value) as bytes, or None at the end of the file (see `read_many`)."""
+        got = self.read_many(1)
+        return got[0] if got else None
 
-        A tuple cut short (a truncated file, or a length prefix pointing past the end) is a
-        DataError naming the file, the tuple's byte offset and the tuples before it; SINGA
-        stops there without a word, so a job trained on the first few tuples of a shard.
+    def read_many(self, n):
+        """The next `n` (key, value) pairs as bytes, fewer only at the end of the file.
+
+        Tuples are cut from chunks of CHUNK bytes read at once; `tell` still gives the offset
+        of the next tuple not returned. A tuple cut short (a truncated file, or a length prefix
+        pointing past the end) is a DataError naming the file, the tuple's byte offset and the
+        tuples before it, and reading stays there; SINGA stops there without a word, so a job
+        trained on the first few tuples of a shard.
         """
-        f = self._file
-        start = f.tell()
-        head = f.read(8)
-        if not head:
-            return None
-        if len(head) < 8:
-            raise self._cut_short(start, f"{len(head)} bytes, less than a key length")
-        (klen,) = _LEN.unpack(head)
-        if not self._fits(start + 8, klen + 8):
-            raise self._cut_short(start, f"its key length {klen} points past the end")
-        key = f.read(klen)
-        (vlen,) = _LEN.unpack(f.read(8))
-        if not self._fits(start + 16 + klen, vlen):
-            raise self._cut_short(start, f"its value length {vlen} points past the end")
-        return key, f.read(vlen)
+        got = []
+        chunk, pos, unpack = self._chunk, self._pos, _LEN.unpack_from
+        while len(got) < n:
+            if pos + 8 <= len(chunk):
+                key = pos + 8 + unpack(chunk, pos)[0]
+                if key + 8 <= len(chunk):
+                    end = key + 8 + unpack(chunk, key)[0]
+                    if end <= len(chunk):
+                        got.append((chunk[pos + 8:key], chunk[key + 8:end]))
+                        pos = end
+                        continue
+            if not self._fill(self._at + pos):
+                break
+            chunk, pos = self._chunk, 0
+        self._pos = pos
+        return got
 
     def seek_to_first(self):
         self.seek(0)
 
     def tell(self):
         """Byte offset of the next tuple to read (or of the end, when writing)."""
+        if self.mode == "read":
+            return self._at + self._pos
         return self._file.tell() + len(self._buf)
 
     def seek(self, offset):
@@ -90,7 +103,7 @@ class KVFile(Store):
             raise ValueError("KVFile.seek needs read mode")
         if offset < 0:
             raise DataError(f"{self.path}: negative offset {offset}")
-        self._file.seek(offset)
+        self._chunk, self._at, self._pos = b"", offset, 0
 
     def insert(self, key, value):
         """Buffer one tuple; False (nothing written) for an empty value or a key seen in append."""
@@ -129,17 +142,36 @@ class KVFile(Store):
         with _open(self.path, "rb") as f:
             return sum(1 for _ in _walk(f))
 
-    def _fits(self, offset, length):
+    def _fill(self, start):
+        """Read the chunk from byte `start`, long enough for its first tuple; False at the end."""
+        self._chunk, self._at, self._pos = b"", start, 0
+        self._file.seek(start)
+        chunk = self._file.read(CHUNK)
+        if not chunk:
+            return False
+        chunk = self._extend(chunk, start, 8, f"{len(chunk)} bytes, less than a key length")
+        (klen,) = _LEN.unpack_from(chunk)
+        chunk = self._extend(chunk, start, 16 + klen, f"its key length {klen} points past the end")
+        (vlen,) = _LEN.unpack_from(chunk, 8 + klen)
+        self._chunk = self._extend(chunk, start, 16 + klen + vlen,
+                                   f"its value length {vlen} points past the end")
+        return True
+
+    def _extend(self, chunk, start, need, why):
+        """`chunk`, the file's bytes from `start`, read on to `need` bytes; else cut short (`why`)."""
+        if start + need > self._size:
+            self._size = os.fstat(self._file.fileno()).st_size
         # A length prefix beyond the end of the file is a torn tail or garbage: never allocate it.
-        if offset + length <= self._size:
-            return True
-        self._size = os.fstat(self._file.fileno()).st_size
-        return offset + length <= self._size
+        if start + need > self._size:
+            raise self._cut_short(start, why)
+        chunk += self._file.read(max(0, need - len(chunk)))
+        if len(chunk) < need:           # the file shrank under us
+            raise self._cut_short(start, why)
+        return chunk
 
     def _cut_short(self, start, why):
-        """The DataError for the incomplete tuple at byte `start`; reading stays there."""
+        """The DataError for the incomplete tuple at byte `start`."""
         whole = sum(1 for _, end in _walk(self._file) if end <= start)
-        self._file.seek(start)
         return DataError(f"{self.path}: the tuple at byte {start} is cut short ({why} of the "
                          f"{self._size}-byte file); {whole} whole tuple{'s' * (whole != 1)} "
                          f"before it: truncated or corrupt")

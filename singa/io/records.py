@@ -29,44 +29,51 @@ def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
     """(x float32 (N, dim), labels int32 (N,)) from N store values.
 
     `out` / `labels_out` are filled in place when given (the input layer's preallocated blobs).
-    `keys` and `shape` only make error messages precise.
+    `keys` and `shape` only make error messages precise. A batch of pixel records is joined
+    and converted at once.
     """
     n = len(values)
     x = np.empty((n, dim), np.float32) if out is None else out
     labels = np.empty(n, np.int32) if labels_out is None else labels_out
-    rec = common_pb2.RecordProto()
-    for i, value in enumerate(values):
-        parse_record(value, _key(keys, i), rec)
-        count = len(rec.data) if rec.data else len(rec.pixel)
-        if count != dim:
+    keys = [b""] * n if keys is None else keys
+    try:
+        recs = list(map(common_pb2.RecordProto.FromString, values))
+    except DecodeError:
+        recs = [parse_record(value, key) for key, value in zip(keys, values)]
+    rows = [rec.data or rec.pixel for rec in recs]
+    for i in [i for i, row in enumerate(rows) if len(row) != dim]:
+        recs[i] = rec = parse_record(values[i], keys[i])    # a 0.1 record, or a wrong one
+        rows[i] = rec.data or rec.pixel
+        if len(rows[i]) != dim:
             want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
-            raise DataError(f"record {_key(keys, i)!r} has {count} values, expected {want}")
-        if rec.data:
-            x[i] = rec.data
-        else:
-            x[i] = np.frombuffer(rec.pixel, np.uint8)
-        labels[i] = rec.label
+            raise DataError(f"record {_text(keys[i])!r} has {len(rows[i])} values, "
+                            f"expected {want}")
+    if all(type(row) is bytes for row in rows):
+        x[...] = np.frombuffer(b"".join(rows), np.uint8).reshape(n, dim)
+    else:
+        for i, row in enumerate(rows):
+            x[i] = np.frombuffer(row, np.uint8) if type(row) is bytes else row
+    labels[:] = [rec.label for rec in recs]
     return x, labels
 
 
-def parse_record(value, key="", rec=None):
-    """The RecordProto of a store value: a 0.2/0.3 RecordProto or a 0.1 Record{image}; fills
-    and returns `rec` when given (reused by batch readers)."""
-    rec = common_pb2.RecordProto() if rec is None else rec
+def parse_record(value, key=""):
+    """The RecordProto of a store value under `key`: a 0.2/0.3 RecordProto or a 0.1
+    Record{image}."""
     try:
-        rec.ParseFromString(value)
+        rec = common_pb2.RecordProto.FromString(value)
         if not rec.pixel and not rec.data:
             # A 0.1 shard wraps the record: Record{type, image = SingleLabelImageRecord}.
             wrapper = common_pb2.Record.FromString(value)
             if wrapper.HasField("image"):
-                rec.CopyFrom(wrapper.image)
+                rec = wrapper.image
     except DecodeError:
-        raise DataError(f"record {key!r} is not a RecordProto ({len(value)} bytes)") from None
+        raise DataError(f"record {_text(key)!r} is not a RecordProto ({len(value)} bytes)") from None
     return rec
 
 
-def _key(keys, i):
-    key = keys[i] if keys is not None else b""
+def _text(key):
+    """A store key (bytes, or str from some backends) as text for messages."""
     return key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key)
 
 

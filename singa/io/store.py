@@ -1,4 +1,6 @@
 """open_store: SINGA's CreateStore(backend) + Open(path, mode) (src/io/store.cc)."""
+from itertools import islice
+
 from singa.errors import DataError
 from singa.io.imagelist import ImageListStore
 from singa.io.kvfile import KVFile
@@ -6,8 +8,8 @@ from singa.io.lmdbstore import LMDBStore
 from singa.io.memory import MemoryStore
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "read_cyclic", "count_records", "KVFileStore", "TextFileStore",
-           "BACKENDS", "CAFFE_BACKENDS"]
+__all__ = ["open_store", "read_cyclic", "read_batch", "count_records", "KVFileStore",
+           "TextFileStore", "BACKENDS", "CAFFE_BACKENDS"]
 
 
 class KVFileStore(KVFile):
@@ -42,15 +44,21 @@ def open_store(backend, path, mode="read", conf=None):
 
 
 def read_cyclic(store, path, backend):
-    """The next (key, value) of `store`, starting again at its first tuple after its last (SINGA's
-    input layers wrap around); DataError naming `path` when the store is empty."""
-    kv = store.read()
-    if kv is None:
+    """The next (key, value) of `store`: `read_batch` of one."""
+    return read_batch(store, 1, path, backend)[0]
+
+
+def read_batch(store, n, path, backend):
+    """The next `n` (key, value) pairs of `store`, starting again at its first tuple after its
+    last (SINGA's input layers wrap around); DataError naming `path` when the store is empty."""
+    got = _read_many(store, n)
+    while len(got) < n:
         store.seek_to_first()
-        kv = store.read()
-        if kv is None:
+        more = _read_many(store, n - len(got))
+        if not more:
             raise DataError(f"{path}: the {backend} store is empty")
-    return kv
+        got += more
+    return got
 
 
 def count_records(backend, path):
@@ -62,3 +70,8 @@ def count_records(backend, path):
         if backend in CAFFE_BACKENDS:
             return store.count()
         return sum(1 for _ in iter(store.read, None))
+
+
+def _read_many(store, n):
+    """The next `n` pairs of `store`, fewer only at its end (a kvfile cuts them from one block)."""
+    return store.read_many(n) if isinstance(store, KVFile) else list(islice(store, n))

@@ -5,7 +5,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch, parse_record, read_mean
-from singa.io.store import CAFFE_BACKENDS, open_store, read_cyclic
+from singa.io.store import CAFFE_BACKENDS, open_store, read_batch
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
@@ -58,14 +58,10 @@ class StoreInputLayer(Layer):
             if hasattr(self.store, "start"):
                 self.store.start(self.rng)
             for _ in range(self.rng.integers(0, self.random_skip + 1)):
-                self._next()
+                self._next(1)
             self.skipped = True
         before, stop, after = self.rows
-        for _ in range(before):
-            self._next()
-        keys, values = zip(*(self._next() for _ in range(stop - before)))
-        for _ in range(after):
-            self._next()
+        keys, values = zip(*self._next(stop + after)[before:stop])
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
         if self.mean is not None:
@@ -89,8 +85,9 @@ class StoreInputLayer(Layer):
         """Fill x (N, dim) and aux_data from the batch's store values."""
         raise NotImplementedError
 
-    def _next(self):
-        return read_cyclic(self.store, self.path, self.backend)
+    def _next(self, n):
+        """The store's next `n` (key, value) pairs, wrapping around."""
+        return read_batch(self.store, n, self.path, self.backend)
 
     def _open(self):
         return open_store(self.backend, self.path, "read", self.conf.store_conf)
