@@ -82,9 +82,10 @@ class KVFile(Store):
                         got.append((chunk[pos + 8:key], chunk[key + 8:end]))
                         pos = end
                         continue
-            if not self._fill(self._at + pos):
-                break
+            more = self._fill(self._at + pos)
             chunk, pos = self._chunk, 0
+            if not more:
+                break
         self._pos = pos
         return got
 

@@ -162,3 +162,48 @@ def test_create_truncates_and_missing_read_names_path(tmp_path):
         KVFile(tmp_path / "nope.bin")
     with pytest.raises(DataError, match="cannot open"):
         KVFile(tmp_path / "no-dir" / "kv.bin", "create")
+
+
+def _numbered(path, sizes):
+    """A kvfile of tuples (b"%d" % i, b"v" * size) and the byte offset where each starts."""
+    offsets = [0]
+    with KVFile(path, "create") as f:
+        for i, size in enumerate(sizes):
+            f.insert(b"%d" % i, b"v" * size)
+            offsets.append(offsets[-1] + 16 + len(b"%d" % i) + size)
+    return [(b"%d" % i, b"v" * size) for i, size in enumerate(sizes)], offsets
+
+
+def test_read_many_cuts_tuples_across_chunks_and_tells_the_next_unconsumed(tmp_path, monkeypatch):
+    monkeypatch.setattr("singa.io.kvfile.CHUNK", 40)   # tuples straddle chunks; one outgrows one
+    tuples, offsets = _numbered(tmp_path / "kv.bin", [3, 30, 100, 1, 7, 25, 2])
+    with KVFile(tmp_path / "kv.bin") as f:
+        assert f.read_many(2) == tuples[:2] and f.tell() == offsets[2]
+        assert f.read() == tuples[2] and f.tell() == offsets[3]
+        assert f.read_many(10) == tuples[3:] and f.tell() == offsets[7]
+        assert f.read_many(3) == [] and f.read() is None
+        f.seek(offsets[4])
+        assert f.read_many(2) == tuples[4:6]
+
+
+def test_read_many_stops_at_a_tuple_cut_short_and_stays_there(tmp_path):
+    tuples, offsets = _numbered(tmp_path / "kv.bin", [5, 5, 5])
+    path = tmp_path / "kv.bin"
+    path.write_bytes(path.read_bytes()[:offsets[2] + 20])
+    with KVFile(path) as f:
+        with pytest.raises(DataError) as e:
+            f.read_many(3)
+        assert str(e.value) == (f"{path}: the tuple at byte {offsets[2]} is cut short (its value "
+                                f"length 5 points past the end of the {offsets[2] + 20}-byte "
+                                f"file); 2 whole tuples before it: truncated or corrupt")
+        assert f.tell() == offsets[2]
+
+
+def test_a_reader_at_the_end_sees_tuples_appended_later(tmp_path):
+    path = tmp_path / "kv.bin"
+    tuples, offsets = _numbered(path, [4, 4])
+    with KVFile(path) as f:
+        assert f.read_many(5) == tuples and f.read() is None
+        with KVFile(path, "append") as w:
+            w.insert(b"2", b"late")
+        assert f.read_many(5) == [(b"2", b"late")] and f.tell() == offsets[2] + 16 + 1 + 4

@@ -126,6 +126,19 @@ def test_record_input_resumes_at_its_position_without_skipping_again(shard):
     np.testing.assert_array_equal(resumed.aux_data, first.aux_data)
 
 
+@pytest.mark.parametrize("extra, want", [("", [3, 6, 2]),
+                                         ("partition_dim: 0 num_partitions: 3 partition_id: 1", [3, 6, 2])])
+def test_record_input_position_is_the_tuple_after_its_batch(shard, extra, want):
+    path, _ = shard
+    tuple_bytes = os.path.getsize(path) // 7
+    layer = record_input(path, 'backend: "kvfile" batchsize: 3 shape: 4', extra)
+    offsets = []
+    for _ in range(3):
+        layer.compute_feature(TRAIN, [])
+        offsets.append(layer.position()[0])
+    assert offsets == [i * tuple_bytes for i in want]
+
+
 def test_record_input_rejects_records_of_the_wrong_size(shard):
     layer = record_input(shard[0], 'backend: "kvfile" batchsize: 1 shape: 5')
     with pytest.raises(DataError, match="has 4 values, expected 5"):

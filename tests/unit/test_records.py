@@ -61,3 +61,34 @@ def test_decodes_singa_fashion_mnist_shard():
     assert set(labels.tolist()) == set(range(10))
     shape = common_pb2.RecordProto.FromString(values[0]).shape
     assert list(shape) == [28, 28]
+
+
+def _mixed_batch():
+    """Pixel, float and 0.1-wrapped records of 4 values each, with their keys."""
+    wrapped = common_pb2.Record(type=0, image=common_pb2.RecordProto(
+        label=7, pixel=bytes([4, 3, 2, 1]))).SerializeToString()
+    values = [_rec(pixel=bytes([0, 128, 255, 7]), label=3), _rec(data=[0.5, -1, 2, 1e9], label=1),
+              wrapped, _rec(pixel=bytes([9, 9, 9, 9]), data=[1, 2, 3, 4], label=-2)]
+    return [b"k%d" % i for i in range(len(values))], values
+
+
+#: what each record of _mixed_batch decodes to: its float data, else its pixel bytes
+MIXED_X = [[0, 128, 255, 7], [0.5, -1, 2, 1e9], [4, 3, 2, 1], [1, 2, 3, 4]]
+MIXED_LABELS = [3, 1, 7, -2]
+
+
+@pytest.mark.parametrize("pick", [[0], [0, 0, 0], [1, 3], [0, 1, 2, 3], [2, 0]])
+def test_a_batch_decodes_as_its_records_one_by_one(pick):
+    keys, values = _mixed_batch()
+    x, labels = decode_batch([values[i] for i in pick], 4, [keys[i] for i in pick])
+    np.testing.assert_array_equal(x, np.array([MIXED_X[i] for i in pick], np.float32))
+    assert labels.tolist() == [MIXED_LABELS[i] for i in pick]
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_rec(pixel=bytes(5), label=1), r"^record 'k1' has 5 values, expected 4 \(shape \[2, 2\]\)$"),
+    (b"\xff\xff\xff", r"^record 'k1' is not a RecordProto \(3 bytes\)$")])
+def test_a_bad_record_mid_batch_names_its_key(bad, msg):
+    keys, values = _mixed_batch()
+    with pytest.raises(DataError, match=msg):
+        decode_batch([values[0], bad, values[2]], 4, keys[:3], shape=(2, 2))

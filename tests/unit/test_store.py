@@ -3,7 +3,7 @@ import os
 import pytest
 
 from singa.errors import DataError
-from singa.io.store import open_store
+from singa.io.store import open_store, read_batch, read_cyclic
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
@@ -81,3 +81,23 @@ def test_missing_file_in_read_mode_names_path(tmp_path, backend):
     path = tmp_path / "absent.bin"
     with pytest.raises(DataError, match=str(path)):
         open_store(backend, path, "read")
+
+
+@pytest.mark.parametrize("backend", ["textfile", "kvfile"])
+def test_read_batch_wraps_around_as_reading_one_at_a_time_does(tmp_path, backend):
+    path = tmp_path / "store"
+    _write_three(backend, path)
+    with open_store(backend, path) as a, open_store(backend, path) as b:
+        one_by_one = [read_cyclic(a, path, backend) for _ in range(8)]
+        assert read_batch(b, 2, path, backend) + read_batch(b, 6, path, backend) == one_by_one
+        assert [v for _, v in one_by_one[2:5]] == [b"third tuple", b"first tuple", b"second tuple"]
+        assert b.tell() == a.tell()
+
+
+@pytest.mark.parametrize("backend", ["textfile", "kvfile"])
+def test_read_batch_of_an_empty_store_names_it(tmp_path, backend):
+    path = tmp_path / "store"
+    open_store(backend, path, "create").close()
+    with open_store(backend, path) as store:
+        with pytest.raises(DataError, match=f"^{path}: the {backend} store is empty$"):
+            read_batch(store, 3, path, backend)
