@@ -29,32 +29,62 @@ def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
     """(x float32 (N, dim), labels int32 (N,)) from N store values.
 
     `out` / `labels_out` are filled in place when given (the input layer's preallocated blobs).
-    `keys` and `shape` only make error messages precise. A batch of pixel records is joined
-    and converted at once.
+    `keys` and `shape` only make error messages precise.
     """
     n = len(values)
     x = np.empty((n, dim), np.float32) if out is None else out
     labels = np.empty(n, np.int32) if labels_out is None else labels_out
-    keys = [b""] * n if keys is None else keys
-    try:
-        recs = list(map(common_pb2.RecordProto.FromString, values))
-    except DecodeError:
-        recs = [parse_record(value, key) for key, value in zip(keys, values)]
-    rows = [rec.data or rec.pixel for rec in recs]
-    for i in [i for i, row in enumerate(rows) if len(row) != dim]:
-        recs[i] = rec = parse_record(values[i], keys[i])    # a 0.1 record, or a wrong one
-        rows[i] = rec.data or rec.pixel
-        if len(rows[i]) != dim:
-            want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
-            raise DataError(f"record {_text(keys[i])!r} has {len(rows[i])} values, "
-                            f"expected {want}")
-    if all(type(row) is bytes for row in rows):
-        x[...] = np.frombuffer(b"".join(rows), np.uint8).reshape(n, dim)
-    else:
-        for i, row in enumerate(rows):
-            x[i] = np.frombuffer(row, np.uint8) if type(row) is bytes else row
-    labels[:] = [rec.label for rec in recs]
+    if not _slice_uniform(values, dim, x, labels):
+        _decode_each(values, dim, [b""] * n if keys is None else keys, x, labels, shape)
     return x, labels
+
+
+def _slice_uniform(values, dim, x, labels):
+    """Fill x and labels by slicing the joined values if all are laid out as the first: as
+    SINGA and encode_record write pixel records (shape, label, pixel in field order), of the
+    same byte length and a one-byte label (0..127); False, nothing written, otherwise.
+
+    Each value then equals the first but for its label byte and its pixels, so protobuf would
+    parse it to the first's shape, that label and those pixels.
+    """
+    if not values or len(set(map(len, values))) != 1:
+        return False
+    try:
+        rec = common_pb2.RecordProto.FromString(values[0])
+    except DecodeError:
+        return False
+    layout = common_pb2.RecordProto(shape=rec.shape, label=rec.label, pixel=rec.pixel)
+    if len(rec.pixel) != dim or values[0] != layout.SerializeToString():
+        return False
+    rows = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1)
+    head = rows[:, :rows.shape[1] - dim]
+    at = common_pb2.RecordProto(shape=rec.shape).ByteSize() + 1    # after the label's tag
+    same = head == head[0]
+    same[:, at] = head[:, at] < 128
+    if not same.all():
+        return False
+    x[...] = rows[:, head.shape[1]:]
+    labels[:] = head[:, at]
+    return True
+
+
+def _decode_each(values, dim, keys, x, labels, shape):
+    """Fill x and labels record by record, naming the first bad one; pixels converted at once."""
+    pixel_rows, pixels = [], []
+    for i, (key, value) in enumerate(zip(keys, values)):
+        rec = parse_record(value, key)
+        row = rec.data or rec.pixel
+        if len(row) != dim:
+            want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
+            raise DataError(f"record {_text(key)!r} has {len(row)} values, expected {want}")
+        if type(row) is bytes:
+            pixel_rows.append(i)
+            pixels.append(row)
+        else:
+            x[i] = row
+        labels[i] = rec.label
+    if pixels:
+        x[pixel_rows] = np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), dim)
 
 
 def parse_record(value, key=""):
@@ -68,7 +98,8 @@ def parse_record(value, key=""):
             if wrapper.HasField("image"):
                 rec = wrapper.image
     except DecodeError:
-        raise DataError(f"record {_text(key)!r} is not a RecordProto ({len(value)} bytes)") from None
+        raise DataError(f"record {_text(key)!r} is not a RecordProto ({len(value)} "
+                        f"bytes)") from None
     return rec
 
 

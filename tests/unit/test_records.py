@@ -5,7 +5,7 @@ import pytest
 
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
-from singa.io.records import decode_batch, record_values
+from singa.io.records import decode_batch, encode_record, parse_record, record_values
 from singa.proto import common_pb2
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
@@ -77,7 +77,7 @@ MIXED_X = [[0, 128, 255, 7], [0.5, -1, 2, 1e9], [4, 3, 2, 1], [1, 2, 3, 4]]
 MIXED_LABELS = [3, 1, 7, -2]
 
 
-@pytest.mark.parametrize("pick", [[0], [0, 0, 0], [1, 3], [0, 1, 2, 3], [2, 0]])
+@pytest.mark.parametrize("pick", [[0], [0, 0, 0], [1, 3], [3, 3], [0, 1, 2, 3], [2, 0]])
 def test_a_batch_decodes_as_its_records_one_by_one(pick):
     keys, values = _mixed_batch()
     x, labels = decode_batch([values[i] for i in pick], 4, [keys[i] for i in pick])
@@ -92,3 +92,45 @@ def test_a_bad_record_mid_batch_names_its_key(bad, msg):
     keys, values = _mixed_batch()
     with pytest.raises(DataError, match=msg):
         decode_batch([values[0], bad, values[2]], 4, keys[:3], shape=(2, 2))
+
+
+def test_a_batch_of_singas_pixel_records_decodes_as_each_record_says():
+    with KVFile(f"{FIXTURES}/train-1000.bin") as f:
+        keys, values = zip(*f.read_many(64))
+    recs = [parse_record(value) for value in values]
+    x, labels = decode_batch(values, 784, keys)
+    np.testing.assert_array_equal(x, [np.frombuffer(rec.pixel, np.uint8) for rec in recs])
+    assert labels.tolist() == [rec.label for rec in recs]
+
+
+def test_a_batch_of_our_pixel_records_decodes_to_its_samples():
+    x = np.random.default_rng(0).integers(0, 256, (3, 5), dtype=np.uint8)
+    got, labels = decode_batch([encode_record(row, y) for row, y in zip(x, [0, 127, 5])], 5)
+    np.testing.assert_array_equal(got, x)
+    assert labels.tolist() == [0, 127, 5]
+
+
+@pytest.mark.parametrize("values, want_x, want_labels", [
+    # shape 300 and label 5 take 2 + 1 bytes, shape 2 and label 200 take 1 + 2: same lengths
+    ([_rec(shape=[300], label=5, pixel=b"\1\2"), _rec(shape=[2], label=200, pixel=b"\3\4")],
+     [[1, 2], [3, 4]], [5, 200]),
+    # pixel before label (protobuf takes fields in any order)
+    ([b"\x1a\x02\x01\x02\x10\x05", b"\x1a\x02\x01\x02\x10\x06"], [[1, 2], [1, 2]], [5, 6]),
+    # pixels and floats: the floats win
+    ([_rec(label=1, pixel=b"\1\2", data=[7, 8])] * 2, [[7, 8], [7, 8]], [1, 1])])
+def test_records_of_one_length_laid_out_otherwise_decode_by_their_fields(values, want_x,
+                                                                         want_labels):
+    assert len(set(map(len, values))) == 1
+    x, labels = decode_batch(values, 2)
+    assert x.tolist() == want_x and labels.tolist() == want_labels
+
+
+@pytest.mark.parametrize("bad, msg", [
+    (_rec(shape=[300, 2], label=1, pixel=bytes(3)), "has 3 values, expected 4"),
+    (_rec(shape=[2, 2], label=1, pixel=bytes(4)).replace(b"\x10\x01", b"\x10\x81"),
+     r"is not a RecordProto \(12 bytes\)")])
+def test_a_bad_record_of_the_batchs_byte_length_names_its_key(bad, msg):
+    good = _rec(shape=[2, 2], label=1, pixel=bytes(4))
+    assert len(good) == len(bad)
+    with pytest.raises(DataError, match=rf"^record 'b' {msg}$"):
+        decode_batch([good, bad], 4, [b"a", b"b"])
