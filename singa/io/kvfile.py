@@ -13,7 +13,7 @@ __all__ = ["KVFile", "CAPACITY", "pack"]
 #: SINGA's default write-buffer capacity in bytes.
 CAPACITY = 10485760
 #: bytes a reader reads at once (more when one tuple is longer)
-CHUNK = 1 << 20
+CHUNK = 1 << 18
 
 _LEN = struct.Struct("<Q")
 
@@ -71,19 +71,19 @@ class KVFile(Store):
         tuples before it, and reading stays there; SINGA stops there without a word, so a job
         trained on the first few tuples of a shard.
         """
-        got = []
-        chunk, pos, unpack = self._chunk, self._pos, _LEN.unpack_from
+        got, unpack = [], _LEN.unpack_from
+        chunk, pos, size = self._chunk, self._pos, len(self._chunk)
         while len(got) < n:
-            if pos + 8 <= len(chunk):
+            if pos + 8 <= size:
                 key = pos + 8 + unpack(chunk, pos)[0]
-                if key + 8 <= len(chunk):
+                if key + 8 <= size:
                     end = key + 8 + unpack(chunk, key)[0]
-                    if end <= len(chunk):
+                    if end <= size:
                         got.append((chunk[pos + 8:key], chunk[key + 8:end]))
                         pos = end
                         continue
             more = self._fill(self._at + pos)
-            chunk, pos = self._chunk, 0
+            chunk, pos, size = self._chunk, 0, len(self._chunk)
             if not more:
                 break
         self._pos = pos
