@@ -37,7 +37,8 @@ def data_layer(batch):
 
 
 def floor(layer):
-    """numpy's part of a batch: the batch's pixel bytes (in memory) to float32, (x − mean) / std."""
+    """numpy's part of a batch: the pixel bytes of `layer`'s first batch (back from its blob),
+    in memory, to float32 in its blob, then (x − mean) / std."""
     layer.compute_feature(FLAG, [])
     raw = np.round(layer.data * layer.std + layer.mean).astype(np.uint8).tobytes()
     x = layer.data.reshape(len(layer.data), -1)

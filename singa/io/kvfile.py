@@ -159,7 +159,8 @@ class KVFile(Store):
         return True
 
     def _extend(self, chunk, start, need, why):
-        """`chunk`, the file's bytes from `start`, read on to `need` bytes; else cut short (`why`)."""
+        """`chunk`, the file's bytes from `start`, read on to `need` bytes; cut short (`why`)
+        if the file is shorter."""
         if start + need > self._size:
             self._size = os.fstat(self._file.fileno()).st_size
         # A length prefix beyond the end of the file is a torn tail or garbage: never allocate it.
