@@ -1,10 +1,12 @@
-"""Convolution's copies, its direct small-group loops and pooling as CUDA kernels of our own
-(CuPy RawKernels, chosen by `kernels.compiled` and `kernels.pooling` on a GPU): one launch
-each where numpy's calls make one per kernel tap.
+"""Convolution's copies, its direct small-group loops, pooling and the activations as CUDA
+kernels of our own (CuPy RawKernels, chosen by `kernels.compiled`, `kernels.pooling` and
+`kernels.activations` on a GPU): one launch each where numpy's calls make one per kernel tap
+(or per operation of an activation).
 
 The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
 order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
-float32 bits (`--fmad=false`: no fused multiply-adds). Every kernel is a gather, one thread
+float32 bits (`--fmad=false`: no fused multiply-adds); the activations' gradients do too, and
+their forward passes differ from numpy's only in CUDA's exp and tanh. Every kernel is a gather, one thread
 per output element summing its terms in a fixed order: no atomic adds, so a run is
 deterministic. Each is compiled from SOURCE at its first call on a device, then cached by
 CuPy (per device, and on disk). tests/unit/test_cuda_kernels.py runs SOURCE compiled by g++.
@@ -17,9 +19,12 @@ from singa.device import module
 
 __all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
-           "avg_pool_backward"]
+           "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
+           "activation_grad"]
 
 OPTIONS = ("--fmad=false",)
+
+RELU, SIGMOID, TANH, STANH = range(4)
 
 THREADS = 256
 MAX_BLOCKS = 1 << 16          # grid-stride loops beyond 16 M threads
@@ -34,6 +39,7 @@ SOURCE = r"""
     for (I t = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; t < (I)(total); \
          t += (I)blockDim.x * (I)gridDim.x)
 #define BOTH(f, ...) if (thin) f<int>(__VA_ARGS__); else f<long long>(__VA_ARGS__)
+#define EACH_LL(t, total) typedef long long I; EACH(t, total)
 
 // col[c, i, j, n, y, z] = x[n, c, y*sh + i - ph, z*sw + j - pw], 0 outside x; x is
 // (b, ., h, w) with strides (sn, sc) of its first two axes in elements.
@@ -310,6 +316,37 @@ extern "C" __global__ void avg_pool_backward(
         long long pw, long long sh, long long sw, long long thin) {
     BOTH(avg_pool_backward_, gy, size, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
 }
+
+// y = f(x): 0 ReLU max(x, 0) (np.maximum: NaN wins, a tie gives +0); 1 sigmoid
+// 1/(1 + e^-x); 2 tanh; 3 STanh a·tanh(b·x). y may be x.
+extern "C" __global__ void activation(
+        const float* x, float* y, long long n, int f, float a, float b) {
+    EACH_LL(t, n) {
+        float v = x[t];
+        switch (f) {
+        case 0: y[t] = isnan(v) ? v : (v > 0.0f ? v : 0.0f); break;
+        case 1: v = -v; v = expf(v); v = v + 1.0f; y[t] = 1.0f / v; break;
+        case 2: y[t] = tanhf(v); break;
+        case 3: v = v * b; v = tanhf(v); y[t] = v * a; break;
+        }
+    }
+}
+
+// gx = g·f'(y), f' from y: 0 ReLU [y > 0]; 1 sigmoid (1 − y)·y; 2 tanh 1 − y²;
+// 3 STanh y²·a + b (a = −B/A, b = A·B). gx may be g.
+extern "C" __global__ void activation_grad(
+        const float* y, const float* g, float* gx, long long n, int f, float a, float b) {
+    EACH_LL(t, n) {
+        float v = y[t], d;
+        switch (f) {
+        case 0: d = v > 0.0f ? 1.0f : 0.0f; break;
+        case 1: d = 1.0f - v; d = d * v; break;
+        case 2: d = v * v; d = 1.0f - d; break;
+        default: d = v * v; d = d * a; d = d + b; break;
+        }
+        gx[t] = g[t] * d;
+    }
+}
 """
 
 
@@ -413,6 +450,28 @@ def avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx):
     _back(out, gx)
 
 
+def activation(f, x, y, a=0.0, b=0.0):
+    """y = f(x) elementwise for f in RELU, SIGMOID, TANH, STANH (a·tanh(b·x)); y may be x."""
+    out = _into(y)
+    _kernel(module(y), "activation")(*grid(y.size), (
+        _contiguous(x), out, np.int64(y.size), np.int32(f), np.float32(a), np.float32(b)))
+    _back(out, y)
+
+
+def activation_grad(f, y, g, gx, a=0.0, b=0.0):
+    """gx = g·f'(y) elementwise, f' computed from y (STanh: y²·a + b); gx may be g."""
+    out = _into(gx)
+    _kernel(module(gx), "activation_grad")(*grid(gx.size), (
+        _contiguous(y), _contiguous(g), out, np.int64(gx.size), np.int32(f), np.float32(a),
+        np.float32(b)))
+    _back(out, gx)
+
+
+def grid(total):
+    """(blocks, threads) of a grid-stride launch over `total` elements."""
+    return (max(1, min(-(-total // THREADS), MAX_BLOCKS)),), (THREADS,)
+
+
 @functools.cache
 def _kernel(xp, name):
     return xp.RawKernel(SOURCE, name, options=OPTIONS)
@@ -423,11 +482,11 @@ def _launch(name, total, *args):
     integer args as int64, then `thin` (see INT_INDEX_LIMIT)."""
     if total == 0:
         return
-    blocks = min(-(-total // THREADS), MAX_BLOCKS)
+    dims = grid(total)
     arrays = [a for a in args if not isinstance(a, (int, np.integer))]
-    thin = max(total, *(a.size for a in arrays)) + blocks * THREADS < INT_INDEX_LIMIT
+    thin = max(total, *(a.size for a in arrays)) + dims[0][0] * THREADS < INT_INDEX_LIMIT
     _kernel(module(arrays[0]), name)(
-        (blocks,), (THREADS,),
+        *dims,
         tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args + (thin,)))
 
 

@@ -1,9 +1,10 @@
-"""Which compiled kernels convolution and pooling run: on a GPU our CUDA kernels
-(`singa.layers.cuda`); on the CPU numba's compiled loops (`singa.layers.loops`, the `fast`
-extra) where numba is installed, else numpy's.
+"""Which compiled kernels convolution, pooling and the activations run: on a GPU our CUDA
+kernels (`singa.layers.cuda`); on the CPU numba's compiled loops (`singa.layers.loops`, the
+`fast` extra) where numba is installed, else numpy's.
 
 SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give the same
-float32 bits, so a job may resume on any of them. A layer chooses at its setup.
+float32 bits (but for CUDA's exp and tanh in the activations), so a job may resume on any of
+them. A layer chooses at its setup.
 """
 import functools
 import importlib
@@ -16,7 +17,7 @@ from singa.layers import cuda
 
 log = logging.getLogger("singa")
 
-__all__ = ["compiled", "pooling"]
+__all__ = ["compiled", "pooling", "activations"]
 
 CHOICES = ("numba", "numpy")
 
@@ -36,6 +37,11 @@ def compiled(device):
 
 def pooling(device):
     """Pooling's kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
+    return cuda if device.gpu is not None else None
+
+
+def activations(device):
+    """The activations' kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
     return cuda if device.gpu is not None else None
 
 

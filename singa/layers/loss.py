@@ -47,7 +47,7 @@ class SoftmaxLossLayer(Layer):
         if bad.size:
             raise DataError(f"layer '{self.name}': label {bad[0]} from source "
                             f"'{srclayers[1].name}' is outside [0, {dim})")
-        return self.device.put(labels)
+        return self.device.put(srclayers[1].labels_for(self))
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -55,10 +55,10 @@ class SoftmaxLossLayer(Layer):
         softmax(x.reshape(p.shape), p, self._rowmax)
         labels = self._labels(srclayers)
         truth = p[self._rows, labels]
-        loss = -float(np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum())
+        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
         # SINGA ranks (p, index) pairs descending, so among equal p the higher index ranks first.
         above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
-        hits = int(np.count_nonzero(above.sum(axis=1) < self.topk))
+        hits = np.count_nonzero(above.sum(axis=1) < self.topk)
         n = p.shape[0]
         metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
         self.add_metrics({k: metrics[k] for k in self.shown})
@@ -69,7 +69,7 @@ class SoftmaxLossLayer(Layer):
             return
         g = gsrc.reshape(self.data.shape)
         np.copyto(g, self.data)
-        g[self._rows, self.device.put(srclayers[1].aux_data)] -= 1
+        g[self._rows, self.device.put(srclayers[1].labels_for(self))] -= 1
         g *= np.float32(self.scale) / np.float32(g.shape[0])
 
     #: the metrics shown, in order
@@ -109,7 +109,7 @@ class EuclideanLossLayer(Layer):
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
         d = self._diff
         np.subtract(r, t.reshape(r.shape), out=d)
-        self.add_metrics({"Loss": float(np.dot(d.ravel(), d.ravel())) / d.shape[0]})
+        self.add_metrics({"Loss": np.dot(d.ravel(), d.ravel()).astype(np.float64) / d.shape[0]})
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)

@@ -3,7 +3,8 @@
 (`singa.layers.loops`) and the pooling layer's numpy path: the same float32 bits. Inputs sit
 between NaN guards and outputs start as NaN, so a kernel that reads or writes past its arrays,
 or leaves an element unwritten, fails. Each runs with int and with long long indices. nvcc,
-where installed, builds the same source for sm_80 and sm_90 (CUDA-only errors)."""
+where installed, builds the same source, and the updater's (singa.updater_cuda), for sm_80 and
+sm_90 (CUDA-only errors)."""
 import os
 import shutil
 import subprocess
@@ -14,7 +15,8 @@ import pytest
 
 import cuda_shim
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
-from singa.layers import conv, cuda, kernels
+from singa import updater_cuda
+from singa.layers import conv, cuda, kernels, neuron
 
 loops = pytest.importorskip("singa.layers.loops")
 
@@ -205,6 +207,39 @@ def test_max_pooling_keeps_nan_and_leaves_argmax_alone_out_of_training(shim):
     assert argmax.ravel().tolist() == [0, 3, 3, 3]     # NaN equals nothing: tap 0, as numpy's
 
 
+@pytest.mark.parametrize("kind", ["relu", "sigmoid", "tanh", "stanh"])
+def test_each_activation_is_one_kernel_each_way(shim, kind):
+    """The layer's kernels against its numpy path: the gradient bit for bit (gx aliasing g
+    too, as share_src_blobs computes it); the forward bit for bit for ReLU, else to the
+    rounding of the C library's exp and tanh (numpy has its own)."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 2, (37, 29)).astype(np.float32)
+    x.flat[:6] = [0.0, -0.0, 1e-30, 40.0, -40.0, np.nan]
+    g = rng.normal(0, 1, x.shape).astype(np.float32)
+    forward, derivative = {"relu": (neuron._relu, neuron._relu_d),
+                           "sigmoid": (neuron.sigmoid, neuron._sigmoid_d),
+                           "tanh": (neuron._tanh, neuron._tanh_d),
+                           "stanh": (neuron._stanh, neuron._stanh_d)}[kind]
+    case, consts_f, consts_b = neuron._CUDA[forward]
+    want_y = np.empty_like(x)
+    forward(x, want_y)
+    d = np.empty_like(x)
+    derivative(want_y, d)
+    want_gx = g * d
+    y = shim.new(x.shape)
+    cuda.activation(case, shim.new(x), y, *consts_f)
+    if kind == "relu":
+        assert same_bits(y, want_y)
+    else:
+        np.testing.assert_allclose(y, want_y, rtol=3e-7, atol=1e-7)
+    gx = shim.new(x.shape)
+    cuda.activation_grad(case, shim.new(want_y), shim.new(g), gx, *consts_b)
+    assert same_bits(gx, want_gx)
+    inplace = shim.new(g)
+    cuda.activation_grad(case, shim.new(want_y), inplace, inplace, *consts_b)
+    assert same_bits(inplace, want_gx) and shim.intact()
+
+
 def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
     x, col = np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1, 3, 3), np.float32)
     run = cuda_shim.RawKernel(cuda.SOURCE, "im2col")
@@ -224,9 +259,10 @@ def test_on_a_gpu_convolution_and_pooling_choose_the_cuda_kernels():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_nvcc_builds_the_source(tmp_path, arch):
+@pytest.mark.parametrize("source", [cuda.SOURCE, updater_cuda.SOURCE], ids=["layers", "updater"])
+def test_nvcc_builds_the_source(tmp_path, arch, source):
     src = tmp_path / "kernels.cu"
-    src.write_text(cuda.SOURCE)
+    src.write_text(source)
     out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *cuda.OPTIONS, "-o",
                           os.fspath(tmp_path / "k.cubin"), os.fspath(src)],
                          capture_output=True, text=True)
