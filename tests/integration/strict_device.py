@@ -218,7 +218,7 @@ class _Event:
         pass
 
 
-_stream = types.SimpleNamespace(ptr=0)
+_stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
 
 cuda = types.SimpleNamespace(Device=_Device, Event=_Event,
                              alloc_pinned_memory=_Pinned,
