@@ -1,6 +1,6 @@
-"""Which compiled kernels convolution, pooling and the activations run: on a GPU our CUDA
-kernels (`singa.layers.cuda`); on the CPU numba's compiled loops (`singa.layers.loops`, the
-`fast` extra) where numba is installed, else numpy's.
+"""Which compiled kernels convolution, pooling, the activations and SoftmaxLoss run: on a GPU
+our CUDA kernels (`singa.layers.cuda`); on the CPU numba's compiled loops for convolution
+(`singa.layers.loops`, the `fast` extra) where numba is installed, else numpy's.
 
 SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give the same
 float32 bits (but for CUDA's exp and tanh in the activations), so a job may resume on any of
@@ -17,7 +17,7 @@ from singa.layers import cuda
 
 log = logging.getLogger("singa")
 
-__all__ = ["compiled", "pooling", "activations"]
+__all__ = ["compiled", "gpu"]
 
 CHOICES = ("numba", "numpy")
 
@@ -35,13 +35,9 @@ def compiled(device):
     return _loops()
 
 
-def pooling(device):
-    """Pooling's kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
-    return cuda if device.gpu is not None else None
-
-
-def activations(device):
-    """The activations' kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
+def gpu(device):
+    """singa.layers.cuda on a GPU, None (numpy's calls) on the CPU: the kernels of pooling,
+    the activations and SoftmaxLoss's ranking, whose numpy calls are fast on a CPU."""
     return cuda if device.gpu is not None else None
 
 

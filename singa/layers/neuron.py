@@ -102,7 +102,7 @@ class _Elementwise(Layer):
     pass runs by chunks of samples on the compute threads. The derivative
     goes to a scratch blob first so that gx may alias g (share_src_blobs); the blob is made
     at the first backward pass (a net that only runs forward never needs it). On a GPU
-    SINGA's activations are one kernel each way (`kernels.activations`).
+    SINGA's activations are one kernel each way (`kernels.gpu`).
     """
 
     feature_parts = True
@@ -117,7 +117,7 @@ class _Elementwise(Layer):
     def kernel(self):
         """(kernels module, case, forward constants, backward constants) where a GPU runs the
         activation as one kernel each way (`_CUDA`), else None: numpy's calls."""
-        fns, case = kernels.activations(self.device), _CUDA.get(self.forward)
+        fns, case = kernels.gpu(self.device), _CUDA.get(self.forward)
         return None if fns is None or case is None else (fns, *case)
 
     def compute_feature(self, flag, srclayers):
