@@ -31,3 +31,6 @@ echo "== bench_api.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_notice.py
+echo
+echo "== bench_gpu_launches.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_gpu_launches.py
