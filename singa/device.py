@@ -17,8 +17,8 @@ import numpy as np
 
 from singa.errors import ConfigError
 
-__all__ = ["CPU", "Device", "Uploader", "address", "assign", "check", "cupy", "host", "host_copy",
-           "is_host", "like", "module", "of_workers", "on"]
+__all__ = ["CPU", "Device", "Uploader", "address", "assign", "check", "cupy", "host",
+           "host_copy", "is_host", "like", "module", "of_workers", "on"]
 
 INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12; 'singa[gpu-cuda13]' for CUDA 13)"
 
@@ -132,8 +132,8 @@ class Uploader:
         staged = self._staged.get(id(dst))
         if staged is None:
             with on(dst):
-                pinned = np.frombuffer(xp.cuda.alloc_pinned_memory(dst.nbytes), dst.dtype,
-                                       dst.size).reshape(dst.shape)
+                pinned = np.ndarray(dst.shape, dst.dtype,
+                                    buffer=xp.cuda.alloc_pinned_memory(dst.nbytes))
                 staged = self._staged[id(dst)] = (dst, pinned, xp.cuda.Event(disable_timing=True))
         _, pinned, copied = staged
         copied.synchronize()

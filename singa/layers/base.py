@@ -29,6 +29,8 @@ of their compute_feature), which is what `data_for` (`labels_for`) gives the oth
 step waits for the GPU: these copies and the random draws go through `uploads` (pinned
 buffers), and metrics stay device scalars until they are read.
 """
+import functools
+
 import numpy as np
 
 from singa.device import CPU, Uploader, is_host
@@ -125,7 +127,6 @@ class Layer:
         self.rng = None
         self.metric_sums = {}
         self.metric_count = 0
-        self.uploads = Uploader()
 
     def setup(self, srclayers):
         raise NotImplementedError
@@ -135,6 +136,11 @@ class Layer:
 
     def compute_gradient(self, flag, srclayers):
         pass
+
+    @functools.cached_property
+    def uploads(self):
+        """The layer's host-to-device copies that do not wait (`device.Uploader`)."""
+        return Uploader()
 
     @property
     def xp(self):
