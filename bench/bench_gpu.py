@@ -2,6 +2,7 @@
 against ours on the CPU.
 
     python bench/bench_gpu.py [--rounds 3] [--steps 5] [--cpu-threads 2] [--nets mlp,lenet,cifar10]
+                              [--profile FILE]
 
 Nets: SINGA's MNIST MLP (examples/mnist/job.conf), LeNet (examples/mnist/conv.conf) and the
 cifar10 convnet (bench/cifar10_job.conf), each at SINGA's batch (64, 64, 100) and at 1024,
@@ -13,12 +14,18 @@ step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only.
 rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
 rest of a step is the Python, messaging and host-copy overhead the step pays.
 Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
+--profile FILE: then a profile of ours on the GPU (the MLP at batch 64), every thread of the
+runtime (worker, stub, servers) apart, into FILE: where the host's time goes.
 """
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import shutil
 import sys
 import tempfile
+import threading
 
 import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
@@ -95,12 +102,46 @@ def bench(net, batch, args):
             shutil.rmtree(f, ignore_errors=True)
 
 
+def profile_threads(path, net="mlp", batch=64, steps=30):
+    """cProfile of `steps` of ours on the GPU, each thread of the runtime apart, into `path`."""
+    profiles, run = [], threading.Thread.run
+
+    def profiled(thread):
+        prof = cProfile.Profile()
+        profiles.append((thread.name, prof))
+        prof.runcall(run, thread)
+    threading.Thread.run = profiled
+    folder = tempfile.mkdtemp(prefix="singa-bench-gpu-profile-")
+    try:
+        rt = Runtime(job_of(net, folder, batch, True))
+        step = synced(rt.train_step)
+        for _ in range(5):
+            step()
+        main = cProfile.Profile()
+        main.runcall(lambda: [step() for _ in range(steps)])
+        rt.close()
+    finally:
+        threading.Thread.run = run
+        shutil.rmtree(folder, ignore_errors=True)
+    with open(path, "w") as f:
+        f.write(f"{net} at batch {batch} on GPU 0: {steps} steps after 5, each thread apart\n")
+        for name, prof in [("worker (main thread)", main)] + profiles:
+            for key in ("tottime", "cumulative"):
+                out = io.StringIO()
+                stats = pstats.Stats(prof, stream=out)
+                stats.sort_stats(key).print_stats(25)
+                f.write(f"\n===== {name}: {stats.total_tt:.3f} s in all, by {key}\n")
+                f.write(out.getvalue())
+    print(f"profile of ours ({net}, batch {batch}) in {path}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="mlp,lenet,cifar10")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--cpu-threads", type=int, default=2)
+    ap.add_argument("--profile", metavar="FILE", help="then profile ours (see above) into FILE")
     args = ap.parse_args(argv)
     import cupy
     import torch
@@ -123,6 +164,8 @@ def main(argv=None):
             print_table(rows[-1:], HEADER)
     print(f"\nsummary, {args.rounds} rounds x {args.steps} steps per side, median ms/step:")
     print_table(rows, HEADER)
+    if args.profile:
+        profile_threads(args.profile)
     return 0
 
 

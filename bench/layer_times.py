@@ -2,6 +2,7 @@
 
     python bench/layer_times.py [--nets mlp,lenet,cifar10] [--threads 1,2] [--rounds 5]
                                 [--steps 6] [--clock wall|cpu] [--stat median|min]
+                                [--batch N] [--gpu]
 
 For each net (bench_mlp_step's MLP at batch 64, bench_conv's LeNet and cifar10 net) and each
 thread count, the full runtime as in those benches, timed by wrapping methods of its objects:
@@ -15,6 +16,9 @@ pass (other threads), so the parts do not add up to the step. With `--clock cpu`
 and the worker's parts are timed by the worker thread's CPU time instead: what holds on a
 machine shared with other work, but only at 1 thread (at more it misses the pool's share).
 `--stat min` takes the fastest round instead of the median (other work only adds time).
+`--batch N` sets every net's batch (default SINGA's: 64, 64, 100). `--gpu` runs the nets on
+GPU 0 (`gpu: 0`) and waits for the GPU before and after each layer's pass, so a layer's time is
+its kernels' and its launches' (the step's own time, without those waits, is bench_gpu.py's).
 """
 import argparse
 import os
@@ -32,22 +36,27 @@ from bench_mlp_step import Runtime, mlp_job, print_table
 from singa import threads
 
 
-def instrument(rt, worker_clock=time.perf_counter):
-    """Wrap rt's worker, layers, servers and stub; returns the dict of running totals (s)."""
+def instrument(rt, worker_clock=time.perf_counter, sync=None):
+    """Wrap rt's worker, layers, servers and stub; returns the dict of running totals (s).
+    `sync`: called before and after each layer's pass (waits for a GPU)."""
     acc = defaultdict(float)
 
-    def timed(key, fn, clock=worker_clock):
+    def timed(key, fn, clock=worker_clock, wait=lambda: None):
         def call(*a, **k):
+            wait()
             t0 = clock()
             try:
                 return fn(*a, **k)
             finally:
+                wait()
                 acc[key] += clock() - t0
         return call
 
     for layer in rt.worker.train_net.layers:
-        layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature)
-        layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient)
+        layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature,
+                                      wait=sync or (lambda: None))
+        layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient,
+                                       wait=sync or (lambda: None))
     w = rt.worker
     w.update = timed(("worker: send gradients", ""), w.update)
     for s in rt.process.servers:
@@ -58,9 +67,9 @@ def instrument(rt, worker_clock=time.perf_counter):
     return acc
 
 
-def measure(rt, rounds, steps, clock=time.perf_counter, stat=np.median):
+def measure(rt, rounds, steps, clock=time.perf_counter, stat=np.median, sync=None):
     """{key: `stat` over rounds of ms per step}, in the order keys first appeared."""
-    acc = instrument(rt, clock)
+    acc = instrument(rt, clock, sync)
     worker = rt.worker
     for _ in range(3):
         rt.train_step()
@@ -86,26 +95,36 @@ def measure(rt, rounds, steps, clock=time.perf_counter, stat=np.median):
     return {key: float(stat(v)) for key, v in per_round.items()}
 
 
-def run(net, nthreads, rounds, steps, clock, stat):
+def run(net, nthreads, rounds, steps, clock, stat, batch=None, gpu=False):
     workspace = tempfile.mkdtemp(prefix=f"singa-layer-times-{net}-")
     try:
-        job = mlp_job(workspace) if net == "mlp" else bench_conv.conv_job(net, workspace)
+        batch = batch or bench_conv.SINGA_BATCH.get(net, 64)
+        job = mlp_job(workspace, batch) if net == "mlp" else \
+            bench_conv.conv_job(net, workspace, batch)
+        sync = None
+        if gpu:
+            import cupy
+            job.gpu.append(0)
+            sync = cupy.cuda.get_current_stream().synchronize
         with threads.limit(nthreads):
             rt = Runtime(job)
             try:
+                if gpu:
+                    rt.worker.device.use()
                 return ([l.name for l in rt.worker.train_net.layers],
-                        measure(rt, rounds, steps, clock, stat))
+                        measure(rt, rounds, steps, clock, stat, sync))
             finally:
                 rt.close()
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
 
 
-def table(net, counts, rounds, steps, clock_name="wall", stat_name="median"):
+def table(net, counts, rounds, steps, clock_name="wall", stat_name="median", batch=None,
+          gpu=False):
     """Rows: each layer's forward and backward, then the runtime's parts, per thread count."""
     clock = time.thread_time if clock_name == "cpu" else time.perf_counter
     stat = np.min if stat_name == "min" else np.median
-    results = [run(net, n, rounds, steps, clock, stat) for n in counts]
+    results = [run(net, n, rounds, steps, clock, stat, batch, gpu) for n in counts]
     names = results[0][0]
     rows = []
     for name in names:
@@ -123,7 +142,8 @@ def table(net, counts, rounds, steps, clock_name="wall", stat_name="median"):
                 "step (worker clock)"):
         rows.append([key] + sum(([f"{r.get((key, ''), 0):.2f}", ""] for _, r in results), []))
     header = ["layer / part"] + sum(([f"fwd {n}t", f"bwd {n}t"] for n in counts), [])
-    print(f"{net}: ms per step ({clock_name} clock for the layers and the worker), {stat_name} "
+    print(f"{net}{' on GPU 0' if gpu else ''}, batch {batch or bench_conv.SINGA_BATCH.get(net, 64)}"
+          f": ms per step ({clock_name} clock for the layers and the worker), {stat_name} "
           f"of {rounds} rounds x {steps} steps")
     print_table(rows, header)
     print()
@@ -139,11 +159,14 @@ def main(argv=None):
                     help="the layers' and the worker's clock: wall, or the worker thread's CPU")
     ap.add_argument("--stat", choices=("median", "min"), default="median",
                     help="of the rounds' means per step")
+    ap.add_argument("--batch", type=int, help="every net's batch (default: SINGA's)")
+    ap.add_argument("--gpu", action="store_true", help="on GPU 0, waiting for it around each "
+                    "layer's pass")
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.threads.split(",")]
     print(f"cpus {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
     for net in args.nets.split(","):
-        table(net, counts, args.rounds, args.steps, args.clock, args.stat)
+        table(net, counts, args.rounds, args.steps, args.clock, args.stat, args.batch, args.gpu)
     return 0
 
 

@@ -34,3 +34,6 @@ echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo
 echo "== bench_input.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_input.py
+echo
+echo "== bench_gpu_launches.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_gpu_launches.py

@@ -3,7 +3,8 @@
 Layers, params and updaters allocate with their device's `xp` (numpy or cupy) and otherwise
 call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and 18): one code
 path serves both devices. Values cross between the host and a GPU only here: `host(a)` (device
-to host) and `assign(dst, src)` / `Device.put` (host to device); inside a process executors
+to host) and `assign(dst, src)` / `Device.put` / `Uploader` (host to device, the last without
+waiting for the GPU: a step's batch and random draws); inside a process executors
 hand GPU arrays to each other as they are (`singa.comm.socket`). Nothing imports CuPy until a
 job names a GPU.
 """
@@ -16,8 +17,8 @@ import numpy as np
 
 from singa.errors import ConfigError
 
-__all__ = ["CPU", "Device", "address", "assign", "check", "cupy", "host", "host_copy",
-           "is_host", "like", "module", "of_workers", "on"]
+__all__ = ["CPU", "Device", "Uploader", "address", "assign", "check", "cupy", "host",
+           "host_copy", "is_host", "like", "module", "of_workers", "on"]
 
 INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12; 'singa[gpu-cuda13]' for CUDA 13)"
 
@@ -110,6 +111,36 @@ def assign(dst, src):
         dst.set(np.ascontiguousarray(src.reshape(dst.shape), dst.dtype))
     else:
         dst[...] = module(dst).asarray(src)
+
+
+class Uploader:
+    """Copies host values into device arrays without the host waiting for the GPU: each
+    destination gets a pinned buffer of its own, refilled once its previous copy has finished,
+    from which an asynchronous copy runs on the current stream (a copy from pageable memory
+    would first wait for everything queued before it). For destinations that live as long as
+    the uploader (a layer's blobs); a host destination is simply assigned."""
+
+    def __init__(self):
+        self._staged = {}
+
+    def __call__(self, dst, src):
+        """dst[...] = src (host values of dst's size)."""
+        if is_host(dst):
+            np.copyto(dst, np.reshape(src, dst.shape), casting="unsafe")
+            return
+        xp = module(dst)
+        staged = self._staged.get(id(dst))
+        if staged is None:
+            with on(dst):
+                pinned = np.ndarray(dst.shape, dst.dtype,
+                                    buffer=xp.cuda.alloc_pinned_memory(dst.nbytes))
+                staged = self._staged[id(dst)] = (dst, pinned, xp.cuda.Event(disable_timing=True))
+        _, pinned, copied = staged
+        copied.synchronize()
+        np.copyto(pinned, np.reshape(src, dst.shape), casting="unsafe")
+        with on(dst):
+            dst.set(pinned, stream=xp.cuda.get_current_stream())
+            copied.record()
 
 
 def cupy():

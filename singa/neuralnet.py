@@ -94,12 +94,16 @@ class NeuralNet:
                 self.dynamic_srclayer(layer)
 
     def _mirror_host_layers(self):
-        """Give each host layer read by a layer on the GPU a GPU copy of its data (`mirror`)."""
+        """Give each host layer read by a layer on the GPU a GPU copy of its data (`mirror`)
+        and of its labels (`aux_mirror`)."""
         read = {s.name for layer in self.layers if not layer.one_to_many
                 for s in self.srclayers[layer.name]}
+        xp = self.device.xp
         for layer in self.layers:
             if layer.one_to_many and layer.name in read and is_host(layer.data):
-                layer.mirror = self.device.xp.zeros(layer.data.shape, layer.data.dtype)
+                layer.mirror = xp.zeros(layer.data.shape, layer.data.dtype)
+                if layer.aux_data is not None:
+                    layer.aux_mirror = xp.zeros(layer.aux_data.shape, layer.aux_data.dtype)
 
     def connect_partitions(self):
         """Tell each bridge layer its peer, and each Slice which destination reads which part

@@ -28,10 +28,12 @@ def check_loss(net, step):
     error) is nan or inf, naming the first layer (in forward order) whose params or output hold
     such values."""
     for layer in net.layers:
+        if not layer.metric_sums or math.isfinite(sum(layer.metric_sums.values())):
+            continue    # one read of a layer's sums (device scalars on a GPU: one wait)
         for name, value in layer.metric_sums.items():
             if not math.isfinite(value):
                 raise NonFiniteError(f"step {step}: the {name.lower()} of layer '{layer.name}' "
-                                     f"is {value}; {first_non_finite(net)}")
+                                     f"is {float(value)}; {first_non_finite(net)}")
 
 
 def check_params(params, step):

@@ -9,6 +9,7 @@ its inputs: same inputs, same bytes.
 
 import numpy as np
 
+from singa import updater_cuda as cu
 from singa.device import is_host
 from singa.errors import CheckpointError, ConfigError
 from singa.proto import job_pb2
@@ -184,7 +185,8 @@ class Updater:
 
     `grad` is used as scratch. The weight-decay term takes one more param-sized array from the
     Updater's scratch array (each server owns its Updater), which grows to the largest param
-    and is then reused.
+    and is then reused. On a GPU the prelude and rule are one kernel (`singa.updater_cuda`,
+    the subclass's `fused`), with the same bits.
     """
     clips = False   # SINGA clips only in SGD, Nesterov, AdaGrad and RMSProp
     linear = False  # rule is linear in g: grad_scale can fold into lr when there is no decay
@@ -211,12 +213,17 @@ class Updater:
         lr = F32(self.lr_gen(step)) * F32(lr_scale)
         wd = self.weight_decay * F32(wd_scale)
         scale = F32(grad_scale)
-        if self.clip is not None:
-            np.clip(grad, *self.clip, out=grad)
-        if self.linear and not wd > 0:
+        fold = self.linear and not wd > 0
+        if fold:
             # lr*(s*g) == (lr*s)*g up to one rounding: saves a full pass over the param
             lr = lr * scale
-        else:
+        if not is_host(data) and all(a.flags.c_contiguous for a in (data, grad, *buffers)):
+            cu.update(*self.fused(), data, grad, buffers, lr, self.clip,
+                      None if fold or scale == 1 else scale, wd if not fold and wd > 0 else None)
+            return
+        if self.clip is not None:
+            np.clip(grad, *self.clip, out=grad)
+        if not fold:
             if scale != 1:
                 grad *= scale
             if wd > 0:
@@ -240,6 +247,10 @@ class SGDUpdater(Updater):
         super().__init__(proto)
         self.nstate = 1 if self.momentum > 0 else 0
 
+    def fused(self):
+        """(the rule's updater_cuda kernel case, its constants)"""
+        return (cu.MOMENTUM, (self.momentum,)) if self.nstate else (cu.SGD, ())
+
     def _rule(self, w, g, buffers, lr):
         g *= lr
         if self.nstate:
@@ -255,6 +266,9 @@ class NesterovUpdater(Updater):
     """h_old = h; h = momentum*h + lr*g; w = w - ((1+momentum)*h - momentum*h_old)"""
     clips = True
     linear = True
+
+    def fused(self):
+        return cu.NESTEROV, (self.momentum, F32(1) + self.momentum)
 
     def _rule(self, w, g, buffers, lr):
         h = buffers[0]
@@ -276,6 +290,9 @@ class AdaGradUpdater(Updater):
     clips = True
     delta_fixed = F32(1e-8)
 
+    def fused(self):
+        return cu.ADAGRAD, (self.delta_fixed,)
+
     def _rule(self, w, g, buffers, lr):
         h = buffers[0]
         t = self._scratch(w)
@@ -294,6 +311,9 @@ class RMSPropUpdater(Updater):
             raise ConfigError("updater: kRMSProp needs rmsprop_conf { rho: ... }")
         self.rho = F32(proto.rmsprop_conf.rho)
 
+    def fused(self):
+        return cu.RMSPROP, (self.delta, self.rho, F32(1) - self.rho)
+
     def _rule(self, w, g, buffers, lr):
         h = buffers[0]
         t = self._scratch(w)
@@ -309,6 +329,9 @@ class AdaDeltaUpdater(Updater):
     def __init__(self, proto):
         super().__init__(proto)
         self.rho = F32(proto.adadelta_conf.rho)
+
+    def fused(self):
+        return cu.ADADELTA, (self.delta, self.rho, F32(1) - self.rho)
 
     def _rule(self, w, g, buffers, lr):
         h, u = buffers
@@ -331,6 +354,10 @@ class AdamUpdater(Updater):
         self.beta1 = F32(proto.adam_conf.beta1)
         self.beta2 = F32(proto.adam_conf.beta2)
 
+    def fused(self):
+        return cu.ADAM, (self.delta, F32(1) - self.beta1, F32(1) - self.beta2, self.beta1,
+                         self.beta2)
+
     def _rule(self, w, g, buffers, lr):
         h, u = buffers
         t = self._scratch(w)
@@ -349,6 +376,9 @@ class AdamMaxUpdater(Updater):
         super().__init__(proto)
         self.beta1 = F32(proto.adammax_conf.beta1)
         self.beta2 = F32(proto.adammax_conf.beta2)
+
+    def fused(self):
+        return cu.ADAMMAX, (self.delta, F32(1) - self.beta1, self.beta2, self.beta1)
 
     def _rule(self, w, g, buffers, lr):
         h, u = buffers

@@ -22,7 +22,9 @@ import tempfile
 import numpy as np
 
 HEADER = r"""
+#include <cmath>
 #include <cstring>
+using std::isnan;
 struct uint3 { unsigned x, y, z; };
 static thread_local uint3 threadIdx, blockIdx, blockDim, gridDim;
 #define __global__

@@ -23,13 +23,17 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 `device` (`singa.device.Device`, set before `setup`) is where the layer computes: it allocates
 its blobs with `self.xp` (numpy or cupy) and draws random numbers on the host. Input and
-parser layers (`one_to_many`) compute on the host; on a GPU net they keep a copy of `data` on
-the GPU (`mirror`, refreshed by `publish()` at the end of their compute_feature), which is what
-`data_for` gives the other layers.
+parser layers (`one_to_many`) compute on the host; on a GPU net they keep a copy of `data` (and
+of the labels `aux_data`) on the GPU (`mirror`, `aux_mirror`, refreshed by `publish()` at the end
+of their compute_feature), which is what `data_for` (`labels_for`) gives the other layers. No
+step waits for the GPU: these copies and the random draws go through `uploads` (pinned
+buffers), and metrics stay device scalars until they are read.
 """
+import functools
+
 import numpy as np
 
-from singa.device import CPU, assign, is_host
+from singa.device import CPU, Uploader, is_host
 from singa.errors import ConfigError
 from singa.param import Param
 from singa.proto import job_pb2
@@ -107,8 +111,9 @@ class Layer:
     #: (partition_dim 1 over several workers); a layer of your own opts in by setting it.
     feature_parts = False
     device = CPU
-    #: the GPU copy of `data` of a layer computed on the host (see the module docstring)
-    mirror = None
+    #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
+    #: docstring)
+    mirror = aux_mirror = None
 
     def __init__(self, conf):
         self.conf = conf
@@ -132,6 +137,11 @@ class Layer:
     def compute_gradient(self, flag, srclayers):
         pass
 
+    @functools.cached_property
+    def uploads(self):
+        """The layer's host-to-device copies that do not wait (`device.Uploader`)."""
+        return Uploader()
+
     @property
     def xp(self):
         """The array module of the layer's device: numpy or cupy."""
@@ -141,6 +151,11 @@ class Layer:
         return self.data if self.mirror is None or getattr(dst, "one_to_many", False) \
             else self.mirror
 
+    def labels_for(self, dst):
+        """The labels `aux_data` where `dst` computes (its GPU copy for a layer on the GPU)."""
+        return self.aux_data if self.aux_mirror is None or getattr(dst, "one_to_many", False) \
+            else self.aux_mirror
+
     def draw(self, out, method="random"):
         """Fill `out` with float32 draws of `rng` (`random`: U[0, 1); `standard_normal`), made
         on the host in the same order on either device, so a GPU run draws a CPU run's numbers."""
@@ -149,18 +164,22 @@ class Layer:
             return
         values = np.empty(out.shape, np.float32)
         getattr(self.rng, method)(dtype=np.float32, out=values)
-        assign(out, values)
+        self.uploads(out, values)
 
     def publish(self):
-        """Copy `data` to its GPU mirror (if any): the end of a host layer's compute_feature."""
+        """Copy `data` and `aux_data` to their GPU mirrors (if any): the end of a host layer's
+        compute_feature."""
         if self.mirror is not None:
-            assign(self.mirror, self.data)
+            self.uploads(self.mirror, self.data)
+        if self.aux_mirror is not None:
+            self.uploads(self.aux_mirror, self.aux_data)
 
     def grad_for(self, dst):
         return self.grad
 
     def add_metrics(self, values, count=1):
-        """Add {name: value}, the sums over `count` more batches, to what `metrics` averages."""
+        """Add {name: value}, the sums over `count` more batches, to what `metrics` averages;
+        a value may be a device scalar (a 0-d array), summed on its device until it is read."""
         for name, value in values.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
         self.metric_count += count
@@ -169,7 +188,8 @@ class Layer:
         """{name: sum / count} of what was added since the last call, then reset; {} if nothing."""
         if not self.metric_count:
             return {}
-        means = {name: value / self.metric_count for name, value in self.metric_sums.items()}
+        means = {name: float(value) / self.metric_count
+                 for name, value in self.metric_sums.items()}
         self.metric_sums, self.metric_count = {}, 0
         return means
 

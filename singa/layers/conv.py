@@ -599,7 +599,7 @@ class PoolingLayer(Layer):
     argmaxes (np.add.at: overlapping windows may share one). AVG reduces windows separably:
     over their rows into (N, C, oh, W+2p), then over their columns. Both run by chunks of
     samples on the compute threads. On a GPU each pass is one of our CUDA kernels
-    (`kernels.pooling`), which pad as they read and add in the same orders (the backward
+    (`kernels.gpu`), which pad as they read and add in the same orders (the backward
     passes gather: each input cell sums its windows' gradients): the same bits.
     With `global_pooling` (ours, Caffe's) the window is the whole H × W: y (N, C, 1, 1) is
     the max (g to the first argmax) or the mean (gx = g/(H·W)) of each plane, in one
@@ -628,7 +628,7 @@ class PoolingLayer(Layer):
         self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4, is_host(self.data))
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.window, self.stride = (kh, kw), (sh, sw)
-        self._kernels = kernels.pooling(self.device)
+        self._kernels = kernels.gpu(self.device)
         if self._kernels is not None:
             if self.is_max:
                 self._argmax = self.xp.zeros(self.data.shape, np.int32)

@@ -1,10 +1,12 @@
-"""Convolution's copies, its direct small-group loops and pooling as CUDA kernels of our own
-(CuPy RawKernels, chosen by `kernels.compiled` and `kernels.pooling` on a GPU): one launch
-each where numpy's calls make one per kernel tap.
+"""Convolution's copies, its direct small-group loops, pooling and the activations as CUDA
+kernels of our own (CuPy RawKernels, chosen by `kernels.compiled` and `kernels.gpu` on a
+GPU): one launch each where numpy's calls make one per kernel tap (or per operation of an
+activation), and SoftmaxLoss's ranking of the labels and its gradient.
 
 The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
 order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
-float32 bits (`--fmad=false`: no fused multiply-adds). Every kernel is a gather, one thread
+float32 bits (`--fmad=false`: no fused multiply-adds); the activations' gradients do too, and
+their forward passes differ from numpy's only in CUDA's exp and tanh. Every kernel is a gather, one thread
 per output element summing its terms in a fixed order: no atomic adds, so a run is
 deterministic. Each is compiled from SOURCE at its first call on a device, then cached by
 CuPy (per device, and on disk). tests/unit/test_cuda_kernels.py runs SOURCE compiled by g++.
@@ -17,9 +19,12 @@ from singa.device import module
 
 __all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
-           "avg_pool_backward"]
+           "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
+           "activation_grad", "top_k_hits", "softmax_loss_grad", "lrn", "lrn_grad"]
 
 OPTIONS = ("--fmad=false",)
+
+RELU, SIGMOID, TANH, STANH = range(4)
 
 THREADS = 256
 MAX_BLOCKS = 1 << 16          # grid-stride loops beyond 16 M threads
@@ -34,6 +39,7 @@ SOURCE = r"""
     for (I t = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; t < (I)(total); \
          t += (I)blockDim.x * (I)gridDim.x)
 #define BOTH(f, ...) if (thin) f<int>(__VA_ARGS__); else f<long long>(__VA_ARGS__)
+#define EACH_LL(t, total) typedef long long I; EACH(t, total)
 
 // col[c, i, j, n, y, z] = x[n, c, y*sh + i - ph, z*sw + j - pw], 0 outside x; x is
 // (b, ., h, w) with strides (sn, sc) of its first two axes in elements.
@@ -310,6 +316,151 @@ extern "C" __global__ void avg_pool_backward(
         long long pw, long long sh, long long sw, long long thin) {
     BOTH(avg_pool_backward_, gy, size, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
 }
+
+// hit[n] = 1 if fewer than topk entries of row n of p (N, D) rank above p[n, label[n]], else 0;
+// (p, index) pairs rank descending, so among equal p the higher index ranks first (SINGA's).
+extern "C" __global__ void top_k_hits(
+        const float* p, const int* label, int* hit, long long nrows, long long d,
+        long long topk) {
+    EACH_LL(n, nrows) {
+        const float* row = p + n * d;
+        I k = label[n], above = 0;
+        float t = row[k];
+        for (I j = 0; j < d; ++j)
+            above += row[j] > t || (row[j] == t && j > k);
+        hit[n] = above < topk;
+    }
+}
+
+// LRN over the window of `size` channels centred on c (across), or of size × size pixels
+// centred on (r, q) (within: the sum over rows, then over columns), terms outside being 0,
+// added in norm.py's order: w[0] + w[1], then + w[2], ... (in[] of the whole sample).
+template <typename I> __device__ float window_(
+        const float* in, bool square, I n, I c, I r, I q, I nc, I h, I w, I size, I within) {
+    I half = size / 2;
+    #define TERM(cc, rr, qq) (INSIDE(rr, qq, h, w) && (cc) >= 0 && (cc) < nc ? \
+        (square ? in[((n * nc + (cc)) * h + (rr)) * w + (qq)] * \
+                  in[((n * nc + (cc)) * h + (rr)) * w + (qq)] \
+                : in[((n * nc + (cc)) * h + (rr)) * w + (qq)]) : 0.0f)
+    if (!within) {
+        float s = TERM(c - half, r, q);
+        if (size == 1) return s;
+        s = s + TERM(c - half + 1, r, q);
+        for (I k = 2; k < size; ++k) s += TERM(c - half + k, r, q);
+        return s;
+    }
+    float s = 0.0f;
+    for (I j = 0; j < size; ++j) {
+        float col = TERM(c, r - half, q - half + j);
+        if (size > 1) col = col + TERM(c, r - half + 1, q - half + j);
+        for (I k = 2; k < size; ++k) col += TERM(c, r - half + k, q - half + j);
+        if (j == 0) s = col; else if (j == 1) s = s + col; else s += col;
+    }
+    return s;
+    #undef TERM
+}
+
+// norm = k + salpha·Σ_window x²; scale = norm^(−beta) (1/(√norm·√√norm) for 0.75); y = x·scale.
+template <typename I> __device__ void lrn_(
+        const float* x, float* y, float* norm, float* scale, I nn, I nc, I h, I w, I size,
+        I within, float salpha, float knorm, float beta) {
+    EACH(t, nn * nc * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h; u /= h;
+        I c = u % nc, n = u / nc;
+        float v = window_(x, true, n, c, r, q, nc, h, w, size, within);
+        v = v * salpha; v = v + knorm;
+        norm[t] = v;
+        float e;
+        if (beta == 0.75f) { e = sqrtf(v); float f = sqrtf(e); e = e * f; e = 1.0f / e; }
+        else { e = logf(v); e = e * -beta; e = expf(e); }
+        scale[t] = e;
+        y[t] = x[t] * e;
+    }
+}
+
+extern "C" __global__ void lrn(
+        const float* x, float* y, float* norm, float* scale, long long nn, long long nc,
+        long long h, long long w, long long size, long long within, float salpha, float knorm,
+        float beta, long long thin) {
+    BOTH(lrn_, x, y, norm, scale, nn, nc, h, w, size, within, salpha, knorm, beta);
+}
+
+// LRN's gradient: gx = g·scale + coef·x·Σ_window(g·y/norm), coef = −2·beta·salpha; `inner`
+// (scratch) holds g·y/norm, written by lrn_inner first.
+template <typename I> __device__ void lrn_inner_(
+        const float* g, const float* y, const float* norm, float* inner, I total) {
+    EACH(t, total) { float v = g[t] * y[t]; inner[t] = v / norm[t]; }
+}
+
+extern "C" __global__ void lrn_inner(
+        const float* g, const float* y, const float* norm, float* inner, long long total,
+        long long thin) {
+    BOTH(lrn_inner_, g, y, norm, inner, total);
+}
+
+template <typename I> __device__ void lrn_grad_(
+        const float* x, const float* g, const float* scale, const float* inner, float* gx,
+        I nn, I nc, I h, I w, I size, I within, float coef) {
+    EACH(t, nn * nc * h * w) {
+        I q = t % w, u = t / w;
+        I r = u % h; u /= h;
+        I c = u % nc, n = u / nc;
+        float a = window_(inner, false, n, c, r, q, nc, h, w, size, within);
+        a = a * x[t]; a = a * coef;
+        float v = g[t] * scale[t];
+        gx[t] = v + a;
+    }
+}
+
+extern "C" __global__ void lrn_grad(
+        const float* x, const float* g, const float* scale, const float* inner, float* gx,
+        long long nn, long long nc, long long h, long long w, long long size, long long within,
+        float coef, long long thin) {
+    BOTH(lrn_grad_, x, g, scale, inner, gx, nn, nc, h, w, size, within, coef);
+}
+
+// g[n, j] = (p[n, j] − [j = label[n]])·scale: SoftmaxLoss's gradient (p − onehot)·scale/N.
+extern "C" __global__ void softmax_loss_grad(
+        const float* p, const int* label, float* g, long long nrows, long long d,
+        float scale) {
+    EACH_LL(t, nrows * d) {
+        float v = p[t];
+        if (t % d == label[t / d]) v = v - 1.0f;
+        g[t] = v * scale;
+    }
+}
+
+// y = f(x): 0 ReLU max(x, 0) (np.maximum: NaN wins, a tie gives +0); 1 sigmoid
+// 1/(1 + e^-x); 2 tanh; 3 STanh a·tanh(b·x). y may be x.
+extern "C" __global__ void activation(
+        const float* x, float* y, long long n, int f, float a, float b) {
+    EACH_LL(t, n) {
+        float v = x[t];
+        switch (f) {
+        case 0: y[t] = isnan(v) ? v : (v > 0.0f ? v : 0.0f); break;
+        case 1: v = -v; v = expf(v); v = v + 1.0f; y[t] = 1.0f / v; break;
+        case 2: y[t] = tanhf(v); break;
+        case 3: v = v * b; v = tanhf(v); y[t] = v * a; break;
+        }
+    }
+}
+
+// gx = g·f'(y), f' from y: 0 ReLU [y > 0]; 1 sigmoid (1 − y)·y; 2 tanh 1 − y²;
+// 3 STanh y²·a + b (a = −B/A, b = A·B). gx may be g.
+extern "C" __global__ void activation_grad(
+        const float* y, const float* g, float* gx, long long n, int f, float a, float b) {
+    EACH_LL(t, n) {
+        float v = y[t], d;
+        switch (f) {
+        case 0: d = v > 0.0f ? 1.0f : 0.0f; break;
+        case 1: d = 1.0f - v; d = d * v; break;
+        case 2: d = v * v; d = 1.0f - d; break;
+        default: d = v * v; d = d * a; d = d + b; break;
+        }
+        gx[t] = g[t] * d;
+    }
+}
 """
 
 
@@ -413,6 +564,69 @@ def avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx):
     _back(out, gx)
 
 
+def activation(f, x, y, a=0.0, b=0.0):
+    """y = f(x) elementwise for f in RELU, SIGMOID, TANH, STANH (a·tanh(b·x)); y may be x."""
+    out = _into(y)
+    _kernel(module(y), "activation")(*grid(y.size), (
+        _contiguous(x), out, np.int64(y.size), np.int32(f), np.float32(a), np.float32(b)))
+    _back(out, y)
+
+
+def activation_grad(f, y, g, gx, a=0.0, b=0.0):
+    """gx = g·f'(y) elementwise, f' computed from y (STanh: y²·a + b); gx may be g."""
+    out = _into(gx)
+    _kernel(module(gx), "activation_grad")(*grid(gx.size), (
+        _contiguous(y), _contiguous(g), out, np.int64(gx.size), np.int32(f), np.float32(a),
+        np.float32(b)))
+    _back(out, gx)
+
+
+def top_k_hits(p, labels, topk, hit):
+    """hit[n] = [fewer than topk entries of p[n] rank above p[n, labels[n]]] (int32), ties
+    ranked by the higher index first. Returns hit."""
+    n, d = p.shape
+    _kernel(module(p), "top_k_hits")(*grid(n), (
+        _contiguous(p), _contiguous(labels.astype(np.int32, copy=False)), _out(hit),
+        np.int64(n), np.int64(d), np.int64(topk)))
+    return hit
+
+
+def lrn(x, size, within, salpha, knorm, beta, y, norm, scale):
+    """LRNLayer's forward (norm.py): norm = knorm + salpha·Σ_window x², scale =
+    norm^−beta, y = x·scale, windows across channels or `within` them; y, norm, scale
+    C-contiguous."""
+    nn, nc, h, w = y.shape
+    _launch("lrn", y.size, _contiguous(x), _out(y), _out(norm), _out(scale), nn, nc, h, w,
+            size, int(within), np.float32(salpha), np.float32(knorm), np.float32(beta))
+
+
+def lrn_grad(x, y, g, norm, scale, size, within, coef, inner, gx):
+    """LRNLayer's gradient: gx = g·scale + coef·x·Σ_window(g·y/norm), `inner` (x's shape,
+    C-contiguous) holding g·y/norm on the way."""
+    nn, nc, h, w = gx.shape
+    _launch("lrn_inner", gx.size, _contiguous(g), _contiguous(y), _contiguous(norm),
+            _out(inner), gx.size)
+    out = _into(gx)
+    _launch("lrn_grad", gx.size, _contiguous(x), _contiguous(g), _contiguous(scale), inner,
+            out, nn, nc, h, w, size, int(within), np.float32(coef))
+    _back(out, gx)
+
+
+def softmax_loss_grad(p, labels, scale, g):
+    """g = (p − onehot(labels))·scale for p (N, D) and float32 `scale`; g may be p."""
+    n, d = p.shape
+    out = _into(g)
+    _kernel(module(p), "softmax_loss_grad")(*grid(p.size), (
+        _contiguous(p), _contiguous(labels.astype(np.int32, copy=False)), out, np.int64(n),
+        np.int64(d), np.float32(scale)))
+    _back(out, g)
+
+
+def grid(total):
+    """(blocks, threads) of a grid-stride launch over `total` elements."""
+    return (max(1, min(-(-total // THREADS), MAX_BLOCKS)),), (THREADS,)
+
+
 @functools.cache
 def _kernel(xp, name):
     return xp.RawKernel(SOURCE, name, options=OPTIONS)
@@ -423,11 +637,11 @@ def _launch(name, total, *args):
     integer args as int64, then `thin` (see INT_INDEX_LIMIT)."""
     if total == 0:
         return
-    blocks = min(-(-total // THREADS), MAX_BLOCKS)
+    dims = grid(total)
     arrays = [a for a in args if not isinstance(a, (int, np.integer))]
-    thin = max(total, *(a.size for a in arrays)) + blocks * THREADS < INT_INDEX_LIMIT
+    thin = max(total, *(a.size for a in arrays)) + dims[0][0] * THREADS < INT_INDEX_LIMIT
     _kernel(module(arrays[0]), name)(
-        (blocks,), (THREADS,),
+        *dims,
         tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args + (thin,)))
 
 

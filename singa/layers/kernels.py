@@ -1,9 +1,10 @@
-"""Which compiled kernels convolution and pooling run: on a GPU our CUDA kernels
-(`singa.layers.cuda`); on the CPU numba's compiled loops (`singa.layers.loops`, the `fast`
-extra) where numba is installed, else numpy's.
+"""Which compiled kernels convolution, pooling, the activations and SoftmaxLoss run: on a GPU
+our CUDA kernels (`singa.layers.cuda`); on the CPU numba's compiled loops for convolution
+(`singa.layers.loops`, the `fast` extra) where numba is installed, else numpy's.
 
 SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give the same
-float32 bits, so a job may resume on any of them. A layer chooses at its setup.
+float32 bits (but for CUDA's exp and tanh in the activations), so a job may resume on any of
+them. A layer chooses at its setup.
 """
 import functools
 import importlib
@@ -16,7 +17,7 @@ from singa.layers import cuda
 
 log = logging.getLogger("singa")
 
-__all__ = ["compiled", "pooling"]
+__all__ = ["compiled", "gpu"]
 
 CHOICES = ("numba", "numpy")
 
@@ -34,8 +35,9 @@ def compiled(device):
     return _loops()
 
 
-def pooling(device):
-    """Pooling's kernels: singa.layers.cuda on a GPU, None (numpy's) on the CPU."""
+def gpu(device):
+    """singa.layers.cuda on a GPU, None (numpy's calls) on the CPU: the kernels of pooling,
+    the activations and SoftmaxLoss's ranking, whose numpy calls are fast on a CPU."""
     return cuda if device.gpu is not None else None
 
 

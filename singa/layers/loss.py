@@ -2,6 +2,7 @@
 import numpy as np
 
 from singa.errors import ConfigError, DataError
+from singa.layers import kernels
 from singa.layers.base import Layer, register
 from singa.layers.ops import softmax
 from singa.proto import job_pb2
@@ -36,6 +37,8 @@ class SoftmaxLossLayer(Layer):
         self._rowmax = self.xp.empty((n, 1), np.float32)
         self._rows = self.xp.arange(n)
         self._cols = self.xp.arange(self.data.shape[1])
+        self._kernels = kernels.gpu(self.device)     # ranking and gradient: a launch each
+        self._hit = self.xp.empty(n, np.int32)
 
     def _labels(self, srclayers):
         labels = srclayers[1].aux_data
@@ -47,7 +50,7 @@ class SoftmaxLossLayer(Layer):
         if bad.size:
             raise DataError(f"layer '{self.name}': label {bad[0]} from source "
                             f"'{srclayers[1].name}' is outside [0, {dim})")
-        return self.device.put(labels)
+        return self.device.put(srclayers[1].labels_for(self))
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -55,10 +58,13 @@ class SoftmaxLossLayer(Layer):
         softmax(x.reshape(p.shape), p, self._rowmax)
         labels = self._labels(srclayers)
         truth = p[self._rows, labels]
-        loss = -float(np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum())
-        # SINGA ranks (p, index) pairs descending, so among equal p the higher index ranks first.
-        above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
-        hits = int(np.count_nonzero(above.sum(axis=1) < self.topk))
+        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
+        if self._kernels:
+            hits = np.count_nonzero(self._kernels.top_k_hits(p, labels, self.topk, self._hit))
+        else:
+            # SINGA ranks (p, index) pairs descending: among equal p the higher index first.
+            above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
+            hits = np.count_nonzero(above.sum(axis=1) < self.topk)
         n = p.shape[0]
         metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
         self.add_metrics({k: metrics[k] for k in self.shown})
@@ -68,9 +74,14 @@ class SoftmaxLossLayer(Layer):
         if gsrc is None:
             return
         g = gsrc.reshape(self.data.shape)
+        labels = self.device.put(srclayers[1].labels_for(self))
+        scale = np.float32(self.scale) / np.float32(g.shape[0])
+        if self._kernels:
+            self._kernels.softmax_loss_grad(self.data, labels, scale, g)
+            return
         np.copyto(g, self.data)
-        g[self._rows, self.device.put(srclayers[1].aux_data)] -= 1
-        g *= np.float32(self.scale) / np.float32(g.shape[0])
+        g[self._rows, labels] -= 1
+        g *= scale
 
     #: the metrics shown, in order
     shown = ("Loss", "accuracy")
@@ -109,7 +120,7 @@ class EuclideanLossLayer(Layer):
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
         d = self._diff
         np.subtract(r, t.reshape(r.shape), out=d)
-        self.add_metrics({"Loss": float(np.dot(d.ravel(), d.ravel())) / d.shape[0]})
+        self.add_metrics({"Loss": np.dot(d.ravel(), d.ravel()).astype(np.float64) / d.shape[0]})
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)

@@ -1,4 +1,5 @@
 """Neuron layers other than convolution and normalisation: InnerProduct, activations, Dropout, Softmax, Dummy (src/neuralnet/neuron_layer/)."""
+import functools
 import math
 
 import numpy as np
@@ -6,6 +7,7 @@ import numpy as np
 from singa import threads
 from singa.device import assign
 from singa.errors import ConfigError
+from singa.layers import cuda, kernels
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid, softmax
 from singa.param import cut
@@ -99,7 +101,8 @@ class _Elementwise(Layer):
     Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d); the forward
     pass runs by chunks of samples on the compute threads. The derivative
     goes to a scratch blob first so that gx may alias g (share_src_blobs); the blob is made
-    at the first backward pass (a net that only runs forward never needs it).
+    at the first backward pass (a net that only runs forward never needs it). On a GPU
+    SINGA's activations are one kernel each way (`kernels.gpu`).
     """
 
     feature_parts = True
@@ -110,17 +113,33 @@ class _Elementwise(Layer):
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._d = None
 
+    @functools.cached_property
+    def kernel(self):
+        """(kernels module, case, forward constants, backward constants) where a GPU runs the
+        activation as one kernel each way (`_CUDA`), else None: numpy's calls."""
+        fns, case = kernels.gpu(self.device), _CUDA.get(self.forward)
+        return None if fns is None or case is None else (fns, *case)
+
     def compute_feature(self, flag, srclayers):
         x, y = srclayers[0].data_for(self), self.data
+        if self.kernel:
+            fns, case, consts, _ = self.kernel
+            fns.activation(case, x, y, *consts)
+            return
         threads.by_samples(lambda rows: self.forward(x[rows], y[rows]), y)
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
-        if gsrc is not None:
-            if self._d is None:
-                self._d = np.empty_like(self.data)
-            self.derivative(self.data, self._d)
-            np.multiply(self.grad, self._d, out=gsrc)
+        if gsrc is None:
+            return
+        if self.kernel:
+            fns, case, _, consts = self.kernel
+            fns.activation_grad(case, self.data, self.grad, gsrc, *consts)
+            return
+        if self._d is None:
+            self._d = np.empty_like(self.data)
+        self.derivative(self.data, self._d)
+        np.multiply(self.grad, self._d, out=gsrc)
 
 
 def _relu(x, y):
@@ -155,6 +174,12 @@ def _stanh_d(y, d):
     np.multiply(y, y, out=d)
     d *= -STANH_B / STANH_A
     d += STANH_A * STANH_B
+
+
+#: the activations' cases of singa.layers.cuda's kernels, with their constants (forward: y =
+#: a·tanh(b·x); backward: f' = y²·a + b)
+_CUDA = {_relu: (cuda.RELU, (), ()), sigmoid: (cuda.SIGMOID, (), ()), _tanh: (cuda.TANH, (), ()),
+         _stanh: (cuda.STANH, (STANH_A, STANH_B), (-STANH_B / STANH_A, STANH_A * STANH_B))}
 
 
 @register(job_pb2.kReLU)

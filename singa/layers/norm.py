@@ -4,6 +4,7 @@ import numpy as np
 from singa import threads
 from singa.device import host, is_host
 from singa.errors import ConfigError
+from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
@@ -37,7 +38,8 @@ class LRNLayer(Layer):
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
     norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
-    cost of either power). Chunks of samples run on the compute threads.
+    cost of either power). Chunks of samples run on the compute threads; on a GPU a kernel
+    each way (`kernels.gpu`, two for the gradient) computes the same terms in the same order.
     """
 
     def setup(self, srclayers):
@@ -52,12 +54,16 @@ class LRNLayer(Layer):
         self.salpha = np.float32(lc.alpha / self.size ** (2 if self.within else 1))
         self.beta = np.float32(lc.beta)
         self.knorm = np.float32(lc.knorm)
+        self._coef = -2 * self.beta * self.salpha     # the gradient's −2αβ/n, float32
         n, c, h, w = src.shape
         self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.norm = np.empty_like(self.data)
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
+        self._kernels = kernels.gpu(self.device)
+        if self._kernels:
+            return      # the kernels read x and g·y/norm in place: no padded copies
         half = self.size // 2
         # channels (or rows and columns) padded with zeros so that every window is a slice
         if self.within:
@@ -104,6 +110,10 @@ class LRNLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
+        if self._kernels:
+            self._kernels.lrn(x, self.size, self.within, self.salpha, self.knorm, self.beta,
+                              self.data, self.norm, self.scale)
+            return
         threads.run(lambda i, _: self._forward(x, self.chunks[i]), len(self.chunks))
 
     def _forward(self, x, r):
@@ -120,6 +130,10 @@ class LRNLayer(Layer):
         if gsrc is None:
             return
         x = srclayers[0].data_for(self)
+        if self._kernels:
+            self._kernels.lrn_grad(x, self.data, self.grad, self.norm, self.scale, self.size,
+                                   self.within, self._coef, self._acc, gsrc)
+            return
         threads.run(lambda i, _: self._backward(x, gsrc, self.chunks[i]), len(self.chunks))
 
     def _backward(self, x, gsrc, r):
@@ -128,7 +142,7 @@ class LRNLayer(Layer):
         inner /= self.norm[r]
         self._window_sum(r, acc)
         acc *= x[r]
-        acc *= -2 * self.beta * self.salpha
+        acc *= self._coef
         np.multiply(self.grad[r], self.scale[r], out=gsrc[r])
         gsrc[r] += acc
 

@@ -64,7 +64,7 @@ class RBMVisLayer(Layer):
             sigmoid(v, v)
             if flag & kTest:
                 d = np.subtract(self.pos_data, v, out=self._diff).ravel()
-                error = float(np.dot(d, d)) / self.batchsize
+                error = np.dot(d, d).astype(np.float64) / self.batchsize
         self.add_metrics({"Squared Error": error})
 
     def compute_gradient(self, flag, srclayers):

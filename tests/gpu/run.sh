@@ -2,8 +2,10 @@
 # The whole GPU check in one command, for a machine with an NVIDIA GPU whose python3 has numpy,
 # CuPy, numba and torch but maybe not the rest (no registry needed): tests/gpu, then
 # bench/bench_gpu.py (GPU against torch on the same GPU, and our CPU), the log in
-# $OUT/gpu.log (default ./gpu-check/). Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX,
-# pytest and its three: docs/gpu.md says how to fetch them) are installed to /tmp/site first.
+# $OUT/gpu.log (default ./gpu-check/), a profile of ours in $OUT/gpu-profile.txt, then each
+# layer's GPU time at batch 1024 (bench/layer_times.py --gpu) in the log. Wheels in
+# .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three: docs/gpu.md says how to
+# fetch them) are installed to /tmp/site first.
 # Exit status: pytest's.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -18,6 +20,8 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 tests/gpu
   echo "pytest exit $?"
-  (cd bench && timeout 300 python3 bench_gpu.py)
+  (cd bench && timeout 300 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
+  (cd bench && timeout 120 python3 layer_times.py --gpu --batch 1024 --threads 1 --rounds 3 \
+     --steps 4)
 } 2>&1 | tee "$OUT/gpu.log"
 grep -q "^pytest exit 0$" "$OUT/gpu.log"

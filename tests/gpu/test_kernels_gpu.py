@@ -1,7 +1,7 @@
-"""Our CUDA kernels (singa/layers/cuda.py) on GPU 0 against the CPU: each kernel against
-numba's loops on the same inputs, and a net of pooling layers against numpy's pooling, the
-same float32 bytes (the kernels add in the CPU's order, NVRTC with --fmad=false: no fused
-multiply-adds; no atomics)."""
+"""Our CUDA kernels on GPU 0 against the CPU: each of singa/layers/cuda.py's against numba's
+loops on the same inputs, a net of pooling layers against numpy's pooling, and each update
+rule of singa/updater_cuda.py against numpy's calls: the same float32 bytes (the kernels add
+in the CPU's order, NVRTC with --fmad=false: no fused multiply-adds; no atomics)."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -10,6 +10,7 @@ from test_layers_gpu import blobs, run
 from singa import device
 from singa.layers import cuda
 from singa.proto import job_pb2
+from singa.updater import create_updater
 
 loops = pytest.importorskip("singa.layers.loops")
 
@@ -91,3 +92,27 @@ def test_pooling_layers_give_the_cpus_bytes():
     for key, ours in cpu.items():
         if "loss" not in key:
             assert gpu[key].tobytes() == ours.tobytes(), key
+
+
+@pytest.mark.parametrize("conf", [
+    "type: kSGD weight_decay: 0.01", "type: kSGD momentum: 0.9 clip_low: -0.1 clip_high: 0.1",
+    "type: kNesterov momentum: 0.9 weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1",
+    "type: kAdaGrad", "type: kRMSProp delta: 1e-6 rmsprop_conf { rho: 0.95 }",
+    "type: kAdaDelta delta: 1e-6 adadelta_conf { rho: 0.9 } weight_decay: 0.01",
+    "type: kAdam delta: 1e-6", "type: kAdamMax delta: 1e-6 adammax_conf { beta1: 0.8 beta2: 0.99 }"])
+def test_each_update_rule_as_one_kernel_gives_the_hosts_bytes(conf):
+    """singa.updater_cuda on the GPU against numpy's calls on the host, over steps with grad
+    and lr scales (NVRTC: IEEE division and square root, no fused multiply-adds)."""
+    proto = text_format.Parse(f"{conf} learning_rate {{ type: kFixed base_lr: 0.1 }}",
+                              job_pb2.UpdaterProto())
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, 1, 100_003).astype(np.float32)
+    grads = rng.normal(0, 0.3, (3, w.size)).astype(np.float32)
+    runs = []
+    for dev in (device.CPU, device.Device(0)):
+        up = create_updater(proto)
+        data, state = dev.put(w.copy()), up.new_state(w.shape, dev.xp)
+        for step, g in enumerate(grads):
+            up.update(step, data, dev.put(g.copy()), state, lr_scale=2.0, grad_scale=0.5)
+        runs.append([device.host(a).tobytes() for a in (data, *state)])
+    assert runs[1] == runs[0]

@@ -3,12 +3,16 @@ do, so that the CPU tests find the code that would break on a GPU: an operation 
 array (numpy's) with a device array, a host array as an index or as an assigned value, a
 device array handed to the buffer protocol (`bytes`, ZeroMQ), atomic adds (`ufunc.at`),
 float64 creeping into device arrays. Device arrays are `DevArray`s; host <-> device only
-through `asarray`, `DevArray.get` and `DevArray.set`, as with CuPy.
+through `asarray`, `DevArray.get` and `DevArray.set`, as with CuPy. It counts the bytes that
+cross (`moved`) and the host's waits for the GPU (`waits`): a device value read on the host
+(`get`, `float`, `int`, `bool`, `item`) and a copy to the device from pageable memory; a copy
+from pinned memory (`cuda.alloc_pinned_memory`) on a stream does not wait.
 
 `installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
 import collections
+import operator
 import sys
 import types
 
@@ -39,8 +43,11 @@ def _plain(v):
 
 
 def _dev(v):
+    """Results on the device: arrays, and scalars as 0-d arrays (CuPy's reductions)."""
     if type(v) is np.ndarray:
         return v.view(DevArray)
+    if isinstance(v, np.generic):
+        return np.asarray(v).view(DevArray)
     if isinstance(v, tuple):
         return tuple(_dev(x) for x in v)
     if isinstance(v, list):
@@ -50,6 +57,8 @@ def _dev(v):
 
 #: bytes copied between host and device, each way
 moved = collections.Counter()
+#: the host's waits for the GPU, by kind: "read" (a device value on the host), "pageable copy"
+waits = collections.Counter()
 
 
 class DevArray(np.ndarray):
@@ -82,6 +91,8 @@ class DevArray(np.ndarray):
         result = func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
         if "out" in kwargs and kwargs["out"] is not None:
             return kwargs["out"]
+        if func is np.count_nonzero and isinstance(result, int):
+            result = np.intp(result)
         return _dev(result)
 
     def __getitem__(self, index):
@@ -102,15 +113,38 @@ class DevArray(np.ndarray):
     def get(self):
         """A host copy (cupy.ndarray.get)."""
         moved["to host"] += self.nbytes
+        waits["read"] += 1
         return np.array(self.view(np.ndarray))
 
-    def set(self, values):
-        """Copy host `values` of the same shape and dtype in (cupy.ndarray.set)."""
+    def _read(self, convert):
+        waits["read"] += 1
+        return convert(self.view(np.ndarray))
+
+    def __float__(self):
+        return self._read(float)
+
+    def __int__(self):
+        return self._read(int)
+
+    def __index__(self):
+        return self._read(operator.index)
+
+    def __bool__(self):
+        return self._read(bool)
+
+    def item(self, *args):
+        return self._read(lambda a: a.item(*args))
+
+    def set(self, values, stream=None):
+        """Copy host `values` of the same shape and dtype in (cupy.ndarray.set): asynchronous
+        from pinned memory on a `stream`, else the host waits."""
         if type(values) is not np.ndarray or values.shape != self.shape or \
                 values.dtype != self.dtype:
             raise StrictError(f"set: needs a host array of shape {self.shape} and dtype "
                               f"{self.dtype}, got {type(values).__name__}")
         moved["to device"] += values.nbytes
+        if stream is None or not _pinned(values):
+            waits["pageable copy"] += 1
         np.copyto(self.view(np.ndarray), values)
 
 
@@ -120,6 +154,7 @@ def asarray(a, dtype=None):
         return a
     a = np.array(_plain(a), dtype=dtype)
     moved["to device"] += a.nbytes
+    waits["pageable copy"] += 1
     return a.view(DevArray)
 
 
@@ -159,7 +194,35 @@ class _Device:
         _Device.current = self.outer
 
 
-cuda = types.SimpleNamespace(Device=_Device,
+class _Pinned(bytearray):
+    """Page-locked host memory (cupy.cuda.alloc_pinned_memory)."""
+
+
+def _pinned(a):
+    """True when host array `a` lies in pinned memory."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    return isinstance(a.obj if isinstance(a, memoryview) else a, _Pinned)
+
+
+class _Event:
+    """cupy.cuda.Event: every launch here has finished when it returns."""
+
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.recorded = False
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def synchronize(self):
+        pass
+
+
+_stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+
+cuda = types.SimpleNamespace(Device=_Device, Event=_Event,
+                             alloc_pinned_memory=_Pinned,
+                             get_current_stream=lambda: _stream,
                              runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
 
 

@@ -3,7 +3,8 @@
 (`singa.layers.loops`) and the pooling layer's numpy path: the same float32 bits. Inputs sit
 between NaN guards and outputs start as NaN, so a kernel that reads or writes past its arrays,
 or leaves an element unwritten, fails. Each runs with int and with long long indices. nvcc,
-where installed, builds the same source for sm_80 and sm_90 (CUDA-only errors)."""
+where installed, builds the same source, and the updater's (singa.updater_cuda), for sm_80 and
+sm_90 (CUDA-only errors)."""
 import os
 import shutil
 import subprocess
@@ -14,7 +15,8 @@ import pytest
 
 import cuda_shim
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
-from singa.layers import conv, cuda, kernels
+from singa import updater_cuda
+from singa.layers import conv, cuda, kernels, neuron
 
 loops = pytest.importorskip("singa.layers.loops")
 
@@ -194,6 +196,33 @@ def test_pooling_kernels_give_the_layers_bits(shim, layer_type, pool, window, sh
     assert same_bits(y, layer.data) and same_bits(gx, src.grad) and shim.intact()
 
 
+@pytest.mark.parametrize("lrn", [
+    "local_size: 3 alpha: 5e-05 beta: 0.75", "local_size: 5 alpha: 0.001 beta: 0.75 knorm: 2",
+    "local_size: 1 alpha: 0.1 beta: 0.75", "local_size: 3 alpha: 0.1 beta: 0.75 "
+    "norm_region: WITHIN_CHANNEL", "local_size: 5 alpha: 0.01 beta: 0.5"])
+def test_lrn_kernels_give_the_layers_bits(shim, lrn):
+    """Forward and backward against the layer's numpy path, across and within channels:
+    bit for bit, but for beta other than 0.75 (then norm^−β is CUDA's exp and log)."""
+    rng = np.random.default_rng(6)
+    src = Source(rng.standard_normal((3, 7, 6, 5)).astype(np.float32))
+    layer = make_layer(f'name: "lrn" type: kLRN lrn_conf {{ {lrn} }}', [src])
+    layer.compute_feature(FORWARD, [src])
+    layer.grad[...] = rng.standard_normal(layer.grad.shape)
+    layer.compute_gradient(BACKWARD, [src])
+    y, norm, scale = (shim.new(layer.data.shape) for _ in range(3))
+    x, g = shim.new(src.data), shim.new(layer.grad)
+    cuda.lrn(x, layer.size, layer.within, layer.salpha, layer.knorm, layer.beta, y, norm, scale)
+    gx, inner = shim.new(src.data.shape), shim.new(src.data.shape)
+    cuda.lrn_grad(x, shim.new(layer.data), g, shim.new(layer.norm), shim.new(layer.scale),
+                  layer.size, layer.within, layer._coef, inner, gx)
+    assert same_bits(norm, layer.norm) and shim.intact()
+    if layer.beta == 0.75:
+        assert same_bits(y, layer.data) and same_bits(gx, src.grad)
+    else:
+        np.testing.assert_allclose(y, layer.data, rtol=1e-6)
+        np.testing.assert_allclose(gx, src.grad, rtol=1e-5, atol=1e-6)
+
+
 def test_max_pooling_keeps_nan_and_leaves_argmax_alone_out_of_training(shim):
     x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     x[0, 0, 0, 1] = np.nan
@@ -203,6 +232,67 @@ def test_max_pooling_keeps_nan_and_leaves_argmax_alone_out_of_training(shim):
     assert (argmax == 9).all()
     cuda.max_pool(x, 2, 2, 0, 0, 2, 2, y, argmax, True)
     assert argmax.ravel().tolist() == [0, 3, 3, 3]     # NaN equals nothing: tap 0, as numpy's
+
+
+@pytest.mark.parametrize("kind", ["relu", "sigmoid", "tanh", "stanh"])
+def test_each_activation_is_one_kernel_each_way(shim, kind):
+    """The layer's kernels against its numpy path: the gradient bit for bit (gx aliasing g
+    too, as share_src_blobs computes it); the forward bit for bit for ReLU, else to the
+    rounding of the C library's exp and tanh (numpy has its own)."""
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 2, (37, 29)).astype(np.float32)
+    x.flat[:6] = [0.0, -0.0, 1e-30, 40.0, -40.0, np.nan]
+    g = rng.normal(0, 1, x.shape).astype(np.float32)
+    forward, derivative = {"relu": (neuron._relu, neuron._relu_d),
+                           "sigmoid": (neuron.sigmoid, neuron._sigmoid_d),
+                           "tanh": (neuron._tanh, neuron._tanh_d),
+                           "stanh": (neuron._stanh, neuron._stanh_d)}[kind]
+    case, consts_f, consts_b = neuron._CUDA[forward]
+    want_y = np.empty_like(x)
+    forward(x, want_y)
+    d = np.empty_like(x)
+    derivative(want_y, d)
+    want_gx = g * d
+    y = shim.new(x.shape)
+    cuda.activation(case, shim.new(x), y, *consts_f)
+    if kind == "relu":
+        assert same_bits(y, want_y)
+    else:
+        np.testing.assert_allclose(y, want_y, rtol=3e-7, atol=1e-7)
+    gx = shim.new(x.shape)
+    cuda.activation_grad(case, shim.new(want_y), shim.new(g), gx, *consts_b)
+    assert same_bits(gx, want_gx)
+    inplace = shim.new(g)
+    cuda.activation_grad(case, shim.new(want_y), inplace, inplace, *consts_b)
+    assert same_bits(inplace, want_gx) and shim.intact()
+
+
+@pytest.mark.parametrize("topk", [1, 3])
+def test_top_k_hits_rank_as_softmax_loss_does(shim, topk):
+    """The label's rank among its row, ties broken by the higher index (SoftmaxLoss's numpy
+    path), on rows with ties at and around the label."""
+    rng = np.random.default_rng(4)
+    p = rng.integers(0, 4, (200, 7)).astype(np.float32) / 4     # many ties
+    labels = rng.integers(0, 7, 200).astype(np.int32)
+    t = p[np.arange(200), labels][:, None]
+    above = (p > t) | ((p == t) & (np.arange(7) > labels[:, None]))
+    want = (above.sum(axis=1) < topk).astype(np.int32)
+    hit = shim.new((200,), np.int32)
+    assert same_bits(cuda.top_k_hits(shim.new(p), shim.new(labels, np.int32), topk, hit), want)
+    assert shim.intact() and 0 < want.sum() < 200
+
+
+def test_softmax_loss_grad_gives_the_layers_bits(shim):
+    rng = np.random.default_rng(5)
+    p = rng.random((33, 10), np.float32)
+    labels = rng.integers(0, 10, 33).astype(np.int32)
+    scale = np.float32(0.5) / np.float32(33)
+    want = p.copy()
+    want[np.arange(33), labels] -= 1
+    want *= scale
+    g = shim.new((33, 10))
+    cuda.softmax_loss_grad(shim.new(p), shim.new(labels, np.int32), scale, g)
+    assert same_bits(g, want) and shim.intact()
 
 
 def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
@@ -218,15 +308,16 @@ def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
 
 def test_on_a_gpu_convolution_and_pooling_choose_the_cuda_kernels():
     gpu, cpu = types.SimpleNamespace(gpu=0), types.SimpleNamespace(gpu=None)
-    assert kernels.compiled(gpu) is cuda and kernels.pooling(gpu) is cuda
-    assert kernels.pooling(cpu) is None and kernels.compiled(cpu) is not cuda
+    assert kernels.compiled(gpu) is cuda and kernels.gpu(gpu) is cuda
+    assert kernels.gpu(cpu) is None and kernels.compiled(cpu) is not cuda
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_nvcc_builds_the_source(tmp_path, arch):
+@pytest.mark.parametrize("source", [cuda.SOURCE, updater_cuda.SOURCE], ids=["layers", "updater"])
+def test_nvcc_builds_the_source(tmp_path, arch, source):
     src = tmp_path / "kernels.cu"
-    src.write_text(cuda.SOURCE)
+    src.write_text(source)
     out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *cuda.OPTIONS, "-o",
                           os.fspath(tmp_path / "k.cubin"), os.fspath(src)],
                          capture_output=True, text=True)

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
+import cuda_shim
+from singa import updater, updater_cuda
 from singa.errors import CheckpointError, ConfigError
 from singa.proto import job_pb2
 from singa.updater import create_lr_generator, create_updater
@@ -130,6 +132,37 @@ def test_clipping_applies_only_where_singa_clips(name):
     np.testing.assert_allclose(w, w64, rtol=2e-5, atol=2e-6)
     unclipped, _ = run_both(name, grad_scale=0.5)
     assert np.array_equal(w, unclipped) != CASES[name][3]
+
+
+@pytest.mark.parametrize("extra, scales", [
+    ("", (1.0, 1.0, 1.0)), ("", (2.0, 1.0, 0.25)),
+    ("weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1", (2.0, 3.0, 0.25)),
+    ("weight_decay: 0.01 clip_low: 0 clip_high: 0.2", (1.0, 1.0, 1.0))])
+@pytest.mark.parametrize("name", CASES)
+def test_the_gpu_kernel_of_each_rule_gives_the_bits_of_the_numpy_path(name, extra, scales,
+                                                                       monkeypatch):
+    """updater_cuda's kernel (built by g++, tests/cuda_shim.py) against numpy's calls: the same
+    bytes of the param and its buffers over steps, on gradients holding zeros of both signs,
+    the clip bounds themselves, and tiny and huge values."""
+    if cuda_shim.compiler() is None:
+        pytest.skip("no C++ compiler (g++, c++ or $CXX) to build the CUDA source with")
+    rng = np.random.default_rng(7)
+    w0 = rng.normal(0, 1, 600).astype(np.float32)
+    w0[:4] = [0.0, -0.0, 1e-30, 3e18]
+    grads = rng.normal(0, 0.3, (4, 600)).astype(np.float32)
+    grads[:, :8] = [0.0, -0.0, 0.1, -0.1, 0.2, 1e-30, -1e-38, 1e18]
+    runs = []
+    for fused in (False, True):
+        if fused:
+            monkeypatch.setattr(updater, "is_host", lambda a: False)
+            monkeypatch.setattr(updater_cuda, "_kernel",
+                                lambda xp: cuda_shim.RawKernel(updater_cuda.SOURCE, "update"))
+        up = create_updater(updater_proto(CASES[name][0] + " " + extra))
+        w, state = w0.copy(), up.new_state(w0.shape)
+        for step, g in enumerate(grads):
+            up.update(step, w, g.copy(), state, *scales)
+        runs.append([a.tobytes() for a in (w, *state)])
+    assert runs[1] == runs[0]
 
 
 def test_clipping_is_off_unless_high_above_low():
