@@ -11,6 +11,7 @@ job names a GPU.
 import contextlib
 import importlib
 import importlib.util
+import os
 import sys
 
 import numpy as np
@@ -19,6 +20,9 @@ from singa.errors import ConfigError
 
 __all__ = ["CPU", "Device", "Uploader", "address", "assign", "check", "cupy", "host",
            "host_copy", "is_host", "like", "module", "of_workers", "on"]
+
+#: CuPy's switch to a default stream per thread (see `check`)
+PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
 
 INSTALL = "pip install 'singa[gpu]' (CuPy for CUDA 12; 'singa[gpu-cuda13]' for CUDA 13)"
 
@@ -167,9 +171,16 @@ def of_workers(ids, workers, make=True):
 
 def check(ids, what="gpu"):
     """ConfigError unless every id of `ids` names a visible CUDA device (ids none: nothing
-    to check, and CuPy is not imported)."""
+    to check, and CuPy is not imported), and CuPy's threads share CUDA's legacy default
+    stream: a worker's kernels and its servers' updates, queued by different threads, run in
+    the order of their messages only on that one stream."""
     if not ids:
         return
+    if os.environ.get(PER_THREAD_STREAM, "0") not in ("", "0"):
+        raise ConfigError(f"{what}: {list(ids)} with {PER_THREAD_STREAM} set: a job's worker "
+                          f"and server threads order their work on a GPU by CUDA's one legacy "
+                          f"default stream, which that setting replaces by a stream per "
+                          f"thread; unset it")
     xp = cupy()
     try:
         count = xp.cuda.runtime.getDeviceCount()

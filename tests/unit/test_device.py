@@ -54,6 +54,16 @@ def test_a_conf_with_gpu_fails_at_its_line_without_cupy(tmp_path):
     assert list(config.load_job(str(tmp_path / "job.conf"), check_paths=False).gpu) == [0]
 
 
+def test_a_default_stream_per_thread_is_refused_at_the_gpu_line(tmp_path, monkeypatch):
+    """A worker's kernels and its servers' updates come from different threads: with CuPy's
+    stream per thread nothing would order them."""
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+    text = GOOD.replace('name: "t"\n', 'name: "t"\ngpu: 0\n', 1)
+    expect_error(tmp_path, text, "gpu: 0", "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM set")
+    monkeypatch.setenv("CUPY_CUDA_PER_THREAD_DEFAULT_STREAM", "0")
+    device.check([])
+
+
 @pytest.mark.skipif(not HAS_CUPY, reason="CuPy is not installed")
 def test_with_cupy_but_no_device_the_check_says_cuda_sees_none():
     cupy = pytest.importorskip("cupy")
