@@ -1,5 +1,5 @@
 """SINGA's update rules as one CUDA kernel each (a CuPy RawKernel), the updater's path for a
-slice on a GPU: one launch per slice and step where numpy's calls make 2 to 12.
+slice on a GPU: one launch per slice and step where numpy's calls make 2 to 19.
 
 Each thread updates one element with `singa.updater`'s prelude and rule, operation by
 operation in numpy's order and float32 rounding (`--fmad=false`; IEEE division and square
