@@ -148,13 +148,11 @@ class Layer:
         return self.device.xp
 
     def data_for(self, dst):
-        return self.data if self.mirror is None or getattr(dst, "one_to_many", False) \
-            else self.mirror
+        return _where(dst, self.data, self.mirror)
 
     def labels_for(self, dst):
         """The labels `aux_data` where `dst` computes (its GPU copy for a layer on the GPU)."""
-        return self.aux_data if self.aux_mirror is None or getattr(dst, "one_to_many", False) \
-            else self.aux_mirror
+        return _where(dst, self.aux_data, self.aux_mirror)
 
     def draw(self, out, method="random"):
         """Fill `out` with float32 draws of `rng` (`random`: U[0, 1); `standard_normal`), made
@@ -195,3 +193,8 @@ class Layer:
 
     def __repr__(self):
         return f"{type(self).__name__}({self.name!r})"
+
+
+def _where(dst, blob, mirror):
+    """A host layer's `blob`, or its GPU `mirror` (if any) for a `dst` that is no host layer."""
+    return blob if mirror is None or getattr(dst, "one_to_many", False) else mirror

@@ -39,7 +39,6 @@ SOURCE = r"""
     for (I t = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; t < (I)(total); \
          t += (I)blockDim.x * (I)gridDim.x)
 #define BOTH(f, ...) if (thin) f<int>(__VA_ARGS__); else f<long long>(__VA_ARGS__)
-#define EACH_LL(t, total) typedef long long I; EACH(t, total)
 
 // col[c, i, j, n, y, z] = x[n, c, y*sh + i - ph, z*sw + j - pw], 0 outside x; x is
 // (b, ., h, w) with strides (sn, sc) of its first two axes in elements.
@@ -319,10 +318,9 @@ extern "C" __global__ void avg_pool_backward(
 
 // hit[n] = 1 if fewer than topk entries of row n of p (N, D) rank above p[n, label[n]], else 0;
 // (p, index) pairs rank descending, so among equal p the higher index ranks first (SINGA's).
-extern "C" __global__ void top_k_hits(
-        const float* p, const int* label, int* hit, long long nrows, long long d,
-        long long topk) {
-    EACH_LL(n, nrows) {
+template <typename I> __device__ void top_k_hits_(
+        const float* p, const int* label, int* hit, I nrows, I d, I topk) {
+    EACH(n, nrows) {
         const float* row = p + n * d;
         I k = label[n], above = 0;
         float t = row[k];
@@ -330,6 +328,12 @@ extern "C" __global__ void top_k_hits(
             above += row[j] > t || (row[j] == t && j > k);
         hit[n] = above < topk;
     }
+}
+
+extern "C" __global__ void top_k_hits(
+        const float* p, const int* label, int* hit, long long nrows, long long d,
+        long long topk, long long thin) {
+    BOTH(top_k_hits_, p, label, hit, nrows, d, topk);
 }
 
 // LRN over the window of `size` channels centred on c (across), or of size × size pixels
@@ -421,21 +425,26 @@ extern "C" __global__ void lrn_grad(
 }
 
 // g[n, j] = (p[n, j] − [j = label[n]])·scale: SoftmaxLoss's gradient (p − onehot)·scale/N.
-extern "C" __global__ void softmax_loss_grad(
-        const float* p, const int* label, float* g, long long nrows, long long d,
-        float scale) {
-    EACH_LL(t, nrows * d) {
+template <typename I> __device__ void softmax_loss_grad_(
+        const float* p, const int* label, float* g, I nrows, I d, float scale) {
+    EACH(t, nrows * d) {
         float v = p[t];
         if (t % d == label[t / d]) v = v - 1.0f;
         g[t] = v * scale;
     }
 }
 
+extern "C" __global__ void softmax_loss_grad(
+        const float* p, const int* label, float* g, long long nrows, long long d,
+        float scale, long long thin) {
+    BOTH(softmax_loss_grad_, p, label, g, nrows, d, scale);
+}
+
 // y = f(x): 0 ReLU max(x, 0) (np.maximum: NaN wins, a tie gives +0); 1 sigmoid
 // 1/(1 + e^-x); 2 tanh; 3 STanh a·tanh(b·x). y may be x.
-extern "C" __global__ void activation(
-        const float* x, float* y, long long n, int f, float a, float b) {
-    EACH_LL(t, n) {
+template <typename I> __device__ void activation_(
+        const float* x, float* y, I n, I f, float a, float b) {
+    EACH(t, n) {
         float v = x[t];
         switch (f) {
         case 0: y[t] = isnan(v) ? v : (v > 0.0f ? v : 0.0f); break;
@@ -446,11 +455,17 @@ extern "C" __global__ void activation(
     }
 }
 
+extern "C" __global__ void activation(
+        const float* x, float* y, long long n, long long f, float a, float b,
+        long long thin) {
+    BOTH(activation_, x, y, n, f, a, b);
+}
+
 // gx = g·f'(y), f' from y: 0 ReLU [y > 0]; 1 sigmoid (1 − y)·y; 2 tanh 1 − y²;
 // 3 STanh y²·a + b (a = −B/A, b = A·B). gx may be g.
-extern "C" __global__ void activation_grad(
-        const float* y, const float* g, float* gx, long long n, int f, float a, float b) {
-    EACH_LL(t, n) {
+template <typename I> __device__ void activation_grad_(
+        const float* y, const float* g, float* gx, I n, I f, float a, float b) {
+    EACH(t, n) {
         float v = y[t], d;
         switch (f) {
         case 0: d = v > 0.0f ? 1.0f : 0.0f; break;
@@ -460,6 +475,12 @@ extern "C" __global__ void activation_grad(
         }
         gx[t] = g[t] * d;
     }
+}
+
+extern "C" __global__ void activation_grad(
+        const float* y, const float* g, float* gx, long long n, long long f, float a, float b,
+        long long thin) {
+    BOTH(activation_grad_, y, g, gx, n, f, a, b);
 }
 """
 
@@ -567,17 +588,15 @@ def avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx):
 def activation(f, x, y, a=0.0, b=0.0):
     """y = f(x) elementwise for f in RELU, SIGMOID, TANH, STANH (a·tanh(b·x)); y may be x."""
     out = _into(y)
-    _kernel(module(y), "activation")(*grid(y.size), (
-        _contiguous(x), out, np.int64(y.size), np.int32(f), np.float32(a), np.float32(b)))
+    _launch("activation", y.size, _contiguous(x), out, y.size, f, np.float32(a), np.float32(b))
     _back(out, y)
 
 
 def activation_grad(f, y, g, gx, a=0.0, b=0.0):
     """gx = g·f'(y) elementwise, f' computed from y (STanh: y²·a + b); gx may be g."""
     out = _into(gx)
-    _kernel(module(gx), "activation_grad")(*grid(gx.size), (
-        _contiguous(y), _contiguous(g), out, np.int64(gx.size), np.int32(f), np.float32(a),
-        np.float32(b)))
+    _launch("activation_grad", gx.size, _contiguous(y), _contiguous(g), out, gx.size, f,
+            np.float32(a), np.float32(b))
     _back(out, gx)
 
 
@@ -585,9 +604,7 @@ def top_k_hits(p, labels, topk, hit):
     """hit[n] = [fewer than topk entries of p[n] rank above p[n, labels[n]]] (int32), ties
     ranked by the higher index first. Returns hit."""
     n, d = p.shape
-    _kernel(module(p), "top_k_hits")(*grid(n), (
-        _contiguous(p), _contiguous(labels.astype(np.int32, copy=False)), _out(hit),
-        np.int64(n), np.int64(d), np.int64(topk)))
+    _launch("top_k_hits", n, _contiguous(p), _labels(labels), _out(hit), n, d, topk)
     return hit
 
 
@@ -616,9 +633,8 @@ def softmax_loss_grad(p, labels, scale, g):
     """g = (p − onehot(labels))·scale for p (N, D) and float32 `scale`; g may be p."""
     n, d = p.shape
     out = _into(g)
-    _kernel(module(p), "softmax_loss_grad")(*grid(p.size), (
-        _contiguous(p), _contiguous(labels.astype(np.int32, copy=False)), out, np.int64(n),
-        np.int64(d), np.float32(scale)))
+    _launch("softmax_loss_grad", p.size, _contiguous(p), _labels(labels), out, n, d,
+            np.float32(scale))
     _back(out, g)
 
 
@@ -643,6 +659,11 @@ def _launch(name, total, *args):
     _kernel(module(arrays[0]), name)(
         *dims,
         tuple(np.int64(a) if isinstance(a, (int, np.integer)) else a for a in args + (thin,)))
+
+
+def _labels(labels):
+    """Class labels as the kernels read them: C-contiguous int32."""
+    return _contiguous(labels.astype(np.int32, copy=False))
 
 
 def _contiguous(a):
