@@ -18,10 +18,11 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  python3 -m pytest -q -p no:cacheprovider -rfEs --durations=15 tests/gpu
+  timeout 330 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=15 \
+    -o faulthandler_timeout=150 tests/gpu
   echo "pytest exit $?"
-  (cd bench && timeout 300 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
-  (cd bench && timeout 120 python3 layer_times.py --gpu --batch 1024 --threads 1 --rounds 3 \
+  (cd bench && timeout 200 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
+  (cd bench && timeout 60 python3 layer_times.py --gpu --batch 1024 --threads 1 --rounds 3 \
      --steps 4)
 } 2>&1 | tee "$OUT/gpu.log"
 grep -q "^pytest exit 0$" "$OUT/gpu.log"
