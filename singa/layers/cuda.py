@@ -1,7 +1,7 @@
 """Convolution's copies, its direct small-group loops, pooling and the activations as CUDA
 kernels of our own (CuPy RawKernels, chosen by `kernels.compiled` and `kernels.gpu` on a
 GPU): one launch each where numpy's calls make one per kernel tap (or per operation of an
-activation), and SoftmaxLoss's ranking of the labels and its gradient.
+activation), and SoftmaxLoss's forward and its gradient.
 
 The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
 order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
@@ -20,7 +20,7 @@ from singa.device import module
 __all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
            "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
-           "activation_grad", "top_k_hits", "softmax_loss_grad", "lrn", "lrn_grad"]
+           "activation_grad", "softmax_loss", "softmax_loss_grad", "lrn", "lrn_grad"]
 
 OPTIONS = ("--fmad=false",)
 
@@ -316,24 +316,52 @@ extern "C" __global__ void avg_pool_backward(
     BOTH(avg_pool_backward_, gy, size, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
 }
 
-// hit[n] = 1 if fewer than topk entries of row n of p (N, D) rank above p[n, label[n]], else 0;
-// (p, index) pairs rank descending, so among equal p the higher index ranks first (SINGA's).
-template <typename I> __device__ void top_k_hits_(
-        const float* p, const int* label, int* hit, I nrows, I d, I topk) {
+// SoftmaxLoss's forward on x (N, D), row n by thread n: p[n] = exp(x[n] − max) / Σ_j (in
+// index order; max NaN if any x[n, j] is), loss[n] = −log(max(p[n, label], FLT_MIN)) in
+// double (np.maximum: NaN wins), hit[n] = [fewer than topk entries of p[n] rank above
+// p[n, label]], (p, index) pairs ranking descending: among equal p the higher index first
+// (SINGA's).
+template <typename I> __device__ void softmax_loss_(
+        const float* x, const int* label, float* p, double* loss, int* hit, I nrows, I d,
+        I topk) {
     EACH(n, nrows) {
-        const float* row = p + n * d;
+        const float* in = x + n * d;
+        float* row = p + n * d;
+        float m = in[0];
+        for (I j = 1; j < d; ++j)
+            if (in[j] > m || isnan(in[j])) m = isnan(m) ? m : in[j];
+        float s = 0.0f;
+        for (I j = 0; j < d; ++j) {
+            row[j] = expf(in[j] - m);
+            s += row[j];
+        }
+        for (I j = 0; j < d; ++j) row[j] = row[j] / s;
         I k = label[n], above = 0;
         float t = row[k];
         for (I j = 0; j < d; ++j)
             above += row[j] > t || (row[j] == t && j > k);
         hit[n] = above < topk;
+        loss[n] = -log((double)(isnan(t) || t > 1.17549435e-38f ? t : 1.17549435e-38f));
     }
 }
 
-extern "C" __global__ void top_k_hits(
-        const float* p, const int* label, int* hit, long long nrows, long long d,
-        long long topk, long long thin) {
-    BOTH(top_k_hits_, p, label, hit, nrows, d, topk);
+extern "C" __global__ void softmax_loss(
+        const float* x, const int* label, float* p, double* loss, int* hit, long long nrows,
+        long long d, long long topk, long long thin) {
+    BOTH(softmax_loss_, x, label, p, loss, hit, nrows, d, topk);
+}
+
+// out = [scale·Σ loss / N, scale·Σ hit / N], summed in index order by one thread.
+extern "C" __global__ void softmax_loss_sums(
+        const double* loss, const int* hit, double* out, long long nrows, double scale) {
+    if (blockIdx.x || threadIdx.x) return;
+    double l = 0.0, h = 0.0;
+    for (long long n = 0; n < nrows; ++n) {
+        l += loss[n];
+        h += hit[n];
+    }
+    out[0] = scale * l / nrows;
+    out[1] = scale * h / nrows;
 }
 
 // LRN over the window of `size` channels centred on c (across), or of size × size pixels
@@ -600,12 +628,18 @@ def activation_grad(f, y, g, gx, a=0.0, b=0.0):
     _back(out, gx)
 
 
-def top_k_hits(p, labels, topk, hit):
-    """hit[n] = [fewer than topk entries of p[n] rank above p[n, labels[n]]] (int32), ties
-    ranked by the higher index first. Returns hit."""
+def softmax_loss(x, labels, topk, scale, p, loss, hit, out):
+    """SoftmaxLossLayer's forward on x (N, D) in two launches: p = softmax(x) per row, and
+    out (2,) float64 = [scale·mean_n −log(max(p[n, labels[n]], FLT_MIN)),
+    scale·mean_n [labels[n] in the top k of p[n]]]; `loss` (N,) float64 and `hit` (N,) int32
+    are scratch. Returns out."""
     n, d = p.shape
-    _launch("top_k_hits", n, _contiguous(p), _labels(labels), _out(hit), n, d, topk)
-    return hit
+    labels = _labels(labels)
+    _launch("softmax_loss", n, _contiguous(x), labels, _out(p), _out(loss), _out(hit), n, d,
+            topk)
+    _kernel(module(out), "softmax_loss_sums")((1,), (1,), (loss, hit, _out(out), np.int64(n),
+                                                          np.float64(scale)))
+    return out
 
 
 def lrn(x, size, within, salpha, knorm, beta, y, norm, scale):

@@ -37,7 +37,7 @@ def compiled(device):
 
 def gpu(device):
     """singa.layers.cuda on a GPU, None (numpy's calls) on the CPU: the kernels of pooling,
-    the activations and SoftmaxLoss's ranking, whose numpy calls are fast on a CPU."""
+    the activations and SoftmaxLoss, whose numpy calls are fast on a CPU."""
     return cuda if device.gpu is not None else None
 
 

@@ -34,11 +34,15 @@ class SoftmaxLossLayer(Layer):
         self.data = self.xp.zeros((n, src.size // n), np.float32)
         self.topk = self.conf.softmaxloss_conf.topk
         self.scale = self.conf.softmaxloss_conf.scale
-        self._rowmax = self.xp.empty((n, 1), np.float32)
-        self._rows = self.xp.arange(n)
-        self._cols = self.xp.arange(self.data.shape[1])
-        self._kernels = kernels.gpu(self.device)     # ranking and gradient: a launch each
-        self._hit = self.xp.empty(n, np.int32)
+        self._kernels = kernels.gpu(self.device)     # forward: 2 launches; gradient: 1
+        if self._kernels:
+            self._row_loss = self.xp.empty(n, np.float64)
+            self._hit = self.xp.empty(n, np.int32)
+            self._sums = self.xp.empty(2, np.float64)
+        else:
+            self._rowmax = self.xp.empty((n, 1), np.float32)
+            self._rows = self.xp.arange(n)
+            self._cols = self.xp.arange(self.data.shape[1])
 
     def _labels(self, srclayers):
         labels = srclayers[1].aux_data
@@ -55,18 +59,20 @@ class SoftmaxLossLayer(Layer):
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
         p = self.data
-        softmax(x.reshape(p.shape), p, self._rowmax)
         labels = self._labels(srclayers)
-        truth = p[self._rows, labels]
-        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
         if self._kernels:
-            hits = np.count_nonzero(self._kernels.top_k_hits(p, labels, self.topk, self._hit))
+            sums = self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale,
+                                              p, self._row_loss, self._hit, self._sums)
+            metrics = {"Loss": sums[0], "accuracy": sums[1]}
         else:
+            softmax(x.reshape(p.shape), p, self._rowmax)
+            truth = p[self._rows, labels]
+            loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
             # SINGA ranks (p, index) pairs descending: among equal p the higher index first.
             above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
             hits = np.count_nonzero(above.sum(axis=1) < self.topk)
-        n = p.shape[0]
-        metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
+            n = p.shape[0]
+            metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
         self.add_metrics({k: metrics[k] for k in self.shown})
 
     def compute_gradient(self, flag, srclayers):

@@ -3,8 +3,9 @@ refuses what a GPU cannot do (host arrays mixed into device operations, atomic a
 arrays handed to the host's buffer protocol). Its numbers are numpy's, so a job on it must
 give a CPU job's bytes wherever the GPU path computes as the CPU path does, and stay within
 float32 rounding where it sums in another order (a convolution's gW: the CPU sums it chunk by
-chunk, a GPU in one chunk). Our CUDA kernels (singa/layers/cuda.py) run on it through
-tests/cuda_shim.py. The real GPU is tests/gpu's."""
+chunk, a GPU in one chunk) or computes exp in a kernel (SoftmaxLoss: CUDA's expf, g++'s on
+the stand-in, where the CPU has numpy's). Our CUDA kernels (singa/layers/cuda.py) run on it
+through tests/cuda_shim.py. The real GPU is tests/gpu's."""
 import io
 import subprocess
 import sys
@@ -75,15 +76,15 @@ def fit(make, ws, x, y, **kw):
     return m, h.history
 
 
-def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpu_bytes(tmp_path, mnist, gpu):
+def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpus_values(tmp_path, mnist, gpu):
+    """The same dropout masks and updates; SoftmaxLoss's exp rounds apart."""
     cpu, hist_cpu = fit(mlp, tmp_path / "cpu", *mnist)
     dev, hist_dev = fit(mlp, tmp_path / "gpu", *mnist, device=[0])
-    assert hist_dev == hist_cpu
-    ours, theirs = final_params(dev), final_params(cpu)
-    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+    assert rounding_apart(hist_dev, hist_cpu)
+    assert rounding_apart(final_params(dev), final_params(cpu))
     x, y = mnist
-    assert dev.evaluate(x, y, device=[0], verbose=0) == cpu.evaluate(x, y, verbose=0)
-    assert np.array_equal(dev.predict(x[:50], device=[0]), cpu.predict(x[:50]))
+    assert rounding_apart(dev.evaluate(x, y, device=[0], verbose=0), cpu.evaluate(x, y, verbose=0))
+    assert rounding_apart(dev.predict(x[:50], device=[0]), cpu.predict(x[:50]))
 
 
 def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_waits_for_the_gpu_once(
@@ -159,15 +160,14 @@ def test_a_gpu_array_is_handed_over_in_process_and_its_values_go_to_another(gpu,
 
 
 def test_a_gpu_snapshot_continues_on_the_cpu_as_one_run(tmp_path, mnist, gpu):
-    """fit 12 steps on the GPU path, then 12 more on the CPU: the bytes of 24 on the CPU."""
+    """fit 12 steps on the GPU path, then 12 more on the CPU: 24 on the CPU, to rounding."""
     x, y = mnist
     m = mlp(tmp_path / "mixed")
     m.fit(x, y, nb_epoch=12, batch_size=40, seed=5, progress=False, device=[0])
     m.fit(x, y, nb_epoch=12, batch_size=40, seed=5, progress=False)
     whole = mlp(tmp_path / "whole")
     whole.fit(x, y, nb_epoch=24, batch_size=40, seed=5, progress=False)
-    ours, theirs = final_params(m), final_params(whole)
-    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+    assert rounding_apart(final_params(m), final_params(whole))
 
 
 def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, mnist, gpu):
@@ -250,8 +250,14 @@ def conf_model(tmp_path, name, path, replacements):
     return m
 
 
-def same_bytes(a, b):
-    return {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes() for k, v in b.items()}
+def rounding_apart(a, b, rtol=1e-5):
+    """a and b, dicts of arrays or lists of numbers (or numbers), agree to float32 rounding:
+    not bit for bit (SoftmaxLoss's exp, see above), but no plumbing mistake comes this close."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(rounding_apart(a[k], b[k], rtol) for k in a)
+    if not np.allclose(a, b, rtol=rtol, atol=1e-7):
+        raise AssertionError(f"apart by {np.abs(np.subtract(a, b)).max()}")
+    return True
 
 
 def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
@@ -270,7 +276,7 @@ def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
         assert np.allclose(runs["gpu"][name], values, rtol=1e-5, atol=1e-6), name
 
 
-def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpu_bytes(tmp_path, gpu):
+def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpus_values(tmp_path, gpu):
     """kBPTT: CharRNN and OneHot compute on the host, the unrolled GRUs on the device."""
     made = subprocess.run([sys.executable, f"{singa.HOME}/examples/char-rnn/create_data.py",
                            "--out-dir", str(tmp_path)], capture_output=True, text=True,
@@ -284,7 +290,7 @@ def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpu_bytes(tmp_path, gp
             "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
         m.fit(nb_epoch=6, disp_freq=3, seed=7, progress=False, device=device)
         runs[name] = final_params(m)
-    assert same_bytes(runs["gpu"], runs["cpu"])
+    assert rounding_apart(runs["gpu"], runs["cpu"])
 
 
 @pytest.mark.parametrize("layout", [
@@ -306,7 +312,7 @@ def test_several_workers_of_a_process_share_one_gpu(tmp_path, mnist, gpu, layout
     if "nworker_groups" in layout:      # asynchronous: the order of updates varies
         assert runs["gpu"]["loss"][-1] < runs["gpu"]["loss"][0]
     else:
-        assert runs["gpu"] == runs["cpu"]
+        assert rounding_apart(runs["gpu"], runs["cpu"])
 
 
 def cifar_conf(tmp_path):

@@ -268,18 +268,30 @@ def test_each_activation_is_one_kernel_each_way(shim, kind):
 
 
 @pytest.mark.parametrize("topk", [1, 3])
-def test_top_k_hits_rank_as_softmax_loss_does(shim, topk):
-    """The label's rank among its row, ties broken by the higher index (SoftmaxLoss's numpy
-    path), on rows with ties at and around the label."""
+def test_softmax_loss_gives_the_layers_probabilities_loss_and_ranking(shim, topk):
+    """p, the mean loss and the top-k accuracy of SoftmaxLoss's numpy path: rows with ties at
+    and around the label (ranked by the higher index first), a label whose p underflows (its
+    loss is −log FLT_MIN), and a row holding NaN (the loss is NaN)."""
     rng = np.random.default_rng(4)
-    p = rng.integers(0, 4, (200, 7)).astype(np.float32) / 4     # many ties
+    x = rng.integers(0, 4, (200, 7)).astype(np.float32) / 4     # many ties
     labels = rng.integers(0, 7, 200).astype(np.int32)
+    x[7], labels[7] = [0, 0, -200, 0, 0, 0, 0], 2
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
     t = p[np.arange(200), labels][:, None]
     above = (p > t) | ((p == t) & (np.arange(7) > labels[:, None]))
-    want = (above.sum(axis=1) < topk).astype(np.int32)
-    hit = shim.new((200,), np.int32)
-    assert same_bits(cuda.top_k_hits(shim.new(p), shim.new(labels, np.int32), topk, hit), want)
-    assert shim.intact() and 0 < want.sum() < 200
+    hits = (above.sum(axis=1) < topk).sum()
+    loss = -np.log(np.maximum(t, np.finfo(np.float32).tiny), dtype=np.float64).sum()
+    got_p, out = shim.new((200, 7)), shim.new((2,), np.float64)
+    sums = cuda.softmax_loss(shim.new(x), shim.new(labels, np.int32), topk, 0.5, got_p,
+                             shim.new((200,), np.float64), shim.new((200,), np.int32), out)
+    assert sums is out and 0 < hits < 200 and p[7, 2] == 0
+    np.testing.assert_allclose(got_p, p, rtol=1e-6)
+    assert out[1] == 0.5 * hits / 200 and out[0] == pytest.approx(0.5 * loss / 200, rel=1e-6)
+    x[3, 5] = np.nan
+    cuda.softmax_loss(shim.new(x), shim.new(labels, np.int32), topk, 0.5, got_p,
+                      shim.new((200,), np.float64), shim.new((200,), np.int32), out)
+    assert np.isnan(got_p[3]).all() and np.isnan(out[0]) and shim.intact()
 
 
 def test_softmax_loss_grad_gives_the_layers_bits(shim):
