@@ -15,17 +15,16 @@ rounds, medians. "compute" is ours' forward and backward alone (no exchange, no 
 rest of a step is the Python, messaging and host-copy overhead the step pays.
 Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
 --profile FILE: then a profile of ours on the GPU (the MLP at batch 64), every thread of the
-runtime (worker, stub, servers) apart, into FILE: where the host's time goes.
+runtime (worker, stub, servers) sampled apart, into FILE: where the host's time goes.
 """
 import argparse
-import cProfile
-import io
+import collections
 import os
-import pstats
 import shutil
 import sys
 import tempfile
 import threading
+import time
 
 import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
@@ -102,37 +101,62 @@ def bench(net, batch, args):
             shutil.rmtree(f, ignore_errors=True)
 
 
-def profile_threads(path, net="mlp", batch=64, steps=30):
-    """cProfile of `steps` of ours on the GPU, each thread of the runtime apart, into `path`."""
-    profiles, run = [], threading.Thread.run
-
-    def profiled(thread):
-        prof = cProfile.Profile()
-        profiles.append((thread.name, prof))
-        prof.runcall(run, thread)
-    threading.Thread.run = profiled
+def profile_threads(path, net="mlp", batch=64, steps=200, interval=0.0005):
+    """Where each thread of ours on the GPU spends `steps` steps, into `path`: the stacks of all
+    threads sampled every `interval` s (sys._current_frames; cProfile profiles one thread at a
+    time from Python 3.12), per thread the functions most often running (self) and on the stack
+    (inclusive), in % of its samples. A sample lands where the thread was when the sampler got
+    the GIL, so waits show as the calls that released it."""
     folder = tempfile.mkdtemp(prefix="singa-bench-gpu-profile-")
+    samples = collections.defaultdict(lambda: [0, collections.Counter(), collections.Counter()])
+    done = threading.Event()
+
+    def sample():
+        me = threading.get_ident()
+        while not done.wait(interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                entry = samples[names.get(ident, str(ident))]
+                entry[0] += 1
+                entry[1][_where(frame)] += 1
+                seen = set()
+                while frame is not None:
+                    seen.add(_where(frame))
+                    frame = frame.f_back
+                entry[2].update(seen)
     try:
         rt = Runtime(job_of(net, folder, batch, True))
         step = synced(rt.train_step)
         for _ in range(5):
             step()
-        main = cProfile.Profile()
-        main.runcall(lambda: [step() for _ in range(steps)])
+        sampler = threading.Thread(target=sample, name="sampler", daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        took = time.perf_counter() - start
+        done.set()
+        sampler.join()
         rt.close()
     finally:
-        threading.Thread.run = run
         shutil.rmtree(folder, ignore_errors=True)
     with open(path, "w") as f:
-        f.write(f"{net} at batch {batch} on GPU 0: {steps} steps after 5, each thread apart\n")
-        for name, prof in [("worker (main thread)", main)] + profiles:
-            for key in ("tottime", "cumulative"):
-                out = io.StringIO()
-                stats = pstats.Stats(prof, stream=out)
-                stats.sort_stats(key).print_stats(25)
-                f.write(f"\n===== {name}: {stats.total_tt:.3f} s in all, by {key}\n")
-                f.write(out.getvalue())
+        f.write(f"{net} at batch {batch} on GPU 0: {steps} steps after 5, "
+                f"{took / steps * 1e3:.2f} ms a step; each thread's stack sampled every "
+                f"{interval * 1e3:g} ms\n")
+        for name, (count, top, anywhere) in sorted(samples.items(), key=lambda kv: -kv[1][0]):
+            for what, counter in (("self", top), ("inclusive", anywhere)):
+                f.write(f"\n===== thread {name}: {count} samples, by {what}\n")
+                for where, n in counter.most_common(30):
+                    f.write(f"{100 * n / count:6.1f}%  {where}\n")
     print(f"profile of ours ({net}, batch {batch}) in {path}")
+
+
+def _where(frame):
+    code = frame.f_code
+    return f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}({code.co_name})"
 
 
 def main(argv=None):
