@@ -94,16 +94,15 @@ class NeuralNet:
                 self.dynamic_srclayer(layer)
 
     def _mirror_host_layers(self):
-        """Give each host layer read by a layer on the GPU a GPU copy of its data (`mirror`)
-        and of its labels (`aux_mirror`)."""
-        read = {s.name for layer in self.layers if not layer.one_to_many
-                for s in self.srclayers[layer.name]}
-        xp = self.device.xp
+        """Give each host layer read by a layer on the GPU a GPU copy of its data and labels
+        (`Layer.make_mirror`)."""
+        on_host = collections.defaultdict(set)      # name: whether each reader is a host layer
         for layer in self.layers:
-            if layer.one_to_many and layer.name in read and is_host(layer.data):
-                layer.mirror = xp.zeros(layer.data.shape, layer.data.dtype)
-                if layer.aux_data is not None:
-                    layer.aux_mirror = xp.zeros(layer.aux_data.shape, layer.aux_data.dtype)
+            for s in self.srclayers[layer.name]:
+                on_host[s.name].add(layer.one_to_many)
+        for layer in self.layers:
+            if layer.one_to_many and False in on_host[layer.name] and is_host(layer.data):
+                layer.make_mirror(self.device, host_read=True in on_host[layer.name])
 
     def connect_partitions(self):
         """Tell each bridge layer its peer, and each Slice which destination reads which part

@@ -8,7 +8,7 @@ from singa.files import write_atomic
 from singa.io.kvfile import KVFile, pack
 from singa.proto import common_pb2
 
-__all__ = ["record_values", "decode_batch", "parse_record", "class_indices", "encode_record",
+__all__ = ["record_values", "decode_batch", "uniform_pixels", "parse_record", "class_indices", "encode_record",
            "write_records", "read_mean"]
 
 
@@ -34,38 +34,41 @@ def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
     n = len(values)
     x = np.empty((n, dim), np.float32) if out is None else out
     labels = np.empty(n, np.int32) if labels_out is None else labels_out
-    if not _slice_uniform(values, dim, x, labels):
+    pixels = uniform_pixels(values, dim, labels)
+    if pixels is None:
         _decode_each(values, dim, [b""] * n if keys is None else keys, x, labels, shape)
+    else:
+        x[...] = pixels
     return x, labels
 
 
-def _slice_uniform(values, dim, x, labels):
-    """Fill x and labels by slicing the joined values if all are laid out as the first: as
-    SINGA and encode_record write pixel records (shape, label, pixel in field order), of the
-    same byte length and a one-byte label (0..127); False, nothing written, otherwise.
+def uniform_pixels(values, dim, labels):
+    """The pixels (N, dim) uint8, sliced out of the joined values, with `labels` filled, if
+    all are laid out as the first: as SINGA and encode_record write pixel records (shape,
+    label, pixel in field order), of the same byte length and a one-byte label (0..127); None,
+    nothing written, otherwise.
 
     Each value then equals the first but for its label byte and its pixels, so protobuf would
     parse it to the first's shape, that label and those pixels.
     """
     if not values or len(set(map(len, values))) != 1:
-        return False
+        return None
     try:
         rec = common_pb2.RecordProto.FromString(values[0])
     except DecodeError:
-        return False
+        return None
     layout = common_pb2.RecordProto(shape=rec.shape, label=rec.label, pixel=rec.pixel)
     if len(rec.pixel) != dim or values[0] != layout.SerializeToString():
-        return False
+        return None
     rows = np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1)
     head = rows[:, :rows.shape[1] - dim]
     at = common_pb2.RecordProto(shape=rec.shape).ByteSize() + 1    # after the label's tag
     same = head == head[0]
     same[:, at] = head[:, at] < 128
     if not same.all():
-        return False
-    x[...] = rows[:, head.shape[1]:]
+        return None
     labels[:] = head[:, at]
-    return True
+    return rows[:, head.shape[1]:]
 
 
 def _decode_each(values, dim, keys, x, labels, shape):

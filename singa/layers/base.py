@@ -164,6 +164,13 @@ class Layer:
         getattr(self.rng, method)(dtype=np.float32, out=values)
         self.uploads(out, values)
 
+    def make_mirror(self, device, host_read):
+        """Give this host layer's `data` and `aux_data` GPU copies on `device`, `mirror` and
+        `aux_mirror`, for the layers there that read it; `host_read`: host layers read it too."""
+        self.mirror = device.xp.zeros(self.data.shape, self.data.dtype)
+        if self.aux_data is not None:
+            self.aux_mirror = device.xp.zeros(self.aux_data.shape, self.aux_data.dtype)
+
     def publish(self):
         """Copy `data` and `aux_data` to their GPU mirrors (if any): the end of a host layer's
         compute_feature."""

@@ -1,7 +1,7 @@
 """Convolution's copies, its direct small-group loops, pooling and the activations as CUDA
 kernels of our own (CuPy RawKernels, chosen by `kernels.compiled` and `kernels.gpu` on a
 GPU): one launch each where numpy's calls make one per kernel tap (or per operation of an
-activation), and SoftmaxLoss's forward and its gradient.
+activation), SoftmaxLoss's forward and its gradient, and an input layer's pixels to floats.
 
 The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
 order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
@@ -20,7 +20,7 @@ from singa.device import module
 __all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
            "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
-           "activation_grad", "softmax_loss", "softmax_loss_grad", "lrn", "lrn_grad"]
+           "activation_grad", "normalize_pixels", "softmax_loss", "softmax_loss_grad", "lrn", "lrn_grad"]
 
 OPTIONS = ("--fmad=false",)
 
@@ -314,6 +314,18 @@ extern "C" __global__ void avg_pool_backward(
         long long w, long long oh, long long ow, long long kh, long long kw, long long ph,
         long long pw, long long sh, long long sw, long long thin) {
     BOTH(avg_pool_backward_, gy, size, gx, planes, h, w, oh, ow, kh, kw, ph, pw, sh, sw);
+}
+
+// y[t] = ((float)u[t] − mean[j]) / std[j], j = t % dim: StoreInputLayer's pixels, exact.
+template <typename I> __device__ void normalize_pixels_(
+        const unsigned char* u, const float* mean, const float* std, float* y, I total, I dim) {
+    EACH(t, total) y[t] = ((float)u[t] - mean[t % dim]) / std[t % dim];
+}
+
+extern "C" __global__ void normalize_pixels(
+        const unsigned char* u, const float* mean, const float* std, float* y,
+        long long total, long long dim, long long thin) {
+    BOTH(normalize_pixels_, u, mean, std, y, total, dim);
 }
 
 // SoftmaxLoss's forward on x (N, D), row n by thread n: p[n] = exp(x[n] − max) / Σ_j (in
@@ -626,6 +638,13 @@ def activation_grad(f, y, g, gx, a=0.0, b=0.0):
     _launch("activation_grad", gx.size, _contiguous(y), _contiguous(g), out, gx.size, f,
             np.float32(a), np.float32(b))
     _back(out, gx)
+
+
+def normalize_pixels(pixels, mean, std, y):
+    """y (N, dim) float32 = (pixels − mean) / std for pixels (N, dim) uint8 and mean, std
+    (dim,) float32: the host's float32 subtraction and division."""
+    _launch("normalize_pixels", y.size, _contiguous(pixels), _contiguous(mean), _contiguous(std),
+            _out(y), y.size, y.shape[1])
 
 
 def softmax_loss(x, labels, topk, scale, p, loss, hit, out):

@@ -4,8 +4,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from singa import resolve
 from singa.errors import ConfigError, DataError
-from singa.io.records import decode_batch, parse_record, read_mean
+from singa.io.records import decode_batch, parse_record, read_mean, uniform_pixels
 from singa.io.store import CAFFE_BACKENDS, open_store, read_batch
+from singa.layers import kernels
 from singa.layers.base import Layer, register
 from singa.proto import job_pb2
 
@@ -23,10 +24,16 @@ class StoreInputLayer(Layer):
     with one batchsize B reads every batch of B and keeps its rows [k·B/K, (k+1)·B/K), so the K
     partitions together see the batches one worker sees (SINGA's partitions each read from
     the start of the store and rely on random_skip to differ).
+
+    On a GPU, where only layers there read it, a batch of pixel records goes to the device
+    as its bytes (a quarter of the floats), and the device computes (x − mean) / std into
+    `mirror`, the host's float32 operations bit for bit; `data` is then not computed.
     """
 
     one_to_many = True
     default_backend = None
+    #: (device pixels (N, dim) uint8, mean, std, the kernels) where the device decodes
+    on_device = None
 
     def setup(self, srclayers):
         sc = self.conf.store_conf
@@ -62,6 +69,8 @@ class StoreInputLayer(Layer):
             self.skipped = True
         before, stop, after = self.rows
         keys, values = zip(*self._next(stop + after)[before:stop])
+        if self.on_device and self.to_device(values):
+            return
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
         if self.mean is not None:
@@ -69,6 +78,33 @@ class StoreInputLayer(Layer):
         if self.std is not None:
             x /= self.std
         self.publish()
+
+    def make_mirror(self, device, host_read):
+        super().make_mirror(device, host_read)
+        if not host_read:
+            xp, n = device.xp, len(self.data)
+            mean, std = (xp.asarray(np.ascontiguousarray(np.broadcast_to(
+                np.float32(identity) if v is None else v, self.dim)))
+                for v, identity in ((self.mean, 0), (self.std, 1)))
+            self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.gpu(device))
+
+    def to_device(self, values):
+        """mirror = (pixels − mean) / std on the device and aux_mirror = the labels, if the
+        values hold pixels laid out alike (`pixels`); False, nothing done, otherwise. x − 0
+        and x / 1 are exact, so an unset mean or std costs no bits."""
+        pixels = self.pixels(values)
+        if pixels is None:
+            return False
+        dev, mean, std, cuda = self.on_device
+        self.uploads(dev, pixels)
+        self.uploads(self.aux_mirror, self.aux_data)
+        cuda.normalize_pixels(dev, mean, std, self.mirror.reshape(dev.shape))
+        return True
+
+    def pixels(self, values):
+        """The batch's pixels (N, dim) uint8 with aux_data filled, where the values are laid
+        out for that; None otherwise (and always here: RecordInput's can be)."""
+        return None
 
     def position(self):
         """(byte offset of the next tuple, whether random_skip was done): where `seek` resumes."""
@@ -101,7 +137,8 @@ class StoreInputLayer(Layer):
         return list(parse_record(kv[1], kv[0]).shape)
 
     def _constant_or_file(self, what, identity):
-        """The (dim,) mean or std from store_conf's {what}_file / {what}_value, None if unset."""
+        """The mean or std, float32: (dim,) from store_conf's {what}_file, a scalar from its
+        {what}_value; None if unset."""
         sc = self.conf.store_conf
         if sc.HasField(what + "_file"):
             path = resolve(getattr(sc, what + "_file"))
@@ -159,6 +196,9 @@ class RecordInputLayer(StoreInputLayer):
             decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
         except DataError as e:
             raise DataError(f"{self.path}: {e}") from None
+
+    def pixels(self, values):
+        return uniform_pixels(values, self.dim, self.aux_data)
 
     def parse_vector(self, path, kv):
         x, _ = decode_batch([kv[1]], self.dim, [kv[0]], shape=self.shape)

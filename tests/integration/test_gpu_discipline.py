@@ -327,10 +327,11 @@ def cifar_conf(tmp_path):
 
 
 def test_cifar10_cudnn_bm_layers_agree_with_the_cpu_to_rounding_on_the_gpu_path(tmp_path, gpu):
-    """One forward and backward pass with the same params: each blob and param gradient on
-    device 0 within 1e-5 of its largest value on the CPU (the CPU sums a convolution's
-    products chunk by chunk, a GPU in one product), or 1e-6 for the gradient of a bias before
-    batch normalisation, which is rounding noise around 0."""
+    """One forward and backward pass with the same params: each blob (an input layer's: its
+    GPU copy, decoded there) and param gradient on device 0 within 1e-5 of its largest value
+    on the CPU (the CPU sums a convolution's products chunk by chunk, a GPU in one product),
+    or 1e-6 for the gradient of a bias before batch normalisation, which is rounding noise
+    around 0."""
     job = config.parse_job(cifar_conf(tmp_path), "cudnn_bm.conf", check_paths=False)
     nets = []
     for place in (device.CPU, device.Device(0)):
@@ -344,7 +345,8 @@ def test_cifar10_cudnn_bm_layers_agree_with_the_cpu_to_rounding_on_the_gpu_path(
     cpu, dev = nets
     assert not device.is_host(dev.params[0].data)
     for a, b in zip(cpu.layers, dev.layers):
-        pairs = [(a.name, a.data, b.data)] if hasattr(a.data, "shape") else []
+        pairs = [(a.name, a.data, b.data if b.mirror is None else b.mirror)] \
+            if hasattr(a.data, "shape") else []
         pairs += [(p.name, p.grad, q.grad) for p, q in zip(a.params, b.params)]
         for name, ours, theirs in pairs:
             assert np.abs(device.host(theirs) - ours).max() <= 1e-5 * np.abs(ours).max() + 1e-6, \
@@ -363,3 +365,20 @@ def test_cifar10_cudnn_bm_conf_trains_on_the_gpu_path_as_on_the_cpu(tmp_path, gp
     assert runs["gpu"].keys() == runs["cpu"].keys()
     for key, values in runs["cpu"].items():
         assert np.allclose(runs["gpu"][key], values, rtol=1e-4), key
+
+
+def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_path, gpu):
+    """cifar10's records with a mean file and a std: on the GPU path the batch goes up as its
+    pixel bytes and the device computes (x − mean) / std, the CPU's float32 bits."""
+    text = cifar_conf(tmp_path).replace("mean_file:", "std_value: 3.3\n      mean_file:", 1)
+    job = config.parse_job(text, "cudnn_bm.conf", check_paths=False)
+    layers = []
+    for place in (device.CPU, device.Device(0)):
+        net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), device=place)
+        for _ in range(3):
+            net.layers[0].compute_feature(job_pb2.kTrain, [])
+        layers.append(net.layers[0])
+    cpu, dev = layers
+    assert dev.on_device[0].dtype == np.uint8 and cpu.std is not None and cpu.mean.shape != ()
+    assert device.host(dev.mirror).tobytes() == cpu.data.tobytes()
+    assert device.host(dev.aux_mirror).tobytes() == cpu.aux_data.tobytes()

@@ -41,14 +41,14 @@ class Host:
 
 
 class Guards:
-    """Arrays placed between guard cells (NaN, or -77 for ints), checked by `intact`."""
+    """Arrays placed between guard cells (NaN, -77 for ints, 177 unsigned), checked by `intact`."""
 
     def __init__(self):
         self.made = []
 
     def new(self, a, dtype=np.float32):
         """A copy of `a` between guards (`a` a shape: filled with the guard value)."""
-        fill = np.nan if np.dtype(dtype).kind == "f" else -77
+        fill = {"f": np.nan, "u": 177}.get(np.dtype(dtype).kind, -77)
         shape = a if isinstance(a, tuple) else np.shape(a)
         size = int(np.prod(shape))
         buf = np.full(size + 2 * GUARD, fill, dtype)
@@ -265,6 +265,20 @@ def test_each_activation_is_one_kernel_each_way(shim, kind):
     inplace = shim.new(g)
     cuda.activation_grad(case, shim.new(want_y), inplace, inplace, *consts_b)
     assert same_bits(inplace, want_gx) and shim.intact()
+
+
+def test_normalize_pixels_gives_the_input_layers_bits(shim):
+    """(pixels − mean) / std in float32, as StoreInputLayer computes it on the host."""
+    rng = np.random.default_rng(6)
+    pixels = rng.integers(0, 256, (9, 37)).astype(np.uint8)
+    mean = (rng.random(37) * 255).astype(np.float32)
+    std = (rng.random(37) * 3 + 0.1).astype(np.float32)
+    want = pixels.astype(np.float32)
+    want -= mean
+    want /= std
+    y = shim.new((9, 37))
+    cuda.normalize_pixels(shim.new(pixels, np.uint8), shim.new(mean), shim.new(std), y)
+    assert same_bits(y, want) and shim.intact()
 
 
 @pytest.mark.parametrize("topk", [1, 3])
