@@ -1,4 +1,6 @@
 """Input layers: RecordInput and CSVInput read a store batch by batch; ImagePreprocess crops, mirrors and scales images (src/neuralnet/input_layer/)."""
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -27,13 +29,17 @@ class StoreInputLayer(Layer):
 
     On a GPU, where only layers there read it, a batch of pixel records goes to the device
     as its bytes (a quarter of the floats), and the device computes (x − mean) / std into
-    `mirror`, the host's float32 operations bit for bit; `data` is then not computed.
+    `mirror`, the host's float32 operations bit for bit; `data` is then not computed, and the
+    next batch is read ahead in a thread of the layer's own while the device computes.
+    `position` stays that of the batches used.
     """
 
     one_to_many = True
     default_backend = None
     #: (device pixels (N, dim) uint8, mean, std, the kernels) where the device decodes
     on_device = None
+    #: the next batch being read ahead (a Future of `_read`'s), and the reading thread
+    _ahead = _reads = None
 
     def setup(self, srclayers):
         sc = self.conf.store_conf
@@ -67,9 +73,13 @@ class StoreInputLayer(Layer):
             for _ in range(self.rng.integers(0, self.random_skip + 1)):
                 self._next(1)
             self.skipped = True
-        before, stop, after = self.rows
-        keys, values = zip(*self._next(stop + after)[before:stop])
-        if self.on_device and self.to_device(values):
+        ahead, self._ahead = self._ahead, None
+        keys, values, pixels, labels, self._offset = ahead.result() if ahead else self._read()
+        if pixels is not None:
+            self.to_device(pixels, labels)
+            if self._reads is None:
+                self._reads = ThreadPoolExecutor(1, thread_name_prefix=f"read {self.name}")
+            self._ahead = self._reads.submit(self._read)
             return
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
@@ -88,30 +98,42 @@ class StoreInputLayer(Layer):
                 for v, identity in ((self.mean, 0), (self.std, 1)))
             self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.gpu(device))
 
-    def to_device(self, values):
-        """mirror = (pixels − mean) / std on the device and aux_mirror = the labels, if the
-        values hold pixels laid out alike (`pixels`); False, nothing done, otherwise. x − 0
+    def _read(self):
+        """The next batch: (keys, values, its pixels (N, dim) uint8 where it holds pixel
+        records laid out alike on a layer that decodes on the device, else None; their labels
+        (N,) int32; the store's offset after the batch)."""
+        before, stop, after = self.rows
+        keys, values = zip(*self._next(stop + after)[before:stop])
+        labels = np.empty(len(values), np.int32)
+        pixels = self.pixels(values, labels) if self.on_device else None
+        return keys, values, pixels, labels, self.store.tell()
+
+    def to_device(self, pixels, labels):
+        """mirror = (pixels − mean) / std on the device, aux_data and aux_mirror = labels. x − 0
         and x / 1 are exact, so an unset mean or std costs no bits."""
-        pixels = self.pixels(values)
-        if pixels is None:
-            return False
         dev, mean, std, cuda = self.on_device
+        self.aux_data[:] = labels
         self.uploads(dev, pixels)
         self.uploads(self.aux_mirror, self.aux_data)
         cuda.normalize_pixels(dev, mean, std, self.mirror.reshape(dev.shape))
-        return True
 
-    def pixels(self, values):
-        """The batch's pixels (N, dim) uint8 with aux_data filled, where the values are laid
+    def pixels(self, values, labels):
+        """The batch's pixels (N, dim) uint8 with `labels` filled, where the values are laid
         out for that; None otherwise (and always here: RecordInput's can be)."""
         return None
 
     def position(self):
-        """(byte offset of the next tuple, whether random_skip was done): where `seek` resumes."""
-        return 0 if self.store is None else self.store.tell(), self.skipped
+        """(byte offset of the next tuple not used, whether random_skip was done): where `seek`
+        resumes."""
+        if self.store is None:
+            return 0, self.skipped
+        return self._offset if self._ahead else self.store.tell(), self.skipped
 
     def seek(self, offset, skipped):
         """Continue reading at `offset`; a resumed reader does not skip again if `skipped`."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.exception()   # waits; the batch is not used, so neither is its error
         if self.store is None:
             self.store = self._open()
         self.store.seek(offset)
@@ -197,8 +219,8 @@ class RecordInputLayer(StoreInputLayer):
         except DataError as e:
             raise DataError(f"{self.path}: {e}") from None
 
-    def pixels(self, values):
-        return uniform_pixels(values, self.dim, self.aux_data)
+    def pixels(self, values, labels):
+        return uniform_pixels(values, self.dim, labels)
 
     def parse_vector(self, path, kv):
         x, _ = decode_batch([kv[1]], self.dim, [kv[0]], shape=self.shape)

@@ -369,16 +369,27 @@ def test_cifar10_cudnn_bm_conf_trains_on_the_gpu_path_as_on_the_cpu(tmp_path, gp
 
 def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_path, gpu):
     """cifar10's records with a mean file and a std: on the GPU path the batch goes up as its
-    pixel bytes and the device computes (x − mean) / std, the CPU's float32 bits."""
+    pixel bytes and the device computes (x − mean) / std, the CPU's float32 bits, batch after
+    batch across the end of the shard, while the next batch is read ahead: the position is
+    still that of the batches used, and a seek (a resume) forgets the batch read ahead."""
     text = cifar_conf(tmp_path).replace("mean_file:", "std_value: 3.3\n      mean_file:", 1)
     job = config.parse_job(text, "cudnn_bm.conf", check_paths=False)
-    layers = []
-    for place in (device.CPU, device.Device(0)):
-        net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), device=place)
-        for _ in range(3):
-            net.layers[0].compute_feature(job_pb2.kTrain, [])
-        layers.append(net.layers[0])
-    cpu, dev = layers
+    cpu, dev = (NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0),
+                          device=place).layers[0] for place in (device.CPU, device.Device(0)))
     assert dev.on_device[0].dtype == np.uint8 and cpu.std is not None and cpu.mean.shape != ()
-    assert device.host(dev.mirror).tobytes() == cpu.data.tobytes()
-    assert device.host(dev.aux_mirror).tobytes() == cpu.aux_data.tobytes()
+    positions = set()
+    for step in range(20):
+        if step == 9:
+            for layer in (cpu, dev):
+                layer.seek(*positions_at_3)
+        for layer in (cpu, dev):
+            layer.compute_feature(job_pb2.kTrain, [])
+        assert dev._ahead is not None and dev.position() == cpu.position()
+        assert device.host(dev.mirror).tobytes() == cpu.data.tobytes()
+        assert device.host(dev.aux_mirror).tobytes() == cpu.aux_data.tobytes()
+        assert dev.aux_data.tobytes() == cpu.aux_data.tobytes()
+        positions.add(cpu.position())
+        if step == 3:
+            positions_at_3 = cpu.position()
+    # 10 batches of 10 in the shard: it wrapped around
+    assert len(positions) == 10 and cpu.position() < max(positions)
