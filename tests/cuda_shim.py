@@ -45,6 +45,7 @@ POINTEES = {"float": np.float32, "double": np.float64, "int": np.int32, "long lo
             "unsigned char": np.uint8, "bool": np.bool_}
 
 
+@functools.cache
 def compiler():
     """The C++ compiler's path ($CXX, else g++ or c++), or None."""
     for name in (os.environ.get("CXX"), "g++", "c++"):
