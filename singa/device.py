@@ -97,7 +97,10 @@ def like(ref, a):
 def on(a):
     """A context in which the calling thread computes on `a`'s device (none for a host array):
     threads other than the worker's (stub, servers) work on its arrays."""
-    return contextlib.nullcontext() if is_host(a) else a.device
+    return _NOWHERE if is_host(a) else a.device
+
+
+_NOWHERE = contextlib.nullcontext()     # reusable, reentrant
 
 
 def address(a):

@@ -7,6 +7,7 @@ the sender's array itself, of the host or of a GPU, which the receiver may keep 
 (`host_frame`); it arrives as bytes-like frames, which `frame_array` views as float32 values.
 Display metrics travel as numbers too (`metric_frames`: names, then float64 values).
 """
+import functools
 import struct
 
 import numpy as np
@@ -107,17 +108,23 @@ def frame_array(frame, n=None):
     """The float32 values of `frame`, which must hold exactly `n` of them (None: any number),
     without copying: the array a sender in this process handed over, or a view of the bytes
     of another process's frame."""
-    expected = "float32 values" if n is None else f"{n} float32 values"
     if isinstance(frame, np.ndarray) or hasattr(frame, "__cuda_array_interface__"):
-        if frame.dtype != np.float32 or n is not None and frame.size != n:
+        if frame.dtype != _FLOAT32 or n is not None and frame.size != n:
             raise ClusterError(f"array frame of {frame.size} {frame.dtype} values where "
-                               f"{expected} were expected")
+                               f"{_expected(n)} were expected")
         return frame.reshape(-1)
     buf = frame.buffer if hasattr(frame, "buffer") else frame
     nbytes = memoryview(buf).nbytes
     if nbytes % 4 if n is None else nbytes != 4 * n:
-        raise ClusterError(f"array frame of {nbytes} bytes where {expected} were expected")
+        raise ClusterError(f"array frame of {nbytes} bytes where {_expected(n)} were expected")
     return np.frombuffer(buf, np.float32)
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _expected(n):
+    return "float32 values" if n is None else f"{n} float32 values"
 
 
 def same_memory(a, b):
@@ -144,9 +151,10 @@ class OrderedSum:
 
     def take(self):
         """The sum of the held gradients; holds none afterwards."""
-        items, self.items = sorted(self.items, key=lambda t: t[0]), []
+        items, self.items = self.items, []
         if len(items) == 1:
             return items[0][1]
+        items.sort(key=lambda t: t[0])
         first = items[0][1]
         with device.on(first):
             if self.buffer is None:
@@ -162,8 +170,22 @@ _MAGIC = b"*singa*\0"
 _CODES = {"i": "<i", "f": "<f"}
 
 
+@functools.lru_cache(maxsize=64)
+def _numbers(fmt):
+    """The struct of the items of a format frame of `fmt`, up to 16 of them, all i or f (else
+    None): per item its code byte, then its value; and the code bytes."""
+    if not 0 < len(fmt) <= 16 or not set(fmt) <= set(_CODES):
+        return None
+    codes = tuple(c.encode() for c in fmt)
+    return struct.Struct("<" + "".join("c" + _CODES[c][1] for c in fmt)), codes
+
+
 def format_frame(fmt, *values):
     """`*singa*\\0` then per item: i int32, f float32, s bytes\\0."""
+    numbers = _numbers(fmt)
+    if numbers is not None and len(values) == len(fmt):
+        packer, codes = numbers
+        return _MAGIC + packer.pack(*[x for item in zip(codes, values) for x in item])
     out = [_MAGIC]
     for c, v in zip(fmt, values, strict=True):
         if c in _CODES:
@@ -193,6 +215,11 @@ def parse_format_frame(fmt, frame):
     buf = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
     if not buf.startswith(_MAGIC):
         raise ClusterError("message frame is not a SINGA format frame")
+    numbers = _numbers(fmt)
+    if numbers is not None and len(buf) >= len(_MAGIC) + numbers[0].size:
+        items = numbers[0].unpack_from(buf, len(_MAGIC))
+        if items[::2] == numbers[1]:
+            return list(items[1::2])
     pos, out = len(_MAGIC), []
     try:
         for c in fmt:
