@@ -130,7 +130,18 @@ def _expected(n):
 def same_memory(a, b):
     """True when `a` and `b` start at the same address, both of the host or both of a device
     (a frame aliasing a local array)."""
-    return is_host(a) == is_host(b) and device.address(a) == device.address(b)
+    if is_host(a) != is_host(b):
+        return False
+    if is_host(a) and _aligned_float32(a) and _aligned_float32(b):
+        # their first elements, 4 bytes at multiples of 4, overlap only where they start
+        # together: numpy's bounds check, a fifth of the time of the two addresses
+        return np.may_share_memory(a[:1], b[:1])
+    return device.address(a) == device.address(b)
+
+
+def _aligned_float32(a):
+    """`a` is a non-empty 1-D float32 host array at a multiple of 4 bytes."""
+    return a.ndim == 1 and a.size > 0 and a.dtype == _FLOAT32 and a.flags.aligned
 
 
 class OrderedSum:
