@@ -66,7 +66,8 @@ CPU = Device()
 
 def is_host(a):
     """True for an array in host memory: numpy's, not one with CUDA's array interface."""
-    return isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
+    return type(a) is np.ndarray or \
+        isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
 
 
 def module(a):

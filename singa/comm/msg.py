@@ -95,7 +95,12 @@ class Msg:
 def array_frame(a):
     """A float32 array as a frame, flat, not copied: it must outlive the message and stay
     unchanged until read (`device.host_copy` for values about to change)."""
-    return a.reshape(-1)
+    return _flat(a)
+
+
+def _flat(a):
+    """`a` as one axis: itself where it has one (a GPU array's view costs microseconds)."""
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def host_frame(frame):
@@ -108,11 +113,12 @@ def frame_array(frame, n=None):
     """The float32 values of `frame`, which must hold exactly `n` of them (None: any number),
     without copying: the array a sender in this process handed over, or a view of the bytes
     of another process's frame."""
-    if isinstance(frame, np.ndarray) or hasattr(frame, "__cuda_array_interface__"):
+    # the type's attribute: a CuPy array's own builds a dict
+    if isinstance(frame, np.ndarray) or hasattr(type(frame), "__cuda_array_interface__"):
         if frame.dtype != _FLOAT32 or n is not None and frame.size != n:
             raise ClusterError(f"array frame of {frame.size} {frame.dtype} values where "
                                f"{_expected(n)} were expected")
-        return frame.reshape(-1)
+        return _flat(frame)
     buf = frame.buffer if hasattr(frame, "buffer") else frame
     nbytes = memoryview(buf).nbytes
     if nbytes % 4 if n is None else nbytes != 4 * n:

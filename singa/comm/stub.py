@@ -375,7 +375,8 @@ class Stub:
         g = e.grads.take()
         for sid, server, o, n in e.slices:
             self.send(pm.slice_update(self.address(e.grp), server, e.owner, sid,
-                                      msg.trgt_version, e.num_local, g[o:o + n]))
+                                      msg.trgt_version, e.num_local,
+                                      g if n == e.size else g[o:o + n]))
 
     def handle_state(self, msg):
         """A worker asks for the updater state (a snapshot): a kState per slice; the answer
