@@ -66,7 +66,8 @@ CPU = Device()
 
 def is_host(a):
     """True for an array in host memory: numpy's, not one with CUDA's array interface."""
-    return isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
+    return type(a) is np.ndarray or \
+        isinstance(a, np.ndarray) and not hasattr(a, "__cuda_array_interface__")
 
 
 def module(a):
@@ -97,7 +98,10 @@ def like(ref, a):
 def on(a):
     """A context in which the calling thread computes on `a`'s device (none for a host array):
     threads other than the worker's (stub, servers) work on its arrays."""
-    return contextlib.nullcontext() if is_host(a) else a.device
+    return _NOWHERE if is_host(a) else a.device
+
+
+_NOWHERE = contextlib.nullcontext()     # reusable, reentrant
 
 
 def address(a):

@@ -49,6 +49,9 @@ class LRGenerator:
     """`gen(step) -> float` learning rate; `get_index`/`set_index`: the position in the
     schedule a resume needs (the LR index of a snapshot)."""
 
+    #: the rate is a function of the step alone (not of the calls before, as kFixedStep's)
+    of_step = True
+
     def __init__(self, proto):
         self.proto = proto
         self.base_lr = proto.base_lr
@@ -135,6 +138,8 @@ class FixedStepLRGen(LRGenerator):
     step >= step[i+1] (SINGA's behaviour: a fresh generator at a large step lags a few calls).
     `base_lr` is ignored. The index i is the LR index saved in snapshots."""
 
+    of_step = False
+
     def __init__(self, proto):
         super().__init__(proto)
         conf = proto.fixedstep_conf
@@ -201,6 +206,8 @@ class Updater:
         self.clip = ((F32(proto.clip_low), F32(proto.clip_high))
                      if self.clips and proto.clip_high > proto.clip_low else None)
         self._buf = None            # scratch of the weight-decay term (each server owns its Updater)
+        self._rate = (None, None)   # (step, its float32 learning rate) of the last update
+        self._launch = None         # the GPU kernel's arguments that stay (cu.rule)
 
     def new_state(self, shape, xp=np):
         """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update), made
@@ -210,7 +217,7 @@ class Updater:
     def update(self, step, data, grad, buffers, lr_scale=1.0, wd_scale=1.0, grad_scale=1.0):
         """Apply one step to `data` in place; `grad` is overwritten; `buffers` (the slice's,
         from new_state) are updated."""
-        lr = F32(self.lr_gen(step)) * F32(lr_scale)
+        lr = self._lr(step) * F32(lr_scale)
         wd = self.weight_decay * F32(wd_scale)
         scale = F32(grad_scale)
         fold = self.linear and not wd > 0
@@ -218,7 +225,9 @@ class Updater:
             # lr*(s*g) == (lr*s)*g up to one rounding: saves a full pass over the param
             lr = lr * scale
         if not is_host(data) and all(a.flags.c_contiguous for a in (data, grad, *buffers)):
-            cu.update(*self.fused(), data, grad, buffers, lr, self.clip,
+            if self._launch is None:
+                self._launch = cu.rule(*self.fused(), self.clip)
+            cu.update(self._launch, data, grad, buffers, lr,
                       None if fold or scale == 1 else scale, wd if not fold and wd > 0 else None)
             return
         if self.clip is not None:
@@ -231,6 +240,15 @@ class Updater:
                 np.multiply(data, wd, out=t)
                 grad += t
         self._rule(data, grad, buffers, lr)
+
+    def _lr(self, step):
+        """F32(LR(step)): once a step where the schedule is of the step alone (a server's
+        updates of a step share it)."""
+        at, rate = self._rate
+        if at != step or not self.lr_gen.of_step:
+            rate = F32(self.lr_gen(step))
+            self._rate = (step, rate)
+        return rate
 
     def _scratch(self, like):
         if self._buf is None or self._buf.size < like.size or is_host(self._buf) != is_host(like):

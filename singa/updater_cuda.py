@@ -14,7 +14,7 @@ from singa.device import module
 from singa.layers.cuda import OPTIONS, grid
 
 __all__ = ["SOURCE", "SGD", "MOMENTUM", "NESTEROV", "ADAGRAD", "RMSPROP", "ADADELTA", "ADAM",
-           "ADAMMAX", "update"]
+           "ADAMMAX", "rule", "update"]
 
 SGD, MOMENTUM, NESTEROV, ADAGRAD, RMSPROP, ADADELTA, ADAM, ADAMMAX = range(8)
 
@@ -76,22 +76,30 @@ extern "C" __global__ void update(
 """
 
 
-def update(rule, constants, w, g, buffers, lr, clip=None, scale=None, wd=None):
-    """Rule `rule` (SGD ... ADAMMAX) with its `constants` on slice `w` (float32, C-contiguous,
-    on a GPU), its gradient `g` and `buffers`, in one launch: g clipped to `clip` (lo, hi) if
-    given, scaled by `scale` and decayed by `wd` where not None, then the rule at learning
-    rate `lr`. `g` is left as it was."""
+def rule(rule, constants, clip=None):
+    """The kernel's arguments for rule `rule` (SGD ... ADAMMAX) with its `constants`, g
+    clipped to `clip` (lo, hi) if given: what stays from one `update` to the next, made once.
+    """
+    lo, hi = (0.0, 0.0) if clip is None else clip
+    c = (list(constants) + [0.0] * 5)[:5]
+    f = np.float32
+    return (np.int32(rule), np.int32(clip is not None), f(lo), f(hi)), tuple(map(f, c))
+
+
+def update(launch, w, g, buffers, lr, scale=None, wd=None):
+    """The rule of `launch` (from `rule`) on slice `w` (float32, C-contiguous, on a GPU), its
+    gradient `g` and `buffers`, in one launch: g clipped, scaled by `scale` and decayed by
+    `wd` where not None, then the rule at learning rate `lr`. `g` is left as it was."""
     n = w.size
     if n == 0:
         return
     h, u = (list(buffers) + [w, w])[:2]
-    lo, hi = (0.0, 0.0) if clip is None else clip
-    c = (list(constants) + [0.0] * 5)[:5]
+    head, constants = launch
     f = np.float32
     _kernel(module(w))(*grid(n), (
-        w, g, h, u, np.int64(n), np.int32(rule), np.int32(clip is not None), f(lo), f(hi),
+        w, g, h, u, np.int64(n), *head,
         np.int32(scale is not None), f(scale or 0), np.int32(wd is not None), f(wd or 0),
-        f(lr), *map(f, c)))
+        f(lr), *constants))
 
 
 @functools.cache

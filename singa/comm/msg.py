@@ -7,6 +7,7 @@ the sender's array itself, of the host or of a GPU, which the receiver may keep 
 (`host_frame`); it arrives as bytes-like frames, which `frame_array` views as float32 values.
 Display metrics travel as numbers too (`metric_frames`: names, then float64 values).
 """
+import functools
 import struct
 
 import numpy as np
@@ -94,7 +95,12 @@ class Msg:
 def array_frame(a):
     """A float32 array as a frame, flat, not copied: it must outlive the message and stay
     unchanged until read (`device.host_copy` for values about to change)."""
-    return a.reshape(-1)
+    return _flat(a)
+
+
+def _flat(a):
+    """`a` as one axis: itself where it has one (a GPU array's view costs microseconds)."""
+    return a if a.ndim == 1 else a.reshape(-1)
 
 
 def host_frame(frame):
@@ -107,23 +113,41 @@ def frame_array(frame, n=None):
     """The float32 values of `frame`, which must hold exactly `n` of them (None: any number),
     without copying: the array a sender in this process handed over, or a view of the bytes
     of another process's frame."""
-    expected = "float32 values" if n is None else f"{n} float32 values"
-    if isinstance(frame, np.ndarray) or hasattr(frame, "__cuda_array_interface__"):
-        if frame.dtype != np.float32 or n is not None and frame.size != n:
+    # the type's attribute: a CuPy array's own builds a dict
+    if isinstance(frame, np.ndarray) or hasattr(type(frame), "__cuda_array_interface__"):
+        if frame.dtype != _FLOAT32 or n is not None and frame.size != n:
             raise ClusterError(f"array frame of {frame.size} {frame.dtype} values where "
-                               f"{expected} were expected")
-        return frame.reshape(-1)
+                               f"{_expected(n)} were expected")
+        return _flat(frame)
     buf = frame.buffer if hasattr(frame, "buffer") else frame
     nbytes = memoryview(buf).nbytes
     if nbytes % 4 if n is None else nbytes != 4 * n:
-        raise ClusterError(f"array frame of {nbytes} bytes where {expected} were expected")
+        raise ClusterError(f"array frame of {nbytes} bytes where {_expected(n)} were expected")
     return np.frombuffer(buf, np.float32)
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def _expected(n):
+    return "float32 values" if n is None else f"{n} float32 values"
 
 
 def same_memory(a, b):
     """True when `a` and `b` start at the same address, both of the host or both of a device
     (a frame aliasing a local array)."""
-    return is_host(a) == is_host(b) and device.address(a) == device.address(b)
+    if is_host(a) != is_host(b):
+        return False
+    if is_host(a) and _aligned_float32(a) and _aligned_float32(b):
+        # their first elements, 4 bytes at multiples of 4, overlap only where they start
+        # together: numpy's bounds check, a fifth of the time of the two addresses
+        return np.may_share_memory(a[:1], b[:1])
+    return device.address(a) == device.address(b)
+
+
+def _aligned_float32(a):
+    """`a` is a non-empty 1-D float32 host array at a multiple of 4 bytes."""
+    return a.ndim == 1 and a.size > 0 and a.dtype == _FLOAT32 and a.flags.aligned
 
 
 class OrderedSum:
@@ -144,9 +168,10 @@ class OrderedSum:
 
     def take(self):
         """The sum of the held gradients; holds none afterwards."""
-        items, self.items = sorted(self.items, key=lambda t: t[0]), []
+        items, self.items = self.items, []
         if len(items) == 1:
             return items[0][1]
+        items.sort(key=lambda t: t[0])
         first = items[0][1]
         with device.on(first):
             if self.buffer is None:
@@ -162,8 +187,22 @@ _MAGIC = b"*singa*\0"
 _CODES = {"i": "<i", "f": "<f"}
 
 
+@functools.lru_cache(maxsize=64)
+def _numbers(fmt):
+    """The struct of the items of a format frame of `fmt`, up to 16 of them, all i or f (else
+    None): per item its code byte, then its value; and the code bytes."""
+    if not 0 < len(fmt) <= 16 or not set(fmt) <= set(_CODES):
+        return None
+    codes = tuple(c.encode() for c in fmt)
+    return struct.Struct("<" + "".join("c" + _CODES[c][1] for c in fmt)), codes
+
+
 def format_frame(fmt, *values):
     """`*singa*\\0` then per item: i int32, f float32, s bytes\\0."""
+    numbers = _numbers(fmt)
+    if numbers is not None and len(values) == len(fmt):
+        packer, codes = numbers
+        return _MAGIC + packer.pack(*[x for item in zip(codes, values) for x in item])
     out = [_MAGIC]
     for c, v in zip(fmt, values, strict=True):
         if c in _CODES:
@@ -193,6 +232,11 @@ def parse_format_frame(fmt, frame):
     buf = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
     if not buf.startswith(_MAGIC):
         raise ClusterError("message frame is not a SINGA format frame")
+    numbers = _numbers(fmt)
+    if numbers is not None and len(buf) >= len(_MAGIC) + numbers[0].size:
+        items = numbers[0].unpack_from(buf, len(_MAGIC))
+        if items[::2] == numbers[1]:
+            return list(items[1::2])
     pos, out = len(_MAGIC), []
     try:
         for c in fmt:

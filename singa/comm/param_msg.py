@@ -158,7 +158,7 @@ def _place(out, o, frame, what):
     values = m.frame_array(frame)
     if not 0 <= o <= out.size - values.size:
         raise ClusterError(f"values for {what} out of its bounds")
-    if not m.same_memory(values, out[o:]):
+    if not m.same_memory(values, out[o:] if o else out):
         assign(out[o:o + values.size], values)
 
 

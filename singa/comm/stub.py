@@ -40,6 +40,8 @@ class ParamEntry:
         self.num_total = 0          # shares in the whole group
         self.slices = slices        # [(slice id, server address, offset, size)]
         self.index = {sid: i for i, (sid, _, _, _) in enumerate(slices)}
+        self.offsets = [o for _, _, o, _ in slices]
+        self.size = sum(n for _, _, _, n in slices)
         self.grads = None           # the OrderedSum of the current step's gradients
         self.next_version = -1
         self.answers = {}           # message type -> {slice index: (version, frames)}
@@ -51,10 +53,6 @@ class ParamEntry:
     @property
     def num_local(self):
         return len(self.shares)
-
-    @property
-    def size(self):
-        return sum(n for _, _, _, n in self.slices)
 
 
 class Stub:
@@ -377,7 +375,8 @@ class Stub:
         g = e.grads.take()
         for sid, server, o, n in e.slices:
             self.send(pm.slice_update(self.address(e.grp), server, e.owner, sid,
-                                      msg.trgt_version, e.num_local, g[o:o + n]))
+                                      msg.trgt_version, e.num_local,
+                                      g if n == e.size else g[o:o + n]))
 
     def handle_state(self, msg):
         """A worker asks for the updater state (a snapshot): a kState per slice; the answer
@@ -403,12 +402,11 @@ class Stub:
             return
         del e.answers[msg.type]
         version = min(v for v, _ in got.values())
-        offsets = [o for _, _, o, _ in e.slices]
         answers = [got[k][1] for k in range(len(e.slices))]
         shares = e.shares
         if msg.type == m.kRState:
             asked, e.state_requests = set(e.state_requests), []
             shares = [s for s in e.shares if s[0] in asked]
         for worker, pid in shares:
-            self.router.send(pm.gathered(msg.dst, worker, msg.type, pid, version, offsets,
+            self.router.send(pm.gathered(msg.dst, worker, msg.type, pid, version, e.offsets,
                                          answers))

@@ -34,6 +34,35 @@ def test_format_frames_round_trip_every_kind():
         m.parse_int_frame(b"*singa*\0i\0")
 
 
+def test_format_frames_of_numbers_hold_the_items_bytes_and_name_a_wrong_one():
+    frame = m.format_frame("iffii", 3, 0.5, -0.0, -1, 2**31 - 1)
+    assert frame == b"*singa*\0i\3\0\0\0f\0\0\0\x3ff\0\0\0\x80i\xff\xff\xff\xffi\xff\xff\xff\x7f"
+    assert m.parse_format_frame("iffii", frame + b"more") == [3, 0.5, -0.0, -1, 2**31 - 1]
+    with pytest.raises(ClusterError, match="expected 'i' at byte 18"):
+        m.parse_format_frame("ifi", frame)
+    with pytest.raises(ClusterError, match="expected .i. at byte 33"):
+        m.parse_format_frame("iffiii", frame)
+
+
+def test_same_memory_is_the_same_start_whatever_the_dtype_or_alignment():
+    buf = np.zeros(64, np.uint8)
+
+    def at(offset, dtype=np.float32, n=4):
+        return np.frombuffer(buf.data, dtype, n, offset)
+
+    def starts_together(a, b):
+        return a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+    pairs = [(at(0), at(0)), (at(0), at(4)), (at(8), at(8, n=1)), (at(2), at(2)),
+             (at(2), at(4)), (at(0), at(0, np.int32)), (at(0), at(0, np.float64, 2)),
+             (at(4, n=2), at(0, np.float64, 2)), (at(0), at(0)[::-1]), (at(0, n=0), at(0)),
+             (at(0).reshape(2, 2), at(0))]
+    for a, b in pairs:
+        assert m.same_memory(a, b) == starts_together(a, b)
+    assert [m.same_memory(a, b) for a, b in pairs] == [True, False, True, True, False,
+                                                       True, True, False, False, True, True]
+
+
 @pytest.mark.parametrize("transport", ["inproc", "tcp"])
 def test_array_frames_alias_in_process_and_copy_across_tcp(transport):
     ctx = zmq.Context()

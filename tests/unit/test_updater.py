@@ -351,6 +351,27 @@ def test_updater_uses_the_schedule_times_lr_scale():
     assert np.array_equal(w, [-0.5, -0.5])
 
 
+def test_a_fixed_step_schedule_is_asked_every_update_others_once_a_step(monkeypatch):
+    """The updates of one step share a schedule of the step alone; kFixedStep's advances a
+    call at a time, so each update of a step still asks it (a fresh one lags per update)."""
+    up = create_updater(updater_proto(f"type: kSGD learning_rate {{ {FIXEDSTEP} }}"))
+    moves = []
+    for _ in range(4):
+        w = np.zeros(1, np.float32)
+        up.update(350, w, np.ones(1, np.float32), [])
+        moves.append(-w[0])
+    assert moves == [F(0.01), F(0.001), F(0.0001), F(0.0001)]
+    up = create_updater(updater_proto(
+        "type: kSGD learning_rate { type: kStep base_lr: 0.5 step_conf { change_freq: 2 gamma: 0.5 } }"))
+    asked = []
+    rate = updater.StepLRGen.__call__
+    monkeypatch.setattr(updater.StepLRGen, "__call__",
+                        lambda gen, step: asked.append(step) or rate(gen, step))
+    for step in (3, 3, 3, 4, 4):
+        up.update(step, np.zeros(1, np.float32), np.ones(1, np.float32), [])
+    assert asked == [3, 4]
+
+
 @pytest.mark.parametrize("text, match", [
     ("base_lr: 0.1", "kUserChange"),
     ('type: kFixed user_type: "cosine"', "'cosine'"),
