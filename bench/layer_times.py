@@ -41,7 +41,9 @@ def instrument(rt, worker_clock=time.perf_counter, sync=None):
     `sync`: called before and after each layer's pass (waits for a GPU)."""
     acc = defaultdict(float)
 
-    def timed(key, fn, clock=worker_clock, wait=lambda: None):
+    def timed(key, fn, clock=worker_clock, wait=None):
+        wait = wait or (lambda: None)
+
         def call(*a, **k):
             wait()
             t0 = clock()
@@ -53,10 +55,8 @@ def instrument(rt, worker_clock=time.perf_counter, sync=None):
         return call
 
     for layer in rt.worker.train_net.layers:
-        layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature,
-                                      wait=sync or (lambda: None))
-        layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient,
-                                       wait=sync or (lambda: None))
+        layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature, wait=sync)
+        layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient, wait=sync)
     w = rt.worker
     w.update = timed(("worker: send gradients", ""), w.update)
     for s in rt.process.servers:

@@ -76,14 +76,14 @@ extern "C" __global__ void update(
 """
 
 
-def rule(rule, constants, clip=None):
-    """The kernel's arguments for rule `rule` (SGD ... ADAMMAX) with its `constants`, g
+def rule(case, constants, clip=None):
+    """The kernel's arguments for rule `case` (SGD ... ADAMMAX) with its `constants`, g
     clipped to `clip` (lo, hi) if given: what stays from one `update` to the next, made once.
     """
     lo, hi = (0.0, 0.0) if clip is None else clip
     c = (list(constants) + [0.0] * 5)[:5]
     f = np.float32
-    return (np.int32(rule), np.int32(clip is not None), f(lo), f(hi)), tuple(map(f, c))
+    return (np.int32(case), np.int32(clip is not None), f(lo), f(hi)), tuple(map(f, c))
 
 
 def update(launch, w, g, buffers, lr, scale=None, wd=None):

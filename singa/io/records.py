@@ -8,8 +8,8 @@ from singa.files import write_atomic
 from singa.io.kvfile import KVFile, pack
 from singa.proto import common_pb2
 
-__all__ = ["record_values", "decode_batch", "uniform_pixels", "parse_record", "class_indices", "encode_record",
-           "write_records", "read_mean"]
+__all__ = ["record_values", "decode_batch", "uniform_pixels", "parse_record", "class_indices",
+           "encode_record", "write_records", "read_mean"]
 
 
 def record_values(value, shape, key=b""):

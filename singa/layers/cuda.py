@@ -5,10 +5,10 @@ activation), SoftmaxLoss's forward and its gradient, and an input layer's pixels
 
 The convolution functions take `singa.layers.loops`' arguments and compute its sums in its
 order; the pooling functions compute `conv.PoolingLayer`'s numpy path in its order: the same
-float32 bits (`--fmad=false`: no fused multiply-adds); the activations' gradients do too, and
-their forward passes differ from numpy's only in CUDA's exp and tanh. Every kernel is a gather, one thread
-per output element summing its terms in a fixed order: no atomic adds, so a run is
-deterministic. Each is compiled from SOURCE at its first call on a device, then cached by
+float32 bits (`--fmad=false`: no fused multiply-adds); the activations' gradients do too,
+and their forward passes differ from numpy's only in CUDA's exp and tanh. Every kernel is a
+gather, one thread per output element summing its terms in a fixed order: no atomic adds, so
+a run is deterministic. Each is compiled from SOURCE at its first call on a device, then cached by
 CuPy (per device, and on disk). tests/unit/test_cuda_kernels.py runs SOURCE compiled by g++.
 """
 import functools
@@ -20,7 +20,8 @@ from singa.device import module
 __all__ = ["SOURCE", "OPTIONS", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "max_pool", "avg_pool", "max_pool_backward",
            "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
-           "activation_grad", "normalize_pixels", "softmax_loss", "softmax_loss_grad", "lrn", "lrn_grad"]
+           "activation_grad", "normalize_pixels", "softmax_loss", "softmax_loss_grad", "lrn",
+           "lrn_grad"]
 
 OPTIONS = ("--fmad=false",)
 
