@@ -198,7 +198,10 @@ while :; do
     done
   }
   # SIGUSR1: a snapshot, then the job stops (one process told is enough: its stub tells the
-  # others); here a local process, else the first registered one over ssh
+  # others); here a local process, else over ssh the first one registered in ZooKeeper, or in
+  # job.pids while ZooKeeper is away (singa-kill-proc.sh refuses a pid no longer the job's).
+  # The view is read whole: under pipefail a `| head` fails when head leaves before the
+  # view's last line is written, and a failure here would end the launcher (set -e).
   snapshot_job() {
     echo "singa-run: SIGUSR1: job $job_id stops after a snapshot" >&2
     snapshot=1
@@ -207,10 +210,17 @@ while :; do
     elif [ ${#local_pids[@]} -gt 0 ]; then
       kill -USR1 "${local_pids[@]}" 2>/dev/null || true
     else
-      local proc
-      proc=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null | head -n 1)
-      [ -z "$proc" ] || singa_ssh -- "${proc%|*}" bash -s -- "$job_id" "${proc##*|}" \
-        0 USR1 <"$SINGA_BIN/singa-kill-proc.sh" || true
+      local procs proc
+      procs=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null) || procs=""
+      [ -n "$procs" ] || procs=$(cat "$log_dir/job.pids" 2>/dev/null) || procs=""
+      proc=${procs%%$'\n'*}
+      if [ -z "$proc" ]; then
+        echo "singa-run: SIGUSR1: no process of job $job_id is known (ZooKeeper away before any registered); no snapshot asked" >&2
+        snapshot=""
+        return
+      fi
+      singa_ssh -- "${proc%|*}" bash -s -- "$job_id" "${proc##*|}" 0 USR1 \
+        <"$SINGA_BIN/singa-kill-proc.sh" || true
     fi
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
@@ -300,10 +310,21 @@ while :; do
       start_proc "$i" "$host"
       i=$((i + 1))
     done <"$log_dir/job.hosts"
+    nprocs=$i
   fi
 
+  # job.pids (SINGA's): the processes registered in ZooKeeper, "host|pid" each, SIGUSR1's list
+  # while ZooKeeper is away; read again every 2 s until every process is in it
+  pids_listed=""; pids_at=0
+  list_pids() {
+    local procs
+    pids_at=$((SECONDS + 2))
+    procs=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null) || return 0
+    [ -z "$procs" ] || printf '%s\n' "$procs" >"$log_dir/job.pids"
+    [ "$(grep -c . <<<"$procs")" -lt "$nprocs" ] || pids_listed=1
+  }
   sleep 2
-  singatool view "$job_id" -confdir "$SINGA_CONF" >"$log_dir/job.pids" 2>/dev/null || true
+  list_pids
 
   # The job is over when every process has ended, or once ZooKeeper has none of them left
   # (each done or lost): then an ssh to a host that went away is not waited for, nor a local
@@ -325,6 +346,7 @@ while :; do
   over=""; closed=(); rewatch=""
   while :; do
     [ -z "$elastic" ] || [ -n "$slurm_step" ] || check_elastic
+    [ -n "$pids_listed" ] || [ $SECONDS -lt $pids_at ] || list_pids
     alive=0
     for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
     [ $alive -eq 1 ] || break

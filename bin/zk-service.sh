@@ -28,7 +28,8 @@ conf_port() {
   local hosts=""
   if [ -f "$SINGA_CONF/singa.conf" ]; then
     hosts=$(sed -n 's/^[[:space:]]*zookeeper_host[[:space:]]*:[[:space:]]*"\([^"]*\)".*/\1/p' \
-      "$SINGA_CONF/singa.conf" | head -n 1)
+      "$SINGA_CONF/singa.conf")
+    hosts=${hosts%%$'\n'*}     # the first (no pipe to head: pipefail would fail on sed's SIGPIPE)
   fi
   hosts=${hosts%%,*}
   hosts=${hosts%%/*}

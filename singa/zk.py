@@ -28,6 +28,8 @@ JOB_LOCK = "/singa/sys/job-lock"
 HOST_IDX = "/singa/sys/host-idx"
 APP = "/singa/app"
 SESSION_TIMEOUT = 10.0     # seconds (SINGA's 30,000 ms): how soon a killed process is seen lost
+#: a connect's answer is awaited for 1/CONNECT_SHARE of the session timeout (`_listed`)
+CONNECT_SHARE = 4
 SHUTDOWN_TIMEOUT = 3.0     # seconds a call on the way out may wait (its ephemeral node expires anyway)
 #: the shared nodes: every user of SINGA reads, writes, creates and deletes, nobody changes
 #: their ACL (ADMIN), so no stranger can lock later launches out
@@ -180,13 +182,24 @@ def _connect(hosts, timeout, auth=None):
 
 def _session(hosts, timeout, auth=None, session_timeout=SESSION_TIMEOUT):
     """`_connect` without the probe: kazoo tries until `timeout`."""
-    client = KazooClient(hosts=hosts, timeout=session_timeout, auth_data=auth,
+    client = KazooClient(hosts=_listed(hosts, CONNECT_SHARE), timeout=session_timeout,
+                         auth_data=auth,
                          connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2, "max_delay": 1})
     try:
         client.start(timeout=timeout)
     except (KazooTimeoutError, KazooException) as e:    # start() has stopped the client already
         raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s") from e
     return client
+
+
+def _listed(hosts, times):
+    """`hosts` ("h1:p1,h2[/chroot]") with each host listed `times` times. Kazoo waits
+    session timeout / (hosts listed) for the answer to a connect; a server still starting
+    accepts the connection and never answers it, so with each host once a client that
+    reconnects at that moment waits a whole session timeout and its session expires (the
+    process is taken for lost after a ZooKeeper restart it should ride through)."""
+    servers, slash, chroot = hosts.partition("/")
+    return ",".join([servers] * times) + slash + chroot
 
 
 def route_address(hosts):

@@ -55,13 +55,9 @@ def outage_env(tmp_path):
         zk_service("stop", zk_env, check=False)
 
 
-def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_env, tmp_path):
-    """ZooKeeper stops for 20 s while two processes started over ssh train: the launcher's
-    watcher rides it through (before: it took its failure for 'every process has left', closed
-    the ssh sessions after 5 s and reported the host lost). After ZooKeeper is back the job
-    trains on and stops as asked (SIGUSR1: a snapshot, then exit 138), every process's status
-    known."""
-    env, service = outage_env
+def train_over_ssh(fixture_job, env, tmp_path):
+    """(Popen, log path) of bin/singa-run.sh training the fixture MLP on and on in two
+    processes started over the fake ssh, once both run and step 100 is displayed."""
     conf = fixture_job(edits={
         "cluster { nworker_groups: 1 nserver_groups: 1":
             "cluster { nworker_groups: 1 nserver_groups: 1 nworkers_per_group: 2 "
@@ -72,12 +68,43 @@ def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_e
     with open(log, "w") as out:
         run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
     try:
-        deadline = time.monotonic() + 120
         while len(re.findall(r"proc #\d", log.read_text())) < 2 or \
                 "Train @ step 100 " not in log.read_text():
             assert time.monotonic() < deadline and run.poll() is None, log.read_text()
             time.sleep(0.2)
+    except BaseException:
+        end_launch(run, log)
+        raise
+    return run, log
+
+
+def end_launch(run, log):
+    """SIGKILL to the launch and to its drivers, where they still run."""
+    if run.poll() is None:
+        os.killpg(run.pid, signal.SIGKILL)
+    kill_orphans(log)
+
+
+def snapshot_stop(text, tmp_path):
+    """The launch's `text` shows one stop after a snapshot, whose files every worker wrote."""
+    assert "lost host" not in text and "closing it" not in text and "Traceback" not in text, text
+    assert text.count("stopped by SIGUSR1 after a snapshot") == 1, text
+    step = int(re.search(r"stopping at step (\d+) after a snapshot", text)[1])
+    for w in (0, 1):
+        assert (tmp_path / "ws" / "checkpoint" / f"step{step}-worker{w}.bin").is_file(), text
+
+
+def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_env, tmp_path):
+    """ZooKeeper stops for 20 s while two processes started over ssh train: the launcher's
+    watcher rides it through (before: it took its failure for 'every process has left', closed
+    the ssh sessions after 5 s and reported the host lost). After ZooKeeper is back the job
+    trains on and stops as asked (SIGUSR1: a snapshot, then exit 138), every process's status
+    known."""
+    env, service = outage_env
+    run, log = train_over_ssh(fixture_job, env, tmp_path)
+    try:
         service("stop")
         time.sleep(20)
         service("start")
@@ -88,13 +115,31 @@ def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_e
         run.send_signal(signal.SIGUSR1)
         rc = run.wait(timeout=120)
     finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-        kill_orphans(log)
+        end_launch(run, log)
     text = log.read_text()
     assert rc == 128 + signal.SIGUSR1, text
-    assert "lost host" not in text and "closing it" not in text and "Traceback" not in text, text
-    assert text.count("stopped by SIGUSR1 after a snapshot") == 1, text
-    step = int(re.search(r"stopping at step (\d+) after a snapshot", text)[1])
-    for w in (0, 1):
-        assert (tmp_path / "ws" / "checkpoint" / f"step{step}-worker{w}.bin").is_file(), text
+    snapshot_stop(text, tmp_path)
+
+
+def test_sigusr1_while_zookeeper_is_away_stops_the_job_after_a_snapshot(fixture_job, outage_env,
+                                                                        tmp_path):
+    """SIGUSR1 to a launch over ssh while ZooKeeper is away: the launcher cannot read which
+    processes registered, so it asks the first of job.pids (written at the start) for the
+    snapshot, and the job stops after it (before: the failed read ended the launcher under
+    set -e, which killed the job without a snapshot)."""
+    env, service = outage_env
+    run, log = train_over_ssh(fixture_job, env, tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids := list((tmp_path / "log" / "job-info").glob("job-*/job.pids"))) != 1 \
+                or len(pids[0].read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        service("stop")
+        run.send_signal(signal.SIGUSR1)
+        rc = run.wait(timeout=120)
+    finally:
+        end_launch(run, log)
+    text = log.read_text()
+    assert rc == 128 + signal.SIGUSR1, text
+    snapshot_stop(text, tmp_path)

@@ -1,6 +1,7 @@
 """singa.zk and job_manager against a real ZooKeeper: SINGA's znode layout, ids, listing."""
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -10,6 +11,8 @@ from singa.errors import ClusterError, ConfigError
 from singa.cluster_rt import ZKClusterRuntime
 from singa.job_manager import JobManager
 from singa.trust import JobTrust, new_secret
+from kazoo.protocol.states import KazooState
+
 from singa.zk import ZKService, job_path, zookeeper_answers
 
 
@@ -178,3 +181,92 @@ def test_operations_after_server_loss_raise_within_timeout(tmp_path, closed_port
         JobManager(z).new_job_id()
     assert time.monotonic() - t < 4
     z.close()
+
+
+class StallingProxy:
+    """127.0.0.1:`port` in front of the ZooKeeper at `target` (host, port): it forwards, but
+    `cut(n)` breaks every connection and holds the next `n` unanswered (accepted, never
+    read from): what a ZooKeeper that is starting does to a connect."""
+
+    def __init__(self, target):
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stall, self.socks, self.lock = 0, [], threading.Lock()
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:     # closed
+                return
+            with self.lock:
+                self.socks.append(client)
+                if self.stall > 0:
+                    self.stall -= 1
+                    continue
+                server = socket.create_connection(self.target)
+                self.socks.append(server)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    def cut(self, stall):
+        with self.lock:
+            self.stall = stall
+            for s in self.socks:
+                end(s)
+            self.socks = []
+
+    def close(self):
+        self.listener.close()
+        self.cut(0)
+
+
+def pump(a, b):
+    """Copy what `a` receives to `b` until either ends; then end both."""
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    end(a)
+    end(b)
+
+
+def end(s):
+    try:
+        s.shutdown(socket.SHUT_RDWR)    # wakes a thread blocked in recv (close would not)
+    except OSError:
+        pass
+    s.close()
+
+
+def test_a_session_outlives_connects_that_a_starting_server_does_not_answer(zk_server, raw):
+    """After an outage, a reconnect can reach a ZooKeeper that is starting: it accepts the
+    connection and never answers (CI: a process reconnected so, waited the whole 10 s session
+    timeout for the answer, its session expired, and the job took it for lost). Two such
+    connects in a row, then a server that answers: the session and its ephemeral node live on,
+    since a connect is given up on after a quarter of the session timeout (before: after all
+    of it; two of them outlast the session)."""
+    host, port = zk_server.rsplit(":", 1)
+    proxy = StallingProxy((host, int(port)))
+    z = ZKService(f"127.0.0.1:{proxy.port}")
+    try:
+        states = []
+        z.client.add_listener(states.append)
+        path = "/stalled-" + str(os.getpid())
+        z.client.create(path, ephemeral=True)
+        session = z.client.client_id[0]
+        z.client.exists(path)   # the server's last word with the session: now
+        proxy.cut(stall=2)
+        deadline = time.monotonic() + 40
+        while KazooState.CONNECTED not in states and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert states[0] == KazooState.SUSPENDED and KazooState.CONNECTED in states, states
+        assert KazooState.LOST not in states, states
+        assert z.client.client_id[0] == session
+        assert raw.exists(path) is not None
+    finally:
+        z.close()
+        proxy.close()
