@@ -214,17 +214,29 @@ def format_frame(fmt, *values):
     return b"".join(out)
 
 
+@functools.lru_cache(maxsize=256)
 def int_frame(values):
-    """A format frame of int32 items only, any number of them."""
+    """A format frame of the int32 items of tuple `values`, any number of them (made once per
+    `values`: a param's offsets and share counts are the same every step)."""
     return format_frame("i" * len(values), *values)
 
 
 def parse_int_frame(frame):
-    """The int32 items of a frame made by `int_frame`."""
+    """The int32 items (a tuple) of a frame made by `int_frame`; one handed over in-process
+    (bytes, the same object every step) is parsed once."""
+    return _parse_ints(frame) if type(frame) is bytes else _ints(frame)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_ints(frame):
+    return _ints(frame)
+
+
+def _ints(frame):
     size = len(frame.buffer if hasattr(frame, "buffer") else frame) - len(_MAGIC)
     if size % 5:
         raise ClusterError("malformed integer frame")
-    return parse_format_frame("i" * (size // 5), frame)
+    return tuple(parse_format_frame("i" * (size // 5), frame))
 
 
 def parse_format_frame(fmt, frame):

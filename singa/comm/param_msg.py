@@ -89,15 +89,17 @@ def parse_slice_put(msg):
 def slice_update(src, server, owner, sid, version, num_local, grad):
     """The Update of one slice: the sum of `num_local` shares' gradients."""
     return m.Msg(src, server, m.kUpdate, m.param_trgt(owner, sid), version,
-                 [m.format_frame("i", num_local), m.array_frame(grad)])
+                 [m.int_frame((num_local,)), m.array_frame(grad)])
 
 
 def parse_slice_update(msg, size):
     """(num_local, gradient) of a slice's Update."""
     if len(msg.frames) != 2:
         raise ClusterError(f"Update of slice {m.slice_id(msg.trgt_val)} without a gradient")
-    (num_local,) = m.parse_format_frame("i", msg.frames[0])
-    return num_local, m.frame_array(msg.frames[1], size)
+    counts = m.parse_int_frame(msg.frames[0])
+    if len(counts) != 1:
+        raise ClusterError(f"malformed Update of slice {m.slice_id(msg.trgt_val)}")
+    return counts[0], m.frame_array(msg.frames[1], size)
 
 
 # --- server -> stub ----------------------------------------------------------------------
@@ -134,7 +136,7 @@ def parse_sync(msg, size):
 def gathered(src, dst, type_, param_id, version, offsets, answers):
     """One answer of every slice (`answers[k]`: slice k's frames, which starts at `offsets[k]`)
     as one message to the share `param_id` of worker `dst`."""
-    frames = [m.int_frame(offsets)] + [f for frames in answers for f in frames]
+    frames = [m.int_frame(tuple(offsets))] + [f for frames in answers for f in frames]
     return m.Msg(src, dst, type_, m.param_trgt(param_id, 0), version, frames)
 
 

@@ -40,7 +40,7 @@ class ParamEntry:
         self.num_total = 0          # shares in the whole group
         self.slices = slices        # [(slice id, server address, offset, size)]
         self.index = {sid: i for i, (sid, _, _, _) in enumerate(slices)}
-        self.offsets = [o for _, _, o, _ in slices]
+        self.offsets = tuple(o for _, _, o, _ in slices)
         self.size = sum(n for _, _, _, n in slices)
         self.grads = None           # the OrderedSum of the current step's gradients
         self.next_version = -1

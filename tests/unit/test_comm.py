@@ -25,7 +25,7 @@ def test_format_frames_round_trip_every_kind():
     assert m.parse_format_frame("ifs", frame) == [-5, 0.5, b"name"]
     assert m.parse_error_frames(m.error_frames("DataError", "bad label")) == ("DataError",
                                                                            "bad label")
-    assert m.parse_int_frame(m.int_frame([3, -1, 7])) == [3, -1, 7]
+    assert m.parse_int_frame(m.int_frame((3, -1, 7))) == (3, -1, 7)
     with pytest.raises(ClusterError):
         m.parse_format_frame("f", m.format_frame("i", 1))
     with pytest.raises(ClusterError):

@@ -147,7 +147,7 @@ def test_state_request_gathers_every_slice_of_the_updater_state():
     b.workers[0].receive(2000)
     b.send(0, m.kState, 0)
     answer = b.workers[0].receive(2000)
-    assert answer.type == m.kRState and m.parse_int_frame(answer.frames[0]) == [0, 4]
+    assert answer.type == m.kRState and m.parse_int_frame(answer.frames[0]) == (0, 4)
     assert len(answer.frames) == 1 + 2 * 2        # per slice: lr index, SGD's one buffer
     b.close()
 
