@@ -87,8 +87,16 @@ def end_launch(run, log):
     kill_orphans(log)
 
 
-def snapshot_stop(text, tmp_path):
-    """The launch's `text` shows one stop after a snapshot, whose files every worker wrote."""
+def stop_after_snapshot(run, log, tmp_path):
+    """SIGUSR1 to the launch: it exits 138 after one stop with a snapshot, whose files every
+    worker wrote, every process's status known."""
+    try:
+        run.send_signal(signal.SIGUSR1)
+        rc = run.wait(timeout=120)
+    finally:
+        end_launch(run, log)
+    text = log.read_text()
+    assert rc == 128 + signal.SIGUSR1, text
     assert "lost host" not in text and "closing it" not in text and "Traceback" not in text, text
     assert text.count("stopped by SIGUSR1 after a snapshot") == 1, text
     step = int(re.search(r"stopping at step (\d+) after a snapshot", text)[1])
@@ -112,19 +120,16 @@ def test_a_zookeeper_outage_does_not_end_a_launch_over_ssh(fixture_job, outage_e
         time.sleep(15)      # past the moment the old watcher ended the launch
         assert run.poll() is None, log.read_text()
         assert "Train @ step" in log.read_text()[back:], log.read_text()    # trains on
-        run.send_signal(signal.SIGUSR1)
-        rc = run.wait(timeout=120)
-    finally:
+    except BaseException:
         end_launch(run, log)
-    text = log.read_text()
-    assert rc == 128 + signal.SIGUSR1, text
-    snapshot_stop(text, tmp_path)
+        raise
+    stop_after_snapshot(run, log, tmp_path)
 
 
 def test_sigusr1_while_zookeeper_is_away_stops_the_job_after_a_snapshot(fixture_job, outage_env,
                                                                         tmp_path):
     """SIGUSR1 to a launch over ssh while ZooKeeper is away: the launcher cannot read which
-    processes registered, so it asks the first of job.pids (written at the start) for the
+    processes registered, so it asks the first of job.pids (complete once all had) for the
     snapshot, and the job stops after it (before: the failed read ended the launcher under
     set -e, which killed the job without a snapshot)."""
     env, service = outage_env
@@ -136,10 +141,7 @@ def test_sigusr1_while_zookeeper_is_away_stops_the_job_after_a_snapshot(fixture_
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
         service("stop")
-        run.send_signal(signal.SIGUSR1)
-        rc = run.wait(timeout=120)
-    finally:
+    except BaseException:
         end_launch(run, log)
-    text = log.read_text()
-    assert rc == 128 + signal.SIGUSR1, text
-    snapshot_stop(text, tmp_path)
+        raise
+    stop_after_snapshot(run, log, tmp_path)
