@@ -367,8 +367,12 @@ class Driver:
         step = files[-1].step
         step = job.step if step is None else step
         log.info("Test @ step %d", step)
-        with net.device.selected():
-            evaluation.run(net, job_pb2.kTest, job.test_steps, worker_class(job).test_one_batch)
+        try:
+            with net.device.selected():
+                evaluation.run(net, job_pb2.kTest, job.test_steps,
+                               worker_class(job).test_one_batch)
+        finally:
+            net.close()
         metrics = {}
         for values in net.metrics(job_pb2.kTest).values():
             log.info("   %s", singa_log.format_metrics(values))

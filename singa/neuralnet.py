@@ -161,6 +161,14 @@ class NeuralNet:
         for layer in self.layers:
             layer.compute_feature(flag, self.srclayers[layer.name])
 
+    def close(self):
+        """Release what its layers hold open (stores, reading threads): the net is done."""
+        for layer in self.layers:
+            layer.close()
+        plan = getattr(self, "whole_pass", None)    # an evaluation net's (`evaluation.eval_net`)
+        if plan is not None and plan.tail is not None:
+            plan.tail.close()
+
     def metrics(self, flag):
         """{layer name: {metric: value}} of the layers with metrics (`Layer.metrics`, which
         resets them), in layer order."""

@@ -293,6 +293,10 @@ class Process:
             raise failure_error(*failure)
 
     def close(self):
+        for w in self.workers:
+            for net in (w.train_net, w.test_net, w.val_net):
+                if net is not None:
+                    net.close()
         if self.watch is not None:
             self.watch.close()
         for peer in self.peers.values():

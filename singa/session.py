@@ -162,13 +162,16 @@ def predict(job, x):
                 layer.type = job_pb2.kRecordInput
         net, _ = evaluation.loaded_test_net(job, "predict", net_conf)
         out = None
-        with net.device.selected():
-            for start in range(0, n, batch):
-                net.forward(job_pb2.kTest | job_pb2.kForward)
-                y = host(_output(net))
-                if out is None:
-                    out = np.empty((n,) + y.shape[1:], np.float32)
-                out[start:start + batch] = y[:n - start]
+        try:
+            with net.device.selected():
+                for start in range(0, n, batch):
+                    net.forward(job_pb2.kTest | job_pb2.kForward)
+                    y = host(_output(net))
+                    if out is None:
+                        out = np.empty((n,) + y.shape[1:], np.float32)
+                    out[start:start + batch] = y[:n - start]
+        finally:
+            net.close()
         return out
     finally:
         memory.release(path)

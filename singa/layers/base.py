@@ -164,6 +164,9 @@ class Layer:
         getattr(self.rng, method)(dtype=np.float32, out=values)
         self.uploads(out, values)
 
+    def close(self):
+        """Release what the layer holds open (a store, a reading thread): its net is done."""
+
     def make_mirror(self, device, host_read):
         """Give this host layer's `data` and `aux_data` GPU copies on `device`, `mirror` and
         `aux_mirror`, for the layers there that read it; `host_read`: host layers read it too."""

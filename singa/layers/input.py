@@ -98,6 +98,17 @@ class StoreInputLayer(Layer):
                 for v, identity in ((self.mean, 0), (self.std, 1)))
             self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.gpu(device))
 
+    def close(self):
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.exception()   # waits; the batch is not used, so neither is its error
+        if self._reads is not None:
+            self._reads.shutdown()
+            self._reads = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
     def _read(self):
         """The next batch: (keys, values, its pixels (N, dim) uint8 where it holds pixel
         records laid out alike on a layer that decodes on the device, else None; their labels

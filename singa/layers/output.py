@@ -88,6 +88,11 @@ class StoreOutputLayer(Layer):
             self.count += 1
         self.store.flush()
 
+    def close(self):
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
     def encode(self, row, label):
         """The store value of one instance."""
         raise NotImplementedError

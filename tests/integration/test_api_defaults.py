@@ -396,6 +396,20 @@ def test_iterables_of_batches_train_evaluate_and_predict_as_the_arrays_do(tmp_pa
     assert a.evaluate(batches(*test), verbose=0) == b.evaluate(*test, verbose=0)
     assert np.array_equal(a.predict(x for x, _ in batches(*test)),
                           np.concatenate([b.predict(x) for x, _ in batches(*test)]))
+    assert not open_files(tmp_path / "a"), "the stream files stay open"
+
+
+def open_files(folder):
+    """The files under `folder` this process holds open."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:     # closed while listed
+            continue
+        if target.startswith(str(folder) + os.sep):
+            out.append(target)
+    return out
 
 
 def test_a_worker_error_is_raised_once_and_not_printed_too(tmp_path, train, capfd):

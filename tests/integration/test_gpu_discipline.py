@@ -9,6 +9,7 @@ through tests/cuda_shim.py. The real GPU is tests/gpu's."""
 import io
 import subprocess
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -371,7 +372,8 @@ def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_
     """cifar10's records with a mean file and a std: on the GPU path the batch goes up as its
     pixel bytes and the device computes (x − mean) / std, the CPU's float32 bits, batch after
     batch across the end of the shard, while the next batch is read ahead: the position is
-    still that of the batches used, and a seek (a resume) forgets the batch read ahead."""
+    still that of the batches used, a seek (a resume) forgets the batch read ahead, and
+    closing ends the reading thread."""
     text = cifar_conf(tmp_path).replace("mean_file:", "std_value: 3.3\n      mean_file:", 1)
     job = config.parse_job(text, "cudnn_bm.conf", check_paths=False)
     cpu, dev = (NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0),
@@ -393,3 +395,6 @@ def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_
             positions_at_3 = cpu.position()
     # 10 batches of 10 in the shard: it wrapped around
     assert len(positions) == 10 and cpu.position() < max(positions)
+    reader = [t for t in threading.enumerate() if t.name.startswith(f"read {dev.name}")]
+    dev.close()     # its net is done: the reading thread ends, the store is closed
+    assert reader and not any(t.is_alive() for t in reader) and dev.store is None
