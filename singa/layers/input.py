@@ -63,6 +63,7 @@ class StoreInputLayer(Layer):
         self.random_skip = sc.random_skip
         self.store = None
         self.skipped = False
+        self._offset = 0        # the store's offset after the batches used
 
     def compute_feature(self, flag, srclayers):
         if self.store is None:
@@ -99,6 +100,10 @@ class StoreInputLayer(Layer):
             self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.gpu(device))
 
     def close(self):
+        """The store closed and the reading thread ended; `position` still says where the
+        batches used end."""
+        if self.store is not None:
+            self._offset = self.position()[0]
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
             ahead.exception()   # waits; the batch is not used, so neither is its error
@@ -137,7 +142,7 @@ class StoreInputLayer(Layer):
         """(byte offset of the next tuple not used, whether random_skip was done): where `seek`
         resumes."""
         if self.store is None:
-            return 0, self.skipped
+            return self._offset, self.skipped
         return self._offset if self._ahead else self.store.tell(), self.skipped
 
     def seek(self, offset, skipped):
