@@ -104,9 +104,7 @@ class StoreInputLayer(Layer):
         batches used end."""
         if self.store is not None:
             self._offset = self.position()[0]
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.exception()   # waits; the batch is not used, so neither is its error
+        self._forget_ahead()
         if self._reads is not None:
             self._reads.shutdown()
             self._reads = None
@@ -147,13 +145,17 @@ class StoreInputLayer(Layer):
 
     def seek(self, offset, skipped):
         """Continue reading at `offset`; a resumed reader does not skip again if `skipped`."""
-        ahead, self._ahead = self._ahead, None
-        if ahead is not None:
-            ahead.exception()   # waits; the batch is not used, so neither is its error
+        self._forget_ahead()
         if self.store is None:
             self.store = self._open()
         self.store.seek(offset)
         self.skipped = skipped
+
+    def _forget_ahead(self):
+        """Wait for the batch being read ahead, if any, and forget it (its error too)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.exception()
 
     def parse(self, keys, values, flag, x):
         """Fill x (N, dim) and aux_data from the batch's store values."""
