@@ -197,11 +197,21 @@ while :; do
       scancel --signal="$1" "$step" 2>/dev/null || true
     done
   }
+  # job.pids (SINGA's): the processes registered in ZooKeeper, "host|pid" each, SIGUSR1's list;
+  # read again every 2 s until every process is in it. The view is read whole: under pipefail a
+  # `| head` fails when head leaves before the view's last line is written, and a failure here
+  # would end the launcher (set -e).
+  list_pids() {
+    local procs
+    pids_at=$((SECONDS + 2))
+    procs=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null) || return 0
+    [ -z "$procs" ] || printf '%s\n' "$procs" >"$log_dir/job.pids"
+    if [ -n "$nprocs" ] && [ "$(grep -c . <<<"$procs")" -ge "$nprocs" ]; then pids_listed=1; fi
+  }
   # SIGUSR1: a snapshot, then the job stops (one process told is enough: its stub tells the
-  # others); here a local process, else over ssh the first one registered in ZooKeeper, or in
-  # job.pids while ZooKeeper is away (singa-kill-proc.sh refuses a pid no longer the job's).
-  # The view is read whole: under pipefail a `| head` fails when head leaves before the
-  # view's last line is written, and a failure here would end the launcher (set -e).
+  # others); here a local process, else over ssh the first of job.pids, read again from
+  # ZooKeeper first (its last list while ZooKeeper is away; singa-kill-proc.sh refuses a pid
+  # no longer the job's).
   snapshot_job() {
     echo "singa-run: SIGUSR1: job $job_id stops after a snapshot" >&2
     snapshot=1
@@ -210,10 +220,9 @@ while :; do
     elif [ ${#local_pids[@]} -gt 0 ]; then
       kill -USR1 "${local_pids[@]}" 2>/dev/null || true
     else
-      local procs proc
-      procs=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null) || procs=""
-      [ -n "$procs" ] || procs=$(cat "$log_dir/job.pids" 2>/dev/null) || procs=""
-      proc=${procs%%$'\n'*}
+      local proc=""
+      list_pids
+      read -r proc 2>/dev/null <"$log_dir/job.pids" || true
       if [ -z "$proc" ]; then
         echo "singa-run: SIGUSR1: no process of job $job_id is known (ZooKeeper away before any registered); no snapshot asked" >&2
         snapshot=""
@@ -224,6 +233,7 @@ while :; do
     fi
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
+  nprocs=""; pids_listed=""; pids_at=0
   proc_pid=(); proc_host=(); rc_whole=""
   trap 'stop_job SIGINT; exit 130' INT
   trap 'stop_job SIGTERM; exit 143' TERM
@@ -313,16 +323,6 @@ while :; do
     nprocs=$i
   fi
 
-  # job.pids (SINGA's): the processes registered in ZooKeeper, "host|pid" each, SIGUSR1's list
-  # while ZooKeeper is away; read again every 2 s until every process is in it
-  pids_listed=""; pids_at=0
-  list_pids() {
-    local procs
-    pids_at=$((SECONDS + 2))
-    procs=$(singatool view "$job_id" -confdir "$SINGA_CONF" 2>/dev/null) || return 0
-    [ -z "$procs" ] || printf '%s\n' "$procs" >"$log_dir/job.pids"
-    [ "$(grep -c . <<<"$procs")" -lt "$nprocs" ] || pids_listed=1
-  }
   sleep 2
   list_pids
 

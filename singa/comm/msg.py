@@ -227,16 +227,14 @@ def parse_int_frame(frame):
     return _parse_ints(frame) if type(frame) is bytes else _ints(frame)
 
 
-@functools.lru_cache(maxsize=256)
-def _parse_ints(frame):
-    return _ints(frame)
-
-
 def _ints(frame):
     size = len(frame.buffer if hasattr(frame, "buffer") else frame) - len(_MAGIC)
     if size % 5:
         raise ClusterError("malformed integer frame")
     return tuple(parse_format_frame("i" * (size // 5), frame))
+
+
+_parse_ints = functools.lru_cache(maxsize=256)(_ints)
 
 
 def parse_format_frame(fmt, frame):

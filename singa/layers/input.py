@@ -102,8 +102,7 @@ class StoreInputLayer(Layer):
     def close(self):
         """The store closed and the reading thread ended; `position` still says where the
         batches used end."""
-        if self.store is not None:
-            self._offset = self.position()[0]
+        self._offset = self.position()[0]
         self._forget_ahead()
         if self._reads is not None:
             self._reads.shutdown()
