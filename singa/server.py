@@ -3,9 +3,11 @@
 Messages come from stubs and are answered to the requesting stub; their frames are
 `comm.param_msg`'s. A Put creates the slice (in-process values alias the putting worker's
 array, on its GPU if it has one: the slice is then updated there, and values from another
-process are copied to it); a Get is answered once the slice reaches the version asked for; an Update waits for
-`num_total` shares, sums them in the order of their senders' addresses (deterministic) and
-applies the updater with grad_scale = 1/num_total, the gradient frame handed over as scratch;
+process are copied to it); a Get is answered once the slice reaches the version asked for; an
+Update brings gradients of several slices, and each slice waits for `num_total` shares, sums
+them in the order of their senders' addresses (deterministic) and applies the updater with
+grad_scale = 1/num_total, the gradient frame handed over as scratch (one kRUpdate per stub
+answers the slices an Update completed);
 a State request returns the LR index and copies of the updater buffers (for a snapshot); a
 slice mastered by another server group syncs with it (Distributed Hogwild: `sync`). kStop from
 the stub ends the loop; from a worker (its farewell, in a job of several processes) it counts
@@ -33,7 +35,7 @@ class Slice:
     def __init__(self, data, lr_scale, wd_scale, num_total, version, buffers):
         self.data, self.lr_scale, self.wd_scale = data, lr_scale, wd_scale
         self.num_total, self.version, self.buffers = num_total, version, buffers
-        self.pending = []       # the Update requests waiting for the other shares
+        self.pending = []       # the stubs whose Updates wait for the other shares
         self.num_shares = 0
         self.grads = m.OrderedSum(data.size)     # their gradients
         self.last_sync = None   # the values at the last sync (a slice mastered elsewhere)
@@ -100,14 +102,15 @@ class Server:
 
     def handle(self, msg):
         t = msg.type
+        if t == m.kUpdate:
+            self.handle_update(msg)
+            return
         sid = m.slice_id(msg.trgt_val)
         if t == m.kPut:
             self.handle_put(sid, msg)
         elif t == m.kGet:
             self.waiting_gets.append(msg)
             self.answer_gets()
-        elif t == m.kUpdate:
-            self.handle_update(sid, msg)
         elif t == m.kSyncRequest:
             self.handle_sync_request(sid, msg)
         elif t == m.kSyncResponse:
@@ -155,38 +158,50 @@ class Server:
             if s is None or s.version < msg.trgt_version:
                 still.append(msg)
             else:
-                self.dealer.send(pm.values_reply(msg, m.kRGet, s.version, self.reply_values(s)))
+                self.dealer.send(pm.values_reply(msg, s.version, self.reply_values(s)))
         self.waiting_gets = still
 
     def reply_values(self, s):
         """Slice `s`'s values for a reply: a copy where they may change before it is read."""
         return host_copy(s.data) if self.copy_replies else s.data
 
-    def handle_update(self, sid, msg):
-        s = self.slice(sid)
-        num_local, grad = pm.parse_slice_update(msg, s.data.size)
-        if not 1 <= num_local <= s.num_total - s.num_shares:
-            raise ClusterError(f"malformed Update of slice {sid}")
-        s.pending.append(msg)
-        s.grads.add(msg.src, like(s.data, own(grad)))
-        s.num_shares += num_local
-        if s.num_shares < s.num_total:
-            return
-        g = s.grads.take()
-        with on(s.data):
-            self.updater.update(msg.trgt_version, s.data, g, s.buffers,
-                                s.lr_scale, s.wd_scale, 1.0 / s.num_total)
-        s.version += 1
-        for req in s.pending:
-            self.dealer.send(pm.values_reply(req, m.kRUpdate, s.version, self.reply_values(s)))
-        s.pending = []
-        s.num_shares = 0
-        if s.last_sync is not None:
-            self.sync(sid, s, msg)
+    def handle_update(self, msg):
+        """A stub's gradients of slices: each slice is updated once its `num_total` shares
+        have come, and the stubs that sent them get its values, one kRUpdate per stub and
+        version."""
+        checked, sids = [], set()
+        for owner, sid, num_local, frame in pm.parse_slice_update(msg):   # all before any
+            s = self.slice(sid)
+            grad = m.frame_array(frame, s.data.size)
+            if not 1 <= num_local <= s.num_total - s.num_shares or sid in sids:
+                raise ClusterError(f"malformed Update of slice {sid}")
+            sids.add(sid)
+            checked.append((owner, sid, s, num_local, grad))
+        replies = {}    # (stub, version) -> [(owner, slice id, values)]
+        for owner, sid, s, num_local, grad in checked:
+            s.pending.append(msg.src)
+            s.grads.add(msg.src, like(s.data, own(grad)))
+            s.num_shares += num_local
+            if s.num_shares < s.num_total:
+                continue
+            g = s.grads.take()
+            with on(s.data):
+                self.updater.update(msg.trgt_version, s.data, g, s.buffers,
+                                    s.lr_scale, s.wd_scale, 1.0 / s.num_total)
+            s.version += 1
+            for stub in s.pending:
+                replies.setdefault((stub, s.version), []).append(
+                    (owner, sid, self.reply_values(s)))
+            s.pending = []
+            s.num_shares = 0
+            if s.last_sync is not None:
+                self.sync(sid, s, m.param_trgt(owner, sid))
+        for (stub, version), items in replies.items():
+            self.dealer.send(pm.updated(self.address, stub, version, items))
         if self.waiting_gets:
             self.answer_gets()
 
-    def sync(self, sid, s, msg):
+    def sync(self, sid, s, trgt_val):
         """After `sync_freq` updates of a slice mastered elsewhere (and not too many syncs
         pending): kSyncRequest [cur - last_sync] to its master; last_sync = cur."""
         s.n_updates += 1
@@ -197,7 +212,7 @@ class Server:
             s.last_sync[...] = s.data
         s.n_updates = 0
         s.n_pending_sync += 1
-        self.dealer.send(pm.sync(self.address, self.masters[sid], m.kSyncRequest, msg.trgt_val,
+        self.dealer.send(pm.sync(self.address, self.masters[sid], m.kSyncRequest, trgt_val,
                                  s.version, delta))
 
     def handle_sync_request(self, sid, msg):

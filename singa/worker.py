@@ -3,9 +3,9 @@ CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
 servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
-(the gradient); RPut / RGet / RUpdate answers bring the new version and, unless the frames
-alias the param's own array (a server in this process), its values; `collect` waits for them
-before a param is used again. The worker initialises or loads its params, restores its own
+(the gradients of a bucket of params: `BUCKET_FLOATS`); RPut / RGet / RUpdate answers bring
+the new version and, unless the frames alias the param's own array (a server in this
+process), its values; `collect` waits for them before a param is used again. The worker initialises or loads its params, restores its own
 streams on a resume, and writes its own snapshot file, asking the servers for the updater
 state by message (SINGA's Worker::InitNetParams / Worker::Checkpoint).
 """
@@ -35,6 +35,13 @@ log = logging.getLogger("singa")
 kTrain, kVal, kTest = job_pb2.kTrain, job_pb2.kVal, job_pb2.kTest
 kForward, kBackward, kAggGrad = job_pb2.kForward, job_pb2.kBackward, job_pb2.kAggGrad
 kPositive, kNegative = job_pb2.kPositive, job_pb2.kNegative
+
+
+#: a CPU worker sends its gradients in buckets of at least this many floats, so that a
+#: bucket's updates run on the servers beside the backward pass of the layers below while
+#: each message's cost stays small beside them (PyTorch DDP's gradient buckets); a GPU worker,
+#: whose host only queues the GPU's work, sends all of a step's in one
+BUCKET_FLOATS = 1 << 18
 
 
 def every(freq, after, step):
@@ -100,6 +107,7 @@ class Worker:
         self.snapshot_at = None     # a snapshot on signal: the step to stop at after it
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
+        self.bucket, self.bucket_step, self.bucket_floats = [], None, 0    # gradients to send
 
     # --- the loop -------------------------------------------------------------------------
     def run(self):
@@ -121,6 +129,7 @@ class Worker:
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
+                self.send_updates()
                 numerics.check_loss(self.train_net, s)
                 if (self.id == 0 or self.channel) and every(job.disp_freq, job.disp_after, s):
                     self.report(s, "train", self.display(kTrain | kForward | kBackward,
@@ -427,6 +436,8 @@ class Worker:
             self.dealer.send(pm.request(self.address, m.STUB, m.kGet, p.owner, step))
 
     def update(self, step, p):
+        """Put `p`'s gradient of `step` in the bucket, sent once it holds `BUCKET_FLOATS` (on
+        the CPU) or by `send_updates`."""
         if p.updated_by_layer:      # the layer's own values: the servers keep their first
             return
         if p.partition is not None:
@@ -435,7 +446,19 @@ class Worker:
             # copies by the server). SINGA leaves it K times larger.
             p.grad *= 1 / p.partition[2]
         p.last_version = p.version
-        self.dealer.send(pm.update(self.address, m.STUB, p.owner, step, p.grad))
+        self.bucket.append(p)
+        self.bucket_step = step
+        self.bucket_floats += p.grad.size
+        if self.bucket_floats >= BUCKET_FLOATS and self.device.gpu is None:
+            self.send_updates()
+
+    def send_updates(self):
+        """Send the gradients in the bucket to the servers, in one Update."""
+        if self.bucket:
+            self.dealer.send(pm.update(self.address, m.STUB, self.bucket_step,
+                                       [p.owner for p in self.bucket],
+                                       [p.grad for p in self.bucket]))
+            self.bucket, self.bucket_floats = [], 0
 
     def collect(self, p):
         """Wait until an answer has brought `p` a version newer than its last request."""
@@ -449,7 +472,9 @@ class Worker:
                     self.collect(p)
 
     def wait(self, done, what):
-        """Handle messages until `done()`; ClusterError after `response_timeout` seconds."""
+        """Handle messages until `done()` (the bucket of gradients sent first); ClusterError
+        after `response_timeout` seconds."""
+        self.send_updates()
         deadline = time.monotonic() + self.response_timeout
         while not done():
             msg = self.dealer.receive(self.poll_ms)
@@ -511,26 +536,33 @@ class Worker:
         if msg.type == m.kSnapshot:
             self.snapshot_at = max(self.snapshot_at or 0, msg.trgt_version)
             return
-        p = self.params_by_id.get(m.param_id(msg.trgt_val))
-        if p is None or msg.type not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
+        t = msg.type
+        if t not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
             log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
             return
-        if msg.type == m.kRState:
-            self.updater_states[p.owner] = pm.read_state(msg, p.shape, f"param '{p.name}'")
-            return
-        if msg.type == m.kRPut:
-            self.check_put(p, msg)
-        else:
-            pm.read_values(msg, p.data.reshape(-1), f"param '{p.name}'")
-        p.version = msg.trgt_version
+        for pid, slices in pm.answered(msg, None if t == m.kRState else 1):
+            p = self.params_by_id.get(pid)
+            if p is None:
+                log.warning("Worker (group = %d, id = %d): dropped the answer for param %d, "
+                            "which it does not have", self.grp, self.id, pid)
+                continue
+            what = f"param '{p.name}'"
+            if t == m.kRState:
+                self.updater_states[p.owner] = pm.read_state(slices, p.shape, what)
+                continue
+            if t == m.kRPut:
+                self.check_put(p, slices)
+            else:
+                pm.read_values(slices, p.data.reshape(-1), what)
+            p.version = msg.trgt_version
 
-    def check_put(self, p, msg):
+    def check_put(self, p, slices):
         """Warn when the servers dropped the updater buffers this worker put for `p` (a
         snapshot of another updater): they say so in their kRPut."""
         put = self.put_buffers.pop(p.owner, None)
         if put is None:
             return
-        kept, dropped = pm.read_put_reply(msg, f"param '{p.name}'")
+        kept, dropped = pm.read_put_reply(slices)
         if dropped:
             log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: its "
                         "state starts afresh", p.name, put[1], put[0], kept)

@@ -3,24 +3,30 @@ Param::GenPutMsg / GenGetMsg / GenUpdateMsg and their Parse*, src/utils/param.cc
 
 `trgt_val` is (param id, slice id) (`msg.param_trgt`): a worker's request names its owner param
 and slice 0, the stub's requests and the servers' answers one slice; `trgt_version` is the
-version asked for or reached. Arrays travel as float32 frames (`msg.array_frame`): in-process
-a frame is the sender's array (of the host or of a GPU), which must stay unchanged until read;
-values that will change go as a host copy (`device.host_copy`).
+version asked for or reached. Updates travel in buckets: a worker's Update carries the
+gradients of several params, the stub's one per server the slices of that server, and the
+answers come back the same way (`trgt_val` 0, the params named in an int frame). Arrays travel
+as float32 frames (`msg.array_frame`): in-process a frame is the sender's array (of the host or
+of a GPU), which must stay unchanged until read; values that will change go as a host copy
+(`device.host_copy`).
 
   worker -> stub     kPut     [ffi: lr_scale, wd_scale, lr_index; values; updater buffers...]
                      kGet     []
-                     kUpdate  [gradient]
+                     kUpdate  [i: owner ids; their gradients]
                      kState   []
   stub -> server     kPut     [iffii: size, lr_scale, wd_scale, num_total, lr_index;
   (one per slice)              values; updater buffers...]
                      kGet     []
-                     kUpdate  [i: num_local; the sum of the stub's num_local gradients]
                      kState   []
+  stub -> server     kUpdate  [i: (owner, slice, num_local) per slice; per slice the sum of
+  (one per server)             the stub's num_local gradients]
   server -> stub     kRPut [ii: updater buffers kept, 1 if the Put's were dropped],
-                     kRGet [values], kRUpdate [values],
-                     kRState [i: lr_index; a copy of each updater buffer]
-  stub -> worker     the same answer once every slice has given it:
-                     [offsets; each slice's frames, in slice order]
+                     kRGet [values], kRState [i: lr_index; a copy of each updater buffer];
+                     kRUpdate [i: (owner, slice) per slice; their values], one per stub and
+                     version, for the slices an Update completed
+  stub -> worker     the answers of every slice of one or more params, once all have come:
+                     [i: (param id, slice count, offsets...) per param; each slice's frames,
+                     param by param, in slice order]
   server -> master   kSyncRequest [values - values at the last sync] (Distributed Hogwild)
   master -> server   kSyncResponse [the master's values after adding them]
 
@@ -55,16 +61,22 @@ def request(src, dst, type_, owner, version, sid=0):
     return m.Msg(src, dst, type_, m.param_trgt(owner, sid), version)
 
 
-def update(src, dst, owner, version, grad):
-    """A worker's Update: its gradient of param `owner`."""
-    return m.Msg(src, dst, m.kUpdate, m.param_trgt(owner, 0), version, [m.array_frame(grad)])
+def update(src, dst, version, owners, grads):
+    """A worker's Update: the gradients `grads` of its owner params `owners` (a bucket)."""
+    return m.Msg(src, dst, m.kUpdate, 0, version,
+                 [m.int_frame(tuple(owners))] + [m.array_frame(g) for g in grads])
 
 
-def parse_update(msg, size):
-    """The gradient of a worker's Update."""
-    if len(msg.frames) != 1:
-        raise ClusterError("Update without a gradient")
-    return m.frame_array(msg.frames[0], size)
+def parse_update(msg):
+    """[(owner id, gradient frame)] of a worker's Update (`m.frame_array` checks a frame's
+    size against its param's)."""
+    if not msg.frames:
+        raise ClusterError("Update without gradients")
+    owners = m.parse_int_frame(msg.frames[0])
+    if not owners or len(owners) != len(msg.frames) - 1:
+        raise ClusterError(f"malformed Update: {len(owners)} params, "
+                           f"{len(msg.frames) - 1} gradients")
+    return list(zip(owners, msg.frames[1:]))
 
 
 # --- stub -> server ----------------------------------------------------------------------
@@ -86,20 +98,23 @@ def parse_slice_put(msg):
     return lr_scale, wd_scale, num_total, lr_index, arrays[0], arrays[1:]
 
 
-def slice_update(src, server, owner, sid, version, num_local, grad):
-    """The Update of one slice: the sum of `num_local` shares' gradients."""
-    return m.Msg(src, server, m.kUpdate, m.param_trgt(owner, sid), version,
-                 [m.int_frame((num_local,)), m.array_frame(grad)])
+def slice_update(src, server, version, items):
+    """The Update of slices `items` [(owner, slice id, num_local, gradient)] of one server:
+    each gradient the sum of `num_local` shares'."""
+    head = m.int_frame(tuple(x for owner, sid, n, _ in items for x in (owner, sid, n)))
+    return m.Msg(src, server, m.kUpdate, 0, version, [head] + [m.array_frame(g)
+                                                             for _, _, _, g in items])
 
 
-def parse_slice_update(msg, size):
-    """(num_local, gradient) of a slice's Update."""
-    if len(msg.frames) != 2:
-        raise ClusterError(f"Update of slice {m.slice_id(msg.trgt_val)} without a gradient")
-    counts = m.parse_int_frame(msg.frames[0])
-    if len(counts) != 1:
-        raise ClusterError(f"malformed Update of slice {m.slice_id(msg.trgt_val)}")
-    return counts[0], m.frame_array(msg.frames[1], size)
+def parse_slice_update(msg):
+    """[(owner, slice id, num_local, gradient frame)] of the stub's Update of slices."""
+    if not msg.frames:
+        raise ClusterError("Update of slices without gradients")
+    ints = m.parse_int_frame(msg.frames[0])
+    if len(ints) % 3 or len(ints) // 3 != len(msg.frames) - 1 or not ints:
+        raise ClusterError(f"malformed Update of slices: {len(ints)} numbers, "
+                           f"{len(msg.frames) - 1} gradients")
+    return [(*ints[3 * k:3 * k + 3], f) for k, f in enumerate(msg.frames[1:])]
 
 
 # --- server -> stub ----------------------------------------------------------------------
@@ -109,9 +124,28 @@ def put_reply(req, version, nbuffers, dropped):
     return req.reply(m.kRPut, version, [m.format_frame("ii", nbuffers, int(dropped))])
 
 
-def values_reply(req, type_, version, values):
-    """kRGet / kRUpdate to `req`: the slice's values (aliased in-process: unchanged until read)."""
-    return req.reply(type_, version, [m.array_frame(values)])
+def values_reply(req, version, values):
+    """kRGet to `req`: the slice's values (aliased in-process: unchanged until read)."""
+    return req.reply(m.kRGet, version, [m.array_frame(values)])
+
+
+def updated(src, dst, version, items):
+    """kRUpdate to stub `dst`: the values of slices `items` [(owner, slice id, values)], all
+    at `version` (aliased in-process: unchanged until read)."""
+    head = m.int_frame(tuple(x for owner, sid, _ in items for x in (owner, sid)))
+    return m.Msg(src, dst, m.kRUpdate, 0, version,
+                 [head] + [m.array_frame(v) for _, _, v in items])
+
+
+def parse_updated(msg):
+    """[(owner, slice id, [values frame])] of a server's kRUpdate."""
+    if not msg.frames:
+        raise ClusterError("kRUpdate without values")
+    ints = m.parse_int_frame(msg.frames[0])
+    if len(ints) % 2 or len(ints) // 2 != len(msg.frames) - 1 or not ints:
+        raise ClusterError(f"malformed kRUpdate: {len(ints)} numbers, "
+                           f"{len(msg.frames) - 1} values")
+    return [(ints[2 * k], ints[2 * k + 1], [f]) for k, f in enumerate(msg.frames[1:])]
 
 
 def state_reply(req, version, lr_index, buffers):
@@ -133,26 +167,37 @@ def parse_sync(msg, size):
 
 
 # --- stub -> worker ----------------------------------------------------------------------
-def gathered(src, dst, type_, param_id, version, offsets, answers):
-    """One answer of every slice (`answers[k]`: slice k's frames, which starts at `offsets[k]`)
-    as one message to the share `param_id` of worker `dst`."""
-    frames = [m.int_frame(tuple(offsets))] + [f for frames in answers for f in frames]
-    return m.Msg(src, dst, type_, m.param_trgt(param_id, 0), version, frames)
+def gathered(src, dst, type_, version, params):
+    """The answers of every slice of `params` [(param id, offsets, answers)] (`answers[k]`:
+    slice k's frames, which starts at `offsets[k]`) as one message to worker `dst`."""
+    head = m.int_frame(tuple(x for pid, offsets, _ in params
+                             for x in (pid, len(offsets), *offsets)))
+    frames = [head] + [f for _, _, answers in params for frames in answers for f in frames]
+    return m.Msg(src, dst, type_, 0, version, frames)
 
 
-def _slices(msg, per, what):
-    """[(offset, frames)] of a gathered answer with `per` frames per slice (None: as many as
-    the frames divide into)."""
+def answered(msg, per):
+    """[(param id, [(offset, frames)])] of a gathered answer with `per` frames per slice (None:
+    as many as the frames divide into, the same for every slice)."""
     if not msg.frames:
-        raise ClusterError(f"answer for {what} without frames")
-    offsets = m.parse_int_frame(msg.frames[0])
-    rest = msg.frames[1:]
-    if per is None:
-        per = len(rest) // max(1, len(offsets))
-    if per < 1 or len(rest) != per * len(offsets):
-        raise ClusterError(f"malformed answer for {what}: {len(rest)} frames for "
-                           f"{len(offsets)} slices")
-    return [(o, rest[k * per:(k + 1) * per]) for k, o in enumerate(offsets)]
+        raise ClusterError("answer without frames")
+    ints, rest = m.parse_int_frame(msg.frames[0]), msg.frames[1:]
+    params, k = [], 0
+    while k < len(ints):
+        if k + 2 > len(ints) or ints[k + 1] < 1 or k + 2 + ints[k + 1] > len(ints):
+            raise ClusterError("malformed answer: its offsets are cut short")
+        params.append((ints[k], ints[k + 2:k + 2 + ints[k + 1]]))
+        k += 2 + ints[k + 1]
+    nslices = sum(len(offsets) for _, offsets in params)
+    if per is None and nslices:
+        per = len(rest) // nslices
+    if not params or per < 1 or len(rest) != per * nslices:
+        raise ClusterError(f"malformed answer: {len(rest)} frames for {nslices} slices")
+    out, f = [], 0
+    for pid, offsets in params:
+        out.append((pid, [(o, rest[f + i * per:f + (i + 1) * per]) for i, o in enumerate(offsets)]))
+        f += per * len(offsets)
+    return out
 
 
 def _place(out, o, frame, what):
@@ -164,26 +209,26 @@ def _place(out, o, frame, what):
         assign(out[o:o + values.size], values)
 
 
-def read_values(msg, flat, what):
-    """Write the values of a gathered kRGet / kRUpdate into `flat` (a param's flat array)."""
-    for o, (frame,) in _slices(msg, 1, what):
+def read_values(slices, flat, what):
+    """Write the values of a param's answered kRGet / kRUpdate `slices` into `flat` (the
+    param's flat array)."""
+    for o, (frame,) in slices:
         _place(flat, o, frame, what)
 
 
-def read_put_reply(msg, what):
-    """(updater buffers the servers keep, whether some slice dropped the Put's) of a gathered
-    kRPut."""
-    replies = [m.parse_format_frame("ii", frame) for _, (frame,) in _slices(msg, 1, what)]
+def read_put_reply(slices):
+    """(updater buffers the servers keep, whether some slice dropped the Put's) of a param's
+    answered kRPut `slices`."""
+    replies = [m.parse_format_frame("ii", frame) for _, (frame,) in slices]
     return max(n for n, _ in replies), any(dropped for _, dropped in replies)
 
 
-def read_state(msg, shape, what):
-    """(lr_index, [updater buffers shaped `shape`]) of a gathered kRState."""
-    parts = _slices(msg, None, what)
+def read_state(slices, shape, what):
+    """(lr_index, [updater buffers shaped `shape`]) of a param's answered kRState `slices`."""
     size = int(np.prod(shape))
-    bufs = [np.empty(size, np.float32) for _ in range(len(parts[0][1]) - 1)] if parts else []
+    bufs = [np.empty(size, np.float32) for _ in range(len(slices[0][1]) - 1)]
     lr_index = 0
-    for o, frames in parts:
+    for o, frames in slices:
         (lr_index,) = m.parse_format_frame("i", frames[0])
         for buf, frame in zip(bufs, frames[1:]):
             _place(buf, o, frame, what)

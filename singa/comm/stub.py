@@ -5,7 +5,9 @@ address, param id), how many shares the group has in all, and the param's slices
 servers. Workers' Put / Get / Update / State requests go through it (the gradients of local
 shares are summed first, in the order of their addresses) to the servers, sent as the stub
 itself (`address(grp)`, SINGA's Addr(grp, procs_id, kStub)); the servers answer that address
-and, once every slice has answered, the stub gives each share one message (`comm.param_msg`).
+and, once every slice has answered, the stub gives each share the answer (`comm.param_msg`).
+A worker's Update carries a bucket of params; the stub sends the slices it completes one
+message per server, and the answers that complete params one message per worker.
 Everything is routed by its destination address: an executor's here or at its process's stub
 over tcp (`peers`), another stub's by the process id in it. A failure (kError) stops every
 local executor; `run` then returns it as (type name, message). A process on its way out tells
@@ -366,17 +368,25 @@ class Stub:
                                  sid))
 
     def handle_update(self, msg):
-        """Once every local share has sent its gradient: their sum, a slice per server."""
-        e = self.request_entry(msg)
-        if e.grads is None:
-            e.grads = m.OrderedSum(e.size)
-        if e.grads.add(msg.src, pm.parse_update(msg, e.size)) < e.num_local:
-            return
-        g = e.grads.take()
-        for sid, server, o, n in e.slices:
-            self.send(pm.slice_update(self.address(e.grp), server, e.owner, sid,
-                                      msg.trgt_version, e.num_local,
-                                      g if n == e.size else g[o:o + n]))
+        """A worker's bucket of gradients: each param's, once every local share has sent its
+        own, summed; the slices so completed go one message per server."""
+        grp = m.addr_grp(msg.src)
+        grads = []
+        for owner, frame in pm.parse_update(msg):      # checked whole before anything is kept
+            e = self.entry(grp, owner)
+            grads.append((e, m.frame_array(frame, e.size)))
+        out = {}    # server -> [(owner, slice id, num_local, gradient)]
+        for e, grad in grads:
+            if e.grads is None:
+                e.grads = m.OrderedSum(e.size)
+            if e.grads.add(msg.src, grad) < e.num_local:
+                continue
+            g = e.grads.take()
+            for sid, server, o, n in e.slices:
+                out.setdefault(server, []).append(
+                    (e.owner, sid, e.num_local, g if n == e.size else g[o:o + n]))
+        for server, items in out.items():
+            self.send(pm.slice_update(self.address(grp), server, msg.trgt_version, items))
 
     def handle_state(self, msg):
         """A worker asks for the updater state (a snapshot): a kState per slice; the answer
@@ -390,23 +400,33 @@ class Stub:
                                  msg.trgt_version, sid))
 
     def handle_response(self, msg):
-        """A slice answered; once every slice has, the shares get one message each: every
-        local share for values, the workers that asked for the updater state."""
-        e = self.entry(m.addr_grp(msg.dst), m.param_id(msg.trgt_val))
-        i = e.index.get(m.slice_id(msg.trgt_val))
-        if i is None:
-            raise ClusterError(f"answer for unknown slice {m.slice_id(msg.trgt_val)}")
-        got = e.answers.setdefault(msg.type, {})
-        got[i] = (msg.trgt_version, msg.frames)
-        if len(got) < len(e.slices):
-            return
-        del e.answers[msg.type]
-        version = min(v for v, _ in got.values())
-        answers = [got[k][1] for k in range(len(e.slices))]
-        shares = e.shares
-        if msg.type == m.kRState:
-            asked, e.state_requests = set(e.state_requests), []
-            shares = [s for s in e.shares if s[0] in asked]
-        for worker, pid in shares:
-            self.router.send(pm.gathered(msg.dst, worker, msg.type, pid, version, e.offsets,
-                                         answers))
+        """Answers of slices (a kRUpdate's several); once every slice of a param has answered,
+        its shares get the answers: every local share for values, the workers that asked for
+        the updater state; one message per worker and version."""
+        grp = m.addr_grp(msg.dst)
+        items = pm.parse_updated(msg) if msg.type == m.kRUpdate else \
+            [(m.param_id(msg.trgt_val), m.slice_id(msg.trgt_val), msg.frames)]
+        answers = []
+        for owner, sid, frames in items:       # checked whole before anything is kept
+            e = self.entry(grp, owner)
+            i = e.index.get(sid)
+            if i is None:
+                raise ClusterError(f"answer for unknown slice {sid}")
+            answers.append((e, i, frames))
+        out = {}    # (worker, version) -> [(param id, offsets, answers)]
+        for e, i, frames in answers:
+            got = e.answers.setdefault(msg.type, {})
+            got[i] = (msg.trgt_version, frames)
+            if len(got) < len(e.slices):
+                continue
+            del e.answers[msg.type]
+            version = min(v for v, _ in got.values())
+            slices = [got[k][1] for k in range(len(e.slices))]
+            shares = e.shares
+            if msg.type == m.kRState:
+                asked, e.state_requests = set(e.state_requests), []
+                shares = [s for s in e.shares if s[0] in asked]
+            for worker, pid in shares:
+                out.setdefault((worker, version), []).append((pid, e.offsets, slices))
+        for (worker, version), params in out.items():
+            self.router.send(pm.gathered(msg.dst, worker, msg.type, version, params))

@@ -71,8 +71,8 @@ def forgeries():
         0, 100, 784 * 64).astype(np.float32)
     return [pm.put(w, m.STUB, 0, 0, 1.0, 1.0, -1, zeros),
             pm.slice_put(m.addr(0, 0, m.kStub), server, 0, 0, 0, 1, 1, 1, -1, [zeros]),
-            pm.update(w, m.STUB, 0, 1, noise),
-            pm.slice_update(m.addr(0, 0, m.kStub), server, 0, 0, 1, 2, noise),
+            pm.update(w, m.STUB, 1, [0], [noise]),
+            pm.slice_update(m.addr(0, 0, m.kStub), server, 1, [(0, 0, 2, noise)]),
             m.Msg(w, m.STUB, m.kStop), m.Msg(m.STUB, server, m.kStop), m.Msg(w, server, m.kStop)]
 
 

@@ -6,6 +6,7 @@ import zmq
 from google.protobuf import text_format
 
 from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.comm.socket import Router
 from singa.errors import ClusterError
 from singa.proto import job_pb2
@@ -39,8 +40,7 @@ def put(server, values):
 
 
 def update(server, grad):
-    server.handle(m.Msg(WORKER, server.address, m.kUpdate, m.param_trgt(0, 0), 0,
-                        [m.format_frame("i", 1), m.array_frame(grad.copy())]))
+    server.handle(pm.slice_update(WORKER, server.address, 0, [(0, 0, 1, grad.copy())]))
 
 
 def sent(router, type_):
@@ -130,7 +130,8 @@ def test_replies_of_asynchronous_groups_are_copies_later_updates_cannot_change(c
         update(server, np.ones(n, np.float32))
         reply = sent(router, m.kRUpdate)
         update(server, np.ones(n, np.float32))      # the next group's update
-        values = m.frame_array(reply.frames[0], n)
+        [(_, _, [frame])] = pm.parse_updated(reply)
+        values = m.frame_array(frame, n)
         np.testing.assert_array_equal(values, 0.5 if copy_replies else 0.0)
     finally:
         server.dealer.close()

@@ -40,14 +40,18 @@ def test_the_stub_asks_the_servers_as_itself_and_routes_their_answers_by_its_add
         assert req.type == m.kState and req.trgt_val == m.param_trgt(4, 0)
         server.send(pm.state_reply(req, 5, 2, [np.ones(3, np.float32)]))
         answer = workers[1].receive(2000)
-        assert answer.type == m.kRState and m.param_id(answer.trgt_val) == 11
+        assert answer.type == m.kRState and [pid for pid, _ in pm.answered(answer, None)] == [11]
         assert workers[0].receive(200) is None          # it did not ask
         for w in workers:
-            w.send(pm.update(w.address, m.STUB, 4, 5, np.ones(3, np.float32)))
+            w.send(pm.update(w.address, m.STUB, 5, [4], [np.ones(3, np.float32)]))
         req = server.receive(2000)
-        assert req.src == stub.address(0) and pm.parse_slice_update(req, 3)[0] == 2
-        server.send(pm.values_reply(req, m.kRUpdate, 6, np.zeros(3, np.float32)))
-        assert [w.receive(2000).type for w in workers] == [m.kRUpdate, m.kRUpdate]
+        [(owner, sid, num_local, grad)] = pm.parse_slice_update(req)
+        assert req.src == stub.address(0) and (owner, sid, num_local) == (4, 0, 2)
+        np.testing.assert_array_equal(m.frame_array(grad), 2)      # the shares' sum
+        server.send(pm.updated(server.address, req.src, 6, [(4, 0, np.zeros(3, np.float32))]))
+        answers = [w.receive(2000) for w in workers]
+        assert [(a.type, a.trgt_version) for a in answers] == [(m.kRUpdate, 6)] * 2
+        assert [pm.answered(a, 1)[0][0] for a in answers] == [10, 11]
     finally:
         stub.stop()
         for w in workers:
@@ -72,10 +76,12 @@ class Bench:
         self.workers = [Dealer(m.addr(0, j, m.kWorkerParam), self.router.endpoint)
                         for j in range(shares)]
         entry = ParamEntry(0, 0, [(0, self.server.address, 0, 4), (1, self.server.address, 4, 2)])
+        second = ParamEntry(0, 1, [(2, self.server.address, 0, 3)])   # a param of one slice
         for j, w in enumerate(self.workers):
             entry.add_share(w.address, 10 + j)
-        entry.num_total = shares
-        self.stub = Stub(self.router, {(0, 0): entry},
+            second.add_share(w.address, 20 + j)
+        entry.num_total = second.num_total = shares
+        self.stub = Stub(self.router, {(0, 0): entry, (0, 1): second},
                          [self.server.address] + [w.address for w in self.workers], poll_ms=10)
         self.threads = [threading.Thread(target=x.run, daemon=True) for x in (self.server, self.stub)]
         for t in self.threads:
@@ -85,8 +91,14 @@ class Bench:
         w = self.workers[j]
         w.send(m.Msg(w.address, m.STUB, type_, m.param_trgt(0, 0), version, frames))
 
-    def put(self, values):
-        self.send(0, m.kPut, 0, [m.format_frame("ffi", 1, 1, -1), m.array_frame(values)])
+    def put(self, values, owner=0):
+        w = self.workers[0]
+        w.send(pm.put(w.address, m.STUB, owner, 0, 1, 1, -1, values))
+
+    def update(self, j, grads, version=0):
+        """Worker j's Update of a bucket: {owner: gradient}."""
+        w = self.workers[j]
+        w.send(pm.update(w.address, m.STUB, version, list(grads), list(grads.values())))
 
     def answers(self):
         return [w.receive(2000) for w in self.workers]
@@ -103,9 +115,9 @@ class Bench:
 
 
 def values_of(answer):
-    """{offset: values} of an RGet / RUpdate answer: [offsets; a frame per slice]."""
-    offsets = m.parse_int_frame(answer.frames[0])
-    return {o: m.frame_array(f) for o, f in zip(offsets, answer.frames[1:])}
+    """{offset: values} of an RGet / RUpdate answer for one param."""
+    [(_, slices)] = pm.answered(answer, 1)
+    return {o: m.frame_array(f) for o, (f,) in slices}
 
 
 def test_put_is_acknowledged_and_two_shares_make_one_averaged_update():
@@ -114,11 +126,11 @@ def test_put_is_acknowledged_and_two_shares_make_one_averaged_update():
     assert [a.type for a in b.answers()] == [m.kRPut, m.kRPut]
     grads = [np.full(6, 2.0, np.float32), np.full(6, 4.0, np.float32)]
     for j, g in enumerate(grads):
-        b.send(j, m.kUpdate, 0, [m.array_frame(g)])
+        b.update(j, {0: g})
     answers = b.answers()
     assert [a.type for a in answers] == [m.kRUpdate, m.kRUpdate]
     assert [a.trgt_version for a in answers] == [1, 1]
-    assert [m.param_id(a.trgt_val) for a in answers] == [10, 11]
+    assert [pm.answered(a, 1)[0][0] for a in answers] == [10, 11]
     # w -= lr * (g0 + g1) / num_total  = 1 - 0.5 * 6 / 2
     for answer in answers:
         got = values_of(answer)
@@ -127,6 +139,32 @@ def test_put_is_acknowledged_and_two_shares_make_one_averaged_update():
     # the sum went to buffers of the stub and server, not into a worker's gradient
     np.testing.assert_array_equal(grads[0], 2.0)
     np.testing.assert_array_equal(grads[1], 4.0)
+    b.close()
+
+
+def test_a_bucket_of_params_travels_as_one_message_each_way():
+    """Two workers' buckets of two params (three slices on one server): the server gets one
+    Update of the three slices, once both workers' gradients have come, and answers it once;
+    each worker gets one answer with both params."""
+    b = Bench()
+    b.put(np.ones(6, np.float32))
+    b.put(np.ones(3, np.float32), owner=1)
+    assert [w.receive(2000).type for w in b.workers for _ in range(2)] == [m.kRPut] * 4
+    seen = []
+    handle = b.server.handle
+    b.server.handle = lambda msg: (seen.append((msg.type, msg.src)), handle(msg))
+    for j in range(2):
+        b.update(j, {0: np.full(6, 2.0 + j, np.float32), 1: np.full(3, 4.0 * j, np.float32)})
+    answers = b.answers()
+    assert seen == [(m.kUpdate, b.stub.address(0))]
+    for j, answer in enumerate(answers):
+        assert (answer.type, answer.trgt_version) == (m.kRUpdate, 1)
+        (p0, s0), (p1, s1) = pm.answered(answer, 1)
+        assert (p0, p1) == (10 + j, 20 + j) and [o for o, _ in s0] == [0, 4]
+        np.testing.assert_allclose(np.concatenate([m.frame_array(f) for _, (f,) in s0]),
+                                   1 - 0.5 * 5 / 2)
+        np.testing.assert_allclose(m.frame_array(s1[0][1][0]), 1 - 0.5 * 4 / 2)
+    assert b.workers[0].receive(100) is None
     b.close()
 
 
@@ -147,7 +185,7 @@ def test_state_request_gathers_every_slice_of_the_updater_state():
     b.workers[0].receive(2000)
     b.send(0, m.kState, 0)
     answer = b.workers[0].receive(2000)
-    assert answer.type == m.kRState and m.parse_int_frame(answer.frames[0]) == (0, 4)
+    assert answer.type == m.kRState and m.parse_int_frame(answer.frames[0]) == (10, 2, 0, 4)
     assert len(answer.frames) == 1 + 2 * 2        # per slice: lr index, SGD's one buffer
     b.close()
 
@@ -164,7 +202,7 @@ def test_server_drops_malformed_puts_and_keeps_serving(frames):
     w = b.workers[0]
     w.send(m.Msg(w.address, b.server.address, m.kPut, m.param_trgt(0, 0), 0, frames))
     w.send(m.Msg(w.address, b.server.address, m.kUpdate, m.param_trgt(0, 0), 0, [b"x"]))
-    b.send(0, m.kUpdate, 0, [m.array_frame(np.full(6, 2.0, np.float32))])
+    b.update(0, {0: np.full(6, 2.0, np.float32)})
     answer = b.workers[0].receive(2000)
     assert answer.type == m.kRUpdate
     got = values_of(answer)     # 1 - 0.5 * 2: the bad messages changed nothing
