@@ -20,8 +20,9 @@ from google.protobuf import text_format
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
-from singa import checkpoint, config, device, threads
+from singa import checkpoint, config, device, threads, worker
 from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer, Peer, Router
 from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
                          LRN2D, MaxPooling2D, Model, Sequential)
@@ -89,15 +90,19 @@ def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpus_values(tmp_path,
 
 
 def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_waits_for_the_gpu_once(
-        tmp_path, mnist, gpu):
+        tmp_path, mnist, gpu, monkeypatch):
     """No param value or gradient crosses between host and device in a step: the servers
     update the workers' params where they are. Per step only the batch (and its labels) goes
     to the device, and nothing comes back (before: every gradient came up and every value
     went down, 101,800 bytes each way). The host waits for the GPU once a step, to check the
     loss: the batch, its labels and the dropout mask go through pinned buffers, and the
-    metrics stay on the device until displayed (before: 6 waits a step)."""
+    metrics stay on the device until displayed (before: 6 waits a step). The worker sends the
+    step's gradients in one Update, whatever a CPU worker's bucket would hold."""
     x, y = mnist
-    moved, waits = [], []
+    moved, waits, buckets, updates = [], [], [], []
+    update = pm.update
+    monkeypatch.setattr(pm, "update", lambda *a: (buckets.append(a[3]), update(*a))[1])
+    monkeypatch.setattr(worker, "BUCKET_FLOATS", 1)
     for steps in (10, 20):
         m = Sequential('mlp')
         m.add(Dense(32, init='uniform', activation='tanh'))
@@ -107,15 +112,18 @@ def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_waits_for_the_
                   cluster=Cluster(str(tmp_path / str(steps))))
         gpu.moved.clear()
         gpu.waits.clear()
+        buckets.clear()
         m.fit(x, y, nb_epoch=steps, batch_size=40, seed=5, progress=False, device=[0],
               disp_freq=100)
         moved.append(dict(gpu.moved))
         waits.append(sum(gpu.waits.values()))
+        updates.append(len(buckets))
     per_step = {k: (moved[1][k] - moved[0][k]) / 10 for k in moved[0]}
     assert per_step["to host"] == 0
     mask = 40 * 32 * 4
     assert 40 * x[0].nbytes + mask <= per_step["to device"] <= 40 * (x[0].nbytes + 8) + mask
     assert (waits[1] - waits[0]) / 10 == 1
+    assert (updates[1] - updates[0]) / 10 == 1 and {len(b) for b in buckets} == {4}
 
 
 @pytest.mark.parametrize("conf", [

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from singa import checkpoint, cluster, errors
+from singa import checkpoint, cluster, errors, worker
 from singa.comm import msg as m
 from singa.proto import job_pb2
 from singa.runtime import Process, failure_error, resume_from, slice_masters, slice_table
@@ -118,6 +118,40 @@ def test_one_process_two_workers_two_servers_train_to_the_end(tmp_path):
     assert set(reader.names) == {p.name for p in process.train_net.owner_params}
     np.testing.assert_array_equal(reader.param(w.name), w.data)
     assert w.data.std() > 0.1 and not np.allclose(reader.param(b.name), 0.5)     # it trained
+
+
+@pytest.mark.parametrize("bucket", [worker.BUCKET_FLOATS, 1])
+def test_gradient_buckets_change_the_messages_not_the_numbers(tmp_path, monkeypatch, bucket):
+    """Each worker sends a step's gradients in one Update (buckets of BUCKET_FLOATS), or one
+    per param when a bucket holds one; each server gets one Update of its slices per bucket;
+    the params end bit for bit where one-param buckets put them."""
+    monkeypatch.setattr(worker, "BUCKET_FLOATS", bucket)
+    job = make_job(tmp_path / str(bucket), steps=4, nworkers_per_group=2, nworkers_per_procs=2,
+                   nservers_per_group=2, nservers_per_procs=2)
+    (tmp_path / str(bucket) / "ws" / "checkpoint").mkdir(parents=True)
+    process = Process(job)
+    updates = []
+    for x in process.workers:
+        send = x.dealer.send
+        x.dealer.send = lambda msg, send=send: (updates.append(msg.src)
+                                                if msg.type == m.kUpdate else None, send(msg))
+    for x in process.servers:
+        handle = x.handle
+        x.handle = lambda msg, handle=handle: (updates.append(msg.dst)
+                                               if msg.type == m.kUpdate else None, handle(msg))
+    buckets = [process.stub.entries.values()] if bucket > 1 else \
+        [[e] for e in process.stub.entries.values()]        # w and b together, or each alone
+    to_servers = [server for entries in buckets
+                  for server in {server for e in entries for _, server, _, _ in e.slices}]
+    process.run()
+    workers = [x.address for x in process.workers]
+    assert sorted(updates) == sorted((workers * len(buckets) + to_servers) * 4)
+    values = {p.name: p.data.copy() for p in process.train_net.params}
+    if bucket == 1:
+        reference = tmp_path / str(worker.BUCKET_FLOATS) / "ws" / "checkpoint"
+        reader = checkpoint.CheckpointReader(checkpoint.snapshot_file(str(reference), 4, 0))
+        for name, v in values.items():
+            np.testing.assert_array_equal(reader.param(name), v)
 
 
 def test_a_worker_that_hears_nothing_names_where_its_servers_run(tmp_path):
