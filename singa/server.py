@@ -177,17 +177,20 @@ class Server:
                 raise ClusterError(f"malformed Update of slice {sid}")
             sids.add(sid)
             checked.append((owner, sid, s, num_local, grad))
-        replies = {}    # (stub, version) -> [(owner, slice id, values)]
+        done = []       # the slices whose shares have all come: (owner, slice id, slice, sum)
         for owner, sid, s, num_local, grad in checked:
             s.pending.append(msg.src)
             s.grads.add(msg.src, like(s.data, own(grad)))
             s.num_shares += num_local
-            if s.num_shares < s.num_total:
-                continue
-            g = s.grads.take()
-            with on(s.data):
-                self.updater.update(msg.trgt_version, s.data, g, s.buffers,
-                                    s.lr_scale, s.wd_scale, 1.0 / s.num_total)
+            if s.num_shares == s.num_total:
+                done.append((owner, sid, s, s.grads.take()))
+        if not done:
+            return
+        self.updater.update_many(msg.trgt_version, [
+            (s.data, g, s.buffers, s.lr_scale, s.wd_scale, 1.0 / s.num_total)
+            for _, _, s, g in done])
+        replies = {}    # (stub, version) -> [(owner, slice id, values)]
+        for owner, sid, s, _ in done:
             s.version += 1
             for stub in s.pending:
                 replies.setdefault((stub, s.version), []).append(

@@ -1,8 +1,8 @@
 """Updaters (SINGA's update rules) and learning-rate generators (src/utils/updater.cc), in place on float32.
 
 `create_updater(UpdaterProto)` gives an `Updater`; the server keeps the updater buffers of each
-slice (`new_state`) and calls `update(step, data, grad, buffers, ...)` once the gradients of a
-step are summed. Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov
+slice (`new_state`) and calls `update_many(step, slices)` on the slices whose gradients of a
+step are summed (`update(step, data, grad, buffers, ...)` each, or one GPU launch for them). Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov
 without decay fold grad_scale into lr, one rounding apart), and a step's result depends only on
 its inputs: same inputs, same bytes.
 """
@@ -10,11 +10,14 @@ its inputs: same inputs, same bytes.
 import numpy as np
 
 from singa import updater_cuda as cu
-from singa.device import is_host
+from singa.device import is_host, on
 from singa.errors import CheckpointError, ConfigError
 from singa.proto import job_pb2
 
 F32 = np.float32
+#: the buckets of slices an Updater keeps the GPU tables of (a server's buckets of a step, of
+#: each worker group it serves)
+MAX_BUCKETS = 8
 
 
 def create_lr_generator(proto):
@@ -191,7 +194,7 @@ class Updater:
     `grad` is used as scratch. The weight-decay term takes one more param-sized array from the
     Updater's scratch array (each server owns its Updater), which grows to the largest param
     and is then reused. On a GPU the prelude and rule are one kernel (`singa.updater_cuda`,
-    the subclass's `fused`), with the same bits.
+    the subclass's `fused`), with the same bits, launched once for the slices of a bucket.
     """
     clips = False   # SINGA clips only in SGD, Nesterov, AdaGrad and RMSProp
     linear = False  # rule is linear in g: grad_scale can fold into lr when there is no decay
@@ -208,6 +211,7 @@ class Updater:
         self._buf = None            # scratch of the weight-decay term (each server owns its Updater)
         self._rate = (None, None)   # (step, its float32 learning rate) of the last update
         self._launch = None         # the GPU kernel's arguments that stay (cu.rule)
+        self._buckets = {}          # the slices updated together on a GPU -> their cu.Bucket
 
     def new_state(self, shape, xp=np):
         """Zeroed float32 buffers the rule keeps between steps (SINGA's history/update), made
@@ -240,6 +244,28 @@ class Updater:
                 np.multiply(data, wd, out=t)
                 grad += t
         self._rule(data, grad, buffers, lr)
+
+    def update_many(self, step, slices):
+        """`update(step, *s)` for each of `slices` [(data, grad, buffers, lr_scale, wd_scale,
+        grad_scale)], on its data's device: in one launch where they are C-contiguous on a
+        GPU."""
+        if len(slices) < 2 or not all(not is_host(a) and a.flags.c_contiguous
+                                      for d, g, b, *_ in slices for a in (d, g, *b)):
+            for s in slices:
+                with on(s[0]):
+                    self.update(step, *s)
+            return
+        key = tuple((id(d), *map(id, b), *scales) for d, _, b, *scales in slices)
+        bucket = self._buckets.get(key)
+        if bucket is None:      # the bucket holds the arrays: their ids stay theirs
+            if len(self._buckets) >= MAX_BUCKETS:
+                self._buckets.clear()
+            if self._launch is None:
+                self._launch = cu.rule(*self.fused(), self.clip)
+            bucket = self._buckets[key] = cu.Bucket(
+                [(d, b, F32(lr_scale), F32(grad_scale), self.weight_decay * F32(wd_scale))
+                 for d, _, b, lr_scale, wd_scale, grad_scale in slices])
+        bucket.update(self._launch, [g for _, g, *_ in slices], self._lr(step), self.linear)
 
     def _lr(self, step):
         """F32(LR(step)): once a step where the schedule is of the step alone (a server's

@@ -76,6 +76,7 @@ def ref_adammax(w, g, st, lr, b1, b2, delta, **_):
 
 
 LR = 'learning_rate { type: kFixed base_lr: 0.05 }'
+STEP_LR = "learning_rate { type: kStep base_lr: 0.5 step_conf { gamma: 0.7 change_freq: 2 } }"
 CASES = {  # name: (conf, reference, hyper-parameters, clips, number of state buffers)
     "sgd": (f"type: kSGD {LR}", ref_sgd, dict(m=0.0), True, 0),
     "momentum": (f"type: kSGD momentum: 0.9 {LR}", ref_sgd, dict(m=F(0.9)), True, 1),
@@ -155,13 +156,50 @@ def test_the_gpu_kernel_of_each_rule_gives_the_bits_of_the_numpy_path(name, extr
     for fused in (False, True):
         if fused:
             monkeypatch.setattr(updater, "is_host", lambda a: False)
-            monkeypatch.setattr(updater_cuda, "_kernel",
-                                lambda xp: cuda_shim.RawKernel(updater_cuda.SOURCE, "update"))
+            monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
+                                cuda_shim.RawKernel(updater_cuda.SOURCE, name))
         up = create_updater(updater_proto(CASES[name][0] + " " + extra))
         w, state = w0.copy(), up.new_state(w0.shape)
         for step, g in enumerate(grads):
             up.update(step, w, g.copy(), state, *scales)
         runs.append([a.tobytes() for a in (w, *state)])
+    assert runs[1] == runs[0]
+
+
+@pytest.mark.parametrize("extra", ["", "weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1", "step"])
+@pytest.mark.parametrize("name", CASES)
+def test_one_launch_for_a_buckets_slices_gives_the_bits_of_each_slice_on_its_own(
+        name, extra, monkeypatch):
+    """updater_cuda's kernel of a bucket (built by g++) against numpy's calls slice by slice:
+    slices of several sizes (one empty) with their own lr_scale, wd_scale and grad scale, over
+    steps whose gradients move (their addresses go up again) and a learning rate that
+    changes; a bucket of other buffers gets tables of its own."""
+    if cuda_shim.compiler() is None:
+        pytest.skip("no C++ compiler (g++, c++ or $CXX) to build the CUDA source with")
+    rng = np.random.default_rng(3)
+    sizes, scales = (600, 1, 0, 37), [(1.0, 1.0, 1.0), (2.0, 0.0, 0.5), (1.0, 1.0, 1.0),
+                                      (0.5, 3.0, 0.25)]
+    w0 = [rng.normal(0, 1, n).astype(np.float32) for n in sizes]
+    grads = [[rng.normal(0, 0.3, n).astype(np.float32) for n in sizes] for _ in range(4)]
+    runs = []
+    for fused in (False, True):
+        if fused:
+            monkeypatch.setattr(updater, "is_host", lambda a: False)
+            monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
+                                cuda_shim.RawKernel(updater_cuda.SOURCE, name))
+        conf = CASES[name][0].replace(LR, STEP_LR) if extra == "step" else \
+            CASES[name][0] + " " + extra
+        up = create_updater(updater_proto(conf))
+        w = [a.copy() for a in w0]
+        state = [up.new_state(a.shape) for a in w]
+        for step, gs in enumerate(grads):
+            if step == 2:                   # a re-Put: new buffers, a new bucket
+                state = [[b.copy() for b in st] for st in state]
+            up.update_many(step, [(a, g.copy(), st, *sc)
+                                  for a, g, st, sc in zip(w, gs, state, scales)])
+        runs.append([a.tobytes() for a in w + [b for st in state for b in st]])
+        if fused:
+            assert len(up._buckets) == (2 if up.nstate else 1)
     assert runs[1] == runs[0]
 
 
