@@ -106,9 +106,8 @@ _NOWHERE = contextlib.nullcontext()     # reusable, reentrant
 
 def address(a):
     """Where `a`'s values start: a host pointer, or a device pointer (CUDA's addresses are
-    unique across the devices of a process)."""
-    return a.__array_interface__["data"][0] if is_host(a) else \
-        a.__cuda_array_interface__["data"][0]
+    unique across the devices of a process; CuPy's `data.ptr`, which builds no dict)."""
+    return a.__array_interface__["data"][0] if is_host(a) else a.data.ptr
 
 
 def assign(dst, src):

@@ -71,6 +71,12 @@ class DevArray(np.ndarray):
                 "data": (self.view(np.ndarray).__array_interface__["data"][0], False)}
 
     @property
+    def data(self):
+        """CuPy's MemoryPointer, of which `ptr` is the address of the first element (the host
+        buffer the numpy attribute gives stays out of reach)."""
+        return types.SimpleNamespace(ptr=self.view(np.ndarray).__array_interface__["data"][0])
+
+    @property
     def device(self):
         return _Device(0)
 
