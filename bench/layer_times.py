@@ -7,10 +7,11 @@
 For each net (bench_mlp_step's MLP at batch 64, bench_conv's LeNet and cifar10 net) and each
 thread count, the full runtime as in those benches, timed by wrapping methods of its objects:
 each layer's forward (compute_feature) and backward (compute_gradient) by the wall clock on
-the worker thread; the server thread's updater (`Updater.update`) and the rest of its message
-handling, and the stub thread's routing, by those threads' CPU time (`time.thread_time`);
-the worker's own messaging: its sends of gradients (`Worker.update`) and the wait at the end
-of the step for the last updates (`collect_all`), wall clock. Figures are ms per step, the
+the worker thread; the server thread's updater (`Updater.update_many`) and the rest of its
+message handling, and the stub thread's routing, by those threads' CPU time
+(`time.thread_time`); the worker's own messaging: its sends of gradients
+(`Worker.send_updates`, a bucket each) and the wait at the end of the step for the last
+updates (`collect_all`), wall clock. Figures are ms per step, the
 median over rounds of each round's mean. The updater and the messaging overlap the backward
 pass (other threads), so the parts do not add up to the step. With `--clock cpu` the layers
 and the worker's parts are timed by the worker thread's CPU time instead: what holds on a
@@ -58,9 +59,10 @@ def instrument(rt, worker_clock=time.perf_counter, sync=None):
         layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature, wait=sync)
         layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient, wait=sync)
     w = rt.worker
-    w.update = timed(("worker: send gradients", ""), w.update)
+    w.send_updates = timed(("worker: send gradients", ""), w.send_updates)
     for s in rt.process.servers:
-        s.updater.update = timed(("server: updater (CPU)", ""), s.updater.update, time.thread_time)
+        s.updater.update_many = timed(("server: updater (CPU)", ""), s.updater.update_many,
+                                      time.thread_time)
         s.handle = timed(("server: handling in all (CPU)", ""), s.handle, time.thread_time)
     st = rt.process.stub
     st.handle = timed(("stub: routing (CPU)", ""), st.handle, time.thread_time)
