@@ -63,20 +63,13 @@ def request(src, dst, type_, owner, version, sid=0):
 
 def update(src, dst, version, owners, grads):
     """A worker's Update: the gradients `grads` of its owner params `owners` (a bucket)."""
-    return m.Msg(src, dst, m.kUpdate, 0, version,
-                 [m.int_frame(tuple(owners))] + [m.array_frame(g) for g in grads])
+    return _bundle(src, dst, m.kUpdate, version, [(o,) for o in owners], grads)
 
 
 def parse_update(msg):
     """[(owner id, gradient frame)] of a worker's Update (`m.frame_array` checks a frame's
     size against its param's)."""
-    if not msg.frames:
-        raise ClusterError("Update without gradients")
-    owners = m.parse_int_frame(msg.frames[0])
-    if not owners or len(owners) != len(msg.frames) - 1:
-        raise ClusterError(f"malformed Update: {len(owners)} params, "
-                           f"{len(msg.frames) - 1} gradients")
-    return list(zip(owners, msg.frames[1:]))
+    return [(owner, f) for (owner,), f in _unbundle(msg, 1, "Update")]
 
 
 # --- stub -> server ----------------------------------------------------------------------
@@ -101,20 +94,13 @@ def parse_slice_put(msg):
 def slice_update(src, server, version, items):
     """The Update of slices `items` [(owner, slice id, num_local, gradient)] of one server:
     each gradient the sum of `num_local` shares'."""
-    head = m.int_frame(tuple(x for owner, sid, n, _ in items for x in (owner, sid, n)))
-    return m.Msg(src, server, m.kUpdate, 0, version, [head] + [m.array_frame(g)
-                                                             for _, _, _, g in items])
+    return _bundle(src, server, m.kUpdate, version, [item[:3] for item in items],
+                   [g for *_, g in items])
 
 
 def parse_slice_update(msg):
     """[(owner, slice id, num_local, gradient frame)] of the stub's Update of slices."""
-    if not msg.frames:
-        raise ClusterError("Update of slices without gradients")
-    ints = m.parse_int_frame(msg.frames[0])
-    if len(ints) % 3 or len(ints) // 3 != len(msg.frames) - 1 or not ints:
-        raise ClusterError(f"malformed Update of slices: {len(ints)} numbers, "
-                           f"{len(msg.frames) - 1} gradients")
-    return [(*ints[3 * k:3 * k + 3], f) for k, f in enumerate(msg.frames[1:])]
+    return [(*numbers, f) for numbers, f in _unbundle(msg, 3, "Update of slices")]
 
 
 # --- server -> stub ----------------------------------------------------------------------
@@ -132,20 +118,13 @@ def values_reply(req, version, values):
 def updated(src, dst, version, items):
     """kRUpdate to stub `dst`: the values of slices `items` [(owner, slice id, values)], all
     at `version` (aliased in-process: unchanged until read)."""
-    head = m.int_frame(tuple(x for owner, sid, _ in items for x in (owner, sid)))
-    return m.Msg(src, dst, m.kRUpdate, 0, version,
-                 [head] + [m.array_frame(v) for _, _, v in items])
+    return _bundle(src, dst, m.kRUpdate, version, [item[:2] for item in items],
+                   [v for *_, v in items])
 
 
 def parse_updated(msg):
     """[(owner, slice id, [values frame])] of a server's kRUpdate."""
-    if not msg.frames:
-        raise ClusterError("kRUpdate without values")
-    ints = m.parse_int_frame(msg.frames[0])
-    if len(ints) % 2 or len(ints) // 2 != len(msg.frames) - 1 or not ints:
-        raise ClusterError(f"malformed kRUpdate: {len(ints)} numbers, "
-                           f"{len(msg.frames) - 1} values")
-    return [(ints[2 * k], ints[2 * k + 1], [f]) for k, f in enumerate(msg.frames[1:])]
+    return [(owner, sid, [f]) for (owner, sid), f in _unbundle(msg, 2, "kRUpdate")]
 
 
 def state_reply(req, version, lr_index, buffers):
@@ -164,6 +143,24 @@ def parse_sync(msg, size):
     if len(msg.frames) != 1:
         raise ClusterError(f"sync message of slice {m.slice_id(msg.trgt_val)} without values")
     return m.frame_array(msg.frames[0], size)
+
+
+# --- buckets ------------------------------------------------------------------------------
+def _bundle(src, dst, type_, version, numbers, arrays):
+    """A message of several items: one int frame of every item's `numbers` (as many each),
+    then each item's array."""
+    return m.Msg(src, dst, type_, 0, version, [m.int_frame(tuple(x for n in numbers for x in n))]
+                 + [m.array_frame(a) for a in arrays])
+
+
+def _unbundle(msg, per, what):
+    """[(numbers, array frame)] of a `_bundle` of `per` numbers an item."""
+    if len(msg.frames) < 2:
+        raise ClusterError(f"{what} without arrays")
+    ints, frames = m.parse_int_frame(msg.frames[0]), msg.frames[1:]
+    if len(ints) != per * len(frames):
+        raise ClusterError(f"malformed {what}: {len(ints)} numbers for {len(frames)} arrays")
+    return [(ints[per * k:per * (k + 1)], f) for k, f in enumerate(frames)]
 
 
 # --- stub -> worker ----------------------------------------------------------------------

@@ -135,6 +135,14 @@ def test_clipping_applies_only_where_singa_clips(name):
     assert np.array_equal(w, unclipped) != CASES[name][3]
 
 
+def kernels_on_the_host(monkeypatch):
+    """The updater takes host arrays for a GPU's: updater_cuda's kernels run them, built by
+    g++ (tests/cuda_shim.py)."""
+    monkeypatch.setattr(updater, "is_host", lambda a: False)
+    monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
+                        cuda_shim.RawKernel(updater_cuda.SOURCE, name))
+
+
 @pytest.mark.parametrize("extra, scales", [
     ("", (1.0, 1.0, 1.0)), ("", (2.0, 1.0, 0.25)),
     ("weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1", (2.0, 3.0, 0.25)),
@@ -155,9 +163,7 @@ def test_the_gpu_kernel_of_each_rule_gives_the_bits_of_the_numpy_path(name, extr
     runs = []
     for fused in (False, True):
         if fused:
-            monkeypatch.setattr(updater, "is_host", lambda a: False)
-            monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
-                                cuda_shim.RawKernel(updater_cuda.SOURCE, name))
+            kernels_on_the_host(monkeypatch)
         up = create_updater(updater_proto(CASES[name][0] + " " + extra))
         w, state = w0.copy(), up.new_state(w0.shape)
         for step, g in enumerate(grads):
@@ -184,9 +190,7 @@ def test_one_launch_for_a_buckets_slices_gives_the_bits_of_each_slice_on_its_own
     runs = []
     for fused in (False, True):
         if fused:
-            monkeypatch.setattr(updater, "is_host", lambda a: False)
-            monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
-                                cuda_shim.RawKernel(updater_cuda.SOURCE, name))
+            kernels_on_the_host(monkeypatch)
         conf = CASES[name][0].replace(LR, STEP_LR) if extra == "step" else \
             CASES[name][0] + " " + extra
         up = create_updater(updater_proto(conf))
