@@ -5,9 +5,10 @@ The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params 
 servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
 (the gradients of a bucket of params: `BUCKET_FLOATS`); RPut / RGet / RUpdate answers bring
 the new version and, unless the frames alias the param's own array (a server in this
-process), its values; `collect` waits for them before a param is used again. The worker initialises or loads its params, restores its own
-streams on a resume, and writes its own snapshot file, asking the servers for the updater
-state by message (SINGA's Worker::InitNetParams / Worker::Checkpoint).
+process), its values; `collect` waits for them before a param is used again. The worker
+initialises or loads its params, restores its own streams on a resume, and writes its own
+snapshot file, asking the servers for the updater state by message (SINGA's
+Worker::InitNetParams / Worker::Checkpoint).
 """
 import logging
 import os
