@@ -2,9 +2,10 @@
 
 `create_updater(UpdaterProto)` gives an `Updater`; the server keeps the updater buffers of each
 slice (`new_state`) and calls `update_many(step, slices)` on the slices whose gradients of a
-step are summed (`update(step, data, grad, buffers, ...)` each, or one GPU launch for them). Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov
-without decay fold grad_scale into lr, one rounding apart), and a step's result depends only on
-its inputs: same inputs, same bytes.
+step are summed (`update(step, data, grad, buffers, ...)` each, or one GPU launch for them).
+Arithmetic follows SINGA's float32 expressions term by term (SGD and Nesterov without decay
+fold grad_scale into lr, one rounding apart), and a step's result depends only on its inputs:
+same inputs, same bytes.
 """
 
 import numpy as np
