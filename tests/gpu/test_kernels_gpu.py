@@ -116,3 +116,28 @@ def test_each_update_rule_as_one_kernel_gives_the_hosts_bytes(conf):
             up.update(step, data, dev.put(g.copy()), state, lr_scale=2.0, grad_scale=0.5)
         runs.append([device.host(a).tobytes() for a in (data, *state)])
     assert runs[1] == runs[0]
+
+
+@pytest.mark.parametrize("conf", ["type: kSGD momentum: 0.9", "type: kAdam delta: 1e-6 "
+                                  "weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1"])
+def test_the_slices_of_a_bucket_in_one_launch_give_the_hosts_bytes(conf):
+    """Updater.update_many on the GPU (updater_cuda.Bucket: one launch over the slices'
+    tables) against numpy's calls slice by slice on the host: slices of their own sizes (one
+    empty) and scales, gradients that move between steps."""
+    proto = text_format.Parse(f"{conf} learning_rate {{ type: kFixed base_lr: 0.1 }}",
+                              job_pb2.UpdaterProto())
+    rng = np.random.default_rng(6)
+    sizes, scales = (100_003, 1, 0, 517), [(1.0, 1.0, 1.0), (2.0, 0.0, 0.5), (1.0, 1.0, 1.0),
+                                            (0.5, 3.0, 0.25)]
+    w0 = [rng.normal(0, 1, n).astype(np.float32) for n in sizes]
+    grads = [[rng.normal(0, 0.3, n).astype(np.float32) for n in sizes] for _ in range(3)]
+    runs = []
+    for dev in (device.CPU, device.Device(0)):
+        up = create_updater(proto)
+        data = [dev.put(a.copy()) for a in w0]
+        state = [up.new_state(a.shape, dev.xp) for a in w0]
+        for step, gs in enumerate(grads):
+            up.update_many(step, [(d, dev.put(g.copy()), st, *sc)
+                                  for d, g, st, sc in zip(data, gs, state, scales)])
+        runs.append([device.host(a).tobytes() for a in data + [b for st in state for b in st]])
+    assert runs[1] == runs[0]
