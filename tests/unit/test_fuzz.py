@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from gradcheck import make_layer
 from singa import checkpoint, config
+from singa.comm import msg as m
+from singa.comm import param_msg as pm
 from singa.errors import SingaError
 from singa.io.kvfile import KVFile
 from singa.numerics import rng_state, set_rng_state
@@ -134,3 +136,22 @@ def test_conf_loader_on_arbitrary_text(tmp_path, text):
                      text.encode("latin-1"))
     within_memory(lambda: config.load_job(str(path), check_paths=False), len(text) + 1,
                   factor=1024)
+
+
+def int_frames():
+    """Frames a peer may send where a param message's int frame goes: bytes, or an int frame
+    of arbitrary numbers."""
+    return st.one_of(st.binary(max_size=64), st.lists(
+        st.integers(-2**31, 2**31 - 1), max_size=12).map(lambda v: m.int_frame(tuple(v))))
+
+
+@FUZZ
+@given(head=int_frames(), rest=st.lists(st.binary(max_size=24), max_size=6))
+def test_param_message_parsers_on_arbitrary_frames(head, rest):
+    """A peer's bucket of updates, a server's answer, a stub's gathered answer: a ClusterError
+    or the items, never another exception, and nothing allocated beyond the frames' size."""
+    msg = m.Msg(0, 0, m.kUpdate, 0, 0, [head, *rest])
+    size = len(head) + sum(map(len, rest))
+    for parse in (pm.parse_update, pm.parse_slice_update, pm.parse_updated,
+                  lambda x: pm.answered(x, 1), lambda x: pm.answered(x, None)):
+        within_memory(lambda: parse(msg), size)
