@@ -12,7 +12,9 @@ to the server and its updates, on the GPU), synchronised with the GPU at its end
 the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
 step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only. Interleaved
 rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
-rest of a step is the Python, messaging and host-copy overhead the step pays.
+rest of a step is the Python, messaging and host-copy overhead the step pays. At SINGA's
+batches also ours on the GPU with a bucket of one param (an Update per param, each slice
+updated in a launch of its own, as before buckets): what the buckets save on this GPU.
 Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
 --profile FILE: then a profile of ours on the GPU (the MLP at batch 64), every thread of the
 runtime (worker, stub, servers) sampled apart, into FILE: where the host's time goes.
@@ -76,7 +78,7 @@ def torch_step(net, batch):
 
 def bench(net, batch, args):
     """{side: median seconds per step} of `net` at `batch`."""
-    folders = [tempfile.mkdtemp(prefix=f"singa-bench-gpu-{net}-") for _ in range(2)]
+    folders = [tempfile.mkdtemp(prefix=f"singa-bench-gpu-{net}-") for _ in range(3)]
     runtimes = []
     try:
         gpu = Runtime(job_of(net, folders[0], batch, True))
@@ -85,6 +87,10 @@ def bench(net, batch, args):
         sides = {"ours gpu": synced(gpu.train_step), "ours gpu compute": synced(compute_only(gpu)),
                  "torch gpu": torch_step(net, batch)}
         if batch == SINGA_BATCH.get(net, 64):
+            single = Runtime(job_of(net, folders[2], batch, True))
+            runtimes.append(single)
+            single.worker.bucket_cap = 0        # a message per param, as before buckets
+            sides[PER_PARAM] = synced(single.train_step)
             with threads.limit(args.cpu_threads):
                 cpu = Runtime(job_of(net, folders[1], batch, False))
             runtimes.append(cpu)
@@ -178,11 +184,12 @@ def main(argv=None):
             med = bench(net, batch, args)
             ours, torch_t = med["ours gpu"], med["torch gpu"]
             goal = GOALS["1024" if batch == 1024 else "singa"]
-            cpu = med.get("ours cpu")
+            cpu, single = med.get("ours cpu"), med.get(PER_PARAM)
             rows.append([net, batch, f"{ours * 1e3:.2f}", f"{med['ours gpu compute'] * 1e3:.2f}",
                          f"{(ours - med['ours gpu compute']) * 1e3:.2f}",
                          f"{torch_t * 1e3:.2f}", f"{ours / torch_t:.2f}",
                          f"<= {goal}: {'yes' if ours / torch_t <= goal else 'NO'}",
+                         "-" if single is None else f"{single * 1e3:.2f}",
                          "-" if cpu is None else f"{cpu * 1e3:.1f}",
                          "-" if cpu is None else f"{cpu / ours:.1f}"])
             print_table(rows[-1:], HEADER)
@@ -194,7 +201,8 @@ def main(argv=None):
 
 
 HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
-          "ours cpu", "cpu/gpu"]
+          "ours gpu, an Update per param", "ours cpu", "cpu/gpu"]
+PER_PARAM = "ours gpu, an Update per param"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,6 +11,7 @@ snapshot file, asking the servers for the updater state by message (SINGA's
 Worker::InitNetParams / Worker::Checkpoint).
 """
 import logging
+import math
 import os
 import time
 
@@ -109,6 +110,8 @@ class Worker:
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
         self.bucket, self.bucket_step, self.bucket_floats = [], None, 0    # gradients to send
+        #: the floats a bucket holds before it is sent: a step's on a GPU
+        self.bucket_cap = BUCKET_FLOATS if device.gpu is None else math.inf
 
     # --- the loop -------------------------------------------------------------------------
     def run(self):
@@ -437,8 +440,8 @@ class Worker:
             self.dealer.send(pm.request(self.address, m.STUB, m.kGet, p.owner, step))
 
     def update(self, step, p):
-        """Put `p`'s gradient of `step` in the bucket, sent once it holds `BUCKET_FLOATS` (on
-        the CPU) or by `send_updates`."""
+        """Put `p`'s gradient of `step` in the bucket, sent once it holds `bucket_cap` floats
+        or by `send_updates`."""
         if p.updated_by_layer:      # the layer's own values: the servers keep their first
             return
         if p.partition is not None:
@@ -450,7 +453,7 @@ class Worker:
         self.bucket.append(p)
         self.bucket_step = step
         self.bucket_floats += p.grad.size
-        if self.bucket_floats >= BUCKET_FLOATS and self.device.gpu is None:
+        if self.bucket_floats >= self.bucket_cap:
             self.send_updates()
 
     def send_updates(self):
