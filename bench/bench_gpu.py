@@ -200,9 +200,9 @@ def main(argv=None):
     return 0
 
 
-HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
-          "ours gpu, an Update per param", "ours cpu", "cpu/gpu"]
 PER_PARAM = "ours gpu, an Update per param"
+HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
+          PER_PARAM, "ours cpu", "cpu/gpu"]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -250,23 +250,33 @@ class Updater:
         """`update(step, *s)` for each of `slices` [(data, grad, buffers, lr_scale, wd_scale,
         grad_scale)], on its data's device: in one launch where they are C-contiguous on a
         GPU."""
-        if len(slices) < 2 or not all(not is_host(a) and a.flags.c_contiguous
-                                      for d, g, b, *_ in slices for a in (d, g, *b)):
+        bucket = self._bucket(slices)
+        grads = [g for _, g, *_ in slices]
+        if bucket is None or not all(not is_host(g) and g.flags.c_contiguous for g in grads):
             for s in slices:
                 with on(s[0]):
                     self.update(step, *s)
             return
+        bucket.update(self._launch, grads, self._lr(step), self.linear)
+
+    def _bucket(self, slices):
+        """The cu.Bucket of two or more slices whose data and buffers are C-contiguous on a
+        GPU (checked once, when it is made), else None."""
+        if len(slices) < 2 or is_host(slices[0][0]):
+            return None
         key = tuple((id(d), *map(id, b), *scales) for d, _, b, *scales in slices)
         bucket = self._buckets.get(key)
-        if bucket is None:      # the bucket holds the arrays: their ids stay theirs
-            if len(self._buckets) >= MAX_BUCKETS:
-                self._buckets.clear()
-            if self._launch is None:
-                self._launch = cu.rule(*self.fused(), self.clip)
-            bucket = self._buckets[key] = cu.Bucket(
-                [(d, b, F32(lr_scale), F32(grad_scale), self.weight_decay * F32(wd_scale))
-                 for d, _, b, lr_scale, wd_scale, grad_scale in slices])
-        bucket.update(self._launch, [g for _, g, *_ in slices], self._lr(step), self.linear)
+        if bucket is not None or not all(not is_host(a) and a.flags.c_contiguous
+                                         for d, _, b, *_ in slices for a in (d, *b)):
+            return bucket
+        if len(self._buckets) >= MAX_BUCKETS:
+            self._buckets.clear()
+        if self._launch is None:
+            self._launch = cu.rule(*self.fused(), self.clip)
+        bucket = self._buckets[key] = cu.Bucket(     # it holds the arrays: their ids stay theirs
+            [(d, b, F32(lr_scale), F32(grad_scale), self.weight_decay * F32(wd_scale))
+             for d, _, b, lr_scale, wd_scale, grad_scale in slices])
+        return bucket
 
     def _lr(self, step):
         """F32(LR(step)): once a step where the schedule is of the step alone (a server's

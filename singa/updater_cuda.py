@@ -126,7 +126,7 @@ def update(launch, w, g, buffers, lr, scale=None, wd=None):
     n = w.size
     if n == 0:
         return
-    h, u = (list(buffers) + [w, w])[:2]
+    h, u = _rule_buffers(w, buffers)
     head, constants = launch
     f = np.float32
     _kernel(module(w))(*grid(n), (
@@ -147,7 +147,7 @@ class Bucket:
         self.total = int(sizes.sum())
         self.ptrs = np.zeros((len(slices), 4), np.int64)     # w, g, h, u of each slice
         for k, (w, buffers, *_) in enumerate(slices):
-            h, u = (list(buffers) + [w, w])[:2]
+            h, u = _rule_buffers(w, buffers)
             self.ptrs[k, [0, 2, 3]] = address(w), address(h), address(u)
         self.grads = None           # the gradients' addresses in the table on the GPU
         scales = np.array([rest for _, _, *rest in slices], np.float32)
@@ -174,6 +174,11 @@ class Bucket:
             _kernel(module(w0), "update_many")(*grid(self.total), (
                 *self.tables, np.int32(len(self.slices)), np.int64(self.total), *head,
                 np.float32(lr), np.int32(linear), *constants))
+
+
+def _rule_buffers(w, buffers):
+    """The kernel's h and u of a slice `w`: its buffers, `w` for those its rule has not."""
+    return (list(buffers) + [w, w])[:2]
 
 
 @functools.cache

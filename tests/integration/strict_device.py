@@ -68,7 +68,7 @@ class DevArray(np.ndarray):
     def __cuda_array_interface__(self):
         """What marks a device array (singa.device.is_host); its pointer is a host one here."""
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3, "strides": None,
-                "data": (self.view(np.ndarray).__array_interface__["data"][0], False)}
+                "data": (self.data.ptr, False)}
 
     @property
     def data(self):
