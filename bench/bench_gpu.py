@@ -12,9 +12,13 @@ to the server and its updates, on the GPU), synchronised with the GPU at its end
 the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
 step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only. Interleaved
 rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
-rest of a step is the Python, messaging and host-copy overhead the step pays. At SINGA's
+rest of a step is the Python, messaging and host-copy overhead the step pays. "In a run":
+RUN steps waited for at their end only, as a training loop runs them (ours: the worker's
+loop, which looks at a step's loss once the next is queued), per step: where the host
+queues a step while the GPU computes the last. At SINGA's
 batches also ours on the GPU with a bucket of one param (an Update per param, each slice
-updated in a launch of its own, as before buckets): what the buckets save on this GPU.
+updated in a launch of its own, as before buckets): what the buckets save on this GPU; and
+ours op by op, without CUDA graphs (`singa.cuda_graphs`): what the graphs save.
 Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
 --profile FILE: then a profile of ours on the GPU (the MLP at batch 64), every thread of the
 runtime (worker, stub, servers) sampled apart, into FILE: where the host's time goes.
@@ -35,8 +39,7 @@ import conv_reference
 import mlp_reference
 from bench_conv import SINGA_BATCH, conv_job
 from bench_mlp_step import Runtime, interleaved, mlp_job, print_table
-from singa import threads
-from singa.proto import job_pb2
+from singa import cuda_graphs, threads
 
 GOALS = {"singa": 1.5, "1024": 1.2}
 
@@ -59,38 +62,66 @@ def synced(fn):
     return call
 
 
+def in_a_run(step, finish, n):
+    """`n` calls of `step`, then `finish` (waiting for the GPU): one call, of n steps."""
+    def call():
+        for _ in range(n):
+            step()
+        finish()
+    return call
+
+
+def finish_run(rt):
+    """What ends a run of ours: the last loss looked at, the GPU waited for."""
+    import cupy
+
+    def finish():
+        rt.worker.loss_check.flush()
+        cupy.cuda.get_current_stream().synchronize()
+    return finish
+
+
 def compute_only(rt):
-    """Forward and backward of ours' train net (no exchange, no update)."""
-    net = rt.worker.train_net
+    """Forward and backward of ours' train net (no exchange, no update), as its steps run
+    them (runs of passes as CUDA graphs once captured)."""
+    graphs = rt.worker.graphs
 
     def step():
-        net.forward(job_pb2.kTrain | job_pb2.kForward)
-        for layer in reversed(net.layers):
-            layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
+        for segment in graphs.segments:
+            graphs.run(segment)
     return step
 
 
-def torch_step(net, batch):
+def torch_step(net, batch, sync=True):
     if net == "mlp":
-        return mlp_reference.torch_step(batch, device="cuda")
-    return conv_reference.torch_step(net, batch, device="cuda")
+        return mlp_reference.torch_step(batch, device="cuda", sync=sync)
+    return conv_reference.torch_step(net, batch, device="cuda", sync=sync)
 
 
 def bench(net, batch, args):
     """{side: median seconds per step} of `net` at `batch`."""
-    folders = [tempfile.mkdtemp(prefix=f"singa-bench-gpu-{net}-") for _ in range(3)]
+    folders = [tempfile.mkdtemp(prefix=f"singa-bench-gpu-{net}-") for _ in range(4)]
     runtimes = []
     try:
         gpu = Runtime(job_of(net, folders[0], batch, True))
         runtimes.append(gpu)
         gpu.worker.device.use()
+        import torch
         sides = {"ours gpu": synced(gpu.train_step), "ours gpu compute": synced(compute_only(gpu)),
-                 "torch gpu": torch_step(net, batch)}
+                 "torch gpu": torch_step(net, batch),
+                 RUN_OURS: in_a_run(gpu.run_step, finish_run(gpu), RUN),
+                 RUN_TORCH: in_a_run(torch_step(net, batch, sync=False), torch.cuda.synchronize,
+                                     RUN)}
         if batch == SINGA_BATCH.get(net, 64):
             single = Runtime(job_of(net, folders[2], batch, True))
             runtimes.append(single)
             single.worker.bucket_cap = 0        # a message per param, as before buckets
             sides[PER_PARAM] = synced(single.train_step)
+            by_op = Runtime(job_of(net, folders[3], batch, True))
+            runtimes.append(by_op)
+            w = by_op.worker
+            w.graphs = cuda_graphs.StepGraphs(w.train_net, w.device, capture=False)
+            sides[OP_BY_OP] = synced(by_op.train_step)
             with threads.limit(args.cpu_threads):
                 cpu = Runtime(job_of(net, folders[1], batch, False))
             runtimes.append(cpu)
@@ -184,11 +215,15 @@ def main(argv=None):
             med = bench(net, batch, args)
             ours, torch_t = med["ours gpu"], med["torch gpu"]
             goal = GOALS["1024" if batch == 1024 else "singa"]
-            cpu, single = med.get("ours cpu"), med.get(PER_PARAM)
+            cpu, single, by_op = med.get("ours cpu"), med.get(PER_PARAM), med.get(OP_BY_OP)
+            run_ours, run_torch = med[RUN_OURS] / RUN, med[RUN_TORCH] / RUN
             rows.append([net, batch, f"{ours * 1e3:.2f}", f"{med['ours gpu compute'] * 1e3:.2f}",
                          f"{(ours - med['ours gpu compute']) * 1e3:.2f}",
                          f"{torch_t * 1e3:.2f}", f"{ours / torch_t:.2f}",
                          f"<= {goal}: {'yes' if ours / torch_t <= goal else 'NO'}",
+                         f"{run_ours * 1e3:.2f}", f"{run_torch * 1e3:.2f}",
+                         f"{run_ours / run_torch:.2f}",
+                         "-" if by_op is None else f"{by_op * 1e3:.2f}",
                          "-" if single is None else f"{single * 1e3:.2f}",
                          "-" if cpu is None else f"{cpu * 1e3:.1f}",
                          "-" if cpu is None else f"{cpu / ours:.1f}"])
@@ -201,8 +236,14 @@ def main(argv=None):
 
 
 PER_PARAM = "ours gpu, an Update per param"
+OP_BY_OP = "ours gpu, op by op (no CUDA graphs)"
+#: steps of a run, the GPU waited for only at its end, as training waits: the host queues a
+#: step while the GPU computes the last
+RUN = 5
+RUN_OURS, RUN_TORCH = "ours gpu, in a run", "torch gpu, in a run"
 HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
-          PER_PARAM, "ours cpu", "cpu/gpu"]
+          RUN_OURS, RUN_TORCH, "ours/torch in a run", OP_BY_OP, PER_PARAM, "ours cpu",
+          "cpu/gpu"]
 
 if __name__ == "__main__":
     sys.exit(main())

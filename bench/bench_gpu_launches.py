@@ -8,7 +8,9 @@ GPU a launch, so at SINGA's batch sizes their number is what a step's time follo
 Counted: each numpy ufunc or array function on device arrays, each assignment into one and
 each RawKernel launch (a view is free); waits: the stand-in's (a device value read on the
 host, a copy from pageable memory). A step is `train_one_batch` then `collect_all`, as in
-bench_gpu.py. The convolutions' kernels run through g++, so keep the batch small.
+bench_gpu.py: one op by op (before `cuda_graphs.WARMUP`), and one after, its runs of
+capturable passes launched as CUDA graphs (a launch counts one). The convolutions' kernels run
+through g++, so keep the batch small.
 """
 import argparse
 import collections
@@ -22,6 +24,7 @@ sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tes
 import strict_device as sd  # noqa: E402
 from bench_gpu import job_of  # noqa: E402
 from bench_mlp_step import Runtime, print_table  # noqa: E402
+from singa import cuda_graphs  # noqa: E402
 
 
 def counting(counts):
@@ -37,6 +40,7 @@ def counting(counts):
     wrap(sd.DevArray, "__array_function__", lambda a: a[0].__name__)
     wrap(sd.DevArray, "__setitem__", lambda a: "assignment")
     wrap(sd.RawKernel, "__call__", lambda a: "our kernels")
+    wrap(sd.Graph, "launch", lambda a: "graph launches")
 
 
 class Setter:
@@ -63,17 +67,21 @@ def main(argv=None):
         rt = Runtime(job_of(net, tempfile.mkdtemp(prefix="singa-bench-launches-"), args.batch,
                             True))
         try:
-            rt.train_step()
-            counts.clear()
-            sd.waits.clear()
-            rt.train_step()
+            steps = []      # (operations, host waits) of a step op by op, then as graphs
+            for step in range(cuda_graphs.WARMUP + 2):      # WARMUP captures the graphs
+                counts.clear()
+                sd.waits.clear()
+                rt.train_step()
+                steps.append((collections.Counter(counts), sum(sd.waits.values())))
         finally:
             rt.close()
-        ours = counts.pop("our kernels", 0)
-        top = ", ".join(f"{k} {v}" for k, v in counts.most_common(4))
-        rows.append([net, sum(counts.values()) + ours, ours, sum(sd.waits.values()), top])
+        (by_op, waits), (graphs, _) = steps[cuda_graphs.WARMUP - 1], steps[-1]
+        ours = by_op.pop("our kernels", 0)
+        top = ", ".join(f"{k} {v}" for k, v in by_op.most_common(4))
+        rows.append([net, sum(by_op.values()) + ours, ours, waits, top,
+                     sum(graphs.values()), graphs["graph launches"]])
     print_table(rows, ["net", "device operations", "of them our kernels", "host waits",
-                       "most frequent others"])
+                       "most frequent others", "with CUDA graphs", "of them graphs"])
     return 0
 
 

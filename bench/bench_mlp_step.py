@@ -95,6 +95,16 @@ class Runtime:
         self.worker.collect_all()
         self.step += 1
 
+    def run_step(self):
+        """One step as the worker's loop takes it: its loss looked at once the next step is
+        queued (on a GPU), the updates collected before the next forward pass."""
+        w = self.worker
+        w.train_one_batch(self.step)
+        w.send_updates()
+        w.loss_check.check(self.step)
+        w.collect_all()
+        self.step += 1
+
     def exchange_step(self):
         """The exchange alone: an Update of each param's gradient as it stands (in the
         backward's order), then `collect_all`; no forward or backward."""

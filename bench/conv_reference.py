@@ -8,8 +8,9 @@
 
   numpy_step(net, batch)  a zero-argument callable: forward + backward + SGD in plain numpy
                           (im2col by a strided view, one GEMM per conv and direction)
-  torch_step(net, batch, device="cpu")  the same step in PyTorch on `device` ("cuda": eager,
-                          synchronised at its end), or None without torch
+  torch_step(net, batch, device="cpu", sync=True)  the same step in PyTorch on `device`
+                          ("cuda": eager, synchronised at its end unless not `sync`), or None
+                          without torch
 
 A net is a list of ("conv", filters, kernel, pad), ("pool", "max"|"avg", kernel, stride),
 ("relu",), ("lrn", n, alpha, beta), ("ip", outputs). LRN is SINGA's (src/neuralnet/
@@ -149,7 +150,7 @@ def numpy_step(net, batch, lr=0.001, seed=0):
     return step
 
 
-def torch_step(net, batch, lr=0.001, seed=0, device="cpu"):
+def torch_step(net, batch, lr=0.001, seed=0, device="cpu", sync=True):
     try:
         import torch
     except ImportError:
@@ -179,4 +180,5 @@ def torch_step(net, batch, lr=0.001, seed=0, device="cpu"):
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     x = torch.rand((batch,) + shape, device=device)
     labels = torch.randint(0, 10, (batch,), device=device)
-    return torch_stepper(torch, model, opt, torch.nn.CrossEntropyLoss(), x, labels, device)
+    return torch_stepper(torch, model, opt, torch.nn.CrossEntropyLoss(), x, labels, device,
+                         sync)

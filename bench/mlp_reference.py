@@ -5,8 +5,9 @@ f(z) = 1.7159047 tanh(0.66666667 z) between them, softmax loss, plain SGD.
 
   numpy_step(batch)  a zero-argument callable: one forward + backward + SGD step in hand-written
                      numpy, the floor a numpy framework can reach
-  torch_step(batch, device="cpu")  the same step in PyTorch on `device` ("cuda": eager,
-                     synchronised at its end), or None when torch is not installed
+  torch_step(batch, device="cpu", sync=True)  the same step in PyTorch on `device` ("cuda":
+                     eager, synchronised at its end unless not `sync`), or None when torch is
+                     not installed
   gemm_roofline()    the best float32 GEMM rate (FLOP/s) numpy reaches here
   flops_per_step(b)  FLOPs of a step's GEMMs (three per layer)
 
@@ -79,7 +80,7 @@ def numpy_step(batch=64, lr=0.001, seed=0, sizes=SIZES):
     return step
 
 
-def torch_step(batch=64, lr=0.001, seed=0, device="cpu", sizes=SIZES):
+def torch_step(batch=64, lr=0.001, seed=0, device="cpu", sizes=SIZES, sync=True):
     try:
         import torch
     except ImportError:
@@ -98,16 +99,17 @@ def torch_step(batch=64, lr=0.001, seed=0, device="cpu", sizes=SIZES):
     x = torch.rand(batch, sizes[0], device=device)
     labels = torch.randint(0, sizes[-1], (batch,), device=device)
     loss = torch.nn.CrossEntropyLoss()
-    return torch_stepper(torch, net, opt, loss, x, labels, device)
+    return torch_stepper(torch, net, opt, loss, x, labels, device, sync)
 
 
-def torch_stepper(torch, net, opt, loss, x, labels, device):
-    """One SGD step of `net` on (x, labels), synchronised with the device at its end."""
+def torch_stepper(torch, net, opt, loss, x, labels, device, sync=True):
+    """One SGD step of `net` on (x, labels), synchronised with the device at its end (with
+    `sync`; else only queued)."""
     def step():
         opt.zero_grad()
         loss(net(x), labels).backward()
         opt.step()
-        if device != "cpu":
+        if sync and device != "cpu":
             torch.cuda.synchronize()
 
     return step

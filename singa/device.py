@@ -3,8 +3,9 @@
 Layers, params and updaters allocate with their device's `xp` (numpy or cupy) and otherwise
 call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and 18): one code
 path serves both devices. Values cross between the host and a GPU only here: `host(a)` (device
-to host) and `assign(dst, src)` / `Device.put` / `Uploader` (host to device, the last without
-waiting for the GPU: a step's batch and random draws); inside a process executors
+to host; `Readback` without waiting: a step's loss) and `assign(dst, src)` / `Device.put` /
+`Uploader` (host to device, the last without waiting for the GPU: a step's batch and random
+draws); inside a process executors
 hand GPU arrays to each other as they are (`singa.comm.socket`). Nothing imports CuPy until a
 job names a GPU.
 """
@@ -18,7 +19,7 @@ import numpy as np
 
 from singa.errors import ConfigError
 
-__all__ = ["CPU", "Device", "Uploader", "address", "assign", "check", "cupy", "host",
+__all__ = ["CPU", "Device", "Readback", "Uploader", "address", "assign", "check", "cupy", "host",
            "host_copy", "is_host", "like", "module", "of_workers", "on"]
 
 #: CuPy's switch to a default stream per thread (see `check`)
@@ -148,6 +149,41 @@ class Uploader:
         with on(dst):
             dst.set(pinned, stream=xp.cuda.get_current_stream())
             copied.record()
+
+
+class Readback:
+    """Device arrays copied to host memory without the host waiting for the GPU: `start`
+    queues the copies into pinned buffers of its own on the current stream, `values` waits
+    for them (for the GPU to reach them, not for what was queued after) and gives the host
+    arrays, valid until the next `start`."""
+
+    def __init__(self):
+        self._pinned = {}       # (position, shape, dtype) -> pinned host array
+        self._out = []
+        self._copied = None
+
+    def start(self, arrays):
+        self._out = []
+        for i, a in enumerate(arrays):
+            xp = module(a)
+            key = (i, a.shape, a.dtype)
+            out = self._pinned.get(key)
+            if out is None:
+                with on(a):
+                    out = self._pinned[key] = np.ndarray(
+                        a.shape, a.dtype, buffer=xp.cuda.alloc_pinned_memory(max(a.nbytes, 1)))
+            with on(a):
+                a.get(out=out, blocking=False)
+            self._out.append(out)
+        if self._out:
+            with on(arrays[0]):
+                self._copied = module(arrays[0]).cuda.Event(disable_timing=True)
+                self._copied.record()
+
+    def values(self):
+        if self._copied is not None:
+            self._copied.synchronize()
+        return self._out
 
 
 def cupy():

@@ -4,11 +4,14 @@ snapshot stores it.
 
 Cheap on the hot path: a step looks at one float per loss layer; arrays are scanned only when
 a loss is nan or inf (to name where it started) and when a snapshot is about to be written.
+On a GPU the host does not wait for the step it has just queued to look at its loss
+(`LossCheck`).
 """
 import math
 
 import numpy as np
 
+from singa.device import Readback
 from singa.errors import NonFiniteError
 
 
@@ -23,17 +26,58 @@ def seeds(job, n):
     return [np.random.Generator(np.random.PCG64(s)) for s in seq.spawn(n)]
 
 
-def check_loss(net, step):
+def check_loss(net, step, now=None):
     """NonFiniteError if a metric a layer sums between displays (a loss, RBMVis's squared
     error) is nan or inf, naming the first layer (in forward order) whose params or output hold
-    such values."""
+    such values (by step `now`, where the net has gone on since `step`)."""
     for layer in net.layers:
         if not layer.metric_sums or math.isfinite(sum(layer.metric_sums.values())):
             continue    # one read of a layer's sums (device scalars on a GPU: one wait)
         for name, value in layer.metric_sums.items():
             if not math.isfinite(value):
+                where = first_non_finite(net)
+                if now not in (None, step):
+                    where = f"by step {now}, {where}"
                 raise NonFiniteError(f"step {step}: the {name.lower()} of layer '{layer.name}' "
-                                     f"is {float(value)}; {first_non_finite(net)}")
+                                     f"is {float(value)}; {where}")
+
+
+class LossCheck:
+    """`check_loss` of a net after each step, `check(step)`. Sums on the host are looked at
+    at once. Sums on a GPU are copied to the host without waiting and looked at when the
+    next step has been queued (its `check`) or at `flush`, which whatever reads the net's
+    params or metrics calls first (a test, a snapshot, a display): the host queues step s + 1
+    while the GPU computes step s, where waiting for s's loss would leave the GPU idle while
+    the host prepares s + 1."""
+
+    def __init__(self, net):
+        self.net = net
+        self.copies = Readback()
+        self.pending = None     # the step whose sums are being copied
+
+    def check(self, step):
+        self._look(step)
+        totals = [sum(layer.metric_sums.values()) for layer in self.net.layers
+                  if layer.metric_sums]
+        on_device = [t for t in totals if hasattr(t, "__cuda_array_interface__")]
+        if on_device:
+            self.copies.start(on_device)
+            self.pending = step
+        if not all(math.isfinite(t) for t in totals if not hasattr(t, "__cuda_array_interface__")):
+            check_loss(self.net, step)
+
+    def flush(self):
+        """Look at the copied sums of the last step checked (waiting for the GPU to reach
+        them); NonFiniteError as `check_loss`."""
+        self._look(None)
+
+    def _look(self, now):
+        if self.pending is None:
+            return
+        step, self.pending = self.pending, None
+        if not all(np.isfinite(v).all() for v in self.copies.values()):
+            check_loss(self.net, step, now)     # the sums keep a nan or inf until displayed
+            raise NonFiniteError(f"step {step}: a loss is nan or inf")
 
 
 def check_params(params, step):

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, cluster, evaluation, numerics, resolve
+from singa import checkpoint, cluster, cuda_graphs, evaluation, numerics, resolve
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
@@ -112,6 +112,9 @@ class Worker:
         self.bucket, self.bucket_step, self.bucket_floats = [], None, 0    # gradients to send
         #: the floats a bucket holds before it is sent: a step's on a GPU
         self.bucket_cap = BUCKET_FLOATS if device.gpu is None else math.inf
+        self.loss_check = numerics.LossCheck(train_net)
+        #: the train net's passes (on a GPU: runs of them as CUDA graphs)
+        self.graphs = cuda_graphs.StepGraphs(train_net, device, capture=device.gpu is not None)
 
     # --- the loop -------------------------------------------------------------------------
     def run(self):
@@ -130,17 +133,20 @@ class Worker:
                     self.evaluate(s, lambda freq, after: every(freq, after, s))
                 due = every(job.checkpoint_freq, job.checkpoint_after, s)
                 if evaluate and self.grp == 0 and (self.monitor.improved(s) or due):
+                    self.loss_check.flush()
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
                 self.send_updates()
-                numerics.check_loss(self.train_net, s)
+                self.loss_check.check(s)
                 if (self.id == 0 or self.channel) and every(job.disp_freq, job.disp_after, s):
+                    self.loss_check.flush()
                     self.report(s, "train", self.display(kTrain | kForward | kBackward,
                                                          f"Train @ step {s}", self.train_net))
                     if self.id == 0 and self.grp == 0:
                         log.info("Progress @ step %d: %s", s, self.pace(s))
                 self.step += 1
+            self.loss_check.flush()
             self.collect_all()   # SINGA's final checkpoint can miss the last update; ours waits
             if self.step < job.train_steps:
                 log.info("Worker (group = %d, id = %d): stopping at step %d after a snapshot, "
@@ -176,6 +182,7 @@ class Worker:
                 (kTest, "test", self.test_net, job.test_steps, job.test_freq, job.test_after)):
             if net is None or steps <= 0 or not due(freq, after):
                 continue
+            self.loss_check.flush()
             self.collect_all()
             if self.id == 0:
                 log.info("%s @ step %d", name.capitalize(), step)
@@ -201,19 +208,20 @@ class Worker:
             self.reporter.metrics(self.grp, step, phase, metrics)
 
     def train_one_batch(self, step):
-        """kBP: Forward (collecting fresh params) then Backward, updating each layer's params."""
-        net = self.train_net
-        flag = kTrain | kForward
-        for layer in net.layers:
-            if layer.unroll_index == 0:
-                for p in layer.params:
-                    self.collect(p)
-            layer.compute_feature(flag, net.srclayers[layer.name])
-        flag = kTrain | kBackward
-        for layer in reversed(net.layers):
-            layer.compute_gradient(flag, net.srclayers[layer.name])
-            for p in layer.params:
-                self.update(step, p)
+        """kBP: Forward (collecting fresh params) then Backward, updating each layer's params:
+        pass by pass, or on a GPU by segments of passes run as CUDA graphs (`cuda_graphs`),
+        their params collected before and updated after."""
+        for segment in self.graphs.segments:
+            for layer, forward in segment.passes:
+                if forward and layer.unroll_index == 0:
+                    for p in layer.params:
+                        self.collect(p)
+            self.graphs.run(segment)
+            for layer, forward in segment.passes:
+                if not forward:
+                    for p in layer.params:
+                        self.update(step, p)
+        self.graphs.steps += 1
 
     @staticmethod
     def test_one_batch(phase, net, step):

@@ -110,6 +110,11 @@ class Layer:
     #: True when the layer can compute a part of its outputs from a part of its source's
     #: (partition_dim 1 over several workers); a layer of your own opts in by setting it.
     feature_parts = False
+    #: True when the layer's passes on a GPU only queue device operations on arrays it keeps
+    #: (no host value read or written, no random draw, no Python state that changes from step
+    #: to step): a step may then replay them as a CUDA graph (`singa.cuda_graphs`). Read for
+    #: the layer's own class only: a subclass decides for itself.
+    capturable = False
     device = CPU
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
     #: docstring)

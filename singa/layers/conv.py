@@ -134,6 +134,8 @@ class ConvolutionLayer(Layer):
     channels get a zero gradient from it).
     """
 
+    capturable = True
+
     feature_parts = True
 
     reads_all = True
@@ -605,6 +607,8 @@ class PoolingLayer(Layer):
     the max (g to the first argmax) or the mean (gx = g/(H·W)) of each plane, in one
     reduction.
     """
+
+    capturable = True
 
     feature_parts = True
 

@@ -52,6 +52,8 @@ class InnerProductLayer(Layer):
     partition_dim 1 this partition computes its rows of M: W and b are pieces of the whole.
     """
 
+    capturable = True
+
     feature_parts = True
 
     reads_all = True
@@ -185,18 +187,21 @@ _CUDA = {_relu: (cuda.RELU, (), ()), sigmoid: (cuda.SIGMOID, (), ()), _tanh: (cu
 @register(job_pb2.kReLU)
 class ReLULayer(_Elementwise):
     """y = max(x, 0); gx = g·[y > 0] (relu_conf.negative_slope is ignored, as in SINGA)."""
+    capturable = True
     forward, derivative = staticmethod(_relu), staticmethod(_relu_d)
 
 
 @register(job_pb2.kSigmoid)
 class SigmoidLayer(_Elementwise):
     """y = 1/(1+e^{-x}); gx = g·y(1−y)."""
+    capturable = True
     forward, derivative = staticmethod(sigmoid), staticmethod(_sigmoid_d)
 
 
 @register(job_pb2.kSTanh)
 class STanhLayer(_Elementwise):
     """y = A·tanh(B·x) with A = 1.7159047, B = 0.66666667; gx = g·(A·B − (B/A)·y²)."""
+    capturable = True
     forward, derivative = staticmethod(_stanh), staticmethod(_stanh_d)
 
 
@@ -215,6 +220,8 @@ class ActivationLayer(_Elementwise):
 
     With share_src_blobs, data and grad alias the source's (computed in place).
     """
+
+    capturable = True
 
     def setup(self, srclayers):
         fns = _ACTIVATIONS.get(self.conf.activation_conf.type)

@@ -42,6 +42,8 @@ class LRNLayer(Layer):
     each way (`kernels.gpu`, two for the gradient) computes the same terms in the same order.
     """
 
+    capturable = True
+
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         _four_dims(self, src)

@@ -2,8 +2,9 @@
 # The whole GPU check in one command, for a machine with an NVIDIA GPU whose python3 has numpy,
 # CuPy, numba and torch but maybe not the rest (no registry needed): tests/gpu, then
 # bench/bench_gpu.py (GPU against torch on the same GPU, and our CPU), the log in
-# $OUT/gpu.log (default ./gpu-check/), a profile of ours in $OUT/gpu-profile.txt, then each
-# layer's GPU time at batch 1024 (bench/layer_times.py --gpu) in the log, and where py-spy is
+# $OUT/gpu.log (default ./gpu-check/), a profile of ours in $OUT/gpu-profile.txt, then the GPU
+# time of each layer's passes and of each operation in them at batch 1024
+# (bench/gpu_op_times.py) in the log, and where py-spy is
 # among the wheels, its samples of the GIL's holders in $OUT/gpu-pyspy.txt (collapsed stacks).
 # Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three, py-spy:
 # docs/gpu.md says how to fetch them) are installed to /tmp/site first.
@@ -23,8 +24,7 @@ fi
     -o faulthandler_timeout=150 tests/gpu
   echo "pytest exit $?"
   (cd bench && timeout 200 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
-  (cd bench && timeout 60 python3 layer_times.py --gpu --batch 1024 --threads 1 --rounds 3 \
-     --steps 4)
+  (cd bench && timeout 60 python3 gpu_op_times.py --batch 1024)
   if [ -x /tmp/site/bin/py-spy ]; then     # where the GIL's holders spend a step (MLP, batch 64)
     (cd bench && timeout 90 /tmp/site/bin/py-spy record --threads --gil --rate 1000 \
        --format raw -o "$OUT/gpu-pyspy.txt" -- python3 -c \

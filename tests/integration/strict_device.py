@@ -8,12 +8,19 @@ cross (`moved`) and the host's waits for the GPU (`waits`): a device value read 
 (`get`, `float`, `int`, `bool`, `item`) and a copy to the device from pageable memory; a copy
 from pinned memory (`cuda.alloc_pinned_memory`) on a stream does not wait.
 
+Stream capture (`Stream.begin_capture` ... `end_capture`, `Graph.launch`) is a GPU's: what
+is queued while capturing is recorded, not computed (the device memory it wrote is as before
+the capture, what it made holds garbage), a host read or a pageable copy is refused, and a
+launch replays the recorded operations on the arrays as they are then.
+
 `installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
 import collections
+import contextlib
 import operator
 import sys
+import threading
 import types
 
 import numpy as np
@@ -59,6 +66,89 @@ def _dev(v):
 moved = collections.Counter()
 #: the host's waits for the GPU, by kind: "read" (a device value on the host), "pageable copy"
 waits = collections.Counter()
+#: device operations queued so far (ufuncs, array functions, assignments, kernels, copies)
+queued = [0]
+#: for each wait for an event (`Event.synchronize`): the operations queued after its record,
+#: which a GPU might not have reached yet (0: the host waited for all it had queued)
+event_waits = []
+
+
+class _Capture:
+    """What a stream records while capturing: the operations to replay, the device memory they
+    wrote with its contents before (restored at the end), the arrays they made (garbage)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.ops, self.saved, self.made = [], {}, []
+
+    def snapshot(self, arrays):
+        """Copies of the memory of `arrays` not saved yet (what an operation may write)."""
+        roots = {id(r): r for r in map(_root, arrays) if id(r) not in self.saved}
+        return [(key, root, root.copy()) for key, root in roots.items()]
+
+    def keep_written(self, before):
+        """Save the memory of `before` (a snapshot) that the operation since has changed."""
+        for key, root, copy in before:
+            if not np.array_equal(root, copy, equal_nan=root.dtype.kind in "fc"):
+                self.saved[key] = (root, copy)
+
+    def end(self):
+        for root, before in self.saved.values():
+            np.copyto(root, before)
+        for a in self.made:
+            plain = a.view(np.ndarray)
+            plain[...] = np.nan if plain.dtype.kind == "f" else 0x5A
+        return Graph(self.ops)
+
+
+_captures = {}      # thread id -> the capture it has under way
+
+
+def _capturing():
+    """The capture recording what this thread queues now, or None."""
+    cap = _captures.get(threading.get_ident())
+    return cap if cap is not None and get_current_stream() is cap.stream else None
+
+
+def _root(a):
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a.view(np.ndarray) if isinstance(a, DevArray) else a
+
+
+def _run(call, writes=(), inputs=None):
+    """Queue an operation: `call()` now. While this thread's stream captures, it is recorded
+    for replays and the memory it wrote (among `writes`) is restored when the capture ends;
+    with `inputs`, the operation makes its result, which a replay writes again, and which
+    holds garbage after the capture unless it views an input's memory."""
+    queued[0] += 1
+    cap = _capturing()
+    if cap is None:
+        return call()
+    before = cap.snapshot(writes)
+    result = call()
+    cap.keep_written(before)
+    if inputs is None:
+        cap.ops.append(call)
+        return result
+    cap.ops.append(lambda: _into(result, call()))
+    roots = {id(_root(x)) for x in _arrays(inputs)}
+    if isinstance(result, np.ndarray) and id(_root(result)) not in roots:
+        cap.made.append(result)
+    return result
+
+
+def _arrays(values):
+    for v in values:
+        if isinstance(v, np.ndarray):
+            yield v
+        elif isinstance(v, (list, tuple)):
+            yield from _arrays(v)
+
+
+def _refuse_while_capturing(what):
+    if _capturing() is not None:
+        raise StrictError(f"{what} while a stream is capturing (the GPU computes nothing then)")
 
 
 class DevArray(np.ndarray):
@@ -85,30 +175,41 @@ class DevArray(np.ndarray):
             raise StrictError(f"{ufunc.__name__}.at on a device array: atomic adds, whose order "
                               f"varies")
         _check(inputs + (out or ()), f"{ufunc.__name__}.{method}")
+        call = getattr(ufunc, method)
         if out is not None:
             kwargs["out"] = tuple(_plain(o) for o in out)
-        result = getattr(ufunc, method)(*_plain(inputs), **kwargs)
-        if out is not None:
+            _run(lambda: call(*_plain(inputs), **kwargs), writes=out)
             return out[0] if len(out) == 1 else out
-        return _dev(result)
+        return _dev(_run(lambda: call(*_plain(inputs), **kwargs), inputs=inputs))
 
     def __array_function__(self, func, types_, args, kwargs):
         _check(list(args) + list(kwargs.values()), func.__name__)
-        result = func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+
+        def call():
+            return func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        # some write into an argument (np.copyto): any may be written
+        writes = list(_arrays(list(args) + list(kwargs.values())))
         if "out" in kwargs and kwargs["out"] is not None:
+            _run(call, writes)
             return kwargs["out"]
+        result = _run(call, writes, inputs=list(args) + list(kwargs.values()))
         if func is np.count_nonzero and isinstance(result, int):
             result = np.intp(result)
         return _dev(result)
 
     def __getitem__(self, index):
         _check(index if isinstance(index, tuple) else (index,), "indexing")
-        return _dev(np.ndarray.__getitem__(self.view(np.ndarray), _plain(index)))
+        def call():
+            return np.ndarray.__getitem__(self.view(np.ndarray), _plain(index))
+        basic = all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
+                    for i in (index if isinstance(index, tuple) else (index,)))
+        return _dev(call() if basic else _run(call, inputs=[self]))     # else a gather
 
     def __setitem__(self, index, value):
         _check(index if isinstance(index, tuple) else (index,), "indexing")
         _check((value,), "assignment")
-        np.ndarray.__setitem__(self.view(np.ndarray), _plain(index), _plain(value))
+        _run(lambda: np.ndarray.__setitem__(self.view(np.ndarray), _plain(index), _plain(value)),
+             writes=[self])
 
     def __buffer__(self, flags):
         raise StrictError("a device array has no host buffer (bytes, ZeroMQ frames)")
@@ -116,13 +217,23 @@ class DevArray(np.ndarray):
     def tobytes(self, order="C"):
         raise StrictError("tobytes of a device array: copy it to the host first")
 
-    def get(self):
-        """A host copy (cupy.ndarray.get)."""
+    def get(self, stream=None, order="C", out=None, blocking=True):
+        """A host copy (cupy.ndarray.get), into `out` if given: without the host waiting where
+        `out` is pinned and not `blocking`."""
         moved["to host"] += self.nbytes
-        waits["read"] += 1
-        return np.array(self.view(np.ndarray))
+        if out is None:
+            return self._read(np.array)
+        if type(out) is not np.ndarray or out.shape != self.shape or out.dtype != self.dtype:
+            raise StrictError(f"get: out must be a host array of shape {self.shape} and dtype "
+                              f"{self.dtype}")
+        if blocking or not _pinned(out):
+            return self._read(lambda a: np.copyto(out, a) or out)
+        _run(lambda: np.copyto(out, self.view(np.ndarray)))
+        return out
 
     def _read(self, convert):
+        _refuse_while_capturing("a device value read on the host")
+        queued[0] += 1
         waits["read"] += 1
         return convert(self.view(np.ndarray))
 
@@ -150,38 +261,50 @@ class DevArray(np.ndarray):
                               f"{self.dtype}, got {type(values).__name__}")
         moved["to device"] += values.nbytes
         if stream is None or not _pinned(values):
+            _refuse_while_capturing("a copy from pageable memory")
             waits["pageable copy"] += 1
-        np.copyto(self.view(np.ndarray), values)
+        _run(lambda: np.copyto(self.view(np.ndarray), values), writes=[self])
 
 
 def asarray(a, dtype=None):
     """A device array of `a` (copied from the host; a device array itself)."""
     if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
         return a
+    _refuse_while_capturing("a copy from pageable memory")
     a = np.array(_plain(a), dtype=dtype)
+    queued[0] += 1
     moved["to device"] += a.nbytes
     waits["pageable copy"] += 1
     return a.view(DevArray)
 
 
-def _made(name):
-    make = getattr(np, name)
-
+def _made(make, filled=True):
+    """A creation function of device arrays: `make`'s array (filled by an operation unless
+    `make` leaves it empty)."""
     def f(*args, **kwargs):
-        return make(*args, **kwargs).view(DevArray)
-    f.__name__ = name
+        if filled:
+            return _run(lambda: make(*_plain(args), **kwargs), inputs=()).view(DevArray)
+        a = make(*_plain(args), **kwargs)
+        cap = _capturing()
+        if cap is not None:
+            cap.made.append(a)
+        return a.view(DevArray)
+    f.__name__ = make.__name__
     return f
 
 
-zeros, empty, ones, full, arange = (_made(n) for n in ("zeros", "empty", "ones", "full", "arange"))
+zeros, ones, full, arange, zeros_like = (_made(getattr(np, n)) for n in (
+    "zeros", "ones", "full", "arange", "zeros_like"))
+empty, empty_like = _made(np.empty, False), _made(np.empty_like, False)
 
 
-def zeros_like(a, *args, **kwargs):
-    return np.zeros_like(_plain(a), *args, **kwargs).view(DevArray)
-
-
-def empty_like(a, *args, **kwargs):
-    return np.empty_like(_plain(a), *args, **kwargs).view(DevArray)
+def _into(result, value):
+    """Write an operation's `value` into its `result` of a first run (a replay)."""
+    if isinstance(result, np.ndarray):
+        np.copyto(result.view(np.ndarray), value)
+    elif isinstance(result, tuple):
+        for r, v in zip(result, value):
+            _into(r, v)
 
 
 class _Device:
@@ -215,20 +338,88 @@ class _Event:
     """cupy.cuda.Event: every launch here has finished when it returns."""
 
     def __init__(self, block=False, disable_timing=False, interprocess=False):
-        self.recorded = False
+        self.recorded = None
 
     def record(self, stream=None):
-        self.recorded = True
+        self.recorded = queued[0]
 
     def synchronize(self):
-        pass
+        if self.recorded is not None:
+            event_waits.append(queued[0] - self.recorded)
 
 
-_stream = types.SimpleNamespace(ptr=0, synchronize=lambda: None)
+class Stream:
+    """cupy.cuda.Stream: `with stream:` makes it the thread's current one; it captures between
+    `begin_capture` and `end_capture` (the legacy default stream, `Stream.null`, cannot)."""
 
-cuda = types.SimpleNamespace(Device=_Device, Event=_Event,
-                             alloc_pinned_memory=_Pinned,
-                             get_current_stream=lambda: _stream,
+    _current = threading.local()
+
+    def __init__(self, null=False, non_blocking=False, ptr=None):
+        self.ptr = 0 if null else id(self)
+
+    def __enter__(self):
+        outer = getattr(Stream._current, "stack", None)
+        if outer is None:
+            outer = Stream._current.stack = []
+        outer.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        Stream._current.stack.pop()
+
+    def synchronize(self):
+        _refuse_while_capturing("a wait for a stream")
+
+    def begin_capture(self, mode=None):
+        if self.ptr == 0:
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if threading.get_ident() in _captures:
+            raise StrictError("this thread has a capture under way")
+        _captures[threading.get_ident()] = _Capture(self)
+
+    def end_capture(self):
+        cap = _captures.pop(threading.get_ident(), None)
+        if cap is None or cap.stream is not self:
+            raise StrictError("end_capture on a stream that is not capturing")
+        return cap.end()
+
+    def is_capturing(self):
+        return any(cap.stream is self for cap in list(_captures.values()))
+
+
+Stream.null = Stream(null=True)
+
+
+def get_current_stream():
+    stack = getattr(Stream._current, "stack", None)
+    return stack[-1] if stack else Stream.null
+
+
+class Graph:
+    """cupy.cuda.Graph: the operations a capture recorded, replayed in order by `launch`."""
+
+    def __init__(self, ops):
+        self.ops = ops
+
+    def launch(self, stream=None):
+        _refuse_while_capturing("a graph launch")      # CUDA could; nothing here does
+        queued[0] += 1
+        for op in self.ops:
+            op()
+
+
+class MemoryPool:
+    """cupy.cuda.MemoryPool: allocations here are numpy's."""
+
+    def malloc(self, size):
+        raise StrictError("the stand-in allocates with numpy")
+
+
+cuda = types.SimpleNamespace(Device=_Device, Event=_Event, Stream=Stream, Graph=Graph,
+                             MemoryPool=MemoryPool, alloc_pinned_memory=_Pinned,
+                             get_elapsed_time=lambda start, end: 0.0,   # no clock here
+                             get_current_stream=get_current_stream,
+                             using_allocator=lambda allocator=None: contextlib.nullcontext(),
                              runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
 
 
@@ -248,7 +439,9 @@ import cuda_shim   # noqa: E402  (kept apart from the rest of the stand-in)
 
 def ascontiguousarray(a, dtype=None):
     """A C-contiguous device array of `a` (`a`'s memory where it is one)."""
-    return np.ascontiguousarray(_plain(a), dtype).view(DevArray)
+    if a.flags.c_contiguous and (dtype is None or a.dtype == dtype):
+        return a
+    return _run(lambda: np.ascontiguousarray(_plain(a), dtype), inputs=[a]).view(DevArray)
 
 
 class RawKernel(cuda_shim.RawKernel):
@@ -261,7 +454,10 @@ class RawKernel(cuda_shim.RawKernel):
         if cuda_shim.compiler() is None:
             import pytest
             pytest.skip("no C++ compiler to run the CUDA kernels on the CPU")
-        try:
-            super().__call__(grid, block, _plain(tuple(args)), shared_mem)
-        except TypeError as e:
-            raise StrictError(str(e)) from None
+
+        def call():
+            try:
+                super(RawKernel, self).__call__(grid, block, _plain(tuple(args)), shared_mem)
+            except TypeError as e:
+                raise StrictError(str(e)) from None
+        _run(call, writes=list(_arrays(args)))

@@ -20,12 +20,13 @@ from google.protobuf import text_format
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
-from singa import checkpoint, config, device, threads, worker
+from singa import checkpoint, config, cuda_graphs, device, threads, worker
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer, Peer, Router
 from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
                          LRN2D, MaxPooling2D, Model, Sequential)
+from singa.layers.neuron import DropoutLayer, InnerProductLayer
 from singa.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from singa.updater import create_updater
@@ -89,17 +90,19 @@ def test_an_mlp_with_dropout_trains_on_the_gpu_path_to_the_cpus_values(tmp_path,
     assert rounding_apart(dev.predict(x[:50], device=[0]), cpu.predict(x[:50]))
 
 
-def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_waits_for_the_gpu_once(
+def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_never_waits_for_itself(
         tmp_path, mnist, gpu, monkeypatch):
     """No param value or gradient crosses between host and device in a step: the servers
     update the workers' params where they are. Per step only the batch (and its labels) goes
-    to the device, and nothing comes back (before: every gradient came up and every value
-    went down, 101,800 bytes each way). The host waits for the GPU once a step, to check the
-    loss: the batch, its labels and the dropout mask go through pinned buffers, and the
-    metrics stay on the device until displayed (before: 6 waits a step). The worker sends the
-    step's gradients in one Update, whatever a CPU worker's bucket would hold."""
+    to the device, and only the loss comes back (before: every gradient came up and every
+    value went down, 101,800 bytes each way). The host never waits for the work it has just
+    queued: the batch, its labels and the dropout mask go through pinned buffers, the
+    metrics stay on the device until displayed (before: 6 waits a step), and the loss is
+    copied without waiting and looked at once the next step is queued (before: a wait a step).
+    The worker sends the step's gradients in one Update, whatever a CPU worker's bucket would
+    hold."""
     x, y = mnist
-    moved, waits, buckets, updates = [], [], [], []
+    moved, waits, lags, ops, buckets, updates = [], [], [], [], [], []
     update = pm.update
     monkeypatch.setattr(pm, "update", lambda *a: (buckets.append(a[3]), update(*a))[1])
     monkeypatch.setattr(worker, "BUCKET_FLOATS", 1)
@@ -112,17 +115,26 @@ def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_waits_for_the_
                   cluster=Cluster(str(tmp_path / str(steps))))
         gpu.moved.clear()
         gpu.waits.clear()
+        gpu.event_waits.clear()
         buckets.clear()
+        before = gpu.queued[0]
         m.fit(x, y, nb_epoch=steps, batch_size=40, seed=5, progress=False, device=[0],
               disp_freq=100)
+        ops.append(gpu.queued[0] - before)
         moved.append(dict(gpu.moved))
         waits.append(sum(gpu.waits.values()))
+        lags.append(list(gpu.event_waits))
         updates.append(len(buckets))
     per_step = {k: (moved[1][k] - moved[0][k]) / 10 for k in moved[0]}
-    assert per_step["to host"] == 0
+    assert per_step["to host"] == 8         # the loss's sum (float64)
     mask = 40 * 32 * 4
     assert 40 * x[0].nbytes + mask <= per_step["to device"] <= 40 * (x[0].nbytes + 8) + mask
-    assert (waits[1] - waits[0]) / 10 == 1
+    assert waits[1] == waits[0]
+    # the loss of step s and the uploads for it are waited for once step s + 1 is queued;
+    # only at the start and the end the host waits for all it has queued
+    assert (len(lags[1]) - len(lags[0])) / 10 == 4
+    step_ops = (ops[1] - ops[0]) / 10
+    assert [sum(lag < step_ops / 2 for lag in run) for run in lags] == [2, 2]
     assert (updates[1] - updates[0]) / 10 == 1 and {len(b) for b in buckets} == {4}
 
 
@@ -406,3 +418,132 @@ def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_
     reader = [t for t in threading.enumerate() if t.name.startswith(f"read {dev.name}")]
     dev.close()     # its net is done: the reading thread ends, the store is closed
     assert reader and not any(t.is_alive() for t in reader) and dev.store is None
+
+
+CSV_JOB = """name: "csv-mlp"
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
+neuralnet {
+  layer { name: "data" type: kCSVInput
+    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
+    param { name: "w" init { type: kGaussian std: 0.1 } }
+    param { name: "b" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+def test_a_nan_loss_on_the_gpu_path_names_its_step_once_the_next_is_queued(tmp_path, gpu):
+    """The GPU's loss is looked at after the next step is queued: the error names the step
+    whose loss is nan, as on the CPU, and where the values are bad by the step after."""
+    data = tmp_path / "data.csv"
+    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
+    lines[25] = "1,0.5,nan,2"                              # read by step 6 (4 lines a step)
+    data.write_text("\n".join(lines) + "\n")
+    conf = tmp_path / "csv.conf"
+    conf.write_text(CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
+    errors = {}
+    for name, device in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, name, str(conf), {})
+        with pytest.raises(singa.errors.NonFiniteError) as e:
+            m.fit(nb_epoch=20, disp_freq=0, seed=1, progress=False, device=device)
+        errors[name] = str(e.value)
+    assert errors["cpu"] == ("step 6: the loss of layer '0#loss' is nan; the first non-finite "
+                             "values are in the output of layer '0#data'")
+    assert errors["gpu"] == ("step 6: the loss of layer '0#loss' is nan; by step 7, the first "
+                             "non-finite values are in param '0#w' of layer '0#ip'")
+
+
+def fit_graphs_and_op_by_op(make, tmp_path, x, y, gpu, monkeypatch):
+    """{"graphs" | "op by op": (history, final params, device operations queued, graph
+    launches)} of `make`'s model fitted 12 steps on the GPU path with its passes as CUDA
+    graphs, and without."""
+    runs, launches = {}, []
+    launch = gpu.Graph.launch
+    monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
+    for name, warmup in (("graphs", cuda_graphs.WARMUP), ("op by op", 10 ** 9)):
+        monkeypatch.setattr(cuda_graphs, "WARMUP", warmup)
+        before = gpu.queued[0]
+        launches.clear()
+        m, hist = fit(make, tmp_path / name, x, y, device=[0])
+        runs[name] = (hist, final_params(m), gpu.queued[0] - before, len(launches))
+    return runs
+
+
+def same_bytes(a, b):
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("make, graphs", [(mlp, 4), (convnet, 2)])
+def test_a_gpu_step_replays_runs_of_passes_as_cuda_graphs_to_the_bytes_op_by_op(
+        tmp_path, mnist, gpu, monkeypatch, make, graphs):
+    """Runs of capturable layers' passes (InnerProduct and ReLU; Convolution, Pooling, LRN)
+    are captured after WARMUP steps and then launched as one graph each a step (the MLP: its
+    Dropout's draws split them: 4 graphs; the convnet: its forward and its backward); the
+    input layer and the loss run op by op between them. On the stand-in a capture computes
+    nothing and a launch replays only the device operations recorded, as on a GPU: the same
+    bytes as op by op, in fewer device operations (a launch is one)."""
+    x, y = mnist
+    if make is convnet:
+        x = x.reshape(-1, 1, 28, 28)
+    warmup = cuda_graphs.WARMUP
+    runs = fit_graphs_and_op_by_op(make, tmp_path, x, y, gpu, monkeypatch)
+    (hist, params, ops, launches), (hist_ops, params_ops, ops_ops, _) = \
+        runs["graphs"], runs["op by op"]
+    assert hist == hist_ops and same_bytes(params, params_ops)
+    assert launches == graphs * (12 - warmup) and ops < ops_ops
+
+
+def test_a_pass_declared_capturable_wrongly_shows_on_the_stand_in(tmp_path, mnist, gpu,
+                                                                   monkeypatch):
+    """Dropout draws its mask on the host in its pass: declared capturable, each launch
+    replays the mask of the capture, and training goes elsewhere than op by op."""
+    monkeypatch.setattr(DropoutLayer, "capturable", True, raising=False)
+    runs = fit_graphs_and_op_by_op(mlp, tmp_path, *mnist, gpu, monkeypatch)
+    assert not same_bytes(runs["graphs"][1], runs["op by op"][1])
+
+
+def test_passes_a_capture_cannot_hold_run_op_by_op_with_a_warning(tmp_path, mnist, gpu,
+                                                                  monkeypatch):
+    """A pass that reads a device value on the host (a capture computes nothing) makes the
+    capture fail: one warning, and the step runs op by op, to the same bytes."""
+    forward = InnerProductLayer.compute_feature
+
+    def reading(self, flag, srclayers):
+        forward(self, flag, srclayers)
+        float(self.data[0, 0])
+    monkeypatch.setattr(InnerProductLayer, "compute_feature", reading)
+    warnings = []
+    monkeypatch.setattr(cuda_graphs.log, "warning", lambda text, *a: warnings.append(text % a))
+    runs = fit_graphs_and_op_by_op(mlp, tmp_path, *mnist, gpu, monkeypatch)
+    assert same_bytes(runs["graphs"][1], runs["op by op"][1])
+    assert warnings == [
+        "the passes of layers 0#layer1, 0#relu1 could not be captured as a CUDA graph "
+        "(StrictError: a device value read on the host while a stream is capturing (the GPU "
+        "computes nothing then)); the step runs op by op"]
+
+
+def test_a_graph_is_captured_again_when_an_array_of_its_passes_is_replaced(
+        tmp_path, mnist, gpu, monkeypatch):
+    """The last InnerProduct's gradient blob replaced mid-training (the loss writes into the
+    new one): the graphs of its passes are captured again, and training gives op by op's
+    bytes."""
+    train, captured, replaced = worker.Worker.train_one_batch, [], []
+
+    def replacing(self, step):
+        if step == 5:
+            ip = [layer for layer in self.train_net.layers
+                  if isinstance(layer, InnerProductLayer)][-1]
+            ip.grad = self.device.xp.zeros_like(ip.grad)
+            replaced.append(ip)
+        train(self, step)
+    monkeypatch.setattr(worker.Worker, "train_one_batch", replacing)
+    capture = cuda_graphs.StepGraphs._captured
+    monkeypatch.setattr(cuda_graphs.StepGraphs, "_captured",
+                        lambda self, segment: (captured.append(segment), capture(self, segment))[1])
+    runs = fit_graphs_and_op_by_op(mlp, tmp_path, *mnist, gpu, monkeypatch)
+    assert same_bytes(runs["graphs"][1], runs["op by op"][1])
+    again = [s for s in captured if captured.count(s) == 2]
+    assert again and all(any(layer is replaced[0] for layer, _ in s.passes) for s in again)

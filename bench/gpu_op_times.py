@@ -1,0 +1,185 @@
+"""Bench on a GPU: where a training step's device time goes, operation by operation (no
+reference).
+
+    python bench/gpu_op_times.py [--nets mlp,lenet,cifar10] [--batch 1024] [--steps 4] [--top 6]
+
+For each net (bench_mlp_step's MLP, bench_conv's LeNet and cifar10 net, with `gpu: 0`, the
+full runtime as in bench_gpu.py), CUDA events around each layer's forward and backward pass
+and around each device operation in it: every numpy function or ufunc the layer modules (and
+`singa.threads`) call on device arrays, and each of our kernels (`singa.layers.cuda`), named
+by what was called. The GPU's time between an operation's two events is its own where the
+GPU is the bottleneck (at batch 1024; at small batches it takes in the host's gaps).
+Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy directly are not
+wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per net, each
+layer's passes with their `--top` costliest operations, then the operations summed over the
+step. ms per step, the mean of `--steps` steps after 3 unmeasured.
+"""
+import argparse
+import importlib
+import shutil
+import sys
+import tempfile
+from collections import defaultdict
+
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
+import numpy as np
+
+import bench_conv
+from bench_gpu import job_of
+from bench_mlp_step import Runtime, print_table
+
+#: the modules whose `np` calls are timed, and whose kernels (`_launch`) are
+NP_MODULES = ["singa.threads", "singa.layers.base", "singa.layers.conv",
+              "singa.layers.neuron", "singa.layers.loss", "singa.layers.norm",
+              "singa.layers.input", "singa.layers.output", "singa.layers.connection",
+              "singa.layers.ops"]
+PASS = "(pass)"
+
+
+def on_device(values):
+    return any(hasattr(v, "__cuda_array_interface__") or
+               isinstance(v, (list, tuple)) and on_device(v) for v in values)
+
+
+class Recorder:
+    """Events around the wrapped calls: `pending` (key, start, end), summed by `settle`."""
+
+    def __init__(self, cupy):
+        self.cupy = cupy
+        self.where = ("(outside a pass)", "")
+        self.pending = []
+        self.total = defaultdict(float)     # (layer, pass, op) -> ms
+        self.count = defaultdict(int)
+
+    def timed(self, label, fn, where=None):
+        """`fn` with events around it: an operation `label` of the pass it runs in, or with
+        `where` = (layer, pass), that pass itself."""
+        def call(*args, **kwargs):
+            if where is None and not on_device(list(args) + list(kwargs.values())):
+                return fn(*args, **kwargs)
+            start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
+            outer = self.where
+            key = outer + (label,) if where is None else where + (PASS,)
+            if where is not None:
+                self.where = where
+            start.record()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end.record()
+                self.where = outer
+                self.pending.append((key, start, end))
+        return call
+
+    def settle(self):
+        """Wait for the GPU; add the recorded intervals to the totals."""
+        self.cupy.cuda.get_current_stream().synchronize()
+        for key, start, end in self.pending:
+            self.total[key] += self.cupy.cuda.get_elapsed_time(start, end)
+            self.count[key] += 1
+        self.pending.clear()
+
+
+class TimedModule:
+    """`module` (numpy) whose callables are timed by `recorder` where a device array is
+    among the arguments."""
+
+    def __init__(self, module, recorder):
+        self._module, self._recorder, self._made = module, recorder, {}
+
+    def __getattr__(self, name):
+        v = getattr(self._module, name)
+        if not callable(v) or isinstance(v, type):
+            return v
+        made = self._made.get(name)
+        if made is None:
+            made = self._made[name] = self._recorder.timed(f"np.{name}", v)
+        return made
+
+
+def instrument(rt, recorder):
+    """Wrap the layer modules' numpy, our kernels' launches and rt's layers' passes; returns
+    what undoes it."""
+    modules = [importlib.import_module(name) for name in NP_MODULES]
+    for module in modules:
+        module.np = TimedModule(np, recorder)
+    cuda = importlib.import_module("singa.layers.cuda")
+    launch = cuda._launch
+    cuda._launch = lambda kernel, *a: recorder.timed(f"kernel {kernel}", launch)(kernel, *a)
+    for layer in rt.worker.train_net.layers:
+        layer.compute_feature = recorder.timed("", layer.compute_feature, (layer.name, "fwd"))
+        layer.compute_gradient = recorder.timed("", layer.compute_gradient, (layer.name, "bwd"))
+
+    def undo():
+        for module in modules:
+            module.np = np
+        cuda._launch = launch
+    return undo
+
+
+def measure(net, batch, steps):
+    """{(layer, pass, op): ms per step} and {key: calls per step} of `net` at `batch`."""
+    import cupy
+    folder = tempfile.mkdtemp(prefix=f"singa-gpu-op-times-{net}-")
+    try:
+        rt = Runtime(job_of(net, folder, batch, True))
+        try:
+            rt.worker.device.use()
+            recorder = Recorder(cupy)
+            undo = instrument(rt, recorder)
+            for _ in range(3):
+                rt.train_step()
+            recorder.settle()
+            recorder.total.clear()
+            recorder.count.clear()
+            for _ in range(steps):
+                rt.train_step()
+                recorder.settle()
+            return ({k: v / steps for k, v in recorder.total.items()},
+                    {k: v / steps for k, v in recorder.count.items()})
+        finally:
+            undo()
+            rt.close()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def report(net, batch, total, count, top):
+    passes = [k for k in total if k[2] == PASS]
+    rows, by_op = [], defaultdict(float)
+    for layer, side, _ in passes:
+        ops = sorted(((k[2], v, count[k]) for k, v in total.items()
+                      if k[:2] == (layer, side) and k[2] != PASS), key=lambda t: -t[1])
+        own = total[(layer, side, PASS)]
+        rows.append([f"{layer} {side}", f"{own:.3f}", "", ""])
+        for op, ms, n in ops[:top]:
+            rows.append([f"  {op}", "", f"{ms:.3f}", f"{n:g}"])
+        wrapped = sum(ms for _, ms, _ in ops)
+        rows.append(["  not wrapped", "", f"{own - wrapped:.3f}", ""])
+        for op, ms, _ in ops:
+            by_op[op] += ms
+    step = sum(total[k] for k in passes)
+    print(f"{net} on GPU 0, batch {batch}: device ms per step, forward and backward "
+          f"{step:.3f} ms")
+    print_table(rows, ["layer pass / operation", "pass ms", "op ms", "calls"])
+    print()
+    print_table([[op, f"{ms:.3f}", f"{100 * ms / step:.0f}%"]
+                 for op, ms in sorted(by_op.items(), key=lambda kv: -kv[1])],
+                ["operation, over the step", "ms", "of forward and backward"])
+    print()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nets", default="mlp,lenet,cifar10")
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--top", type=int, default=6)
+    args = ap.parse_args(argv)
+    for net in args.nets.split(","):
+        report(net, args.batch, *measure(net, args.batch, args.steps), args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
