@@ -28,6 +28,8 @@ class SplitLayer(_PerDestination):
     `grad` is None: each destination's blob is `grad_for(dst)` (one of `grads`).
     """
 
+    capturable = True
+
     def setup(self, srclayers):
         self.data = srclayers[0].data_for(self)
         self.grads = [self.xp.zeros(self.data.shape, np.float32)
@@ -60,6 +62,8 @@ class SliceLayer(_PerDestination):
 
     `data` / `grad` are None: the parts are `data_for(dst)` / `grad_for(dst)`.
     """
+
+    capturable = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
@@ -100,6 +104,8 @@ class SliceLayer(_PerDestination):
 @register(job_pb2.kConcate)
 class ConcateLayer(Layer):
     """data = the sources concatenated on `concate_dim`; backward hands each source its part."""
+
+    capturable = True
 
     feature_parts = True
 

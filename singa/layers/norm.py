@@ -162,6 +162,8 @@ class BMLayer(Layer):
     for the conf and checkpoints only (their gradient is zero).
     """
 
+    capturable = True
+
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         _four_dims(self, src)

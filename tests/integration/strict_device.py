@@ -211,6 +211,19 @@ class DevArray(np.ndarray):
         _run(lambda: np.ndarray.__setitem__(self.view(np.ndarray), _plain(index), _plain(value)),
              writes=[self])
 
+    # the methods that compute rather than view (numpy's own do not pass through the hooks)
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        if not copy and np.dtype(dtype) == self.dtype:
+            return self
+        return _dev(_run(lambda: self.view(np.ndarray).astype(dtype, order, casting),
+                         inputs=[self]))
+
+    def copy(self, order="C"):
+        return _dev(_run(lambda: self.view(np.ndarray).copy(order), inputs=[self]))
+
+    def fill(self, value):
+        _run(lambda: self.view(np.ndarray).fill(value), writes=[self])
+
     def __buffer__(self, flags):
         raise StrictError("a device array has no host buffer (bytes, ZeroMQ frames)")
 

@@ -210,7 +210,7 @@ def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, m
 KERNEL_NET = """
 layer { name: "x" type: kDummy dummy_conf { input: true shape: 4 shape: 3 shape: 11 shape: 11 } }
 layer { name: "t" type: kDummy dummy_conf { input: true shape: 4 shape: 4 shape: 3 shape: 3 } }
-layer { name: "c1" type: kConvolution srclayers: "x" param { name: "w1" } param { name: "b1" }
+layer { name: "c1" type: kConvolution srclayers: "x" param { name: "w1" } param { name: "b1" init { type: kConstant value: 0 } }
   convolution_conf { num_filters: 4 kernel: 3 pad: 1 } }
 layer { name: "p1" type: kPooling srclayers: "c1"
   pooling_conf { pool: MAX kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
@@ -494,6 +494,54 @@ def test_a_gpu_step_replays_runs_of_passes_as_cuda_graphs_to_the_bytes_op_by_op(
         runs["graphs"], runs["op by op"]
     assert hist == hist_ops and same_bytes(params, params_ops)
     assert launches == graphs * (12 - warmup) and ops < ops_ops
+
+
+BRANCHED_JOB = """name: "branched"
+train_one_batch { alg: kBP }
+updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
+                 shape: 1 shape: 28 shape: 28 } }
+  layer { name: "conv" type: kConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 5 stride: 2 }
+    param { name: "w0" init { type: kGaussian std: 0.1 } } param { name: "b0" init { type: kConstant value: 0 } } }
+  layer { name: "bm" type: kCudnnBM srclayers: "conv"
+    param { name: "s" init { type: kConstant value: 1 } } param { name: "t" init { type: kConstant value: 0 } }
+    param { name: "m" init { type: kConstant value: 0 } } param { name: "v" init { type: kConstant value: 0 } } }
+  layer { name: "relu" type: kReLU srclayers: "bm" }
+  layer { name: "split" type: kSplit srclayers: "relu" split_conf { num_splits: 2 } }
+  layer { name: "a" type: kConvolution srclayers: "split"
+    convolution_conf { num_filters: 3 kernel: 3 pad: 1 }
+    param { name: "wa" init { type: kGaussian std: 0.1 } } param { name: "ba" init { type: kConstant value: 0 } } }
+  layer { name: "b" type: kPooling srclayers: "split"
+    pooling_conf { pool: AVG kernel: 1 stride: 1 } }
+  layer { name: "join" type: kConcate srclayers: "a" srclayers: "b" concate_conf { concate_dim: 1 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "join" innerproduct_conf { num_output: 10 }
+    param { name: "w1" init { type: kGaussian std: 0.05 } } param { name: "b1" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+def test_split_batch_norm_and_concate_replay_as_cuda_graphs_to_the_bytes_op_by_op(
+        tmp_path, gpu, monkeypatch):
+    """A net of two branches (Split, Concate) and batch normalisation (kCudnnBM): its forward
+    and its backward each one graph, the same bytes as op by op."""
+    conf = tmp_path / "branched.conf"
+    conf.write_text(BRANCHED_JOB.replace("DATA", f"{FIXTURES}/train-1000.bin")
+                    .replace("WS", str(tmp_path)))
+    launches, params = [], {}
+    launch = gpu.Graph.launch
+    monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
+    for name, warmup in (("graphs", cuda_graphs.WARMUP), ("op by op", 10 ** 9)):
+        monkeypatch.setattr(cuda_graphs, "WARMUP", warmup)
+        m = conf_model(tmp_path, name.replace(" ", "-"), str(conf), {})
+        m.fit(nb_epoch=8, seed=3, progress=False, device=[0])
+        params[name] = final_params(m)
+    assert same_bytes(params["graphs"], params["op by op"])
+    assert len(launches) == 2 * (8 - 2)
 
 
 def test_a_pass_declared_capturable_wrongly_shows_on_the_stand_in(tmp_path, mnist, gpu,
