@@ -4,10 +4,10 @@ reference).
     python bench/gpu_op_times.py [--nets mlp,lenet,cifar10] [--batch 1024] [--steps 4] [--top 6]
 
 For each net (bench_mlp_step's MLP, bench_conv's LeNet and cifar10 net, with `gpu: 0`, the
-full runtime as in bench_gpu.py), CUDA events around each layer's forward and backward pass
-and around each device operation in it: every numpy function or ufunc the layer modules (and
-`singa.threads`) call on device arrays, and each of our kernels (`singa.layers.cuda`), named
-by what was called. The GPU's time between an operation's two events is its own where the
+full runtime as in bench_gpu.py, op by op: no CUDA graphs), CUDA events around each layer's
+forward and backward pass and around each device operation in it: every numpy function or
+ufunc the layer modules (and `singa.threads`) call on device arrays, and each of our kernels
+(`singa.layers.cuda`), named by what was called. The GPU's time between an operation's two events is its own where the
 GPU is the bottleneck (at batch 1024; at small batches it takes in the host's gaps).
 Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy directly are not
 wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per net, each
@@ -27,6 +27,7 @@ import numpy as np
 import bench_conv
 from bench_gpu import job_of
 from bench_mlp_step import Runtime, print_table
+from singa import cuda_graphs
 
 #: the modules whose `np` calls are timed, and whose kernels (`_launch`) are
 NP_MODULES = ["singa.threads", "singa.layers.base", "singa.layers.conv",
@@ -124,7 +125,9 @@ def measure(net, batch, steps):
     try:
         rt = Runtime(job_of(net, folder, batch, True))
         try:
-            rt.worker.device.use()
+            w = rt.worker
+            w.device.use()
+            w.graphs = cuda_graphs.StepGraphs(w.train_net, w.device, capture=False)
             recorder = Recorder(cupy)
             undo = instrument(rt, recorder)
             for _ in range(3):

@@ -20,7 +20,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  timeout 330 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEsP --durations=15 \
+  timeout 420 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEsP --durations=15 \
     -o faulthandler_timeout=150 tests/gpu
   echo "pytest exit $?"
   (cd bench && timeout 200 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
