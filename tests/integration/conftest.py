@@ -312,6 +312,36 @@ def fixture_job(tmp_path):
     return write
 
 
+NAN_CSV_JOB = """name: "csv-mlp"
+train_steps: 20
+checkpoint_freq: 2
+train_one_batch { alg: kBP }
+updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
+neuralnet {
+  layer { name: "data" type: kCSVInput
+    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
+    param { name: "w" init { type: kGaussian std: 0.1 } }
+    param { name: "b" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+@pytest.fixture
+def nan_csv_job(tmp_path):
+    """<tmp>/csv.conf: an MLP of 20 steps (a snapshot every 2, workspace <tmp>/ws) on a CSV
+    shard of 4 lines a step with a nan in the line step 6 reads. Returns the path."""
+    data = tmp_path / "data.csv"
+    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
+    lines[25] = "1,0.5,nan,2"
+    data.write_text("\n".join(lines) + "\n")
+    conf = tmp_path / "csv.conf"
+    conf.write_text(NAN_CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
+    return conf
+
+
 @pytest.fixture
 def run_driver(singa_conf, tmp_path):
     """Run `python -m singa.driver -conf CONF [flags] -singa_conf <fixture singa.conf>` (no -conf

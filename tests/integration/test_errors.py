@@ -177,31 +177,9 @@ def test_a_truncated_shard_stops_the_job_naming_file_and_offset(fixture_job, run
         f"10 whole tuples before it: truncated or corrupt")
 
 
-CSV_JOB = """name: "csv-mlp"
-train_steps: 20
-checkpoint_freq: 2
-train_one_batch { alg: kBP }
-updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
-neuralnet {
-  layer { name: "data" type: kCSVInput
-    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
-  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
-    param { name: "w" init { type: kGaussian std: 0.1 } }
-    param { name: "b" init { type: kConstant value: 0 } } }
-  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
-}
-cluster { workspace: "WS" }
-"""
-
-
-def test_a_nan_in_a_csv_shard_stops_the_job_naming_step_and_layer(run_driver, tmp_path):
-    data = tmp_path / "data.csv"
-    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
-    lines[25] = "1,0.5,nan,2"                              # read by step 6 (4 lines a step)
-    data.write_text("\n".join(lines) + "\n")
-    conf = tmp_path / "csv.conf"
-    conf.write_text(CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
-    assert last_line_error(run_driver(conf)) == (
+def test_a_nan_in_a_csv_shard_stops_the_job_naming_step_and_layer(run_driver, tmp_path,
+                                                                  nan_csv_job):
+    assert last_line_error(run_driver(nan_csv_job)) == (
         "singa: step 6: the loss of layer '0#loss' is nan; the first non-finite values are in "
         "the output of layer '0#data'")
     folder = tmp_path / "ws" / "checkpoint"

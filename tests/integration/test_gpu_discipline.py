@@ -420,33 +420,13 @@ def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_
     assert reader and not any(t.is_alive() for t in reader) and dev.store is None
 
 
-CSV_JOB = """name: "csv-mlp"
-train_one_batch { alg: kBP }
-updater { type: kSGD learning_rate { type: kFixed base_lr: 0.1 } }
-neuralnet {
-  layer { name: "data" type: kCSVInput
-    store_conf { backend: "textfile" path: "DATA" batchsize: 4 shape: 3 } }
-  layer { name: "ip" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 2 }
-    param { name: "w" init { type: kGaussian std: 0.1 } }
-    param { name: "b" init { type: kConstant value: 0 } } }
-  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
-}
-cluster { workspace: "WS" }
-"""
-
-
-def test_a_nan_loss_on_the_gpu_path_names_its_step_once_the_next_is_queued(tmp_path, gpu):
+def test_a_nan_loss_on_the_gpu_path_names_its_step_once_the_next_is_queued(tmp_path, gpu,
+                                                                          nan_csv_job):
     """The GPU's loss is looked at after the next step is queued: the error names the step
     whose loss is nan, as on the CPU, and where the values are bad by the step after."""
-    data = tmp_path / "data.csv"
-    lines = [f"{i % 2},{i % 3},{i % 5},{i % 7}" for i in range(40)]
-    lines[25] = "1,0.5,nan,2"                              # read by step 6 (4 lines a step)
-    data.write_text("\n".join(lines) + "\n")
-    conf = tmp_path / "csv.conf"
-    conf.write_text(CSV_JOB.replace("DATA", str(data)).replace("WS", str(tmp_path / "ws")))
     errors = {}
     for name, device in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, name, str(conf), {})
+        m = conf_model(tmp_path, name, str(nan_csv_job), {})
         with pytest.raises(singa.errors.NonFiniteError) as e:
             m.fit(nb_epoch=20, disp_freq=0, seed=1, progress=False, device=device)
         errors[name] = str(e.value)
