@@ -15,8 +15,8 @@ A capture is made on a stream of its own, from a memory pool of its own (the gra
 temporaries stay its own while it lives), and launched on the current stream, CUDA's legacy
 default stream, where it keeps its place among the servers' updates. Before each launch the
 arrays the passes read and write are checked to be those captured (a new array: captured
-again). A capture that fails (an operation a capture cannot hold) is logged once, and the
-worker's step runs op by op from then on.
+again). A capture or a launch that fails (an operation a capture cannot hold) is logged
+once, and the worker's step runs op by op from then on.
 """
 import logging
 
@@ -86,32 +86,27 @@ class StepGraphs:
             segment.run(self.net)
             return
         arrays = segment.arrays(self.net)
-        if segment.captured is None or segment.captured[0] != arrays:
-            graph = self._captured(segment)
-            if graph is None:
-                segment.run(self.net)
-                return
-            segment.captured = (arrays, graph)
-        segment.captured[1].launch()
-
-    def _captured(self, segment):
-        """`segment`'s passes captured as a CUDA graph (nothing computed), or None where the
-        capture failed: then every segment runs op by op from now on."""
-        xp = self.xp
-        if self.stream is None:
-            self.stream = xp.cuda.Stream(non_blocking=True)
-            self.pool = xp.cuda.MemoryPool()
         try:
-            with xp.cuda.using_allocator(self.pool.malloc), self.stream:
-                self.stream.begin_capture()
-                try:
-                    segment.run(self.net)
-                finally:
-                    graph = self.stream.end_capture()
-            return graph
+            if segment.captured is None or segment.captured[0] != arrays:
+                segment.captured = (arrays, self._captured(segment))
+            segment.captured[1].launch()
         except Exception as e:      # e.g. an operation that waits for the GPU
             layers = ", ".join(sorted({layer.name for layer, _ in segment.passes}))
             log.warning("the passes of layers %s could not be captured as a CUDA graph "
                         "(%s: %s); the step runs op by op", layers, type(e).__name__, e)
             self.capture = False
-            return None
+            segment.run(self.net)
+
+    def _captured(self, segment):
+        """`segment`'s passes captured as a CUDA graph (nothing computed)."""
+        xp = self.xp
+        if self.stream is None:
+            self.stream = xp.cuda.Stream(non_blocking=True)
+            self.pool = xp.cuda.MemoryPool()
+        with xp.cuda.using_allocator(self.pool.malloc), self.stream:
+            self.stream.begin_capture()
+            try:
+                segment.run(self.net)
+            finally:
+                graph = self.stream.end_capture()
+        return graph
