@@ -57,13 +57,12 @@ class LossCheck:
 
     def check(self, step):
         self._look(step)
-        totals = [sum(layer.metric_sums.values()) for layer in self.net.layers
-                  if layer.metric_sums]
-        on_device = [t for t in totals if hasattr(t, "__cuda_array_interface__")]
+        sums = [v for layer in self.net.layers for v in layer.metric_sums.values()]
+        on_device = [v for v in sums if hasattr(v, "__cuda_array_interface__")]
         if on_device:
             self.copies.start(on_device)
             self.pending = step
-        if not all(math.isfinite(t) for t in totals if not hasattr(t, "__cuda_array_interface__")):
+        if not all(math.isfinite(v) for v in sums if not hasattr(v, "__cuda_array_interface__")):
             check_loss(self.net, step)
 
     def flush(self):

@@ -38,7 +38,8 @@ class SoftmaxLossLayer(Layer):
         if self._kernels:
             self._row_loss = self.xp.empty(n, np.float64)
             self._hit = self.xp.empty(n, np.int32)
-            self._sums = self.xp.empty(2, np.float64)
+            # the loss and accuracy sums since the last display, which the kernel adds to
+            self._sums = self.xp.zeros(2, np.float64)
         else:
             self._rowmax = self.xp.empty((n, 1), np.float32)
             self._rows = self.xp.arange(n)
@@ -61,18 +62,21 @@ class SoftmaxLossLayer(Layer):
         p = self.data
         labels = self._labels(srclayers)
         if self._kernels:
-            sums = self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale,
-                                              p, self._row_loss, self._hit, self._sums)
-            metrics = {"Loss": sums[0], "accuracy": sums[1]}
-        else:
-            softmax(x.reshape(p.shape), p, self._rowmax)
-            truth = p[self._rows, labels]
-            loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
-            # SINGA ranks (p, index) pairs descending: among equal p the higher index first.
-            above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
-            hits = np.count_nonzero(above.sum(axis=1) < self.topk)
-            n = p.shape[0]
-            metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
+            self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale, p,
+                                       self._row_loss, self._hit, self._sums)
+            if not self.metric_count:
+                self.metric_sums = {k: self._sums[i, ...]       # 0-d views
+                                    for i, k in enumerate(("Loss", "accuracy")) if k in self.shown}
+            self.metric_count += 1
+            return
+        softmax(x.reshape(p.shape), p, self._rowmax)
+        truth = p[self._rows, labels]
+        loss = -np.log(np.maximum(truth, FLT_MIN), dtype=np.float64).sum()
+        # SINGA ranks (p, index) pairs descending: among equal p the higher index first.
+        above = (p > truth[:, None]) | ((p == truth[:, None]) & (self._cols > labels[:, None]))
+        hits = np.count_nonzero(above.sum(axis=1) < self.topk)
+        n = p.shape[0]
+        metrics = {"Loss": self.scale * loss / n, "accuracy": self.scale * hits / n}
         self.add_metrics({k: metrics[k] for k in self.shown})
 
     def compute_gradient(self, flag, srclayers):
@@ -88,6 +92,12 @@ class SoftmaxLossLayer(Layer):
         np.copyto(g, self.data)
         g[self._rows, labels] -= 1
         g *= scale
+
+    def metrics(self, flag):
+        means = super().metrics(flag)
+        if self._kernels:
+            self._sums.fill(0)
+        return means
 
     #: the metrics shown, in order
     shown = ("Loss", "accuracy")

@@ -126,7 +126,7 @@ def test_a_step_of_a_one_process_gpu_job_moves_only_its_batch_and_never_waits_fo
         lags.append(list(gpu.event_waits))
         updates.append(len(buckets))
     per_step = {k: (moved[1][k] - moved[0][k]) / 10 for k in moved[0]}
-    assert per_step["to host"] == 8         # the loss's sum (float64)
+    assert per_step["to host"] == 16        # the loss's and the accuracy's sums (float64)
     mask = 40 * 32 * 4
     assert 40 * x[0].nbytes + mask <= per_step["to device"] <= 40 * (x[0].nbytes + 8) + mask
     assert waits[1] == waits[0]
