@@ -5,9 +5,8 @@ call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and
 path serves both devices. Values cross between the host and a GPU only here: `host(a)` (device
 to host; `Readback` without waiting: a step's loss) and `assign(dst, src)` / `Device.put` /
 `Uploader` (host to device, the last without waiting for the GPU: a step's batch and random
-draws); inside a process executors
-hand GPU arrays to each other as they are (`singa.comm.socket`). Nothing imports CuPy until a
-job names a GPU.
+draws); inside a process executors hand GPU arrays to each other as they are
+(`singa.comm.socket`). Nothing imports CuPy until a job names a GPU.
 """
 import contextlib
 import importlib
