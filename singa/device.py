@@ -176,7 +176,8 @@ class Readback:
             self._out.append(out)
         if self._out:
             with on(arrays[0]):
-                self._copied = module(arrays[0]).cuda.Event(disable_timing=True)
+                if self._copied is None:
+                    self._copied = module(arrays[0]).cuda.Event(disable_timing=True)
                 self._copied.record()
 
     def values(self):
