@@ -4,12 +4,12 @@ At SINGA's batch sizes a step on a GPU takes the host's time, not the GPU's: the
 some 40-60 device operations a step, each tens of µs of Python and CuPy. A run of consecutive
 passes (forward or backward) of layers that declare themselves `capturable` (their passes
 only queue device work on buffers they keep: no host values read or written, no random
-draws, no Python state that changes from step to step) is captured once, after WARMUP steps
-run op by op (kernels compiled, scratch buffers made), and then launched as one CUDA graph a
-step. The passes of other layers (input layers reading records, a loss adding its metrics,
-random draws, layers on the host) run as before, between the graphs. A graph replays the
-operations it captured with the arguments they had, in the order they were queued: a step
-gives the bits of the same step queued op by op.
+draws, no Python state that changes from step to step, but for their `prepare`, which runs
+before each launch) is captured once, after WARMUP steps run op by op (kernels compiled,
+scratch buffers made), and then launched as one CUDA graph a step. The passes of other
+layers (input layers reading records, random draws, layers on the host) run as before,
+between the graphs. A graph replays the operations it captured with the arguments they had,
+in the order they were queued: a step gives the bits of the same step queued op by op.
 
 A capture is made on a stream of its own, from a memory pool of its own (the graph's
 temporaries stay its own while it lives), and launched on the current stream, CUDA's legacy
@@ -20,6 +20,7 @@ once, and the worker's step runs op by op from then on.
 """
 import logging
 
+from singa.errors import SingaError
 from singa.proto import job_pb2
 
 log = logging.getLogger("singa")
@@ -45,6 +46,11 @@ class Segment:
                 layer.compute_feature(FORWARD, net.srclayers[layer.name])
             else:
                 layer.compute_gradient(BACKWARD, net.srclayers[layer.name])
+
+    def prepare(self, net):
+        """The host's work of the passes, which their graph does not replay."""
+        for layer, forward in self.passes:
+            layer.prepare(FORWARD if forward else BACKWARD, net.srclayers[layer.name])
 
     def arrays(self, net):
         """The ids of the arrays its passes read and write: each layer's blobs and params,
@@ -86,10 +92,15 @@ class StepGraphs:
             segment.run(self.net)
             return
         arrays = segment.arrays(self.net)
+        fresh = segment.captured is None or segment.captured[0] != arrays
+        if not fresh:       # a capture runs the passes' host work itself
+            segment.prepare(self.net)
         try:
-            if segment.captured is None or segment.captured[0] != arrays:
+            if fresh:
                 segment.captured = (arrays, self._captured(segment))
             segment.captured[1].launch()
+        except SingaError:      # the passes' own (a label out of range): the job's error
+            raise
         except Exception as e:      # e.g. an operation that waits for the GPU
             layers = ", ".join(sorted({layer.name for layer, _ in segment.passes}))
             log.warning("the passes of layers %s could not be captured as a CUDA graph "

@@ -112,8 +112,9 @@ class Layer:
     feature_parts = False
     #: True when the layer's passes on a GPU only queue device operations on arrays it keeps
     #: (no host value read or written, no random draw, no Python state that changes from step
-    #: to step): a step may then replay them as a CUDA graph (`singa.cuda_graphs`). Read for
-    #: the layer's own class only: a subclass decides for itself.
+    #: to step), but for what `prepare` does: a step may then replay them as a CUDA graph
+    #: (`singa.cuda_graphs`). Read for the layer's own class only: a subclass decides for
+    #: itself.
     capturable = False
     device = CPU
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
@@ -141,6 +142,11 @@ class Layer:
 
     def compute_gradient(self, flag, srclayers):
         pass
+
+    def prepare(self, flag, srclayers):
+        """The host's work of the pass `flag` names (kForward or kBackward) of a capturable
+        layer, which a CUDA graph of its passes does not replay (checks, counts): the pass
+        calls it itself; a step that launches the pass as a graph calls it before."""
 
     @functools.cached_property
     def uploads(self):

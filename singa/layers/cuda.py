@@ -364,7 +364,7 @@ extern "C" __global__ void softmax_loss(
     BOTH(softmax_loss_, x, label, p, loss, hit, nrows, d, topk);
 }
 
-// out += [scale·Σ loss / N, scale·Σ hit / N], summed in index order by one thread.
+// out += [scale·Σ loss / N, scale·Σ hit / N, 1], summed in index order by one thread.
 extern "C" __global__ void softmax_loss_sums(
         const double* loss, const int* hit, double* out, long long nrows, double scale) {
     if (blockIdx.x || threadIdx.x) return;
@@ -375,6 +375,7 @@ extern "C" __global__ void softmax_loss_sums(
     }
     out[0] += scale * l / nrows;
     out[1] += scale * h / nrows;
+    out[2] += 1.0;
 }
 
 // LRN over the window of `size` channels centred on c (across), or of size × size pixels
@@ -650,9 +651,10 @@ def normalize_pixels(pixels, mean, std, y):
 
 def softmax_loss(x, labels, topk, scale, p, loss, hit, out):
     """SoftmaxLossLayer's forward on x (N, D) in two launches: p = softmax(x) per row, and
-    out (2,) float64 += [scale·mean_n −log(max(p[n, labels[n]], FLT_MIN)),
-    scale·mean_n [labels[n] in the top k of p[n]]] (the sums of the batches since the last
-    display); `loss` (N,) float64 and `hit` (N,) int32 are scratch. Returns out."""
+    out (3,) float64 += [scale·mean_n −log(max(p[n, labels[n]], FLT_MIN)),
+    scale·mean_n [labels[n] in the top k of p[n]], 1] (the sums of the batches since the
+    last display, and their count); `loss` (N,) float64 and `hit` (N,) int32 are scratch.
+    Returns out."""
     n, d = p.shape
     labels = _labels(labels)
     _launch("softmax_loss", n, _contiguous(x), labels, _out(p), _out(loss), _out(hit), n, d,

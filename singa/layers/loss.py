@@ -1,6 +1,7 @@
 """Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); their loss (and accuracy) are metrics."""
 import numpy as np
 
+from singa.device import host
 from singa.errors import ConfigError, DataError
 from singa.layers import kernels
 from singa.layers.base import Layer, register
@@ -24,8 +25,12 @@ class SoftmaxLossLayer(Layer):
     accuracy = scale·mean_n [label_n ∈ top-k of p]; gx = (p − onehot(label))·scale/N.
 
     Sources: [scores, label provider (its aux_data)]. `data` holds p; metrics `Loss` and
-    `accuracy` (only `Loss` for the cuDNN layer).
+    `accuracy` (only `Loss` for the cuDNN layer). On a GPU the kernel adds each batch's to
+    sums on the device, with their count, until `metrics` reads them (one wait) and resets
+    them: a step is device work alone, but for the labels' check (`prepare`).
     """
+
+    capturable = True
 
     def setup(self, srclayers):
         _need_sources(self, srclayers, "scores, labels")
@@ -38,14 +43,19 @@ class SoftmaxLossLayer(Layer):
         if self._kernels:
             self._row_loss = self.xp.empty(n, np.float64)
             self._hit = self.xp.empty(n, np.int32)
-            # the loss and accuracy sums since the last display, which the kernel adds to
-            self._sums = self.xp.zeros(2, np.float64)
+            # the loss and accuracy sums since the last display and their count, which the
+            # kernel adds to; the sums are the metrics' (0-d views) for the loss check
+            self._sums = self.xp.zeros(3, np.float64)
+            self.metric_sums = {k: self._sums[i, ...]
+                                for i, k in enumerate(("Loss", "accuracy")) if k in self.shown}
         else:
             self._rowmax = self.xp.empty((n, 1), np.float32)
             self._rows = self.xp.arange(n)
             self._cols = self.xp.arange(self.data.shape[1])
 
     def _labels(self, srclayers):
+        """ConfigError or DataError unless the label source gives a label in [0, D) for each
+        sample of the batch."""
         labels = srclayers[1].aux_data
         n, dim = self.data.shape
         if labels is None or len(labels) != n:
@@ -55,19 +65,20 @@ class SoftmaxLossLayer(Layer):
         if bad.size:
             raise DataError(f"layer '{self.name}': label {bad[0]} from source "
                             f"'{srclayers[1].name}' is outside [0, {dim})")
-        return self.device.put(srclayers[1].labels_for(self))
+
+    def prepare(self, flag, srclayers):
+        """Forward: the labels' check, before a kernel reads them."""
+        if flag & job_pb2.kForward:
+            self._labels(srclayers)
 
     def compute_feature(self, flag, srclayers):
+        self.prepare(flag, srclayers)
         x = srclayers[0].data_for(self)
         p = self.data
-        labels = self._labels(srclayers)
+        labels = self.device.put(srclayers[1].labels_for(self))
         if self._kernels:
             self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale, p,
                                        self._row_loss, self._hit, self._sums)
-            if not self.metric_count:
-                self.metric_sums = {k: self._sums[i, ...]       # 0-d views
-                                    for i, k in enumerate(("Loss", "accuracy")) if k in self.shown}
-            self.metric_count += 1
             return
         softmax(x.reshape(p.shape), p, self._rowmax)
         truth = p[self._rows, labels]
@@ -93,11 +104,25 @@ class SoftmaxLossLayer(Layer):
         g[self._rows, labels] -= 1
         g *= scale
 
+    def add_metrics(self, values, count=1):
+        """On a GPU: added to the kernel's sums (an evaluation's last, partial batch)."""
+        if not self._kernels:
+            super().add_metrics(values, count)
+            return
+        for i, name in enumerate(("Loss", "accuracy")):
+            if name in values:
+                view = self._sums[i, ...]
+                view += values[name]
+        view = self._sums[2, ...]
+        view += count
+
     def metrics(self, flag):
-        means = super().metrics(flag)
-        if self._kernels:
-            self._sums.fill(0)
-        return means
+        if not self._kernels:
+            return super().metrics(flag)
+        loss, accuracy, count = map(float, host(self._sums))      # one wait
+        self._sums.fill(0)
+        means = {"Loss": loss / count, "accuracy": accuracy / count} if count else {}
+        return {k: v for k, v in means.items() if k in self.shown}
 
     #: the metrics shown, in order
     shown = ("Loss", "accuracy")
@@ -107,6 +132,8 @@ class SoftmaxLossLayer(Layer):
 @register(job_pb2.kCudnnSoftmaxLoss)
 class CudnnSoftmaxLossLayer(SoftmaxLossLayer):
     """SoftmaxLoss as SINGA's cuDNN layer computes it: no scale; displays only `Loss = %f`."""
+
+    capturable = True
 
     shown = ("Loss",)
     METRICS = ("loss",)

@@ -284,7 +284,7 @@ def test_normalize_pixels_gives_the_input_layers_bits(shim):
 @pytest.mark.parametrize("topk", [1, 3])
 def test_softmax_loss_gives_the_layers_probabilities_loss_and_ranking(shim, topk):
     """p, the mean loss and the top-k accuracy of SoftmaxLoss's numpy path, added to the sums
-    given: rows with ties at and around the label (ranked by the higher index first), a label
+    given (and 1 to their count): rows with ties at and around the label (ranked by the higher index first), a label
     whose p underflows (its loss is −log FLT_MIN), and a row holding NaN (the loss is NaN)."""
     rng = np.random.default_rng(4)
     x = rng.integers(0, 4, (200, 7)).astype(np.float32) / 4     # many ties
@@ -296,13 +296,13 @@ def test_softmax_loss_gives_the_layers_probabilities_loss_and_ranking(shim, topk
     above = (p > t) | ((p == t) & (np.arange(7) > labels[:, None]))
     hits = (above.sum(axis=1) < topk).sum()
     loss = -np.log(np.maximum(t, np.finfo(np.float32).tiny), dtype=np.float64).sum()
-    got_p, out = shim.new((200, 7)), shim.new(np.array([0.25, 1.0]), np.float64)
+    got_p, out = shim.new((200, 7)), shim.new(np.array([0.25, 1.0, 3.0]), np.float64)
     sums = cuda.softmax_loss(shim.new(x), shim.new(labels, np.int32), topk, 0.5, got_p,
                              shim.new((200,), np.float64), shim.new((200,), np.int32), out)
     assert sums is out and 0 < hits < 200 and p[7, 2] == 0
     np.testing.assert_allclose(got_p, p, rtol=1e-6)
-    # added to what out held (the sums since the last display)
-    assert out[1] == 1.0 + 0.5 * hits / 200
+    # added to what out held (the sums since the last display, and their count)
+    assert out[1] == 1.0 + 0.5 * hits / 200 and out[2] == 4.0
     assert out[0] == pytest.approx(0.25 + 0.5 * loss / 200, rel=1e-6)
     x[3, 5] = np.nan
     cuda.softmax_loss(shim.new(x), shim.new(labels, np.int32), topk, 0.5, got_p,
