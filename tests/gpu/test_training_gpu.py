@@ -105,7 +105,7 @@ def test_cuda_graphs_train_singa_confs_to_the_bits_of_op_by_op(tmp_path, name, m
         m = conf_model(tmp_path, run, path, replacements)
         m.fit(nb_epoch=12, seed=11, progress=False, device=[0])
         params[run] = {k: v.tobytes() for k, v in final_params(m).items()}
-    assert warnings == [] and len(graphs) >= 2
+    assert warnings == [] and graphs
     assert params["graphs"] == params["by-op"]
 
 
