@@ -33,7 +33,7 @@ import functools
 
 import numpy as np
 
-from singa.device import CPU, Uploader, is_host
+from singa.device import CPU, Uploader, host, is_host
 from singa.errors import ConfigError
 from singa.param import Param
 from singa.proto import job_pb2
@@ -133,6 +133,7 @@ class Layer:
         self.rng = None
         self.metric_sums = {}
         self.metric_count = 0
+        self.metric_store = None    # the sums on a GPU (`keep_metrics_on_device`)
 
     def setup(self, srclayers):
         raise NotImplementedError
@@ -199,12 +200,32 @@ class Layer:
     def add_metrics(self, values, count=1):
         """Add {name: value}, the sums over `count` more batches, to what `metrics` averages;
         a value may be a device scalar (a 0-d array), summed on its device until it is read."""
+        if self.metric_store is not None:
+            for i, name in enumerate(self.metric_sums):
+                if name in values:
+                    view = self.metric_store[i, ...]
+                    view += values[name]
+            view = self.metric_store[-1, ...]
+            view += count
+            return
         for name, value in values.items():
             self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
         self.metric_count += count
 
+    def keep_metrics_on_device(self, names):
+        """Sum metrics `names` in place on the layer's GPU: `metric_store` holds their sums and
+        their count (float64), which `add_metrics` (or a kernel of the layer's) adds to and
+        `metrics` reads in one wait; `metric_sums` are 0-d views of it. A step's metrics are
+        then device work alone, which a CUDA graph replays (`capturable`)."""
+        self.metric_store = self.xp.zeros(len(names) + 1, np.float64)
+        self.metric_sums = {name: self.metric_store[i, ...] for i, name in enumerate(names)}
+
     def metrics(self, flag):
         """{name: sum / count} of what was added since the last call, then reset; {} if nothing."""
+        if self.metric_store is not None:
+            *sums, count = map(float, host(self.metric_store))
+            self.metric_store.fill(0)
+            return dict(zip(self.metric_sums, (v / count for v in sums))) if count else {}
         if not self.metric_count:
             return {}
         means = {name: float(value) / self.metric_count

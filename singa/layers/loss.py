@@ -1,7 +1,7 @@
 """Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); their loss (and accuracy) are metrics."""
 import numpy as np
 
-from singa.device import host
+from singa.device import is_host
 from singa.errors import ConfigError, DataError
 from singa.layers import kernels
 from singa.layers.base import Layer, register
@@ -26,8 +26,8 @@ class SoftmaxLossLayer(Layer):
 
     Sources: [scores, label provider (its aux_data)]. `data` holds p; metrics `Loss` and
     `accuracy` (only `Loss` for the cuDNN layer). On a GPU the kernel adds each batch's to
-    sums on the device, with their count, until `metrics` reads them (one wait) and resets
-    them: a step is device work alone, but for the labels' check (`prepare`).
+    the sums kept on the device (`keep_metrics_on_device`): a step is device work alone, but
+    for the labels' check (`prepare`).
     """
 
     capturable = True
@@ -43,11 +43,7 @@ class SoftmaxLossLayer(Layer):
         if self._kernels:
             self._row_loss = self.xp.empty(n, np.float64)
             self._hit = self.xp.empty(n, np.int32)
-            # the loss and accuracy sums since the last display and their count, which the
-            # kernel adds to; the sums are the metrics' (0-d views) for the loss check
-            self._sums = self.xp.zeros(3, np.float64)
-            self.metric_sums = {k: self._sums[i, ...]
-                                for i, k in enumerate(("Loss", "accuracy")) if k in self.shown}
+            self.keep_metrics_on_device(("Loss", "accuracy"))    # the kernel adds to them
         else:
             self._rowmax = self.xp.empty((n, 1), np.float32)
             self._rows = self.xp.arange(n)
@@ -78,7 +74,7 @@ class SoftmaxLossLayer(Layer):
         labels = self.device.put(srclayers[1].labels_for(self))
         if self._kernels:
             self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale, p,
-                                       self._row_loss, self._hit, self._sums)
+                                       self._row_loss, self._hit, self.metric_store)
             return
         softmax(x.reshape(p.shape), p, self._rowmax)
         truth = p[self._rows, labels]
@@ -104,25 +100,9 @@ class SoftmaxLossLayer(Layer):
         g[self._rows, labels] -= 1
         g *= scale
 
-    def add_metrics(self, values, count=1):
-        """On a GPU: added to the kernel's sums (an evaluation's last, partial batch)."""
-        if not self._kernels:
-            super().add_metrics(values, count)
-            return
-        for i, name in enumerate(("Loss", "accuracy")):
-            if name in values:
-                view = self._sums[i, ...]
-                view += values[name]
-        view = self._sums[2, ...]
-        view += count
-
     def metrics(self, flag):
-        if not self._kernels:
-            return super().metrics(flag)
-        loss, accuracy, count = map(float, host(self._sums))      # one wait
-        self._sums.fill(0)
-        means = {"Loss": loss / count, "accuracy": accuracy / count} if count else {}
-        return {k: v for k, v in means.items() if k in self.shown}
+        """Those `shown` (a GPU sums the accuracy of the cuDNN layer too)."""
+        return {k: v for k, v in super().metrics(flag).items() if k in self.shown}
 
     #: the metrics shown, in order
     shown = ("Loss", "accuracy")
@@ -147,9 +127,12 @@ class CudnnSoftmaxLossLayer(SoftmaxLossLayer):
 class EuclideanLossLayer(Layer):
     """loss = Σ(t − r)²/N (no ½); gr = (r − t)/N, SINGA's gradient (that of ½·loss).
 
-    Sources: [reconstruction r, target t (its data)].
+    Sources: [reconstruction r, target t (its data)]. On a GPU its loss is summed on the
+    device (`keep_metrics_on_device`).
     """
     METRICS = ("loss",)
+
+    capturable = True
 
     def setup(self, srclayers):
         _need_sources(self, srclayers, "reconstruction, target")
@@ -158,6 +141,8 @@ class EuclideanLossLayer(Layer):
             raise ConfigError(f"layer '{self.name}': reconstruction '{srclayers[0].name}' has "
                               f"shape {r.shape} but target '{srclayers[1].name}' has {t.shape}")
         self._diff = self.xp.empty(r.shape, np.float32)
+        if not is_host(self._diff):
+            self.keep_metrics_on_device(("Loss",))
 
     def compute_feature(self, flag, srclayers):
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)

@@ -127,6 +127,8 @@ def _run(call, writes=(), inputs=None):
         return call()
     before = cap.snapshot(writes)
     result = call()
+    if isinstance(result, np.generic):      # CuPy's is a 0-d array, which a replay writes
+        result = np.array(result)
     cap.keep_written(before)
     if inputs is None:
         cap.ops.append(call)

@@ -543,6 +543,46 @@ def test_split_batch_norm_and_concate_replay_as_cuda_graphs_to_the_bytes_op_by_o
     assert len(launches) == 8 - 2
 
 
+AUTOENCODER_JOB = """name: "autoencoder"
+train_one_batch { alg: kBP }
+updater { type: kAdaGrad delta: 1e-6 learning_rate { type: kFixed base_lr: 0.05 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255 shape: 784 } }
+  layer { name: "encode" type: kInnerProduct srclayers: "data" innerproduct_conf { num_output: 32 }
+    param { name: "w1" init { type: kGaussian std: 0.05 } }
+    param { name: "b1" init { type: kConstant value: 0 } } }
+  layer { name: "code" type: kSigmoid srclayers: "encode" }
+  layer { name: "decode" type: kInnerProduct srclayers: "code" innerproduct_conf { num_output: 784 }
+    param { name: "w2" init { type: kGaussian std: 0.05 } }
+    param { name: "b2" init { type: kConstant value: 0 } } }
+  layer { name: "out" type: kSigmoid srclayers: "decode" }
+  layer { name: "loss" type: kEuclideanLoss srclayers: "out" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+def test_an_autoencoders_euclidean_loss_replays_in_its_graph_to_the_bytes_op_by_op(
+        tmp_path, gpu, monkeypatch):
+    """EuclideanLoss sums its loss on the device: an autoencoder's passes are one graph, with
+    the same params and losses as op by op."""
+    conf = tmp_path / "autoencoder.conf"
+    conf.write_text(AUTOENCODER_JOB.replace("DATA", f"{FIXTURES}/train-1000.bin")
+                    .replace("WS", str(tmp_path)))
+    launches, runs = [], {}
+    launch = gpu.Graph.launch
+    monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
+    for name, warmup in (("graphs", cuda_graphs.WARMUP), ("op by op", 10 ** 9)):
+        monkeypatch.setattr(cuda_graphs, "WARMUP", warmup)
+        m = conf_model(tmp_path, name.replace(" ", "-"), str(conf), {})
+        h = m.fit(nb_epoch=8, disp_freq=2, seed=3, progress=False, device=[0])
+        runs[name] = (h.history, final_params(m))
+    assert runs["graphs"][0] == runs["op by op"][0]
+    assert same_bytes(runs["graphs"][1], runs["op by op"][1])
+    assert len(launches) == 8 - 2
+
+
 def test_a_pass_declared_capturable_wrongly_shows_on_the_stand_in(tmp_path, mnist, gpu,
                                                                    monkeypatch):
     """Dropout draws its mask on the host in its pass: declared capturable, each launch
