@@ -420,16 +420,22 @@ def test_an_input_layer_decodes_its_pixels_on_the_device_to_the_hosts_bytes(tmp_
     assert reader and not any(t.is_alive() for t in reader) and dev.store is None
 
 
+def errors_of(tmp_path, conf, error):
+    """{"cpu" | "gpu": the message of the `error` that stops `conf` fitted 20 steps there}."""
+    errors = {}
+    for name, device in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, name, str(conf), {})
+        with pytest.raises(error) as e:
+            m.fit(nb_epoch=20, disp_freq=0, seed=1, progress=False, device=device)
+        errors[name] = str(e.value)
+    return errors
+
+
 def test_a_nan_loss_on_the_gpu_path_names_its_step_once_the_next_is_queued(tmp_path, gpu,
                                                                           nan_csv_job):
     """The GPU's loss is looked at after the next step is queued: the error names the step
     whose loss is nan, as on the CPU, and where the values are bad by the step after."""
-    errors = {}
-    for name, device in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, name, str(nan_csv_job), {})
-        with pytest.raises(singa.errors.NonFiniteError) as e:
-            m.fit(nb_epoch=20, disp_freq=0, seed=1, progress=False, device=device)
-        errors[name] = str(e.value)
+    errors = errors_of(tmp_path, nan_csv_job, singa.errors.NonFiniteError)
     assert errors["cpu"] == ("step 6: the loss of layer '0#loss' is nan; the first non-finite "
                              "values are in the output of layer '0#data'")
     assert errors["gpu"] == ("step 6: the loss of layer '0#loss' is nan; by step 7, the first "
@@ -485,12 +491,7 @@ def test_a_label_out_of_range_stops_a_gpu_job_whose_loss_runs_in_a_graph(tmp_pat
     lines = data.read_text().splitlines()
     lines[25] = "5," + lines[25].partition(",")[2].replace("nan", "0")
     data.write_text("\n".join(lines) + "\n")
-    errors = {}
-    for name, device in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, name, str(nan_csv_job), {})
-        with pytest.raises(singa.errors.DataError) as e:
-            m.fit(nb_epoch=20, disp_freq=0, seed=1, progress=False, device=device)
-        errors[name] = str(e.value)
+    errors = errors_of(tmp_path, nan_csv_job, singa.errors.DataError)
     assert errors["gpu"] == errors["cpu"] == (
         "layer '0#loss': label 5 from source '0#data' is outside [0, 2)")
 
@@ -524,25 +525,6 @@ cluster { workspace: "WS" }
 """
 
 
-def test_split_batch_norm_and_concate_replay_as_cuda_graphs_to_the_bytes_op_by_op(
-        tmp_path, gpu, monkeypatch):
-    """A net of two branches (Split, Concate) and batch normalisation (kCudnnBM): its passes
-    one graph, the same bytes as op by op."""
-    conf = tmp_path / "branched.conf"
-    conf.write_text(BRANCHED_JOB.replace("DATA", f"{FIXTURES}/train-1000.bin")
-                    .replace("WS", str(tmp_path)))
-    launches, params = [], {}
-    launch = gpu.Graph.launch
-    monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
-    for name, warmup in (("graphs", cuda_graphs.WARMUP), ("op by op", 10 ** 9)):
-        monkeypatch.setattr(cuda_graphs, "WARMUP", warmup)
-        m = conf_model(tmp_path, name.replace(" ", "-"), str(conf), {})
-        m.fit(nb_epoch=8, seed=3, progress=False, device=[0])
-        params[name] = final_params(m)
-    assert same_bytes(params["graphs"], params["op by op"])
-    assert len(launches) == 8 - 2
-
-
 AUTOENCODER_JOB = """name: "autoencoder"
 train_one_batch { alg: kBP }
 updater { type: kAdaGrad delta: 1e-6 learning_rate { type: kFixed base_lr: 0.05 } }
@@ -563,13 +545,14 @@ cluster { workspace: "WS" }
 """
 
 
-def test_an_autoencoders_euclidean_loss_replays_in_its_graph_to_the_bytes_op_by_op(
-        tmp_path, gpu, monkeypatch):
-    """EuclideanLoss sums its loss on the device: an autoencoder's passes are one graph, with
-    the same params and losses as op by op."""
-    conf = tmp_path / "autoencoder.conf"
-    conf.write_text(AUTOENCODER_JOB.replace("DATA", f"{FIXTURES}/train-1000.bin")
-                    .replace("WS", str(tmp_path)))
+@pytest.mark.parametrize("job", [BRANCHED_JOB, AUTOENCODER_JOB], ids=["branched", "autoencoder"])
+def test_confs_replay_their_passes_as_one_cuda_graph_to_the_bytes_op_by_op(
+        tmp_path, gpu, monkeypatch, job):
+    """A net of two branches (Split, Concate) with batch normalisation (kCudnnBM), and an
+    autoencoder whose EuclideanLoss sums its loss on the device: all passes but the input
+    layer's are one graph, with the same params and losses as op by op."""
+    conf = tmp_path / "job.conf"
+    conf.write_text(job.replace("DATA", f"{FIXTURES}/train-1000.bin").replace("WS", str(tmp_path)))
     launches, runs = [], {}
     launch = gpu.Graph.launch
     monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
