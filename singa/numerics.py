@@ -2,10 +2,10 @@
 the random streams a job draws from its seed, and the state of a random generator as a
 snapshot stores it.
 
-Cheap on the hot path: a step looks at one float per loss layer; arrays are scanned only when
-a loss is nan or inf (to name where it started) and when a snapshot is about to be written.
-On a GPU the host does not wait for the step it has just queued to look at its loss
-(`LossCheck`).
+Cheap on the hot path: a step looks at the metric sums of its loss layers; arrays are
+scanned only when a loss is nan or inf (to name where it started) and when a snapshot is
+about to be written. On a GPU the host does not wait for the step it has just queued to look
+at its loss (`LossCheck`).
 """
 import math
 

@@ -146,8 +146,8 @@ class Layer:
 
     def prepare(self, flag, srclayers):
         """The host's work of the pass `flag` names (kForward or kBackward) of a capturable
-        layer, which a CUDA graph of its passes does not replay (checks, counts): the pass
-        calls it itself; a step that launches the pass as a graph calls it before."""
+        layer, which a CUDA graph of its passes does not replay (a check of the batch): the
+        pass calls it itself; a step that launches the pass as a graph calls it before."""
 
     @functools.cached_property
     def uploads(self):
