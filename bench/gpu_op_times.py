@@ -7,12 +7,12 @@ For each net (bench_mlp_step's MLP, bench_conv's LeNet and cifar10 net, with `gp
 full runtime as in bench_gpu.py, op by op: no CUDA graphs), CUDA events around each layer's
 forward and backward pass and around each device operation in it: every numpy function or
 ufunc the layer modules (and `singa.threads`) call on device arrays, and each of our kernels
-(`singa.layers.cuda`), named by what was called. The GPU's time between an operation's two events is its own where the
-GPU is the bottleneck (at batch 1024; at small batches it takes in the host's gaps).
-Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy directly are not
-wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per net, each
-layer's passes with their `--top` costliest operations, then the operations summed over the
-step. ms per step, the mean of `--steps` steps after 3 unmeasured.
+(`singa.layers.cuda`), named by what was called. The GPU's time between an operation's two
+events is its own where the GPU is the bottleneck (at batch 1024; at small batches it takes
+in the host's gaps). Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy
+directly are not wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per
+net, each layer's passes with their `--top` costliest operations, then the operations summed
+over the step. ms per step, the mean of `--steps` steps after 3 unmeasured.
 """
 import argparse
 import importlib

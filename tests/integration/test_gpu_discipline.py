@@ -210,7 +210,7 @@ def test_a_convnet_trains_on_the_gpu_path_within_rounding_of_the_cpu(tmp_path, m
 KERNEL_NET = """
 layer { name: "x" type: kDummy dummy_conf { input: true shape: 4 shape: 3 shape: 11 shape: 11 } }
 layer { name: "t" type: kDummy dummy_conf { input: true shape: 4 shape: 4 shape: 3 shape: 3 } }
-layer { name: "c1" type: kConvolution srclayers: "x" param { name: "w1" } param { name: "b1" init { type: kConstant value: 0 } }
+layer { name: "c1" type: kConvolution srclayers: "x" param { name: "w1" } param { name: "b1" }
   convolution_conf { num_filters: 4 kernel: 3 pad: 1 } }
 layer { name: "p1" type: kPooling srclayers: "c1"
   pooling_conf { pool: MAX kernel: 3 stride: 2 pad: 1 ceil_mode: true } }
@@ -505,20 +505,26 @@ neuralnet {
                  shape: 1 shape: 28 shape: 28 } }
   layer { name: "conv" type: kConvolution srclayers: "data"
     convolution_conf { num_filters: 4 kernel: 5 stride: 2 }
-    param { name: "w0" init { type: kGaussian std: 0.1 } } param { name: "b0" init { type: kConstant value: 0 } } }
+    param { name: "w0" init { type: kGaussian std: 0.1 } }
+    param { name: "b0" init { type: kConstant value: 0 } } }
   layer { name: "bm" type: kCudnnBM srclayers: "conv"
-    param { name: "s" init { type: kConstant value: 1 } } param { name: "t" init { type: kConstant value: 0 } }
-    param { name: "m" init { type: kConstant value: 0 } } param { name: "v" init { type: kConstant value: 0 } } }
+    param { name: "s" init { type: kConstant value: 1 } }
+    param { name: "t" init { type: kConstant value: 0 } }
+    param { name: "m" init { type: kConstant value: 0 } }
+    param { name: "v" init { type: kConstant value: 0 } } }
   layer { name: "relu" type: kReLU srclayers: "bm" }
   layer { name: "split" type: kSplit srclayers: "relu" split_conf { num_splits: 2 } }
   layer { name: "a" type: kConvolution srclayers: "split"
     convolution_conf { num_filters: 3 kernel: 3 pad: 1 }
-    param { name: "wa" init { type: kGaussian std: 0.1 } } param { name: "ba" init { type: kConstant value: 0 } } }
+    param { name: "wa" init { type: kGaussian std: 0.1 } }
+    param { name: "ba" init { type: kConstant value: 0 } } }
   layer { name: "b" type: kPooling srclayers: "split"
     pooling_conf { pool: AVG kernel: 1 stride: 1 } }
-  layer { name: "join" type: kConcate srclayers: "a" srclayers: "b" concate_conf { concate_dim: 1 } }
+  layer { name: "join" type: kConcate srclayers: "a" srclayers: "b"
+    concate_conf { concate_dim: 1 } }
   layer { name: "ip" type: kInnerProduct srclayers: "join" innerproduct_conf { num_output: 10 }
-    param { name: "w1" init { type: kGaussian std: 0.05 } } param { name: "b1" init { type: kConstant value: 0 } } }
+    param { name: "w1" init { type: kGaussian std: 0.05 } }
+    param { name: "b1" init { type: kConstant value: 0 } } }
   layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
 }
 cluster { workspace: "WS" }

@@ -284,8 +284,9 @@ def test_normalize_pixels_gives_the_input_layers_bits(shim):
 @pytest.mark.parametrize("topk", [1, 3])
 def test_softmax_loss_gives_the_layers_probabilities_loss_and_ranking(shim, topk):
     """p, the mean loss and the top-k accuracy of SoftmaxLoss's numpy path, added to the sums
-    given (and 1 to their count): rows with ties at and around the label (ranked by the higher index first), a label
-    whose p underflows (its loss is −log FLT_MIN), and a row holding NaN (the loss is NaN)."""
+    given (and 1 to their count): rows with ties at and around the label (ranked by the
+    higher index first), a label whose p underflows (its loss is −log FLT_MIN), and a row
+    holding NaN (the loss is NaN)."""
     rng = np.random.default_rng(4)
     x = rng.integers(0, 4, (200, 7)).astype(np.float32) / 4     # many ties
     labels = rng.integers(0, 7, 200).astype(np.int32)
