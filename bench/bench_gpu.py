@@ -39,7 +39,7 @@ import conv_reference
 import mlp_reference
 from bench_conv import SINGA_BATCH, conv_job
 from bench_mlp_step import Runtime, interleaved, mlp_job, print_table
-from singa import cuda_graphs, threads
+from singa import threads
 
 GOALS = {"singa": 1.5, "1024": 1.2}
 
@@ -119,8 +119,7 @@ def bench(net, batch, args):
             sides[PER_PARAM] = synced(single.train_step)
             by_op = Runtime(job_of(net, folders[3], batch, True))
             runtimes.append(by_op)
-            w = by_op.worker
-            w.graphs = cuda_graphs.StepGraphs(w.train_net, w.device, capture=False)
+            by_op.worker.graphs.capture = False
             sides[OP_BY_OP] = synced(by_op.train_step)
             with threads.limit(args.cpu_threads):
                 cpu = Runtime(job_of(net, folders[1], batch, False))

@@ -27,7 +27,6 @@ import numpy as np
 import bench_conv
 from bench_gpu import job_of
 from bench_mlp_step import Runtime, print_table
-from singa import cuda_graphs
 
 #: the modules whose `np` calls are timed, and whose kernels (`_launch`) are
 NP_MODULES = ["singa.threads", "singa.layers.base", "singa.layers.conv",
@@ -125,9 +124,8 @@ def measure(net, batch, steps):
     try:
         rt = Runtime(job_of(net, folder, batch, True))
         try:
-            w = rt.worker
-            w.device.use()
-            w.graphs = cuda_graphs.StepGraphs(w.train_net, w.device, capture=False)
+            rt.worker.device.use()
+            rt.worker.graphs.capture = False
             recorder = Recorder(cupy)
             undo = instrument(rt, recorder)
             for _ in range(3):

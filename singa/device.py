@@ -162,23 +162,22 @@ class Readback:
         self._copied = None
 
     def start(self, arrays):
+        """Queue copies of `arrays`, device arrays of one GPU."""
         self._out = []
-        for i, a in enumerate(arrays):
-            xp = module(a)
-            key = (i, a.shape, a.dtype)
-            out = self._pinned.get(key)
-            if out is None:
-                with on(a):
-                    out = self._pinned[key] = np.ndarray(
-                        a.shape, a.dtype, buffer=xp.cuda.alloc_pinned_memory(max(a.nbytes, 1)))
-            with on(a):
+        if not arrays:
+            return
+        cuda = module(arrays[0]).cuda
+        with on(arrays[0]):
+            for i, a in enumerate(arrays):
+                out = self._pinned.get((i, a.shape, a.dtype))
+                if out is None:
+                    out = self._pinned[i, a.shape, a.dtype] = np.ndarray(
+                        a.shape, a.dtype, buffer=cuda.alloc_pinned_memory(max(a.nbytes, 1)))
                 a.get(out=out, blocking=False)
-            self._out.append(out)
-        if self._out:
-            with on(arrays[0]):
-                if self._copied is None:
-                    self._copied = module(arrays[0]).cuda.Event(disable_timing=True)
-                self._copied.record()
+                self._out.append(out)
+            if self._copied is None:
+                self._copied = cuda.Event(disable_timing=True)
+            self._copied.record()
 
     def values(self):
         if self._copied is not None:

@@ -57,12 +57,14 @@ class LossCheck:
 
     def check(self, step):
         self._look(step)
-        sums = [v for layer in self.net.layers for v in layer.metric_sums.values()]
-        on_device = [v for v in sums if hasattr(v, "__cuda_array_interface__")]
+        on_host, on_device = [], []
+        for layer in self.net.layers:
+            for v in layer.metric_sums.values():
+                (on_device if hasattr(v, "__cuda_array_interface__") else on_host).append(v)
         if on_device:
             self.copies.start(on_device)
             self.pending = step
-        if not all(math.isfinite(v) for v in sums if not hasattr(v, "__cuda_array_interface__")):
+        if not all(map(math.isfinite, on_host)):
             check_loss(self.net, step)
 
     def flush(self):
