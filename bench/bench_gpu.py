@@ -10,8 +10,10 @@ where compute dominates. Ours: `runtime.Process` with `gpu: 0`, server and stub 
 threads, a step being `train_one_batch` then `collect_all` (bench_mlp_step.Runtime: gradients
 to the server and its updates, on the GPU), synchronised with the GPU at its end. Torch:
 the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
-step. Ours on the CPU at --cpu-threads compute threads, at SINGA's batches only. Interleaved
-rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
+step, in float32 throughout as ours (torch.backends.cudnn.allow_tf32 off; the column "TF32
+convolutions" is torch's default, where cuDNN's convolutions round their inputs to TF32's
+10-bit mantissa on the tensor cores). Ours on the CPU at --cpu-threads compute threads, at
+SINGA's batches only. Interleaved rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
 rest of a step is the Python, messaging and host-copy overhead the step pays. "In a run":
 RUN steps waited for at their end only, as a training loop runs them (ours: the worker's
 loop, which looks at a step's loss once the next is queued), per step: where the host
@@ -92,10 +94,17 @@ def compute_only(rt):
     return step
 
 
-def torch_step(net, batch, sync=True):
-    if net == "mlp":
-        return mlp_reference.torch_step(batch, device="cuda", sync=sync)
-    return conv_reference.torch_step(net, batch, device="cuda", sync=sync)
+def torch_step(net, batch, sync=True, tf32=False):
+    """Torch's step of `net` on "cuda": in float32 throughout as ours (`tf32` False), or with
+    cuDNN's convolutions in TF32 (`tf32`), torch's default (its products stay float32)."""
+    import torch
+    step = (mlp_reference.torch_step(batch, device="cuda", sync=sync) if net == "mlp" else
+            conv_reference.torch_step(net, batch, device="cuda", sync=sync))
+
+    def call():
+        torch.backends.cudnn.allow_tf32 = tf32
+        step()
+    return call
 
 
 def bench(net, batch, args):
@@ -112,6 +121,8 @@ def bench(net, batch, args):
                  RUN_OURS: in_a_run(gpu.run_step, finish_run(gpu), RUN),
                  RUN_TORCH: in_a_run(torch_step(net, batch, sync=False), torch.cuda.synchronize,
                                      RUN)}
+        if net != "mlp":
+            sides[TORCH_TF32] = torch_step(net, batch, tf32=True)
         if batch == SINGA_BATCH.get(net, 64):
             single = Runtime(job_of(net, folders[2], batch, True))
             runtimes.append(single)
@@ -216,10 +227,13 @@ def main(argv=None):
             goal = GOALS["1024" if batch == 1024 else "singa"]
             cpu, single, by_op = med.get("ours cpu"), med.get(PER_PARAM), med.get(OP_BY_OP)
             run_ours, run_torch = med[RUN_OURS] / RUN, med[RUN_TORCH] / RUN
+            tf32 = med.get(TORCH_TF32)
             rows.append([net, batch, f"{ours * 1e3:.2f}", f"{med['ours gpu compute'] * 1e3:.2f}",
                          f"{(ours - med['ours gpu compute']) * 1e3:.2f}",
                          f"{torch_t * 1e3:.2f}", f"{ours / torch_t:.2f}",
                          f"<= {goal}: {'yes' if ours / torch_t <= goal else 'NO'}",
+                         "-" if tf32 is None else f"{tf32 * 1e3:.2f}",
+                         "-" if tf32 is None else f"{ours / tf32:.2f}",
                          f"{run_ours * 1e3:.2f}", f"{run_torch * 1e3:.2f}",
                          f"{run_ours / run_torch:.2f}",
                          "-" if by_op is None else f"{by_op * 1e3:.2f}",
@@ -240,7 +254,11 @@ OP_BY_OP = "ours gpu, op by op (no CUDA graphs)"
 #: step while the GPU computes the last
 RUN = 5
 RUN_OURS, RUN_TORCH = "ours gpu, in a run", "torch gpu, in a run"
+#: torch as it runs by default: cuDNN's convolutions in TF32 (10-bit mantissas), where ours
+#: and "torch gpu" compute in float32
+TORCH_TF32 = "torch gpu, TF32 convolutions (its default)"
 HEADER = ["net", "batch", "ours gpu", "compute", "overhead", "torch gpu", "ours/torch", "goal",
+          TORCH_TF32, "ours/torch TF32",
           RUN_OURS, RUN_TORCH, "ours/torch in a run", OP_BY_OP, PER_PARAM, "ours cpu",
           "cpu/gpu"]
 

@@ -13,12 +13,19 @@ in the host's gaps). Operators on CuPy arrays (`a += b`) and calls the layers ma
 directly are not wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per
 net, each layer's passes with their `--top` costliest operations, then the operations summed
 over the step. ms per step, the mean of `--steps` steps after 3 unmeasured.
+
+Then the references on the same shapes, each timed alone (`--reps` calls, waited for at the
+end): every matrix product of the step (np.matmul, its operands' shapes and layouts) by CuPy
+and by torch, both in float32: what cuBLAS gives each library on our shapes; and each
+convolution layer's forward and backward by torch's cuDNN (F.conv2d and its gradients), in
+float32 and in TF32 (torch's default), against ours' passes above: what cuDNN would save.
 """
 import argparse
 import importlib
 import shutil
 import sys
 import tempfile
+import time
 from collections import defaultdict
 
 import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
@@ -50,6 +57,7 @@ class Recorder:
         self.pending = []
         self.total = defaultdict(float)     # (layer, pass, op) -> ms
         self.count = defaultdict(int)
+        self.products = defaultdict(int)     # layouts of np.matmul's operands -> calls
 
     def timed(self, label, fn, where=None):
         """`fn` with events around it: an operation `label` of the pass it runs in, or with
@@ -57,6 +65,8 @@ class Recorder:
         def call(*args, **kwargs):
             if where is None and not on_device(list(args) + list(kwargs.values())):
                 return fn(*args, **kwargs)
+            if label == "np.matmul":
+                self.products[tuple(layout(v) for v in (*args[:2], kwargs.get("out")))] += 1
             start, end = self.cupy.cuda.Event(), self.cupy.cuda.Event()
             outer = self.where
             key = outer + (label,) if where is None else where + (PASS,)
@@ -117,8 +127,100 @@ def instrument(rt, recorder):
     return undo
 
 
+def layout(a):
+    """(shape, axes by falling stride) of array `a`, None for None: `a` as a transposed
+    contiguous array."""
+    if a is None:
+        return None
+    return tuple(a.shape), tuple(sorted(range(a.ndim), key=lambda i: -a.strides[i]))
+
+
+def made(empty, transpose, spec):
+    """An array of `spec` (`layout`'s) from `empty(shape)`, `transpose(array, axes)`."""
+    if spec is None:
+        return None
+    shape, order = spec
+    return transpose(empty(tuple(shape[i] for i in order)), tuple(map(order.index,
+                                                                         range(len(order)))))
+
+
+def seconds(fn, sync, reps):
+    """Seconds a call of `fn`, over `reps` calls after one, waited for (`sync`) at the end."""
+    fn()
+    sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync()
+    return (time.perf_counter() - start) / reps
+
+
+def cupy_sync():
+    import cupy
+    return cupy.cuda.get_current_stream().synchronize
+
+
+def torch_sync(device):
+    import torch
+    return torch.cuda.synchronize if device == "cuda" else lambda: None
+
+
+def product_references(products, reps, device="cuda"):
+    """Rows: each product of the step, CuPy's ms and torch's (float32) on the same layouts."""
+    import cupy
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+
+    def transpose(v, axes):
+        return v.transpose(axes)
+    for spec, calls in sorted(products.items(), key=lambda kv: -kv[1]):
+        a, b, out = (made(lambda shape: cupy.ones(shape, np.float32), transpose, s) for s in spec)
+        ta, tb, tout = (made(lambda shape: torch.ones(shape, device=device), torch.permute, s)
+                        for s in spec)
+        tout = tout if tout is not None and tout.is_contiguous() else None
+        ours = seconds(lambda: np.matmul(a, b, out=out), cupy_sync(), reps)
+        theirs = seconds(lambda: torch.matmul(ta, tb, out=tout), torch_sync(device), reps)
+        shapes = " x ".join(f"{spec[i][0]}{'' if spec[i][1] == tuple(sorted(spec[i][1])) else 'T'}"
+                            for i in range(2))
+        rows.append([shapes, f"{calls:g}", f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}",
+                     f"{ours / theirs:.2f}"])
+    return rows
+
+
+def conv_references(convs, reps, device="cuda"):
+    """Rows: each convolution layer's forward and backward by torch (cuDNN), float32 and
+    TF32, in ms; `convs` (name, layer, whether its source takes a gradient)."""
+    import torch
+    import torch.nn.functional as F
+    rows = []
+    for name, layer, gx in convs:
+        n, f, sync = *layer.data.shape[:2], torch_sync(device)
+        x = torch.rand((n,) + layer.chw, device=device, requires_grad=gx)
+        w = torch.rand((f, layer.chw[0] // layer.group) + layer.kernel, device=device,
+                       requires_grad=True)
+        b = torch.rand(f, device=device, requires_grad=True)
+        gy = torch.rand(tuple(layer.data.shape), device=device)
+        wrt = [x, w, b] if gx else [w, b]
+
+        def forward():
+            return F.conv2d(x, w, b, layer.stride, layer.pad, 1, layer.group)
+
+        def both():
+            torch.autograd.grad(forward(), wrt, gy)
+        row = [name]
+        for tf32 in (False, True):
+            torch.backends.cudnn.allow_tf32 = tf32
+            fwd = seconds(forward, sync, reps)
+            row += [f"{fwd * 1e3:.3f}", f"{(seconds(both, sync, reps) - fwd) * 1e3:.3f}"]
+        rows.append(row)
+    return rows
+
+
 def measure(net, batch, steps):
-    """{(layer, pass, op): ms per step} and {key: calls per step} of `net` at `batch`."""
+    """{(layer, pass, op): ms per step}, {key: calls per step}, {np.matmul's operand layouts:
+    calls per step} and the convolution layers [(name, layer, gradient wanted)] of `net` at
+    `batch`."""
     import cupy
     folder = tempfile.mkdtemp(prefix=f"singa-gpu-op-times-{net}-")
     try:
@@ -136,8 +238,12 @@ def measure(net, batch, steps):
             for _ in range(steps):
                 rt.train_step()
                 recorder.settle()
+            train = rt.worker.train_net
+            convs = [(layer.name, layer, train.srclayers[layer.name][0].grad_for(layer) is not None)
+                     for layer in train.layers if type(layer).__name__ == "ConvolutionLayer"]
             return ({k: v / steps for k, v in recorder.total.items()},
-                    {k: v / steps for k, v in recorder.count.items()})
+                    {k: v / steps for k, v in recorder.count.items()},
+                    {k: v / (steps + 3) for k, v in recorder.products.items()}, convs)
         finally:
             undo()
             rt.close()
@@ -176,9 +282,20 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--top", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     for net in args.nets.split(","):
-        report(net, args.batch, *measure(net, args.batch, args.steps), args.top)
+        total, count, products, convs = measure(net, args.batch, args.steps)
+        report(net, args.batch, total, count, args.top)
+        print(f"{net}, batch {args.batch}: its products alone, ms a call (float32)")
+        print_table(product_references(products, args.reps),
+                    ["a x b (T: transposed)", "calls a step", "CuPy", "torch", "CuPy/torch"])
+        if convs:
+            print(f"\n{net}, batch {args.batch}: its convolutions by torch (cuDNN), ms "
+                  f"(ours: the passes above)")
+            print_table(conv_references(convs, args.reps),
+                        ["layer", "fwd float32", "bwd float32", "fwd TF32", "bwd TF32"])
+        print()
     return 0
 
 

@@ -3,8 +3,8 @@
 # CuPy, numba and torch but maybe not the rest (no registry needed): tests/gpu, then
 # bench/bench_gpu.py (GPU against torch on the same GPU, and our CPU), the log in
 # $OUT/gpu.log (default ./gpu-check/), a profile of ours in $OUT/gpu-profile.txt, then the GPU
-# time of each layer's passes and of each operation in them at batch 1024
-# (bench/gpu_op_times.py) in the log, and where py-spy is
+# time of each layer's passes and of each operation in them at batch 1024, and of the same
+# products and convolutions by torch (bench/gpu_op_times.py) in the log, and where py-spy is
 # among the wheels, its samples of the GIL's holders in $OUT/gpu-pyspy.txt (collapsed stacks).
 # Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three, py-spy:
 # docs/gpu.md says how to fetch them) are installed to /tmp/site first.
@@ -21,11 +21,11 @@ fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   # the device tool's limit is 600 s a call: tests, bench and operation times fit in 560 s
-  timeout 340 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEsP --durations=15 \
+  timeout 330 python3 -m pytest -v --tb=short -p no:cacheprovider -rfEsP --durations=15 \
     -o faulthandler_timeout=150 tests/gpu
   echo "pytest exit $?"
   (cd bench && timeout 170 python3 bench_gpu.py --profile "$OUT/gpu-profile.txt")
-  (cd bench && timeout 50 python3 gpu_op_times.py --batch 1024)
+  (cd bench && timeout 60 python3 gpu_op_times.py --batch 1024)
   # where the GIL's holders spend a step (MLP, batch 64), if time is left
   if [ -x /tmp/site/bin/py-spy ] && [ "$SECONDS" -lt 480 ]; then
     (cd bench && timeout $((580 - SECONDS)) /tmp/site/bin/py-spy record --threads --gil \
