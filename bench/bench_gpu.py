@@ -13,8 +13,9 @@ the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the e
 step, in float32 throughout as ours (torch.backends.cudnn.allow_tf32 off; the column "TF32
 convolutions" is torch's default, where cuDNN's convolutions round their inputs to TF32's
 10-bit mantissa on the tensor cores). Ours on the CPU at --cpu-threads compute threads, at
-SINGA's batches only. Interleaved rounds, medians. "compute" is ours' forward and backward alone (no exchange, no update): the
-rest of a step is the Python, messaging and host-copy overhead the step pays. "In a run":
+SINGA's batches only. Interleaved rounds, medians. "compute" is ours' forward and backward
+alone (no exchange, no update): the rest of a step is the Python, messaging and host-copy
+overhead the step pays. "In a run":
 RUN steps waited for at their end only, as a training loop runs them (ours: the worker's
 loop, which looks at a step's loss once the next is queued), per step: where the host
 queues a step while the GPU computes the last. At SINGA's
