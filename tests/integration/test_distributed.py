@@ -179,8 +179,13 @@ def accuracy_at(log, step):
 # over 6 seeds: one 0.775 +- 0.004, Downpour 0.781 +- 0.007, Hogwild 0.782 +- 0.005). But group 0
 # tests at its step 300 whenever it gets there: on a loaded machine group 1 may have trained
 # fewer steps by then (CI once saw Hogwild at 0.742 and a loaded run Downpour at 0.736 against
-# 0.776), so the tested params hold between one worker's 300 and 600 steps of samples. The
-# accuracy must lie within 2 points of the band one worker spans between those two steps.
+# 0.776), so the tested params hold between one worker's 300 and 600 steps of samples. And on
+# a loaded machine Downpour's tests swing further, where one group waits while the other
+# updates (CI once saw 0.758, 0.732, 0.758, 0.696 at steps 150-300 against one worker's
+# 0.74-0.776; beside a busy loop 0.706, 0.716, 0.778 at steps 200-300 against 0.73-0.788, where
+# three other runs' medians were 0.77-0.784). So the median of the last three tests (steps 200,
+# 250 and 300) must lie within 3 points of the band one worker spans from its step 200 to its
+# step 600: a job that does not learn, or diverges, stays far below it.
 PLAIN_SGD = {"momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
              "learning_rate { type: kFixed base_lr: 0.5 }"}
 ASYNCHRONOUS = {
@@ -203,8 +208,8 @@ def test_asynchronous_frameworks_reach_the_accuracy_of_one_worker(framework, fix
                                                                    singa_conf, zk_server, tmp_path):
     """Two asynchronous worker groups (SINGA's Downpour: a server group of their own process;
     Distributed Hogwild: a server group each, in each group's process or all in one, synced
-    every 2 updates): after 300 steps each, test accuracy within 2 points of the band one
-    worker spans from its step 300 to its step 600 (as many samples; see above)."""
+    every 2 updates): the median test accuracy of their steps 200-300 within 3 points of the
+    band one worker spans from its step 200 to its step 600 (as many samples; see above)."""
     one = run_job(plain_sgd_job(fixture_job, tmp_path, "single", "nworker_groups: 1 "
                                 "nserver_groups: 1", 601), singa_conf, zk_server, 1)
     cluster, nprocs = ASYNCHRONOUS[framework]
@@ -212,9 +217,9 @@ def test_asynchronous_frameworks_reach_the_accuracy_of_one_worker(framework, fix
                    zk_server, nprocs)
     assert one[0][0] == 0 and all(rc == 0 for rc, _ in many), "\n".join(log for _, log in many)
     logs = "".join(log for _, log in many)
-    ours = accuracy_at(logs, 300)
-    low, high = sorted((accuracy_at(one[0][1], 300), accuracy_at(one[0][1], 600)))
-    assert low - 0.02 <= ours <= high + 0.02, (ours, low, high)
+    ours = sorted(accuracy_at(logs, step) for step in (200, 250, 300))[1]
+    band = [accuracy_at(one[0][1], step) for step in range(200, 601, 50)]
+    assert min(band) - 0.03 <= ours <= max(band) + 0.03, (ours, band)
     if framework.startswith("hogwild"):   # each server synced its other half with the master
         syncs = re.findall(r"Server \(group = (\d), id = 0\): (\d+) syncs with master servers, "
                            r"(\d+) as master", logs)
