@@ -337,9 +337,12 @@ def _check_runnable(conf, job):
 
 def _check_gpu_layout(conf, job):
     """The workers of each process get one device from `gpu` (`device.of_workers`): they
-    share their nets' params."""
+    share their nets' params. A process's devices follow from its number of workers, the same
+    in every worker process but maybe the last: those two are checked (not one per process,
+    whose number a conf may merely claim)."""
     at, cl = conf.line("gpu", "gpu[0]"), job.cluster
-    for pid in range(cluster.nworker_procs(cl) if job.gpu else 0):
+    last = cluster.nworker_procs(cl) - 1
+    for pid in sorted({0, last}) if job.gpu and last >= 0 else ():
         found = set(device.of_workers(job.gpu, cluster.workers_of(cl, pid), make=False).values())
         if len(found) > 1:
             names = " and ".join("CPU" if d is None else f"GPU {d}" for d in sorted(

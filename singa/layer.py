@@ -24,7 +24,7 @@ import singa.layers  # noqa: F401  (registers every layer type)
 from singa import checkpoint
 from singa.errors import ConfigError
 from singa.initializations import get_init_values
-from singa.layers.base import create_layer
+from singa.layers.base import create_layer, set_up
 from singa.log import format_metrics
 from singa.naming import *  # noqa: F401,F403  (SINGA's `from singa.layer import *` gave them)
 from singa.naming import __all__ as _naming_names
@@ -85,7 +85,7 @@ class Layer:
         rng = self._generator()
         for conf in [self.layer] + ([self.mask] if hasattr(self, 'mask') else []):
             engine = _create(conf, rng)
-            engine.setup(srcs)
+            set_up(engine, srcs)
             for p in engine.params:
                 if p.proto.HasField('init'):
                     p.init_values(rng)
@@ -179,7 +179,7 @@ class Dummy(Layer):
         self.layer.dummy_conf.input = True
         self.layer.dummy_conf.shape.extend(int(d) for d in data_shape)
         engine = _create(self.layer, self._generator())
-        engine.setup([])
+        set_up(engine, [])
         engine.grad = None      # no one reads dL/d input: the first layer may skip it
         self.engines.append((engine, []))
 

@@ -13,7 +13,7 @@ from singa.device import CPU, is_host
 from singa.numerics import rng_state, set_rng_state
 from singa.errors import ConfigError
 from singa.footprint import BeyondMemory
-from singa.layers.base import create_layer, layer_class
+from singa.layers.base import create_layer, layer_class, set_up
 from singa.naming import unrolled
 from singa.phase import in_phase
 from singa.proto import job_pb2
@@ -63,7 +63,7 @@ class NeuralNet:
             for layer in self.layers:
                 srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
                 try:
-                    layer.setup(srcs)
+                    set_up(layer, srcs)
                 except MemoryError as e:   # numpy's message (or SHAPES's) names shape and bytes
                     raise BeyondMemory(f"layer '{layer.name}': {e}") from None
             if device.gpu is not None:

@@ -34,6 +34,7 @@ class DataLayer(Layer):
     read; `window` = the number read. data (max_window + 1, 4); wraps at the store's end."""
 
     one_to_many = True
+    sources = (0, 0)
     METRICS = ()    # none: the conf check of checkpoint_keep_best then knows every name
 
     def setup(self, srclayers):

@@ -93,6 +93,27 @@ def make_params(layer, shapes):
     return params
 
 
+def set_up(layer, srclayers):
+    """`layer.setup(srclayers)`, after a ConfigError if their number is not the layer's
+    `sources`; a ConfigError if the conf lists more params than the layer made (none unused)."""
+    least, most = layer.sources
+    n, conf = len(srclayers), layer.conf
+    kind = conf.user_type or job_pb2.LayerType.Name(conf.type)
+    if n < least or (most is not None and n > most):
+        want = (f"{least}" if most == least else f"{least} or more" if most is None
+                else f"{least} to {most}")
+        hint = ("; a layer of yours that reads none declares sources = (0, 0)"
+                if n == 0 and conf.HasField("user_type") else "")
+        raise ConfigError(f"layer '{layer.name}' ({kind}) needs {want} "
+                          f"srclayer{'' if want == '1' else 's'}, got {n}{hint}")
+    layer.setup(srclayers)
+    if len(conf.param) > len(layer.params):
+        unused = ", ".join(f"'{p.name}'" for p in conf.param[len(layer.params):])
+        raise ConfigError(f"layer '{layer.name}' ({kind}) has {len(layer.params) or 'no'} "
+                          f"param{'' if len(layer.params) == 1 else 's'}, but its conf lists "
+                          f"{len(conf.param)}: {unused} would be unused")
+
+
 def _key(conf):
     return conf.user_type if conf.HasField("user_type") else conf.type
 
@@ -116,6 +137,9 @@ class Layer:
     #: (`singa.cuda_graphs`). Read for the layer's own class only: a subclass decides for
     #: itself.
     capturable = False
+    #: (least, most) source layers (srclayers) the layer reads, most None for no limit; input
+    #: layers read none. `set_up` holds every layer of a net to it.
+    sources = (1, None)
     device = CPU
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
     #: docstring)
@@ -160,7 +184,14 @@ class Layer:
         return self.device.xp
 
     def data_for(self, dst):
-        return _where(dst, self.data, self.mirror)
+        """`data` where `dst` computes (its GPU copy for a layer on the GPU); a ConfigError
+        for a layer without data (a label provider)."""
+        data = _where(dst, self.data, self.mirror)
+        if data is None:
+            kind = self.conf.user_type or job_pb2.LayerType.Name(self.conf.type)
+            raise ConfigError(f"layer '{dst.name}' reads the data of layer '{self.name}' "
+                              f"({kind}), which has none (it gives labels to a loss)")
+        return data
 
     def labels_for(self, dst):
         """The labels `aux_data` where `dst` computes (its GPU copy for a layer on the GPU)."""

@@ -22,14 +22,6 @@ def _axis(layer, axis, ndim, what):
     return axis % ndim
 
 
-def _sources(layer, srclayers, least, most=None):
-    n = len(srclayers)
-    if n < least or (most is not None and n > most):
-        want = f"{least}" if most == least else f"{least} or more" if most is None \
-            else f"{least} to {most}"
-        raise ConfigError(f"layer '{layer.name}' needs {want} srclayers, got {n}")
-
-
 def _write(p, value, flag):
     """A param's gradient: written, or added with kAggGrad (BPTT's unrolled copies)."""
     if flag & job_pb2.kAggGrad:
@@ -48,8 +40,9 @@ class ScaleLayer(Layer):
     forward pass runs by chunks of samples on the compute threads.
     """
 
+    sources = (1, 1)
+
     def setup(self, srclayers):
-        _sources(self, srclayers, 1, 1)
         src = srclayers[0].data_for(self)
         sc = self.conf.scale_conf
         axis = _axis(self, sc.axis, src.ndim, "scale_conf.axis")
@@ -103,8 +96,9 @@ class EltwiseLayer(Layer):
     x_1 (its first comparison is x_1 > x_2), a later source only when strictly greater.
     """
 
+    sources = (2, None)
+
     def setup(self, srclayers):
-        _sources(self, srclayers, 2)
         ec = self.conf.eltwise_conf
         xs = [s.data_for(self) for s in srclayers]
         for s, x in zip(srclayers[1:], xs[1:]):
@@ -174,8 +168,9 @@ class FlattenLayer(Layer):
     """Caffe's Flatten: axes axis..end_axis of x merged into one, y = x reshaped
     (x.shape[:axis] + (Π x.shape[axis:end_axis+1],) + x.shape[end_axis+1:]); gx = g reshaped."""
 
+    sources = (1, 1)
+
     def setup(self, srclayers):
-        _sources(self, srclayers, 1, 1)
         src = srclayers[0].data_for(self)
         fc = self.conf.flatten_conf
         a = _axis(self, fc.axis, src.ndim, "flatten_conf.axis")
@@ -203,8 +198,9 @@ class CropLayer(Layer):
     one per cropped axis, one for all, or none: 0); the axes before `axis` are kept.
     gx_1 = g in the window, 0 elsewhere; source 2 gets a zero gradient."""
 
+    sources = (2, 2)
+
     def setup(self, srclayers):
-        _sources(self, srclayers, 2, 2)
         x, ref = (s.data_for(self) for s in srclayers)
         cc = self.conf.crop_conf
         if x.ndim != ref.ndim:

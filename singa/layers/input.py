@@ -35,6 +35,7 @@ class StoreInputLayer(Layer):
     """
 
     one_to_many = True
+    sources = (0, 0)
     default_backend = None
     #: (device pixels (N, dim) uint8, mean, std, the kernels) where the device decodes
     on_device = None
@@ -295,9 +296,9 @@ class ImagePreprocessLayer(Layer):
 
     one_to_many = True
 
+    sources = (1, 1)
+
     def setup(self, srclayers):
-        if len(srclayers) != 1:
-            raise ConfigError(f"layer '{self.name}' needs 1 srclayer, got {len(srclayers)}")
         src = srclayers[0].data_for(self)
         rc = self.conf.rgbimage_conf
         if src.ndim != 4:

@@ -13,12 +13,6 @@ __all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer"]
 FLT_MIN = np.finfo(np.float32).tiny
 
 
-def _need_sources(layer, srclayers, what):
-    if len(srclayers) != 2:
-        raise ConfigError(f"layer '{layer.name}' needs 2 srclayers ({what}), "
-                          f"got {len(srclayers)}")
-
-
 @register(job_pb2.kSoftmaxLoss)
 class SoftmaxLossLayer(Layer):
     """p = softmax(x) per row; loss = scale·mean_n −log(max(p[label_n], FLT_MIN));
@@ -32,8 +26,9 @@ class SoftmaxLossLayer(Layer):
 
     capturable = True
 
+    sources = (2, 2)
+
     def setup(self, srclayers):
-        _need_sources(self, srclayers, "scores, labels")
         src = srclayers[0].data_for(self)
         n = src.shape[0]
         self.data = self.xp.zeros((n, src.size // n), np.float32)
@@ -134,8 +129,9 @@ class EuclideanLossLayer(Layer):
 
     capturable = True
 
+    sources = (2, 2)
+
     def setup(self, srclayers):
-        _need_sources(self, srclayers, "reconstruction, target")
         r, t = srclayers[0].data_for(self), srclayers[1].data_for(self)
         if r.size != t.size:
             raise ConfigError(f"layer '{self.name}': reconstruction '{srclayers[0].name}' has "

@@ -330,6 +330,8 @@ class DummyLayer(Layer):
 
     fed = False
 
+    sources = (0, 1)     # which of the two, dummy_conf.input says
+
     def setup(self, srclayers):
         dc = self.conf.dummy_conf
         want = 0 if dc.input else 1

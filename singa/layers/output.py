@@ -45,10 +45,9 @@ class AccuracyLayer(ArgSortLayer):
     """Sources [scores, label provider]: metric accuracy = fraction of rows with the label in the top-k."""
     METRICS = ("accuracy",)
 
+    sources = (2, 2)
+
     def setup(self, srclayers):
-        if len(srclayers) != 2:
-            raise ConfigError(f"layer '{self.name}' needs 2 srclayers (scores, labels), "
-                              f"got {len(srclayers)}")
         super().setup(srclayers[:1])
 
     def compute_feature(self, flag, srclayers):
@@ -64,9 +63,9 @@ class StoreOutputLayer(Layer):
 
     default_backend = None
 
+    sources = (1, 1)
+
     def setup(self, srclayers):
-        if len(srclayers) != 1:
-            raise ConfigError(f"layer '{self.name}' needs 1 srclayer, got {len(srclayers)}")
         sc = self.conf.store_conf
         self.backend = sc.backend or self.default_backend
         for field, value in (("backend", self.backend), ("path", sc.path)):

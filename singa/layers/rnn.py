@@ -78,6 +78,8 @@ class CharRNNLayer(Layer):
 
     one_to_many = True
 
+    sources = (0, 0)
+
     def setup(self, srclayers):
         conf = self.conf.char_rnn_conf
         self.batchsize, self.unroll_len = conf.batchsize, conf.unroll_len
@@ -169,6 +171,8 @@ class RNNDummyLayer(Layer):
     `integer`); with one: the source's data. A BPTT test net feeds it, from its second step on,
     the layer `<unroll_index>#<dynamic_srclayer>` (e.g. the previous sample's argsort)."""
 
+    sources = (0, 1)
+
     def setup(self, srclayers):
         conf = self.conf.rnn_dummy_conf
         name = conf.dynamic_srclayer
@@ -235,10 +239,9 @@ class GRULayer(Layer):
     Param grads are added with kAggGrad. (SINGA 0.3 adds z instead of g ⊙ z to dh⁻.)
     """
 
+    sources = (1, 2)
+
     def setup(self, srclayers):
-        if len(srclayers) not in (1, 2):
-            raise ConfigError(f"layer '{self.name}': kGRU takes 1 or 2 srclayers (input, previous "
-                              f"state), got {len(srclayers)}")
         x = srclayers[0].data_for(self)
         n, h = x.shape[0], self.conf.gru_conf.dim_hidden
         self.batchsize, self.vdim, self.hdim = n, x.size // n, h
@@ -343,10 +346,9 @@ class CharRNNOutputLayer(Layer):
     """Prints vocab[x_i] to stdout for the first N values x_i of the source, N its rows (SINGA's
     `vocab_[dptr[i]]`): after an ArgSort of topk 1, the sampled characters."""
 
+    sources = (1, 1)
+
     def setup(self, srclayers):
-        if len(srclayers) != 1:
-            raise ConfigError(f"layer '{self.name}': kCharRNNOutput takes 1 srclayer, got "
-                              f"{len(srclayers)}")
         path = self.conf.char_rnn_conf.vocab_path
         if not path:
             raise ConfigError(f"layer '{self.name}': char_rnn_conf.vocab_path is not set")

@@ -7,7 +7,7 @@ pass, computed in float64 on the float32 layer.
 import numpy as np
 from google.protobuf import text_format
 
-from singa.layers.base import Layer, create_layer
+from singa.layers.base import Layer, create_layer, set_up
 from singa.proto import job_pb2
 
 FORWARD = job_pb2.kTrain | job_pb2.kForward
@@ -29,7 +29,7 @@ def make_layer(conf_text, srclayers, seed=0, param_std=0.5):
     conf = text_format.Parse(conf_text, job_pb2.LayerProto())
     layer = create_layer(conf)
     layer.rng = np.random.default_rng(seed)
-    layer.setup(srclayers)
+    set_up(layer, srclayers)
     for p in layer.params:
         p.data[...] = layer.rng.normal(0, param_std, p.data.shape)
     return layer

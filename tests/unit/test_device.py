@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -89,6 +90,20 @@ def test_workers_of_one_process_on_two_devices_are_refused_at_the_gpu_line():
     assert msg.startswith(f"{path}:8: gpu: [0, 1] puts the workers of process 0 on GPU 0 and "
                           f"GPU 1"), msg
     assert "\n" not in msg
+
+
+def test_the_gpu_layout_check_does_no_work_per_process_a_conf_claims():
+    """2^31 − 1 worker processes claimed: the check looks at two, in a moment (it looped over
+    every process)."""
+    text = (CONFS / "cifar10" / "cudnn.conf").read_text()
+    assert "nworker_groups: 1" in text and "gpu: 0" in text
+    text = text.replace("nworker_groups: 1", f"nworker_groups: {2**31 - 1}")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(config.parse_job(
+        text, "cudnn.conf", check_paths=False, check_layers=False)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert done and done[0].cluster.nworker_groups == 2**31 - 1
 
 
 @pytest.mark.parametrize("device_arg", ["0", [0.5], {"gpu": 0}, True])

@@ -24,7 +24,9 @@ SCALE = 'name: "scale" type: kScale param { name: "g" } param { name: "b" } scal
     ("num_axes: -1", (1, 3, 4, 2)), ("axis: 0 num_axes: 0 bias_term: true", (1, 1, 1, 1))])
 def test_scale_multiplies_along_its_axes_and_adds_the_bias(conf, view):
     src = Source(inputs((2, 3, 4, 2)))
-    layer = make_layer(SCALE % conf, [src])
+    text = SCALE % conf
+    layer = make_layer(text if "bias_term" in conf else text.replace(' param { name: "b" }', ""),
+                       [src])
     assert len(layer.params) == (2 if "bias_term" in conf else 1)
     assert layer.params[0].size == np.prod(view)
     layer.compute_feature(FORWARD, [src])
@@ -33,6 +35,12 @@ def test_scale_multiplies_along_its_axes_and_adds_the_bias(conf, view):
         want += layer.params[1].data.reshape(view)
     np.testing.assert_allclose(layer.data, want, rtol=1e-6, atol=1e-7)
     assert check_gradients(layer, [src]) == src.data.size + sum(p.size for p in layer.params)
+
+
+def test_scale_without_bias_term_refuses_a_bias_param_it_would_not_use():
+    with pytest.raises(ConfigError, match=r"^layer 'scale' \(kScale\) has 1 param, but its conf "
+                                          r"lists 2: 'b' would be unused$"):
+        make_layer(SCALE % "", [Source(inputs((2, 3, 4, 2)))])
 
 
 @pytest.mark.parametrize("conf, view", [("bias_term: true", (1, 3, 1, 1)),
@@ -101,7 +109,7 @@ def test_eltwise_max_routes_ties_as_caffes_loop():
 
 
 @pytest.mark.parametrize("conf, srcs, error", [
-    ("", [(2, 3)], r"needs 2 or more srclayers, got 1"),
+    ("", [(2, 3)], r"\(kEltwise\) needs 2 or more srclayers, got 1"),
     ("", [(2, 3), (2, 4)], r"source 'x1' has shape \(2, 4\), 'x0' \(2, 3\); Eltwise needs one "
                            r"shape"),
     ("coeff: 1", [(2, 3), (2, 3)], r"eltwise_conf.coeff needs operation SUM and one value per "
