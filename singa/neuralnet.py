@@ -66,6 +66,11 @@ class NeuralNet:
                     set_up(layer, srcs)
                 except MemoryError as e:   # numpy's message (or SHAPES's) names shape and bytes
                     raise BeyondMemory(f"layer '{layer.name}': {e}") from None
+                except ValueError as e:    # numpy's, for more bytes than an address holds
+                    if not str(e).startswith("array is too big"):
+                        raise
+                    raise BeyondMemory(f"layer '{layer.name}': an array of its shapes would need "
+                                       f"more bytes than a 64-bit address can hold") from None
             if device.gpu is not None:
                 self._mirror_host_layers()
         if num_partitions > 1:

@@ -178,7 +178,7 @@ class StoreInputLayer(Layer):
 
     def _constant_or_file(self, what, identity):
         """The mean or std, float32: (dim,) from store_conf's {what}_file, a scalar from its
-        {what}_value; None if unset."""
+        {what}_value; None if unset. A std of 0 anywhere is refused (x / 0 is no input)."""
         sc = self.conf.store_conf
         if sc.HasField(what + "_file"):
             path = resolve(getattr(sc, what + "_file"))
@@ -188,8 +188,15 @@ class StoreInputLayer(Layer):
                 kv = store.read()
             if kv is None:
                 raise DataError(f"{path}: {what} file is empty")
-            return self.parse_vector(path, kv)
+            v = self.parse_vector(path, kv)
+            if what == "std" and not v.all():
+                raise DataError(f"{path}: the std file holds 0 at index {np.argmin(v != 0)}: "
+                                f"an input divided by it is no number")
+            return v
         if sc.HasField(what + "_value") and getattr(sc, what + "_value") != identity:
+            if what == "std" and sc.std_value == 0:
+                raise ConfigError(f"layer '{self.name}': store_conf.std_value must not be 0 "
+                                  f"(inputs are divided by it)")
             return np.float32(getattr(sc, what + "_value"))
         return None
 

@@ -69,6 +69,15 @@ def test_record_input_normalises_with_mean_and_std_files(tmp_path, shard):
     np.testing.assert_allclose(layer.data, want, rtol=1e-6)
 
 
+def test_record_input_refuses_a_std_of_zero_it_would_divide_by(tmp_path, shard):
+    path, _ = shard
+    with pytest.raises(ConfigError, match=r"^layer 'data': store_conf.std_value must not be 0"):
+        record_input(path, 'backend: "kvfile" batchsize: 2 shape: 4 std_value: 0')
+    std = write_records(tmp_path / "std.bin", [[2, 4, 0, 0.5]], [0], as_floats=True)
+    with pytest.raises(DataError, match=rf"^{std}: the std file holds 0 at index 2"):
+        record_input(path, f'backend: "kvfile" batchsize: 2 shape: 4 std_file: "{std}"')
+
+
 def test_record_input_resolves_relative_paths_against_the_singa_home(shard):
     path, xs = shard
     rel = os.path.relpath(path, singa.HOME)

@@ -183,3 +183,17 @@ def test_a_param_larger_than_memory_is_refused_naming_param_shape_and_bytes():
 def test_a_layer_array_that_cannot_be_allocated_is_a_config_error_naming_the_layer():
     with pytest.raises(ConfigError, match=r"^layer '0#data': .*TiB.*shape \(2000000000, 784\)"):
         make(MLP.replace("batchsize: 8", "batchsize: 2000000000"))
+
+
+def test_an_array_beyond_any_address_is_refused_naming_its_layer():
+    """A padding of 2^31 − 1 makes a (1, 1, 2^32, 2^32) array: numpy's ValueError ("array is
+    too big") becomes the layer's BeyondMemory, as a MemoryError does."""
+    from singa.footprint import BeyondMemory
+    text = """
+    layer { name: "x" type: kDummy dummy_conf { input: true shape: [1, 1, 2, 2] } }
+    layer { name: "conv" type: kConvolution srclayers: "x"
+      convolution_conf { num_filters: 1 kernel: 1 pad: 2147483647 }
+      param { name: "w" } param { name: "b" } }"""
+    with pytest.raises(BeyondMemory, match=r"^layer '0#conv': an array of its shapes would need "
+                                           r"more bytes than a 64-bit address can hold$"):
+        make(text)
