@@ -179,10 +179,14 @@ def product_references(products, reps, device="cuda"):
         ta, tb, tout = (made(lambda shape: torch.ones(shape, device=device), torch.permute, s)
                         for s in spec)
         tout = tout if tout is not None and tout.is_contiguous() else None
-        ours = seconds(lambda: np.matmul(a, b, out=out), cupy_sync(), reps)
-        theirs = seconds(lambda: torch.matmul(ta, tb, out=tout), torch_sync(device), reps)
         shapes = " x ".join(f"{spec[i][0]}{'' if spec[i][1] == tuple(sorted(spec[i][1])) else 'T'}"
                             for i in range(2))
+        try:
+            ours = seconds(lambda: np.matmul(a, b, out=out), cupy_sync(), reps)
+            theirs = seconds(lambda: torch.matmul(ta, tb, out=tout), torch_sync(device), reps)
+        except Exception as e:      # a reference that fails costs its row only
+            rows.append([shapes, f"{calls:g}", f"failed: {type(e).__name__}: {e}"[:80], "", ""])
+            continue
         rows.append([shapes, f"{calls:g}", f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}",
                      f"{ours / theirs:.2f}"])
     return rows
@@ -209,10 +213,13 @@ def conv_references(convs, reps, device="cuda"):
         def both():
             torch.autograd.grad(forward(), wrt, gy)
         row = [name]
-        for tf32 in (False, True):
-            torch.backends.cudnn.allow_tf32 = tf32
-            fwd = seconds(forward, sync, reps)
-            row += [f"{fwd * 1e3:.3f}", f"{(seconds(both, sync, reps) - fwd) * 1e3:.3f}"]
+        try:
+            for tf32 in (False, True):
+                torch.backends.cudnn.allow_tf32 = tf32
+                fwd = seconds(forward, sync, reps)
+                row += [f"{fwd * 1e3:.3f}", f"{(seconds(both, sync, reps) - fwd) * 1e3:.3f}"]
+        except Exception as e:      # as above
+            row.append(f"failed: {type(e).__name__}: {e}"[:80])
         rows.append(row)
     return rows
 
