@@ -8,11 +8,13 @@ fold grad_scale into lr, one rounding apart), and a step's result depends only o
 same inputs, same bytes.
 """
 
+import math
+
 import numpy as np
 
 from singa import updater_cuda as cu
 from singa.device import is_host, on
-from singa.errors import CheckpointError, ConfigError
+from singa.errors import CheckpointError, ConfigError, NonFiniteError
 from singa.proto import job_pb2
 
 F32 = np.float32
@@ -84,7 +86,7 @@ class StepLRGen(LRGenerator):
         self.freq = _positive(proto.step_conf.change_freq, "step_conf.change_freq")
 
     def __call__(self, step):
-        return _f32(self.base_lr * self.gamma ** (step // self.freq))
+        return _f32(self.base_lr * _pow(self.gamma, step // self.freq))
 
 
 class LinearLRGen(LRGenerator):
@@ -108,7 +110,7 @@ class ExpLRGen(LRGenerator):
         self.freq = _positive(proto.exponential_conf.change_freq, "exponential_conf.change_freq")
 
     def __call__(self, step):
-        return _f32(self.base_lr / 2.0 ** (step / self.freq))
+        return _f32(self.base_lr / _pow(2.0, step / self.freq))
 
 
 class InvLRGen(LRGenerator):
@@ -116,12 +118,16 @@ class InvLRGen(LRGenerator):
 
     def __init__(self, proto):
         super().__init__(proto)
+        if proto.inverse_conf.gamma < 0:     # 1 + gamma·step would reach 0, then go below
+            raise ConfigError(f"updater.learning_rate.inverse_conf.gamma must be >= 0 (got "
+                              f"{proto.inverse_conf.gamma:g})")
         self.gamma = F32(proto.inverse_conf.gamma)
         self.pow = proto.inverse_conf.pow
 
     def __call__(self, step):
-        x = F32(1) + self.gamma * F32(step)  # `1.f + gamma * step` is float arithmetic in SINGA
-        return _f32(self.base_lr * float(x) ** -self.pow)
+        with np.errstate(over="ignore"):   # float overflow: inf, as in SINGA's float
+            x = F32(1) + self.gamma * F32(step)  # `1.f + gamma * step` is float arithmetic in SINGA
+        return _f32(self.base_lr * _pow(float(x), -self.pow))
 
 
 class InvTLRGen(LRGenerator):
@@ -129,9 +135,7 @@ class InvTLRGen(LRGenerator):
 
     def __init__(self, proto):
         super().__init__(proto)
-        self.final_lr = proto.inverset_conf.final_lr
-        if self.final_lr == 0:
-            raise ConfigError("updater.learning_rate.inverset_conf.final_lr must be non-zero")
+        self.final_lr = _positive(proto.inverset_conf.final_lr, "inverset_conf.final_lr")
 
     def __call__(self, step):
         return _f32(self.base_lr / (1.0 + step / self.final_lr))
@@ -284,6 +288,10 @@ class Updater:
         at, rate = self._rate
         if at != step or not self.lr_gen.of_step:
             rate = F32(self.lr_gen(step))
+            if not math.isfinite(rate):
+                kind = _enum_name(job_pb2.ChangeMethod, self.lr_gen.proto.type)
+                raise NonFiniteError(f"step {step}: the learning rate is {rate} (updater."
+                                     f"learning_rate {kind}: beyond a float's range)")
             self._rate = (step, rate)
         return rate
 
@@ -492,5 +500,14 @@ def _enum_name(enum, value):
 
 
 def _f32(x):
-    """x rounded to a C float, as SINGA's generators return."""
-    return float(F32(x))
+    """x rounded to a C float, as SINGA's generators return (±inf beyond its range)."""
+    with np.errstate(over="ignore"):
+        return float(F32(x))
+
+
+def _pow(x, y):
+    """x ** y in double, ±inf beyond its range (where Python's float raises)."""
+    try:
+        return x ** y
+    except OverflowError:
+        return math.copysign(math.inf, x) if float(y).is_integer() and y % 2 else math.inf

@@ -7,7 +7,7 @@ from google.protobuf import text_format
 
 import cuda_shim
 from singa import updater, updater_cuda
-from singa.errors import CheckpointError, ConfigError
+from singa.errors import CheckpointError, ConfigError, NonFiniteError
 from singa.proto import job_pb2
 from singa.updater import create_lr_generator, create_updater
 
@@ -349,6 +349,35 @@ def test_inverse_t():
         "type: kInverseT base_lr: 0.02 inverset_conf { final_lr: 0.01 }"))
     for step in (0, 1, 7):
         assert gen(step) == pytest.approx(F(0.02) / (1 + step / F(0.01)), rel=1e-6)
+
+
+def test_schedules_beyond_a_doubles_range_give_their_limit_not_an_exception():
+    """2^(step/change_freq) past 2^1024, γ^k past the largest double: Python's float raises
+    OverflowError; the rate is 0 (kExponential) or inf (then a NonFiniteError naming the step,
+    before an update uses it)."""
+    gen = create_lr_generator(lr_proto(
+        "type: kExponential base_lr: 0.2 exponential_conf { change_freq: 1 }"))
+    assert gen(100) > 0 and gen(2000) == 0.0 and gen(2**31 - 1) == 0.0
+    step = create_lr_generator(lr_proto("type: kStep base_lr: 0.1 step_conf { gamma: 2 "
+                                        "change_freq: 1 }"))
+    assert step(10) == F(0.1) * 1024 and step(2000) == float("inf")
+    up = create_updater(updater_proto("type: kSGD learning_rate { type: kStep base_lr: 0.1 "
+                                      "step_conf { gamma: 2 change_freq: 1 } }"))
+    w, g = np.ones(3, np.float32), np.ones(3, np.float32)
+    up.update(10, w, g, up.new_state(w.shape))
+    with pytest.raises(NonFiniteError, match=r"^step 200: the learning rate is inf "
+                                             r"\(updater.learning_rate kStep"):
+        up.update(200, w, g, up.new_state(w.shape))
+
+
+@pytest.mark.parametrize("conf, message", [
+    ("type: kInverse base_lr: 0.1 inverse_conf { gamma: -1 pow: 0.5 }",
+     r"inverse_conf.gamma must be >= 0 \(got -1\)"),
+    ("type: kInverseT base_lr: 0.1 inverset_conf { final_lr: -1 }",
+     r"inverset_conf.final_lr must be > 0 \(got -1")])
+def test_schedules_that_would_divide_by_zero_or_leave_the_reals_are_refused(conf, message):
+    with pytest.raises(ConfigError, match=message):
+        create_lr_generator(lr_proto(conf))
 
 
 FIXEDSTEP = ("type: kFixedStep base_lr: 7 fixedstep_conf { step: 0 step: 100 step: 200 "
