@@ -1,4 +1,5 @@
 """The user-facing error types: one line that names the file, line, field or param."""
+import logging
 import sys
 
 
@@ -32,6 +33,16 @@ class ExecutorError(SingaError):
 class NonFiniteError(SingaError):
     """Training produced nan or inf (a loss or a param): the message names the step and the layer
     or param; no snapshot holds the bad values."""
+
+
+def executor_failure(e, who):
+    """(kind, text) a worker or server thread reports to its stub for exception `e`: a
+    SingaError's class name and line (a user's mistake: no traceback), else "RuntimeError" and
+    "<type>: <message>", after logging the traceback as "<who> failed" (a bug)."""
+    if isinstance(e, SingaError):
+        return type(e).__name__, str(e)
+    logging.getLogger("singa").exception("%s failed", who)
+    return "RuntimeError", f"{type(e).__name__}: {e}"
 
 
 def run_command(work, *args):

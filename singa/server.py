@@ -22,7 +22,7 @@ from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer
 from singa.device import host, host_copy, is_host, like, module, on
-from singa.errors import ClusterError
+from singa.errors import ClusterError, executor_failure
 from singa.updater import create_updater
 
 log = logging.getLogger("singa")
@@ -90,9 +90,9 @@ class Server:
                     log.warning("Server (group = %d, id = %d): dropped %r: %s",
                                 self.grp, self.id, msg, e)
         except Exception as e:  # the stub stops the job and reports it
-            log.exception("Server (group = %d, id = %d) failed", self.grp, self.id)
+            kind, text = executor_failure(e, f"Server (group = {self.grp}, id = {self.id})")
             self.dealer.send(m.Msg(self.address, m.STUB, m.kError,
-                                   frames=m.error_frames(type(e).__name__, str(e))))
+                                   frames=m.error_frames(kind, text)))
         finally:
             if self.masters:
                 log.info("Server (group = %d, id = %d): %d syncs with master servers, %d as "

@@ -23,7 +23,7 @@ from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.device import CPU, assign, host
-from singa.errors import ClusterError, ConfigError, SingaError
+from singa.errors import ClusterError, ConfigError, SingaError, executor_failure
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.log import SHOWN, format_duration, format_metrics
 from singa.monitor import Monitor
@@ -158,10 +158,7 @@ class Worker:
         except AbortedError:
             pass
         except Exception as e:   # the stub stops the job and reports it
-            if not isinstance(e, SingaError):
-                log.exception("Worker (group = %d, id = %d) failed", self.grp, self.id)
-            kind = type(e).__name__ if isinstance(e, SingaError) else "RuntimeError"
-            text = str(e) if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
+            kind, text = executor_failure(e, f"Worker (group = {self.grp}, id = {self.id})")
             self.dealer.send(m.Msg(self.address, m.STUB, m.kError,
                                    frames=m.error_frames(kind, text)))
         finally:

@@ -184,3 +184,22 @@ def test_batchnorm_running_sums_are_the_workers_through_training_and_the_snapsho
         checkpoint.snapshot_file(str(tmp_path / "ws" / "checkpoint"), 3, 0))
     np.testing.assert_array_equal(reader.param(factor.name), factor.data)
     np.testing.assert_array_equal(reader.param(mean.name), mean.data)
+
+
+def test_a_servers_singa_error_stops_the_job_in_its_line_without_a_traceback(tmp_path, caplog):
+    """A learning rate beyond a float's range at step 2 (kStep, gamma 1e30): the server's
+    NonFiniteError reaches the process as itself, and the log holds its line, no traceback
+    (as a worker's SingaError)."""
+    job = make_job(tmp_path, steps=5)
+    job.ClearField("updater")
+    text_format.Parse("type: kSGD learning_rate { type: kStep base_lr: 0.1 "
+                      "step_conf { gamma: 1e30 change_freq: 1 } }", job.updater)
+    (tmp_path / "ws" / "checkpoint").mkdir(parents=True)
+    process = Process(job)
+    try:
+        with pytest.raises(errors.NonFiniteError, match=r"^step 2: the learning rate is inf"):
+            process.run()
+    finally:
+        process.close()
+    assert "step 2: the learning rate is inf" in caplog.text
+    assert "Traceback" not in caplog.text
