@@ -232,7 +232,8 @@ class Data(Layer):
 
     Numpy samples instead: `Data(x=array, y=labels or None, batch_size=64, ...)` is a
     kRecordInput layer over the "memory" store of `singa.io.memory.register(x, y)`, shape
-    x.shape[1:] unless `shape` is given; random_skip, mean_value, std_value as keywords.
+    x.shape[1:] unless `shape` is given; random_skip, mean_value, std_value as keywords. A
+    batch_size beyond the samples is their number (Keras's rule: a batch never repeats one).
     """
 
     def __init__(self, load=None, phase='train', checkpoint=None, conf=None, x=None, y=None,
@@ -244,7 +245,9 @@ class Data(Layer):
             raise ConfigError("Data: numpy samples x make their own store; drop conf")
         if x is not None:
             kwargs.setdefault('shape', list(np.shape(x)[1:]))
-            kwargs.setdefault('batchsize', batch_size)
+            n = len(x)
+            whole = isinstance(batch_size, (int, np.integer)) and batch_size > n > 0
+            kwargs.setdefault('batchsize', n if whole else batch_size)
             load = 'recordinput'
         try:
             layer_type = enumLayerType(load)

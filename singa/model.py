@@ -255,9 +255,10 @@ class Model:
         afresh. `resume`: continue from the newest complete snapshot in the workspace, that
         of an earlier process too; `nb_epoch` is then the step to reach.
 
-        `batch_size`: of numpy samples (default 64), else the new batch size of the train
-        data layer. `with_test`: also test during training, every `test_freq` steps (default
-        nb_epoch/10, or each pass for `epochs`) on `test_data` (a Data layer, or numpy (x, y):
+        `batch_size`: of numpy samples (default 64; at most their number, as Keras), else the
+        new batch size of the train data layer. `with_test`: also test during training, every
+        `test_freq` steps (default nb_epoch/10, or each pass for `epochs`) on `test_data` (a
+        Data layer, or numpy (x, y):
         every sample once, unless `test_steps` batches are asked for) or the model's test data
         layer (`test_steps` batches, default 10); with no test data it means what SINGA's
         meant, test later (`evaluate`), and fit only trains. `validation_data` (alias
@@ -312,10 +313,10 @@ class Model:
                                   f"got {epochs!r}")
             per_pass = self._steps_per_pass()
             nb_epoch = int(epochs) * per_pass
-        if not isinstance(nb_epoch, (int, np.integer)) or nb_epoch < 0 \
+        if not isinstance(nb_epoch, (int, np.integer)) or not 0 <= nb_epoch < 2**31 \
                 or (nb_epoch == 0 and not from_conf):
             raise ConfigError(f"fit: nb_epoch (the number of training steps) must be a "
-                              f"positive int, got {nb_epoch!r}")
+                              f"positive int below 2^31, got {nb_epoch!r}")
         for key, data, phase in (('validation_data', validate_data, kVal),
                                  ('test_data', test_data, kTest)):
             if data is not None:
@@ -651,7 +652,7 @@ class Model:
         for ly in layers:
             if ly.type in session.STORE_INPUTS and in_phase(ly, phase):
                 del ly.store_conf.batchsize[:]
-                ly.store_conf.batchsize.append(batch_size)
+                setval(ly.store_conf, batchsize=batch_size)
 
     def _params_from(self, checkpoint_path, what):
         """The checkpoint files to load: `checkpoint_path`'s ("best" ranked by the last fit's
@@ -1005,7 +1006,7 @@ def _as_data(data, y, phase, batch_size, what, folder):
     own.layer.include.append(phase)
     if batch_size is not None:
         del own.layer.store_conf.batchsize[:]
-        own.layer.store_conf.batchsize.append(batch_size)
+        setval(own.layer.store_conf, batchsize=batch_size)
     return own
 
 

@@ -51,7 +51,8 @@ def reset_names():
 def setval(proto, **kwargs):
     """Set `proto`'s fields by keyword: a message field merges the value, a repeated field
     appends it (each item of a list or tuple). Keywords that are no field of `proto` are
-    skipped: SINGA's builders hand one set of keywords to several protos."""
+    skipped: SINGA's builders hand one set of keywords to several protos. A value the field
+    cannot hold (1.5 for an int, 2^40 for an int32) is a ConfigError naming both."""
     fields = proto.DESCRIPTOR.fields_by_name
     for key, val in kwargs.items():
         field = fields.get(key)
@@ -59,15 +60,21 @@ def setval(proto, **kwargs):
             continue
         attr = getattr(proto, key)
         message = field.type == FieldDescriptor.TYPE_MESSAGE
-        if field.is_repeated:
-            if message:
-                attr.add().MergeFrom(val)
+        try:
+            if field.is_repeated:
+                if message:
+                    attr.add().MergeFrom(val)
+                else:
+                    attr.extend(val if isinstance(val, (list, tuple)) else [val])
+            elif message:
+                attr.MergeFrom(val)
             else:
-                attr.extend(val if isinstance(val, (list, tuple)) else [val])
-        elif message:
-            attr.MergeFrom(val)
-        else:
-            setattr(proto, key, val)
+                setattr(proto, key, val)
+        except (TypeError, ValueError) as e:
+            shown = " ".join(repr(val).split())
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise ConfigError(f"{key} {shown}: not a value of {proto.DESCRIPTOR.name}.{key} "
+                              f"({e})") from None
 
 
 def _enum_lookup(enum):

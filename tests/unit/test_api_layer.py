@@ -219,9 +219,10 @@ def test_data_from_numpy_samples_reads_the_memory_store():
                           'random_skip: 3 std_value: 255 }')
     xs, ys = memory.arrays(conf.path)
     assert xs is x and ys.tolist() == [0, 1, 2, 3, 4]
-    d = Data(x=x.reshape(5, 6), shape=(6,))
-    assert list(d.layer.store_conf.shape) == [6] and list(d.layer.store_conf.batchsize) == [64]
+    d = Data(x=x.reshape(5, 6), shape=(6,))     # the default batch of 64: the 5 samples, once
+    assert list(d.layer.store_conf.shape) == [6] and list(d.layer.store_conf.batchsize) == [5]
     assert memory.arrays(d.layer.store_conf.path)[1] is None
+    assert list(Data(x=x, batch_size=10**9).layer.store_conf.batchsize) == [5]
 
 
 def test_data_given_to_a_stand_in_register(monkeypatch):

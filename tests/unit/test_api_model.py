@@ -107,6 +107,10 @@ def test_autoencoder_ties_the_decoder_to_the_encoder_and_rbms_stack_under_rbmvis
     ({"nb_epoch": 0}, "nb_epoch"), ({"nb_epoch": -3}, "nb_epoch"), ({"nb_epoch": 2.5}, "nb_epoch"),
     ({"nb_epoch": 5, "not_a_field": 1}, "not_a_field"),
     ({"nb_epoch": 5, "device": "gpu0"}, "device must list GPU ids"),
+    ({"nb_epoch": 2**40}, r"positive int below 2\^31, got 1099511627776"),
+    ({"nb_epoch": 5, "batch_size": 1.5},
+     r"^batchsize 1.5: not a value of StoreProto.batchsize \("),
+    ({"nb_epoch": 5, "test_steps": 1.5}, r"^test_steps 1.5: not a value of JobProto.test_steps"),
 ])
 def test_fit_refuses_bad_arguments_in_one_line(kwargs, message, tmp_path):
     m = Sequential('net')
