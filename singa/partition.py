@@ -9,6 +9,7 @@ source, other layers their own; an edge between partitions goes through
 `bridge_src(<src>-><dst>)` (src's partition) and `bridge_dst(<src>-><dst>)` (dst's).
 """
 from singa.errors import ConfigError
+from singa.layers.base import type_name
 from singa.proto import job_pb2
 
 
@@ -22,10 +23,9 @@ def add_connection_layers(confs, nparts, layer_class):
     for c in confs:
         cls = layer_class(c)
         if c.partition_dim == 1 and not getattr(cls, "feature_parts", False):
-            kind = c.user_type or job_pb2.LayerType.Name(c.type)
-            raise ConfigError(f"layer '{c.name.partition('#')[2]}' ({kind}) cannot compute on a "
-                              f"part of its features (partition_dim 1 over {nparts} workers); "
-                              f"give it partition_dim: 0")
+            raise ConfigError(f"layer '{c.name.partition('#')[2]}' ({type_name(c)}) cannot "
+                              f"compute on a part of its features (partition_dim 1 over "
+                              f"{nparts} workers); give it partition_dim: 0")
         for k, s in enumerate(c.srclayers):
             src = by_name[s]
             ps, pd = src.partition_dim, c.partition_dim

@@ -21,11 +21,12 @@ from singa.checkpoint.format import folder as checkpoint_folder
 from singa.checkpoint.load import load_params
 from singa.checkpoint.snapshots import latest_snapshot, snapshot_at
 from singa.errors import CheckpointError, ConfigError
+from singa.layers.base import type_name
 from singa.neuralnet import NeuralNet
 from singa.phase import in_phase
 from singa.proto import job_pb2
 
-__all__ = ["Op", "Model", "read", "snapshot_readers", "deploy_net", "type_name"]
+__all__ = ["Op", "Model", "read", "snapshot_readers", "deploy_net"]
 
 INPUTS = (job_pb2.kRecordInput, job_pb2.kCSVInput)
 OUTPUT_LAYERS = (job_pb2.kAccuracy, job_pb2.kArgSort, job_pb2.kCSVOutput, job_pb2.kRecordOutput)
@@ -87,10 +88,6 @@ class Model:
                 layer.aux_data = np.zeros(n, np.int32)
         self.net.forward(job_pb2.kTest)
         return {op.name: op.layer.data.copy() for op in self.ops}
-
-
-def type_name(conf):
-    return conf.user_type or job_pb2.LayerType.Name(conf.type)
 
 
 def read(conf_path, snapshot, target="ONNX"):

@@ -23,7 +23,7 @@ import numpy as np
 
 from singa.errors import ConfigError
 from singa.files import write_atomic
-from singa.interop.deploy import type_name
+from singa.layers.base import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.layers.norm import sums_scale

@@ -98,7 +98,7 @@ def set_up(layer, srclayers):
     `sources`; a ConfigError if the conf lists more params than the layer made (none unused)."""
     least, most = layer.sources
     n, conf = len(srclayers), layer.conf
-    kind = conf.user_type or job_pb2.LayerType.Name(conf.type)
+    kind = type_name(conf)
     if n < least or (most is not None and n > most):
         want = (f"{least}" if most == least else f"{least} or more" if most is None
                 else f"{least} to {most}")
@@ -116,6 +116,11 @@ def set_up(layer, srclayers):
 
 def _key(conf):
     return conf.user_type if conf.HasField("user_type") else conf.type
+
+
+def type_name(conf):
+    """The name of a LayerProto's type: its user_type, or the LayerType's (kReLU)."""
+    return conf.user_type or job_pb2.LayerType.Name(conf.type)
 
 
 class Layer:
@@ -188,9 +193,9 @@ class Layer:
         for a layer without data (a label provider)."""
         data = _where(dst, self.data, self.mirror)
         if data is None:
-            kind = self.conf.user_type or job_pb2.LayerType.Name(self.conf.type)
             raise ConfigError(f"layer '{dst.name}' reads the data of layer '{self.name}' "
-                              f"({kind}), which has none (it gives labels to a loss)")
+                              f"({type_name(self.conf)}), which has none (it gives labels to a "
+                              f"loss)")
         return data
 
     def labels_for(self, dst):

@@ -23,7 +23,7 @@ from google.protobuf import text_format
 from singa.errors import ConfigError
 from singa.files import write_atomic
 from singa.interop.caffe.netdef import copy_set
-from singa.interop.deploy import type_name
+from singa.layers.base import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2
