@@ -30,7 +30,7 @@ _OUTPUT_TYPES = (job_pb2.kCSVOutput, job_pb2.kRecordOutput)
 #: file name stays within the 255 bytes a file system allows.
 MAX_JOB_NAME_BYTES = 230
 
-#: Smallest value of integer fields that are sizes, counts or frequencies (message -> field ->
+#: Smallest value of fields that are sizes, counts, frequencies or spreads (message -> field ->
 #: minimum); checked where set, for every element of a repeated field. SINGA fails later or
 #: hangs on these (a zero stride divides by zero, `num_output: 0` leaves a param empty).
 _MINIMUM = {
@@ -58,6 +58,7 @@ _MINIMUM = {
     "LRNProto": {"local_size": 1},
     "EmbeddingProto": {"vocab_size": 1, "feature_dim": 1},
     "OnehotProto": {"vocab_size": 1},
+    "ParamGenProto": {"std": 0},        # a float field: a Gaussian's spread
     "SoftmaxLossProto": {"topk": 1},
     "ArgSortProto": {"topk": 1},
     "SplitProto": {"num_splits": 1},

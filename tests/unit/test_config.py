@@ -254,6 +254,9 @@ SIZES = {
                              "nworkers_per_procs", "cluster.nworkers_per_procs must be at least 1, got 0"),
     "negative train_steps": ("train_steps: 10", "train_steps: -1", "train_steps",
                              "train_steps must be at least 0, got -1"),
+    "negative init std": ('name: "w"\n', 'name: "w"\n      init {\n        type: kGaussian\n'
+                          '        std: -0.1\n      }\n', "std",
+                          "layer 'fc': param[0].init.std must be at least 0, got -0.1"),
 }
 
 
