@@ -33,6 +33,7 @@ class PeerWatch:
         self.peers, self.on_down = peers, on_down
         self.quiet, self.closing = threading.Event(), threading.Event()
         self.added = queue.SimpleQueue()
+        self.lock, self.finished = threading.Lock(), False   # the thread has closed its sockets
         self.thread = threading.Thread(target=self.run, name="peer-watch", daemon=True)
 
     def start(self):
@@ -40,8 +41,15 @@ class PeerWatch:
 
     def add(self, pid, peer):
         """Watch `peer` (watched) for process `pid` from now on, in place of its earlier one
-        (closed: a restarted process's new connection). Thread-safe."""
-        self.added.put((pid, peer))
+        (closed: a restarted process's new connection). Thread-safe. Once the watch has ended
+        (a farewell to a restarted process connects it late), its events are closed at once:
+        an open socket would keep the context from terminating."""
+        with self.lock:
+            if not self.finished:
+                self.added.put((pid, peer))
+                return
+        peer.unwatch()
+        peer.events.close(0)
 
     def stop(self):
         """No more `on_down` (this process ends: the others' ends are no news). Thread-safe."""
@@ -95,5 +103,9 @@ class PeerWatch:
                         except Exception:       # the thread must go on reading
                             log.exception("Peer watch: process %d", pid)
         finally:
+            with self.lock:     # Peers added since the last turn: their events close too
+                self.finished = True
+                while not self.added.empty():
+                    events[self.added.get()[1].events] = None
             for sock in events:
                 sock.close(0)

@@ -1,6 +1,7 @@
 """Fixtures of the integration tests: a real ZooKeeper server, a singa.conf pointing at it, and
 runs of the `singa` driver on SINGA's fixture jobs."""
 import os
+import re
 import shlex
 import socket
 import subprocess
@@ -22,6 +23,28 @@ from singa.trust import ENV, JobTrust, new_secret
 from singa.zk import ZKService
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
+
+
+def accuracy_at(log, step):
+    """The test accuracy a job's log shows at `step`: on the metrics line its "Test @ step"
+    line's thread writes next (other processes' lines come between where their logs share a
+    file, as under Slurm)."""
+    test = re.search(rf"^\S+ \S+ +(\d+) \S+\] Test @ step {step}$", log, re.M)
+    assert test, f"no test at step {step} in the log"
+    return float(re.search(rf"^\S+ \S+ +{test[1]} \S+\]\s+Loss = \S+, accuracy = ([\d.]+)",
+                           log[test.end():], re.M)[1])
+
+
+def asynchronous_accuracy(logs, one, steps):
+    """(the median of the test accuracies of an asynchronous job of two worker groups at
+    `steps`, its last few tests; those of one worker's log `one` from steps[0] to 2·steps[-1],
+    at the same interval): group 0 tests whenever it gets there, so its params have seen
+    between one worker's steps[0] and 2·steps[-1] batches; and a single test swings as the
+    machine interleaves the groups' updates (Downpour on a loaded machine: 0.706, 0.716, 0.778
+    at steps 200-300 where one worker spans 0.73-0.788)."""
+    ours = sorted(accuracy_at(logs, s) for s in steps)[len(steps) // 2]
+    every = steps[1] - steps[0]
+    return ours, [accuracy_at(one, s) for s in range(steps[0], 2 * steps[-1] + 1, every)]
 
 
 def free_port():

@@ -15,8 +15,7 @@ import singa
 from conftest import finish, job_process, launch, wait_for, zookeeper
 
 BIN = os.path.join(singa.HOME, "bin")
-# plain SGD (asynchronous groups and momentum: see test_distributed), long enough to outlast
-# a restart (the lost process's ZooKeeper session ends first: about 10 s)
+# plain SGD (asynchronous groups and momentum: see test_distributed)
 EDITS = {"momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
          "learning_rate { type: kFixed base_lr: 0.5 }",
          "test_freq: 100": "test_freq: 200", "checkpoint_freq: 100": "checkpoint_freq: 200"}
@@ -28,6 +27,12 @@ def zk_server(tmp_path_factory):
     yield from zookeeper(tmp_path_factory)
 
 
+# Steps that outlast a restart (the lost process's ZooKeeper session ends first: about 10 s)
+# on a fast machine too (the fixture MLP trains 1,260 steps a second on an idle 2-core one;
+# 3,600 steps ended before the rejoin), and the interval of its tests and snapshots.
+LONG, EVERY = 36000, 2000
+
+
 def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_job, env,
                                                                         tmp_path):
     """SINGA's Downpour layout: process 0 holds the servers and group 0, process 1 group 1.
@@ -37,10 +42,11 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
     and `singa-console.sh list` shows the restart meanwhile."""
     conf = fixture_job(head="max_restarts: 1\n", edits={
         **EDITS, "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
-        "train_steps: 200": "train_steps: 3600"})
+        "train_steps: 200": f"train_steps: {LONG}", "test_freq: 100": f"test_freq: {EVERY}",
+        "checkpoint_freq: 100": f"checkpoint_freq: {EVERY}", "disp_freq: 20": "disp_freq: 200"})
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
-    wait_for(run, log, "Test @ step 200")
+    wait_for(run, log, f"Test @ step {EVERY}")
     killed, at = job_process(run, 1), time.time()
     os.kill(killed, signal.SIGKILL)
     wait_for(run, log, "Process 1 rejoined the job")
@@ -58,14 +64,14 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
         rows = [row for row in csv.DictReader(f) if row["metric"] == "accuracy"]
     tests = [(int(r["step"]), float(r["value"])) for r in rows
              if r["group"] == "0" and r["phase"] == "test"]
-    assert [s for s, _ in tests] == list(range(0, 3600, 200)), tests
+    assert [s for s, _ in tests] == list(range(0, LONG, EVERY)), tests
     assert min(a for _, a in tests[1:]) > 0.6 and tests[-1][1] > 0.75, tests   # never reset
     resumed = int(re.search(r"Process 1 rejoins job \d+ at step (\d+)", text)[1])
     rows = [r for r in rows if r["group"] == "1" and r["phase"] == "train" and
             float(r["wall_time"]) > at]
     assert int(rows[0]["step"]) == resumed and float(rows[0]["value"]) > 0.6, rows[:3]
-    assert int(rows[-1]["step"]) == 3580
-    assert (tmp_path / "ws" / "checkpoint" / "step3600-worker0.bin").is_file()
+    assert int(rows[-1]["step"]) == LONG - 200
+    assert (tmp_path / "ws" / "checkpoint" / f"step{LONG}-worker0.bin").is_file()
 
 
 def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_job(

@@ -187,3 +187,29 @@ def test_a_dropped_connection_is_a_loss_unless_its_process_ended_normally(
 def iter_requests(stub):
     while not stub.requests.empty():
         yield stub.requests.get_nowait()
+
+
+@pytest.mark.parametrize("when", ["as the watch closes", "after it closed"])
+def test_a_peer_added_as_or_after_the_watch_ends_leaves_the_context_free_to_end(when):
+    """A farewell to a restarted process, sent as its process ends, connects a new watched
+    Peer (`Process.peer`) while or after the watch closes: its monitor's socket is closed
+    all the same, so the Transport's context terminates (it waited for ever: a job of a
+    rejoined process that ended with the other groups hung at its end)."""
+    remote, local = Transport(), Transport()
+    endpoint = remote.listen("127.0.0.1")
+    watch = PeerWatch({}, lambda pid: None)
+    watch.start()
+    late = local.peer(endpoint, watched=True)
+    if when == "after it closed":
+        watch.close()
+        watch.add(1, late)
+    else:
+        watch.add(1, late)
+        watch.closing.set()      # the thread ends before its next turn reads the queue
+        watch.close()
+    late.close()
+    ended = threading.Thread(target=local.close, daemon=True)
+    ended.start()
+    ended.join(10)
+    assert not ended.is_alive(), "the context waits for an unclosed socket"
+    remote.close()
