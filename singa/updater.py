@@ -506,8 +506,9 @@ def _f32(x):
 
 
 def _pow(x, y):
-    """x ** y in double, ±inf beyond its range (where Python's float raises)."""
+    """x ** y in double, inf beyond its range (where Python's float raises; a rate of either
+    sign there stops the job alike: `Updater._lr`)."""
     try:
         return x ** y
     except OverflowError:
-        return math.copysign(math.inf, x) if float(y).is_integer() and y % 2 else math.inf
+        return math.inf

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import singa
+from checkpoint_helpers import FIX
 from gradcheck import make_layer
 from singa import checkpoint, config, launch
 from singa.comm import msg as m
@@ -160,7 +160,7 @@ def test_param_message_parsers_on_arbitrary_frames(head, rest):
         within_memory(lambda: parse(msg), size)
 
 
-FIXTURE_JOB = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf")
+FIXTURE_JOB = os.path.join(FIX, "job.conf")
 
 
 @pytest.mark.parametrize("position", ['name: "data" type: kRecordInput include: kTrain',
