@@ -342,8 +342,10 @@ while :; do
     stat=${stat##*) }
     [[ $stat == [Tt]* ]]
   }
-  [ -n "$slurm_step" ] || start_watcher
+  # The watcher starts once a process is seen running: one stopped (SIGTERM) as it forks
+  # would run this shell's traps in the fork, before its exec
   over=""; closed=(); rewatch=""
+  [ -n "$slurm_step" ] || rewatch=0
   while :; do
     [ -z "$elastic" ] || [ -n "$slurm_step" ] || check_elastic
     [ -n "$pids_listed" ] || [ $SECONDS -lt $pids_at ] || list_pids

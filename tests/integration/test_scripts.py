@@ -195,6 +195,17 @@ def test_stop_ends_every_job(long_job, env, zk_server):
         assert JobManager(zk).list_jobs(all=True) == []
 
 
+def test_a_job_that_fails_at_once_ends_the_launch_with_its_own_line_alone(nan_csv_job, env):
+    """The job's processes end within the launcher's first look; the watcher it starts then
+    and stops at once ran the launcher's exit trap in its fork, and bash said 'wait_for: No
+    record of process' in the launcher's name."""
+    r = script("singa-run.sh", "-conf", str(nan_csv_job), env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.endswith("singa: step 6: the loss of layer '0#loss' is nan; the first "
+                             "non-finite values are in the output of layer '0#data'\n")
+    assert "singa-run.sh:" not in r.stderr
+
+
 def test_run_with_missing_conf_exits_2(env, tmp_path):
     conf = tmp_path / "none.conf"
     r = script("singa-run.sh", "-conf", str(conf), env=env)
