@@ -25,7 +25,7 @@ import sys
 import threading
 
 import singa
-from singa import checkpoint, cluster, config, evaluation, launch, threads, workspace
+from singa import checkpoint, cluster, config, evaluation, launch, numerics, threads, workspace
 from singa import log as singa_log
 from singa.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
 from singa.comm.liveness import DOWN_GRACE
@@ -223,7 +223,7 @@ class Driver:
         job.id = self.job_id
         # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads; we
         # share the layers' work out over as many threads, BLAS at one (singa/threads.py)
-        with threads.limit(job.num_openblas_threads):
+        with threads.limit(job.num_openblas_threads), numerics.quiet_float_warnings():
             held = workspace.hold(self.workspace, self.job_id)
             try:
                 for sub in ("checkpoint", "visualization"):

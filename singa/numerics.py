@@ -7,7 +7,9 @@ scanned only when a loss is nan or inf (to name where it started) and when a sna
 about to be written. On a GPU the host does not wait for the step it has just queued to look
 at its loss (`LossCheck`).
 """
+import contextlib
 import math
+import warnings
 
 import numpy as np
 
@@ -79,6 +81,18 @@ class LossCheck:
         if not all(np.isfinite(v).all() for v in self.copies.values()):
             check_loss(self.net, step, now)     # the sums keep a nan or inf until displayed
             raise NonFiniteError(f"step {step}: a loss is nan or inf")
+
+
+@contextlib.contextmanager
+def quiet_float_warnings():
+    """While a job runs: no numpy RuntimeWarning for a float overflow, invalid value or
+    division by zero in singa's own modules. A non-finite value that reaches a loss or a
+    param stops the job with its own line (`check_loss`, `check_params`); one that does not
+    is no fault (exp(-x) overflowing in a sigmoid, whose 1 / (1 + inf) is 0)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered",
+                                RuntimeWarning, r"singa\.")
+        yield
 
 
 def check_params(params, step):
