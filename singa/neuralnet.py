@@ -45,7 +45,7 @@ class NeuralNet:
         confs = add_split_layers(confs)
         if num_partitions > 1:
             confs = partition.replicate(
-                partition.add_connection_layers(confs, num_partitions, layer_class), num_partitions)
+                partition.add_connection_layers(confs, num_partitions), num_partitions)
         confs = graph.sort(confs)
         self.layers = []
         self.by_name = {}

@@ -9,15 +9,15 @@ source, other layers their own; an edge between partitions goes through
 `bridge_src(<src>-><dst>)` (src's partition) and `bridge_dst(<src>-><dst>)` (dst's).
 """
 from singa.errors import ConfigError
-from singa.layers.base import type_name
+from singa.layers.base import layer_class, type_name
 from singa.proto import job_pb2
 
 
-def add_connection_layers(confs, nparts, layer_class):
-    """Step 6: insert Split/Slice + Concate where an edge's partition dims differ.
-    `layer_class(conf)` tells whether a layer can run on a part of its features
-    (`feature_parts`; ConfigError if one on dim 1 cannot) and whether it needs every neuron
-    of its source (`reads_all`, SINGA's kOneToAll)."""
+def add_connection_layers(confs, nparts):
+    """Step 6: insert Split/Slice + Concate where an edge's partition dims differ. A layer's
+    class tells whether it can run on a part of its features (`feature_parts`; ConfigError
+    if one on dim 1 cannot) and whether it needs every neuron of its source (`reads_all`,
+    SINGA's kOneToAll)."""
     by_name = {c.name: c for c in confs}
     out, added = [], set()
     for c in confs:

@@ -7,7 +7,6 @@ from google.protobuf import text_format
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa import partition, threads
 from singa.errors import ConfigError
-from singa.layers.base import layer_class
 from singa.proto import job_pb2
 
 
@@ -183,7 +182,7 @@ def test_caffe_layer_kinds_are_refused_on_partition_dim_1(kind):
     with pytest.raises(ConfigError, match=rf"layer 'c' \({kind}\) cannot compute on a part of "
                                           rf"its features \(partition_dim 1 over 2 workers\); "
                                           rf"give it partition_dim: 0"):
-        partition.add_connection_layers(list(net.layer), 2, layer_class)
+        partition.add_connection_layers(list(net.layer), 2)
 
 
 def test_a_net_of_caffes_kinds_builds_and_runs_forward_and_back():
