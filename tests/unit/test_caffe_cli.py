@@ -1,6 +1,7 @@
 """singa.interop.caffe.importer: what an import writes (job.conf, snapshot and .meta, data files) and how
 the command line is read."""
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from singa.interop.caffe.blobs import CaffeFile
 from singa.interop.caffe.importer import import_caffe, main
 from singa.checkpoint import CheckpointReader, read_meta
 from singa.io.kvfile import KVFile
-from singa.proto import common_pb2, job_pb2
+from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
 
@@ -91,3 +92,68 @@ def test_fold_bn_needs_weights_and_no_solver_state(tmp_path, capsys, extra, msg)
                  "-o", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1
+
+
+def files_under(folder):
+    return sorted(os.path.relpath(os.path.join(d, f), folder)
+                  for d, _, names in os.walk(folder) for f in names)
+
+
+def damaged(path, to, edit):
+    """The Caffe binary file `path` (NetParameter or SolverState) after `edit(message)`."""
+    cls = caffe_pb2.SolverState if path.endswith(".solverstate") else caffe_pb2.NetParameter
+    with open(path, "rb") as f:
+        msg = cls.FromString(f.read())
+    edit(msg)
+    to.write_bytes(msg.SerializeToString())
+    return str(to)
+
+
+def without_layer(name):
+    def edit(net):
+        del net.layer[[layer.name for layer in net.layer].index(name)]
+    return edit
+
+
+def negative_variance(net):
+    bn = next(layer for layer in net.layer if layer.type == "BatchNorm")
+    bn.blobs[1].data[0] = -1
+
+
+@pytest.mark.parametrize("net, weights, edit, extra, msg", [
+    ("mlp/mlp_deploy.prototxt", "mlp/mlp_iter_40.caffemodel", without_layer("ip2"), [],
+     "w.caffemodel: layer 'ip2' has 0 blobs, its InnerProduct needs 2"),
+    ("zoo/resnet50_deploy.prototxt", "zoo/caffe/resnet50_deploy/model.caffemodel",
+     negative_variance, ["-fold-bn"], "w.caffemodel: folding BatchNorm 'bn_conv1' into 'conv1' "
+     "gives values that are not finite (a variance below -eps, or beyond float32)"),
+])
+def test_weights_that_do_not_fit_the_net_are_one_line(tmp_path, capsys, net, weights, edit,
+                                                      extra, msg):
+    """Found by fuzzing: weights without a layer of the net stopped the import in a KeyError
+    (a folded Convolution's: a TypeError); a BatchNorm whose variance is below -eps folded
+    into nan weights."""
+    w = damaged(os.path.join(FX, weights), tmp_path / "w.caffemodel", edit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["caffe", os.path.join(FX, net), w, *extra, "-o",
+                     str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"{msg}\n") and err.count("\n") == 1
+    assert files_under(tmp_path / "out") == []
+
+
+@pytest.mark.parametrize("edit, msg", [
+    (lambda s: s.history.pop(), "s.solverstate: 7 history blobs for the net's 8 learnable params"),
+    (lambda s: setattr(s, "iter", -2), "s.solverstate: iteration -2 is negative"),
+])
+def test_a_refused_solver_state_leaves_no_file(tmp_path, capsys, edit, msg):
+    """Found by fuzzing: the mean image's data/mean.kvfile was written before the solver state
+    was checked, and stayed when it was refused."""
+    state = damaged(os.path.join(FX, "convnet", "convnet_iter_30.solverstate"),
+                    tmp_path / "s.solverstate", edit)
+    assert main(["caffe", os.path.join(FX, "convnet", "convnet_solver.prototxt"),
+                 os.path.join(FX, "convnet", "convnet_iter_30.caffemodel"), "-solverstate", state,
+                 "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"{msg}\n") and err.count("\n") == 1
+    assert files_under(tmp_path / "out") == []
