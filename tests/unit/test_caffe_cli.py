@@ -121,17 +121,17 @@ def negative_variance(net):
 
 
 @pytest.mark.parametrize("net, weights, edit, extra, msg", [
-    ("mlp/mlp_deploy.prototxt", "mlp/mlp_iter_40.caffemodel", without_layer("ip2"), [],
-     "w.caffemodel: layer 'ip2' has 0 blobs, its InnerProduct needs 2"),
     ("zoo/resnet50_deploy.prototxt", "zoo/caffe/resnet50_deploy/model.caffemodel",
      negative_variance, ["-fold-bn"], "w.caffemodel: folding BatchNorm 'bn_conv1' into 'conv1' "
      "gives values that are not finite (a variance below -eps, or beyond float32)"),
+    ("zoo/resnet50_deploy.prototxt", "zoo/caffe/resnet50_deploy/model.caffemodel",
+     without_layer("conv1"), ["-fold-bn"], "w.caffemodel: no weights for layer 'conv1', which "
+     "-fold-bn would fold BatchNorm 'bn_conv1' into"),
 ])
 def test_weights_that_do_not_fit_the_net_are_one_line(tmp_path, capsys, net, weights, edit,
                                                       extra, msg):
-    """Found by fuzzing: weights without a layer of the net stopped the import in a KeyError
-    (a folded Convolution's: a TypeError); a BatchNorm whose variance is below -eps folded
-    into nan weights."""
+    """Found by fuzzing: a BatchNorm whose variance is below -eps folded into nan weights; a
+    folded Convolution without weights stopped the import in a TypeError."""
     w = damaged(os.path.join(FX, weights), tmp_path / "w.caffemodel", edit)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -157,3 +157,34 @@ def test_a_refused_solver_state_leaves_no_file(tmp_path, capsys, edit, msg):
     err = capsys.readouterr().err
     assert err.endswith(f"{msg}\n") and err.count("\n") == 1
     assert files_under(tmp_path / "out") == []
+
+
+def test_weights_without_a_layer_leave_its_params_to_their_fillers(tmp_path, capsys):
+    """Caffe's CopyTrainedLayersFrom, as fine-tuning a renamed layer uses it: the snapshot
+    holds the other layers' params, the job starts that layer's from its fillers, as an
+    import without weights does (found by fuzzing: a KeyError as the snapshot was written)."""
+    net = os.path.join(FX, "mlp", "mlp_train_test.prototxt")
+    w = damaged(os.path.join(FX, "mlp", "mlp_iter_40.caffemodel"), tmp_path / "w.caffemodel",
+                without_layer("ip2"))
+    assert main(["caffe", net, w, "-o", str(tmp_path / "out")]) == 0
+    assert f"{w}: no weights for layer 'ip2': its params start from their fillers, as in " \
+           f"Caffe\n" in capsys.readouterr().out
+    job = config.load_job(str(tmp_path / "out" / "job.conf"), check_paths=False)
+    assert CheckpointReader(job.checkpoint_path[0]).names == ["0#ip1_weight", "0#ip1_bias"]
+    fresh = config.load_job(import_caffe(net, str(tmp_path / "fresh"), input_shape=(64,),
+                                         print=lambda s: None), check_paths=False)
+    ip2 = [[p for layer in j.neuralnet.layer if layer.name == "ip2" for p in layer.param]
+           for j in (job, fresh)]
+    assert ip2[0] == ip2[1] and ip2[0][0].init.type == job_pb2.kUniformSqrtFanIn
+
+
+def test_a_solver_state_needs_the_weights_of_every_layer(tmp_path, capsys):
+    w = damaged(os.path.join(FX, "mlp", "mlp_iter_20.caffemodel"), tmp_path / "w.caffemodel",
+                without_layer("ip2"))
+    assert main(["caffe", os.path.join(FX, "mlp", "mlp_solver.prototxt"), w, "-solverstate",
+                 os.path.join(FX, "mlp", "mlp_iter_20.solverstate"),
+                 "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"mlp_iter_20.solverstate: a solver state continues the training of "
+                        f"its weights, but {w} has none for layer 'ip2'\n")
+    assert err.count("\n") == 1 and files_under(tmp_path / "out") == []

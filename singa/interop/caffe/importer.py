@@ -112,6 +112,11 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         launch.check_memory(job, net_path)
         snap = SnapshotState(step=step, nworkers=1)
         if state is not None:
+            fresh = next((p.layer for p in t.params if p.blob is not None and
+                          p.layer not in blobs), None)
+            if fresh is not None:
+                raise DataError(f"{solverstate}: a solver state continues the training of its "
+                                f"weights, but {weights} has none for layer '{fresh}'")
             snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
             if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
                 snap.param_state = {}
@@ -186,11 +191,12 @@ def _job(net, t, out, solver, solver_path):
 
 def _write_checkpoint(path, params, blobs, step, snap):
     """Our snapshot file (crash-safe, checksummed, with .meta): values viewed in the mapped
-    weights, written as they are (float32, row-major, SINGA's shapes)."""
+    weights, written as they are (float32, row-major, SINGA's shapes); the params of layers
+    the weights lack are left out (the job initialises them)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_file(path, [(p.stored, (p.values if p.blob is None else
                                   blobs[p.layer][p.blob].values).reshape(p.shape), step)
-                      for p in params], snap)
+                      for p in params if p.blob is None or p.layer in blobs], snap)
 
 
 if __name__ == "__main__":

@@ -194,10 +194,12 @@ class _Translator:
 
     # --- params ---------------------------------------------------------------------------
     def blobs(self, layer):
-        """The layer's [Blob] in the weights (none: []), or None without weights."""
+        """The layer's [Blob] in the weights; None without weights, or where the weights lack
+        the layer (its params start from their fillers, as Caffe's CopyTrainedLayersFrom
+        leaves them)."""
         if self.weights is None:
             return None
-        return self.weights.get(layer.name, [])
+        return self.weights.get(layer.name)
 
     def add_params(self, layer, conf, shapes):
         """conf.param entries `<layer>_<role>` with lr/decay multipliers and init, for
@@ -207,6 +209,9 @@ class _Translator:
         never learned."""
         blobs = self.blobs(layer)
         learnable = [s for s in shapes if s[2] is not None]
+        if self.weights is not None and blobs is None and learnable:
+            self.notes.append(f"{self.weights_path}: no weights for layer '{layer.name}': its "
+                              f"params start from their fillers, as in Caffe")
         if blobs is not None and len(blobs) != len(learnable):
             raise ConfigError(f"{self.weights_path}: layer '{layer.name}' has {len(blobs)} "
                               f"blobs, its {layer.type} needs {len(learnable)}")
@@ -251,6 +256,9 @@ class _Translator:
         from the weights of each Convolution, BatchNorm and Scale; values that are not finite
         (a variance below -eps, beyond float32) stop the import."""
         for bn, (conv, scale, eps) in self.folds.items():
+            if conv not in self.weights:
+                raise ConfigError(f"{self.weights_path}: no weights for layer '{conv}', which "
+                                  f"-fold-bn would fold BatchNorm '{bn}' into")
             w, b = self.params[f"{conv}_weight"], self.params[f"{conv}_bias"]
             f = w.shape[0]
             mean, var, factor = self.blob_values(bn, "BatchNorm", [f, f, 1])
