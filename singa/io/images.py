@@ -19,7 +19,8 @@ def pillow():
 
 
 def decode_image(raw, where, is_color=None, size=None):
-    """(C, H, W) uint8 of the encoded image `raw` (JPEG, PNG, ...), channels in OpenCV's order.
+    """(C, H, W) uint8 of the encoded image `raw` (JPEG, PNG, ..., the formats OpenCV reads),
+    channels in OpenCV's order.
 
     is_color None: as the file holds it, Caffe's DecodeDatumToCVMatNative (cv::imdecode
     IMREAD_UNCHANGED): gray 1 channel, colour BGR, with alpha BGRA. True / False: 3 BGR / 1 gray
@@ -28,7 +29,7 @@ def decode_image(raw, where, is_color=None, size=None):
     """
     Image = pillow()
     try:
-        with Image.open(io.BytesIO(raw)) as im:
+        with Image.open(io.BytesIO(raw), formats=_OPENCV_FORMATS) as im:
             if is_color is False and im.format == "JPEG":
                 im.draft("L", im.size)
             im.load()
@@ -43,6 +44,10 @@ def decode_image(raw, where, is_color=None, size=None):
     if size is not None:
         x = resize_linear(x, *size)
     return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+# what OpenCV's imdecode reads (Pillow's other formats too would open: EPS through Ghostscript)
+_OPENCV_FORMATS = ("BMP", "DIB", "JPEG", "JPEG2000", "PNG", "PPM", "SUN", "TIFF", "WEBP")
 
 
 def _caffe_mode(im, is_color, where):

@@ -41,6 +41,7 @@ class LMDBStore(ReadOnly):
         if not os.path.exists(self.path):
             raise DataError(f"{self.path}: no such LMDB")
         self._real = os.path.realpath(self.path)
+        _check_length(self.path)
         try:
             with _ENVS_LOCK:
                 held = _ENVS.get(self._real)
@@ -125,7 +126,7 @@ def datum_record(value, key, path):
     rec = common_pb2.RecordProto(shape=shape, label=d.label)
     # Caffe's DataTransformer takes the bytes when there are any, else float_data
     count = len(d.data) or len(d.float_data)
-    if count != d.channels * d.height * d.width or count == 0:
+    if count != d.channels * d.height * d.width or count == 0 or min(shape) <= 0:
         raise DataError(f"{path}: record '{name}' is a Datum of shape {d.channels}x{d.height}x"
                         f"{d.width} holding {count} values")
     if d.data:
@@ -133,6 +134,32 @@ def datum_record(value, key, path):
     else:
         rec.data.extend(d.float_data)
     return rec.SerializeToString()
+
+
+def _check_length(path):
+    """Refuse an LMDB file shorter than the pages its meta page counts (a copy or a
+    convert_imageset that did not finish): LMDB reads those pages from the mapped file as
+    memory, and one past its end stops the process (SIGBUS). The two meta pages are read as
+    LMDB 0.9 lays them out on a 64-bit machine (magic at byte 16, page size at 40, last page
+    at 136, transaction at 144); anything else is left to LMDB to refuse."""
+    def number(meta, at, size=8):
+        return int.from_bytes(meta[at:at + size], "little")
+    file = os.path.join(path, "data.mdb") if os.path.isdir(path) else path
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            metas = [f.read(152)]
+            page = number(metas[0], 40, 4)
+            f.seek(page)
+            metas.append(f.read(152))
+    except OSError:
+        return
+    if any(len(m) < 152 or number(m, 16, 4) != 0xBEEFC0DE for m in metas):
+        return
+    newer = metas[number(metas[0], 144) < number(metas[1], 144)]     # as LMDB picks it
+    need = (number(newer, 136) + 1) * page
+    if size < need:
+        raise DataError(f"{path}: a truncated LMDB ({size} bytes; its pages need {need})")
 
 
 def _lmdb():

@@ -1,6 +1,7 @@
 """singa.interop.caffe.blobs: Caffe's binary files walked through mmap, values viewed in place."""
 import mmap
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -115,3 +116,27 @@ def test_hdf5_snapshot_is_named(tmp_path):
     path.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(100))
     with pytest.raises(DataError, match="HDF5 snapshot"):
         CaffeFile(str(path))
+
+
+@pytest.mark.parametrize("blob, message", [
+    (caffe_pb2.BlobProto(shape=caffe_pb2.BlobShape(dim=[2]), data=[1, float("nan")]),
+     "a blob of shape 2 holds nan or inf values"),
+    (caffe_pb2.BlobProto(shape=caffe_pb2.BlobShape(dim=[1]), double_data=[1e300]),
+     "a blob of shape 1 holds nan or inf values"),      # beyond float32
+    (caffe_pb2.BlobProto(shape=caffe_pb2.BlobShape(), data=[1, 2]),
+     r"a blob of shape \(\) holds 2 values"),
+])
+def test_values_not_finite_or_not_fitting_a_scalar_shape_are_one_line(tmp_path, blob, message):
+    """Found by fuzzing: nan and inf (a double beyond float32 too, with a numpy warning) went
+    into the imported snapshot; a scalar shape printed as nothing."""
+    path = model(tmp_path / "n.caffemodel", [("w", [blob])])
+    with warnings.catch_warnings(), pytest.raises(DataError, match=rf"^{path}: {message}$"), \
+            CaffeFile(path) as f:
+        warnings.simplefilter("error")
+        f.net()
+
+
+def test_a_file_name_with_a_nul_byte_is_one_line():
+    """Found by fuzzing: a solver state's learned_net "a\\0b" was a ValueError from open."""
+    with pytest.raises(DataError, match=r"^cannot read 'a\\x00b': not a file name$"):
+        CaffeFile("a\0b")

@@ -1,9 +1,14 @@
-"""Fuzzing the readers of untrusted bytes (checkpoint files, kvfile and CSV shards, job confs):
+"""Fuzzing the readers of untrusted bytes (checkpoint files, kvfile and CSV shards, job confs,
+Caffe's weights, solver states, mean files and Datums):
 any input gives a `singa.errors` error or a valid result, never another exception, a numpy
 warning (an invalid cast), a hang or an allocation beyond the input's size (Python
 allocations, measured with tracemalloc)."""
+import contextlib
+import io
+import math
 import os
 import struct
+import tempfile
 import tracemalloc
 import warnings
 import zlib
@@ -15,13 +20,16 @@ from hypothesis import strategies as st
 
 from checkpoint_helpers import FIX
 from gradcheck import make_layer
-from singa import checkpoint, config, launch
+from singa import HOME, checkpoint, config, launch
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.errors import SingaError
+from singa.interop.caffe.blobs import CaffeFile, read_blob_file
+from singa.interop.caffe.importer import main as caffe_import
 from singa.io.kvfile import KVFile
+from singa.io.lmdbstore import datum_record
 from singa.numerics import rng_state, set_rng_state
-from singa.proto import job_pb2
+from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 # Deterministic (the same examples in every run) and bounded: the file runs in a few seconds.
 FUZZ = settings(max_examples=150, deadline=2000, derandomize=True, database=None,
@@ -182,3 +190,139 @@ def test_any_layer_type_in_any_place_of_a_net_gives_one_line_or_a_net(tmp_path, 
             launch.build(config.parse_job(conf, FIXTURE_JOB))
         except SingaError as e:
             assert "\n" not in str(e), (name, str(e))
+
+
+CAFFE = os.path.join(HOME, "tests", "fixtures", "caffe")
+
+
+def damage(data, edits, cut):
+    """`data` with bytes set at `edits` (positions taken modulo its length) and `cut` bytes cut
+    from its end."""
+    data = bytearray(data)
+    for at, value in edits:
+        data[at % len(data)] = value
+    return bytes(data[:len(data) - cut % len(data)])
+
+
+def import_leaves_one_line_or_a_job(tmp_path, argv):
+    """The import command on `argv` + -o: exit 0, or 2 with one line and no file written."""
+    out = tempfile.mkdtemp(dir=tmp_path)
+    err = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stderr(err), \
+            contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("error")
+        code = caffe_import(argv + ["-o", out])
+    assert code == 0 or (code == 2 and err.getvalue().count("\n") == 1), err.getvalue()
+    if code:
+        assert not any(files for _, _, files in os.walk(out)), err.getvalue()
+
+
+def damaged_fixture(tmp_path, name, edits, cut, edit=None):
+    """The path of a copy of fixture `name` (a NetParameter or SolverState) after `edit` of its
+    message, `edits` of its bytes and `cut` bytes cut from its end (mostly a few)."""
+    cls = caffe_pb2.SolverState if name.endswith(".solverstate") else caffe_pb2.NetParameter
+    with open(os.path.join(CAFFE, name), "rb") as f:
+        msg = cls.FromString(f.read())
+    if edit is not None:
+        edit(msg)
+    path = tmp_path / os.path.basename(name)
+    path.write_bytes(damage(msg.SerializeToString(), edits, cut % 64 if cut % 3 else cut))
+    return str(path)
+
+
+def fuzz_edits():
+    return st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=6)
+
+
+WEIGHTS = ["mlp/mlp_iter_40.caffemodel", "legacy/mlp_v1.caffemodel",
+           "convnet/convnet_iter_30.solverstate", "mlp/mlp_iter_20.solverstate"]
+
+
+@FUZZ
+@given(edits=fuzz_edits(), cut=st.integers(0, 10**6), name=st.sampled_from(WEIGHTS))
+def test_caffe_files_on_damaged_bytes(tmp_path, edits, cut, name):
+    """A `.caffemodel` (V2, V1) or `.solverstate` with bytes changed and its end cut: read, or
+    one line naming the file, within memory."""
+    path = damaged_fixture(tmp_path, name, edits, cut)
+
+    def read():
+        with CaffeFile(path) as f:
+            f.solver_state() if name.endswith(".solverstate") else f.net()
+    within_memory(read, os.path.getsize(path))
+
+
+# the import builds and writes a whole job: fewer examples keep it to a few seconds
+FUZZ_IMPORT = settings(FUZZ, max_examples=40)
+
+
+@FUZZ_IMPORT
+@given(edits=fuzz_edits(), cut=st.integers(0, 10**6), drop=st.sampled_from(["", "ip1", "ip2"]))
+def test_caffe_import_on_damaged_weights(tmp_path, edits, cut, drop):
+    """The mlp's weights without a layer of the net, bytes changed, its end cut: the import
+    writes a job or says why in one line, leaving no file."""
+    def edit(net):
+        if drop:
+            del net.layer[[layer.name for layer in net.layer].index(drop)]
+    path = damaged_fixture(tmp_path, "mlp/mlp_iter_40.caffemodel", edits, cut, edit)
+    import_leaves_one_line_or_a_job(
+        tmp_path, ["caffe", os.path.join(CAFFE, "mlp", "mlp_deploy.prototxt"), path])
+
+
+@FUZZ_IMPORT
+@given(edits=fuzz_edits(), cut=st.integers(0, 10**6), history=st.integers(-1, 8))
+def test_caffe_import_on_damaged_solver_states(tmp_path, edits, cut, history):
+    """The convnet's `.solverstate`, a history blob dropped (or none), bytes changed, its end
+    cut: a job and snapshot, or one line and no file (the mean image's neither)."""
+    def edit(state):
+        if 0 <= history < len(state.history):
+            del state.history[history]
+    path = damaged_fixture(tmp_path, "convnet/convnet_iter_30.solverstate", edits, cut, edit)
+    import_leaves_one_line_or_a_job(
+        tmp_path, ["caffe", os.path.join(CAFFE, "convnet", "convnet_solver.prototxt"),
+                   os.path.join(CAFFE, "convnet", "convnet_iter_30.caffemodel"),
+                   "-solverstate", path])
+
+
+DIMS = st.sampled_from([0, 1, 2, 3, 6, -1, -6, 2**31 - 1, -2**31, 2**40, 2**63 - 1, -2**63])
+VALUES = st.lists(st.sampled_from([0.5, -2.0, 3e38, float("nan"), float("inf")]), max_size=8)
+
+
+@FUZZ
+@given(shape=st.none() | st.lists(DIMS, max_size=4),
+       legacy=st.lists(DIMS.filter(lambda d: -2**31 <= d < 2**31), max_size=4),
+       data=VALUES, doubles=st.lists(st.sampled_from([1.0, 1e300, -1e300]), max_size=4))
+def test_caffe_blob_files_on_any_shape_and_values(tmp_path, shape, legacy, data, doubles):
+    """A mean `.binaryproto` of any shape (or legacy dims) and values: a Blob whose shape holds
+    its finite float32 values, or one line naming the file."""
+    blob = caffe_pb2.BlobProto(data=data, double_data=doubles,
+                               **dict(zip(("num", "channels", "height", "width"), legacy)))
+    if shape is not None:
+        blob.shape.dim.extend(shape)
+    path = tmp_path / "mean.binaryproto"
+    path.write_bytes(blob.SerializeToString())
+
+    def read():
+        b = read_blob_file(str(path))
+        assert math.prod(b.shape) == b.values.size and min(b.shape, default=0) >= 0
+        assert b.values.dtype == np.float32 and np.isfinite(b.values).all()
+    within_memory(read, len(blob.SerializeToString()))
+
+
+@FUZZ
+@given(sizes=st.lists(st.sampled_from([0, 1, 2, 3, -1, -2, 2**31 - 1, -2**31]), min_size=3,
+                      max_size=3),
+       fit=st.booleans(), data=st.binary(max_size=12), floats=VALUES,
+       label=st.integers(-2**31, 2**31 - 1))
+def test_lmdb_datums_of_any_sizes(sizes, fit, data, floats, label):
+    """A Caffe Datum of any channels/height/width, bytes or floats (`fit`: as many bytes as
+    the sizes' product, sign aside): a record of positive sizes that hold its values, or one
+    line naming the LMDB and the record."""
+    if fit and abs(math.prod(sizes)) <= 64:
+        data = bytes(abs(math.prod(sizes)))
+    d = caffe_pb2.Datum(channels=sizes[0], height=sizes[1], width=sizes[2], data=data,
+                        float_data=floats, label=label)
+
+    def read():
+        rec = common_pb2.RecordProto.FromString(datum_record(d.SerializeToString(), b"k", "db"))
+        assert min(rec.shape) > 0 and math.prod(rec.shape) == len(rec.pixel or rec.data)
+    within_memory(read, d.ByteSize())

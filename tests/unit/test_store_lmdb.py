@@ -3,6 +3,8 @@
 the same files (tests/fixtures/caffe/data, made by Caffe's convert_imageset)."""
 import io
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -221,3 +223,57 @@ def test_bad_image_lists_are_one_line(tmp_path, lines, message):
     with pytest.raises(DataError, match=message) as e:
         read_all("imagelist", str(tmp_path / "list.txt"))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("datum, message", [
+    (caffe_pb2.Datum(channels=-1, height=-2, width=3, data=bytes(6)),
+     r"db: record '00000000' is a Datum of shape -1x-2x3 holding 6 values$"),
+    (caffe_pb2.Datum(channels=-1, height=1, width=-2, float_data=[1, 2]),
+     r"db: record '00000000' is a Datum of shape -1x1x-2 holding 2 values$"),
+])
+def test_a_datum_of_negative_sizes_is_refused_at_its_record(tmp_path, datum, message):
+    """Found by fuzzing: sizes whose product is the count passed, and the layer said
+    "store_conf.shape must list positive sizes, got []" without naming the LMDB."""
+    path = write_lmdb(tmp_path / "db", [datum.SerializeToString()])
+    with pytest.raises(DataError, match=message):
+        record_input(path, "batchsize: 1")
+
+
+def damaged_lmdb(tmp_path, edit):
+    """A copy of the raw fixture LMDB after `edit(bytearray of its data.mdb)`."""
+    with open(os.path.join(DATA, "raw_lmdb", "data.mdb"), "rb") as f:
+        data = bytearray(f.read())
+    edit(data)
+    (tmp_path / "db").mkdir()
+    (tmp_path / "db" / "data.mdb").write_bytes(data)
+    return str(tmp_path / "db")
+
+
+@pytest.mark.parametrize("cut", [4096 * 2 + 100, 4096 * 3 - 1])
+def test_a_cut_lmdb_is_one_line_not_a_crash(tmp_path, cut):
+    """Found by fuzzing: LMDB reads the pages its meta page counts from the mapped file as
+    memory, and on a file cut short the process died of SIGBUS. Read in a child process,
+    which the crash would kill."""
+    path = damaged_lmdb(tmp_path, lambda d: d.__delitem__(slice(cut, None)))
+    code = ("import sys; from singa.errors import run_command; from singa.io.store import "
+            f"open_store; sys.exit(run_command(lambda: list(open_store('lmdb', {path!r}))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=HOME,
+                       timeout=60)
+    assert (p.returncode, p.stderr) == (2, f"{path}: a truncated LMDB ({cut} bytes; its pages "
+                                          f"need 12288)\n")
+
+
+def test_only_the_formats_opencv_reads_are_decoded(tmp_path, monkeypatch):
+    """An encoded Datum in a format Caffe's OpenCV does not read is refused before Pillow
+    loads it: Pillow reads EPS through Ghostscript, which runs the PostScript it holds."""
+    from PIL import EpsImagePlugin
+
+    def ghostscript(*args, **kwargs):
+        raise AssertionError("Ghostscript ran")
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", ghostscript)
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 2 2\nshowpage\n"
+    path = write_lmdb(tmp_path / "db", [caffe_pb2.Datum(encoded=True, data=eps)
+                                        .SerializeToString()])
+    with pytest.raises(DataError, match=r"db: record '00000000': not an image Pillow decodes "
+                                        r"\(cannot identify image file"):
+        read_all("lmdb", path)

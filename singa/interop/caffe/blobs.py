@@ -56,6 +56,8 @@ class CaffeFile:
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
         except OSError as e:
             raise DataError(f"cannot read {path}: {e.strerror}") from None
+        except ValueError:      # a NUL byte in the name
+            raise DataError(f"cannot read {path!r}: not a file name") from None
         self._views = []
         if self._mm[:4] == b"\x89HDF":
             self.close()
@@ -125,7 +127,8 @@ class CaffeFile:
         return bytes(rest), found
 
     def _blob(self, start, end):
-        """A BlobProto at [start, end): values viewed in place where packed float32."""
+        """A BlobProto at [start, end): values viewed in place where packed float32; values
+        that are not finite, or not as many as the shape holds, are a DataError."""
         shape, legacy, parts, doubles = None, [0, 0, 0, 0], [], []
         for field, wt, _, s, e, value in self._fields(start, end, "a blob"):
             if field == 7 and wt == LEN:
@@ -143,7 +146,8 @@ class CaffeFile:
         if parts and doubles:
             raise DataError(f"{self.path}: a blob holds both data and double_data")
         if doubles:
-            values = np.concatenate(doubles).astype(np.float32)
+            with np.errstate(over="ignore"):    # beyond float32: inf, refused below
+                values = np.concatenate(doubles).astype(np.float32)
         elif len(parts) == 1:
             values = parts[0]
         else:
@@ -152,9 +156,11 @@ class CaffeFile:
         is_legacy = shape is None and any(legacy)
         if shape is None:
             shape = tuple(legacy) if is_legacy else (values.size,)
+        what = f"{self.path}: a blob of shape {'x'.join(map(str, shape)) or '()'}"
         if any(d < 0 for d in shape) or math.prod(shape) != values.size:
-            raise DataError(f"{self.path}: a blob of shape {'x'.join(map(str, shape))} holds "
-                            f"{values.size} values")
+            raise DataError(f"{what} holds {values.size} values")
+        if values.size and not (np.isfinite(values.min()) and np.isfinite(values.max())):
+            raise DataError(f"{what} holds nan or inf values")
         return Blob(values, shape, is_legacy)
 
     def _floats(self, start, end, dtype):

@@ -25,7 +25,7 @@ from singa.interop.caffe import netdef
 from singa.interop.caffe.blobs import CaffeFile
 from singa.interop.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snapshot_state
 from singa.interop.caffe.translate import translate
-from singa.io.kvfile import KVFile
+from singa.io.kvfile import pack
 from singa.proto import caffe_pb2, job_pb2
 
 __all__ = ["main", "import_caffe"]
@@ -110,17 +110,21 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         text = text_format.MessageToString(job)
         config.parse_job(text, os.path.join(out, "job.conf"), check_paths=False)
         launch.check_memory(job, net_path)
+        snap = SnapshotState(step=step, nworkers=1)
+        if state is not None:
+            fresh = next((p.layer for p in t.params if p.blob is not None and
+                          p.layer not in blobs), None)
+            if fresh is not None:
+                raise DataError(f"{solverstate}: a solver state continues the training of its "
+                                f"weights, but {weights} has none for layer '{fresh}'")
+            snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
+            if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
+                snap.param_state = {}
+        # everything is checked: now the files, each whole or not at all
         os.makedirs(os.path.join(out, "data"), exist_ok=True)
         for path, tuples in t.files.items():
-            with KVFile(path, "create") as f:
-                for key, value in tuples:
-                    f.insert(key, value)
+            write_atomic(path, lambda f: f.write(b"".join(pack(k, v) for k, v in tuples)))
         if model is not None:
-            snap = SnapshotState(step=step, nworkers=1)
-            if state is not None:
-                snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
-                if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
-                    snap.param_state = {}
             _write_checkpoint(job.checkpoint_path[0], t.params, blobs, step, snap)
         head = (f"# imported from Caffe by bin/singa-import.sh: {net_path}"
                 f"{' + ' + weights if weights else ''}"
@@ -187,11 +191,12 @@ def _job(net, t, out, solver, solver_path):
 
 def _write_checkpoint(path, params, blobs, step, snap):
     """Our snapshot file (crash-safe, checksummed, with .meta): values viewed in the mapped
-    weights, written as they are (float32, row-major, SINGA's shapes)."""
+    weights, written as they are (float32, row-major, SINGA's shapes); the params of layers
+    the weights lack are left out (the job initialises them)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     write_file(path, [(p.stored, (p.values if p.blob is None else
                                   blobs[p.layer][p.blob].values).reshape(p.shape), step)
-                      for p in params], snap)
+                      for p in params if p.blob is None or p.layer in blobs], snap)
 
 
 if __name__ == "__main__":

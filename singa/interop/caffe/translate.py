@@ -194,6 +194,9 @@ class _Translator:
 
     # --- params ---------------------------------------------------------------------------
     def blobs(self, layer):
+        """The layer's [Blob] in the weights; None without weights, or where the weights lack
+        the layer (its params start from their fillers, as Caffe's CopyTrainedLayersFrom
+        leaves them)."""
         if self.weights is None:
             return None
         return self.weights.get(layer.name)
@@ -206,6 +209,9 @@ class _Translator:
         never learned."""
         blobs = self.blobs(layer)
         learnable = [s for s in shapes if s[2] is not None]
+        if self.weights is not None and blobs is None and learnable:
+            self.notes.append(f"{self.weights_path}: no weights for layer '{layer.name}': its "
+                              f"params start from their fillers, as in Caffe")
         if blobs is not None and len(blobs) != len(learnable):
             raise ConfigError(f"{self.weights_path}: layer '{layer.name}' has {len(blobs)} "
                               f"blobs, its {layer.type} needs {len(learnable)}")
@@ -247,21 +253,30 @@ class _Translator:
 
     def fold_values(self):
         """The folded Convolutions' weight and bias values (see translate), made in float64
-        from the weights of each Convolution, BatchNorm and Scale."""
+        from the weights of each Convolution, BatchNorm and Scale; values that are not finite
+        (a variance below -eps, beyond float32) stop the import."""
         for bn, (conv, scale, eps) in self.folds.items():
+            if conv not in self.weights:
+                raise ConfigError(f"{self.weights_path}: no weights for layer '{conv}', which "
+                                  f"-fold-bn would fold BatchNorm '{bn}' into")
             w, b = self.params[f"{conv}_weight"], self.params[f"{conv}_bias"]
             f = w.shape[0]
             mean, var, factor = self.blob_values(bn, "BatchNorm", [f, f, 1])
             s = sums_scale(factor[0])
-            k = 1 / np.sqrt(var * s + eps)
-            beta = 0
-            if scale is not None:
-                gamma, *bias = self.blob_values(scale, "Scale", [f], [f, f])
-                k, beta = k * gamma, (bias[0] if bias else 0)
-            bias = b.values if b.blob is None else self.weights[conv][1].values
-            w.values = (self.weights[conv][0].values.reshape(f, -1) * k[:, None]) \
-                .astype(np.float32).reshape(w.shape)
-            b.values = ((bias - mean * s) * k + beta).astype(np.float32)
+            with np.errstate(all="ignore"):
+                k = 1 / np.sqrt(var * s + eps)
+                beta = 0
+                if scale is not None:
+                    gamma, *bias = self.blob_values(scale, "Scale", [f], [f, f])
+                    k, beta = k * gamma, (bias[0] if bias else 0)
+                bias = b.values if b.blob is None else self.weights[conv][1].values
+                w.values = (self.weights[conv][0].values.reshape(f, -1) * k[:, None]) \
+                    .astype(np.float32).reshape(w.shape)
+                b.values = ((bias - mean * s) * k + beta).astype(np.float32)
+            if not (np.isfinite(w.values).all() and np.isfinite(b.values).all()):
+                raise ConfigError(f"{self.weights_path}: folding BatchNorm '{bn}' into '{conv}' "
+                                  f"gives values that are not finite (a variance below -eps, or "
+                                  f"beyond float32)")
             w.blob = b.blob = None
         self.notes.append(f"-fold-bn: {len(self.folds)} BatchNorm layers folded into the "
                           f"Convolution before them ("
