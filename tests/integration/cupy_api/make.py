@@ -11,6 +11,7 @@ import inspect
 import json
 import os
 import pkgutil
+import re
 
 import cupy
 import cupyx.scipy.special
@@ -34,6 +35,25 @@ def signature(f):
     return str(sig.replace(parameters=[p.replace(default=p.empty, annotation=p.empty)
                                        for p in sig.parameters.values()],
                            return_annotation=sig.empty))
+
+
+def method_signature(name):
+    """The parameters after self of cupy.ndarray's method `name`, from the signature Cython
+    writes atop its docstring ("_ndarray_base.sum(self, axis=None, ...)"), or None."""
+    doc = getattr(cupy.ndarray, name).__doc__ or ""
+    m = re.match(rf"[\w.]*\.{name}\(self(?:, )?(.*)\)( -> \w+)?$", doc.partition("\n")[0])
+    if not m:
+        return None
+    params = [p.partition("=")[0].split()[-1] for p in m[1].split(", ") if p]
+    if not all(re.fullmatch(r"\*{0,2}\w+", p) for p in params):
+        return None
+    return f"({', '.join(params)})"
+
+
+def ndarray():
+    """cupy.ndarray's names (public ones and dunders) -> a method's signature, or None."""
+    return {n: method_signature(n) if callable(getattr(cupy.ndarray, n)) else None
+            for n in dir(cupy.ndarray) if not n.startswith("_") or n.startswith("__")}
 
 
 def numpy_functions():
@@ -121,8 +141,7 @@ def main():
     check_ufunc_call()
     data = {"cupy": cupy.__version__, "numpy": np.__version__,
             "functions": functions(), "ufuncs": ufuncs(),
-            "ndarray": sorted(n for n in dir(cupy.ndarray)
-                              if not n.startswith("_") or n.startswith("__"))}
+            "ndarray": ndarray()}
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                         f"cupy-{cupy.__version__.rpartition('.')[0]}.json")
     with open(path, "w") as f:
