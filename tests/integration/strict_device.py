@@ -8,6 +8,11 @@ cross (`moved`) and the host's waits for the GPU (`waits`): a device value read 
 (`get`, `float`, `int`, `bool`, `item`) and a copy to the device from pageable memory; a copy
 from pinned memory (`cuda.alloc_pinned_memory`) on a stream does not wait.
 
+It takes only the API that CuPy 14.2 has (cupy_api/cupy-14.2.json): a numpy function, ufunc,
+ufunc method or argument that CuPy's `__array_function__` / `__array_ufunc__` would not take
+is refused, and so are a name of numpy's ndarray that cupy.ndarray lacks (an AttributeError
+too, as there) and an argument that cupy.ndarray's method would not take.
+
 Stream capture (`Stream.begin_capture` ... `end_capture`, `Graph.launch`) is a GPU's: what
 is queued while capturing is recorded, not computed (the device memory it wrote is as before
 the capture, what it made holds garbage), a host read or a pageable copy is refused, and a
@@ -16,9 +21,13 @@ launch replays the recorded operations on the arrays as they are then.
 `installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
+import ast
 import collections
 import contextlib
-import operator
+import functools
+import inspect
+import json
+import os
 import sys
 import threading
 import types
@@ -31,6 +40,83 @@ float32, float64, int32, int64, intp, uint8 = (np.float32, np.float64, np.int32,
 
 class StrictError(TypeError):
     """What CuPy would refuse (or a GPU would compute in a varying order)."""
+
+
+class Lacking(StrictError, AttributeError):
+    """A name of numpy's ndarray that cupy.ndarray lacks."""
+
+
+CUPY = "CuPy 14.2"
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cupy_api",
+                       "cupy-14.2.json")) as _f:
+    API = json.load(_f)
+
+
+@functools.lru_cache(maxsize=None)
+def _takes(signature):
+    """(the most positional arguments, the keyword names) a signature string takes (None:
+    any), None for any call."""
+    if signature is None:
+        return None
+    a = ast.parse(f"def f{signature}: pass").body[0].args
+    return (None if a.vararg else len(a.posonlyargs + a.args),
+            None if a.kwarg else {p.arg for p in a.args + a.kwonlyargs})
+
+
+def _unfit(takes, nargs, words):
+    """What CuPy's function that `takes` (`_takes`) would not take of a call with `nargs`
+    positional arguments and keywords `words` (its name to format in), or None."""
+    if takes is None:
+        return None
+    most, names = takes
+    if most is not None and nargs > most:
+        return f"{{}} of {nargs} positional arguments (at most {most})"
+    for word in words:
+        if names is not None and word not in names:
+            return f"keyword argument {word!r} in {{}}"
+    return None
+
+
+_ABSENT = "{} (numpy's function on a device array)"
+
+
+@functools.lru_cache(maxsize=None)
+def _function_takes(func):
+    signature = API["functions"].get(f"{func.__module__}.{func.__name__}", _ABSENT)
+    return _ABSENT if signature is _ABSENT else _takes(signature)
+
+
+def _check_function(func, args, kwargs):
+    """Refuse numpy's `func`(*args, **kwargs) on device arrays where CuPy would."""
+    takes = _function_takes(func)
+    why = _ABSENT if takes is _ABSENT else _unfit(takes, len(args), kwargs)
+    if why:
+        call = f"{func.__module__}.{func.__name__}"
+        raise StrictError(f"{call}: {CUPY} has no " + why.format("cupy" + call[5:]))
+
+
+class _Depth(threading.local):
+    value = 0
+
+
+#: a thread's depth in numpy's own ndarray methods, whose ufuncs are numpy's business
+_in_numpy = _Depth()
+
+
+def _check_ufunc(ufunc, method, out, kwargs):
+    """Refuse `ufunc.method` with `out` and `kwargs` on device arrays where CuPy would."""
+    if _in_numpy.value:
+        return
+    methods = API["ufuncs"].get(ufunc.__name__, {})
+    if method not in methods:
+        why = "{} (numpy's ufunc on a device array)"
+    elif out is not None and len(out) > 1:
+        why = "{} call with more than one out array"
+    else:
+        why = _unfit(_takes(methods[method]), 0, kwargs if out is None else [*kwargs, "out"])
+    if why:
+        call = f"numpy.{ufunc.__name__}" + ("" if method == "__call__" else f".{method}")
+        raise StrictError(f"{call}: {CUPY} has no " + why.format("cupy" + call[5:]))
 
 
 def _check(values, what):
@@ -173,6 +259,7 @@ class DevArray(np.ndarray):
         return _Device(0)
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
+        _check_ufunc(ufunc, method, out, kwargs)
         if method == "at":
             raise StrictError(f"{ufunc.__name__}.at on a device array: atomic adds, whose order "
                               f"varies")
@@ -185,6 +272,7 @@ class DevArray(np.ndarray):
         return _dev(_run(lambda: call(*_plain(inputs), **kwargs), inputs=inputs))
 
     def __array_function__(self, func, types_, args, kwargs):
+        _check_function(func, args, kwargs)
         _check(list(args) + list(kwargs.values()), func.__name__)
 
         def call():
@@ -258,9 +346,6 @@ class DevArray(np.ndarray):
     def __int__(self):
         return self._read(int)
 
-    def __index__(self):
-        return self._read(operator.index)
-
     def __bool__(self):
         return self._read(bool)
 
@@ -279,6 +364,62 @@ class DevArray(np.ndarray):
             _refuse_while_capturing("a copy from pageable memory")
             waits["pageable copy"] += 1
         _run(lambda: np.copyto(self.view(np.ndarray), values), writes=[self])
+
+
+#: numpy's ndarray methods that call ufuncs of their own choosing
+_NUMPYS = {"all", "any", "clip", "cumprod", "cumsum", "max", "mean", "min", "prod", "round",
+           "std", "sum", "trace", "var"}
+
+
+def _method(name, method):
+    """DevArray's `method` refusing what cupy.ndarray's `name` would not take (and leaving the
+    ufuncs to numpy's method, where in _NUMPYS)."""
+    takes, numpys = _takes(API["ndarray"][name]), name in _NUMPYS
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        why = _unfit(takes, len(args), kwargs)
+        if why:
+            raise StrictError(f"ndarray.{name}: {CUPY} has no " +
+                              why.format(f"cupy.ndarray.{name}"))
+        if not numpys:
+            return method(self, *args, **kwargs)
+        _in_numpy.value += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _in_numpy.value -= 1
+    return call
+
+
+def _wider(method, signature):
+    """Whether DevArray's `method` takes a call (after self) that CuPy's of `signature` (not
+    None) does not."""
+    sig = inspect.signature(method)
+    ours = _takes(str(sig.replace(parameters=[p.replace(default=p.empty)
+                                              for p in list(sig.parameters.values())[1:]])))
+    cupys = _takes(signature)
+    return cupys[0] is not None and (ours[0] is None or ours[0] > cupys[0]) or \
+        cupys[1] is not None and (ours[1] is None or not ours[1] <= cupys[1])
+
+
+def _lacking(name):
+    def refuse(self):
+        raise Lacking(f"{CUPY} has no ndarray.{name}")
+    return property(refuse)
+
+
+# checked where numpy's take more (but `view`: numpy's takes (dtype, type) too, its signature
+# says (*args, **kwargs))
+for _name in set(dir(np.ndarray)) & set(API["ndarray"]) - {"view"}:
+    if not _name.startswith("_") and API["ndarray"][_name] is not None and (
+            _name in _NUMPYS or _wider(getattr(DevArray, _name), API["ndarray"][_name])):
+        setattr(DevArray, _name, _method(_name, getattr(DevArray, _name)))
+# all that cupy.ndarray lacks, but numpy's hooks of its own (pickling too) and those Python
+# does without (`in`, `@=`)
+for _name in set(dir(np.ndarray)) - set(API["ndarray"]) - set(vars(DevArray)) - {
+        "__array_wrap__", "__setstate__", "__contains__", "__imatmul__"}:
+    setattr(DevArray, _name, _lacking(_name))
 
 
 def asarray(a, dtype=None):
