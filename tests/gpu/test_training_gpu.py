@@ -1,11 +1,13 @@
 """Training on GPU 0 against the CPU: SINGA's MNIST MLP, LeNet and cifar10 confs reach the CPU
 run's test accuracy within one point at the same step, and train with their passes as CUDA
-graphs to the bits of op by op; a GPU job resumed on the GPU continues
-bit-exactly; snapshots move between the GPU and the CPU; two workers share one GPU; a job of
-two processes over tcp (no ZooKeeper) has its worker process on the GPU and its server
-process on the CPU."""
+graphs to the bits of op by op; an RBM (kCD) and char-rnn (kBPTT) train as on the CPU; a
+GPU job resumed on the GPU continues bit-exactly; snapshots move between the GPU and the
+CPU; two workers share one GPU; a job of two processes over tcp (no ZooKeeper) has its worker
+process on the GPU and its server process on the CPU."""
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -158,6 +160,53 @@ def test_two_workers_share_one_gpu_as_one_worker_trains(tmp_path, mnist):
                                                 progress=False, device=[0, 0])
         runs[name] = h.history["loss"]
     assert np.allclose(runs["two"], runs["one"], rtol=1e-3), runs
+
+
+def apart(gpu, cpu):
+    """{param: |gpu - cpu| / |cpu|} (Frobenius norms) of two runs' final params."""
+    assert gpu.keys() == cpu.keys()
+    return {k: float(np.linalg.norm(gpu[k] - v) / np.linalg.norm(v)) for k, v in cpu.items()}
+
+
+def test_an_rbm_trains_with_cd_on_the_gpu_as_on_the_cpu(tmp_path):
+    """kCD, SINGA's rbm1.conf: RBMVis/RBMHid's Gibbs samples are drawn on the host from the
+    CPU run's numbers, against probabilities that CUDA's exp rounds its own way, so a sample
+    may flip where a draw falls within an ulp of its probability: each param within 1e-3 of
+    the CPU's (a sample flipped moves one weight by about 1e-5 of the whole; a step lost, a
+    phase's sign wrong or a sample not drawn moves them by far more)."""
+    runs = {}
+    for run, place in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, run, f"{EXAMPLES}/rbm/rbm1.conf", MNIST)
+        m.fit(nb_epoch=20, test_steps=2, test_freq=10, disp_freq=10, seed=7, progress=False,
+              device=place)
+        runs[run] = final_params(m)
+    rel = apart(runs["gpu"], runs["cpu"])
+    print(f"rbm1 (kCD), 20 steps: GPU against CPU, relative: {rel}")
+    assert max(rel.values()) <= 1e-3, rel
+
+
+def test_char_rnn_trains_with_bptt_on_the_gpu_as_on_the_cpu(tmp_path):
+    """kBPTT, SINGA's char-rnn conf (smaller GRUs, 5 steps unrolled): CharRNN and OneHot on
+    the host, the unrolled GRUs and the output layers on the GPU; each param within 1e-4 of
+    the CPU's after 20 steps (CUDA's tanh and exp, cuBLAS's sums: rounding)."""
+    text = tmp_path / "text.txt"
+    with open(os.path.join(singa.HOME, "README.md"), "rb") as f:     # ASCII: < 101 bytes
+        text.write_bytes(f.read().decode().encode("ascii", "ignore") * 4)
+    made = subprocess.run([sys.executable, f"{EXAMPLES}/char-rnn/create_data.py", "--text",
+                           str(text), "--out-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    runs = {}
+    for run, place in (("cpu", None), ("gpu", [0])):
+        m = conf_model(tmp_path, run, f"{EXAMPLES}/char-rnn/job.conf", {
+            "dim_hidden: 512": "dim_hidden: 32", "unroll_len: 50": "unroll_len: 5",
+            "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
+            "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
+        m.fit(nb_epoch=20, disp_freq=10, seed=7, progress=False, device=place)
+        runs[run] = final_params(m)
+    rel = apart(runs["gpu"], runs["cpu"])
+    print(f"char-rnn (kBPTT), 20 steps: GPU against CPU, relative: {rel}")
+    assert max(rel.values()) <= 1e-4, rel
 
 
 def child(pid, workspace, steps, conn):
