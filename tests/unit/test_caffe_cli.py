@@ -145,10 +145,13 @@ def test_weights_that_do_not_fit_the_net_are_one_line(tmp_path, capsys, net, wei
 @pytest.mark.parametrize("edit, msg", [
     (lambda s: s.history.pop(), "s.solverstate: 7 history blobs for the net's 8 learnable params"),
     (lambda s: setattr(s, "iter", -2), "s.solverstate: iteration -2 is negative"),
+    (lambda s: setattr(s, "current_step", 9), "s.solverstate: current_step 9: kFixedStep "
+     "learning-rate index 9 is outside the 3 steps of fixedstep_conf"),
 ])
 def test_a_refused_solver_state_leaves_no_file(tmp_path, capsys, edit, msg):
     """Found by fuzzing: the mean image's data/mean.kvfile was written before the solver state
-    was checked, and stayed when it was refused."""
+    was checked, and stayed when it was refused; a multistep position past the solver's steps
+    was refused only when the job resumed."""
     state = damaged(os.path.join(FX, "convnet", "convnet_iter_30.solverstate"),
                     tmp_path / "s.solverstate", edit)
     assert main(["caffe", os.path.join(FX, "convnet", "convnet_solver.prototxt"),

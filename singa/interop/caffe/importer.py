@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from singa import config, launch
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
 from singa.checkpoint import folder as checkpoint_folder
-from singa.errors import ConfigError, DataError, run_command
+from singa.errors import CheckpointError, ConfigError, DataError, run_command
 from singa.files import write_atomic
 from singa.interop.caffe import netdef
 from singa.interop.caffe.blobs import CaffeFile
@@ -27,6 +27,7 @@ from singa.interop.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snap
 from singa.interop.caffe.translate import translate
 from singa.io.kvfile import pack
 from singa.proto import caffe_pb2, job_pb2
+from singa.updater import create_lr_generator
 
 __all__ = ["main", "import_caffe"]
 
@@ -118,6 +119,10 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
                 raise DataError(f"{solverstate}: a solver state continues the training of its "
                                 f"weights, but {weights} has none for layer '{fresh}'")
             snap = snapshot_state(state, history, t.params, job.updater.type, solverstate)
+            try:
+                create_lr_generator(job.updater.learning_rate).set_index(snap.lr_index)
+            except CheckpointError as e:
+                raise DataError(f"{solverstate}: current_step {state.current_step}: {e}") from None
             if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
                 snap.param_state = {}
         # everything is checked: now the files, each whole or not at all
