@@ -172,17 +172,15 @@ def read_mean(path, shape):
     image_mean.bin), a kvfile holding one under the key "mean" (0.3's create_data, the Caffe
     importer's mean.kvfile), or a Caffe BlobProto when the name contains "binaryproto"."""
     dim = int(np.prod(shape))
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read the mean file: {e.strerror}") from None
     if "binaryproto" in path:
-        try:
-            values = common_pb2.CaffeBlob.FromString(raw).data
-        except DecodeError:
-            raise DataError(f"{path}: not a Caffe binaryproto (CaffeBlob)") from None
+        from singa.interop.caffe.blobs import read_blob_file     # the importer's reader
+        values = read_blob_file(path).values
     else:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            raise DataError(f"{path}: cannot read the mean file: {e.strerror}") from None
         values = _record_data(raw)
         if len(values) != dim and raw[8:12] == b"mean":    # a kvfile whose first key is "mean"
             with KVFile(path, "read") as store:

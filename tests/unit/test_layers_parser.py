@@ -5,7 +5,7 @@ import pytest
 from gradcheck import make_layer
 from singa.errors import ConfigError, DataError
 from singa.io.kvfile import KVFile
-from singa.proto import common_pb2, job_pb2
+from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 TRAIN = job_pb2.kTrain | job_pb2.kForward
 
@@ -98,13 +98,17 @@ def mean_image(path, shape, kind):
     elif kind == "kvfile":    # SINGA 0.3's create_data: a kvfile with one tuple
         with KVFile(str(path), "create") as f:
             f.insert(b"mean", common_pb2.RecordProto(shape=shape, data=mean.ravel()).SerializeToString())
-    else:                     # a Caffe mean
+    elif kind == "caffe":     # a Caffe mean (compute_image_mean)
         path.write_bytes(common_pb2.CaffeBlob(data=mean.ravel()).SerializeToString())
+    else:                     # a Caffe mean of doubles, with its shape
+        path.write_bytes(caffe_pb2.BlobProto(double_data=mean.ravel(), shape=caffe_pb2.BlobShape(
+            dim=(1,) + shape)).SerializeToString())
     return mean
 
 
 @pytest.mark.parametrize("kind, name", [("record", "image_mean.bin"), ("kvfile", "image_mean.bin"),
-                                        ("caffe", "mean.binaryproto")])
+                                        ("caffe", "mean.binaryproto"),
+                                        ("caffe double", "mean.binaryproto")])
 def test_rgb_image_parser_subtracts_the_mean_file_and_scales(tmp_path, kind, name):
     x = pixels(2, (3, 4, 4))
     data = shard_data(write_shard(tmp_path / "shard", x, [0, 1]))
