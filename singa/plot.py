@@ -9,14 +9,13 @@ or of every job in the file with `-all`; where runs repeat a step, the later row
 with nan or infinite values or negative steps are left out and counted.
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
-import argparse
 import csv
 import math
 import os
 import sys
 
 from singa import metrics
-from singa.errors import SingaError
+from singa.errors import ArgumentParser, SingaError
 from singa.tensorboard import pip_install
 
 #: pixels: the figure is WIDTH wide and ROW_HEIGHT per row of two panels
@@ -76,7 +75,7 @@ def figure(rows, title):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
+    ap = ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
                                  "curves (metrics.csv) as a PNG.")
     ap.add_argument("workspace")
     ap.add_argument("-o", dest="out", help="the PNG to write (default <workspace>/curves.png)")
@@ -84,8 +83,8 @@ def main(argv=None):
     which.add_argument("-job", type=int, help="only the rows of this job id")
     which.add_argument("-all", action="store_true", help="the rows of every run in the file "
                        "(default: the newest run and the runs it resumed)")
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         path = os.path.join(args.workspace, metrics.FILE)
         if not os.path.isfile(path):
             raise SingaError(f"{path}: no metrics file (a job writes it in its workspace)")

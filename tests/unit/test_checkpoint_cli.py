@@ -3,10 +3,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import singa
 from checkpoint_helpers import FIX, cli, snapshot
 from singa import checkpoint as ckpt
+from singa.checkpoint.cli import main
 
 
 def test_cli_ls_show_diff(tmp_path):
@@ -43,3 +45,16 @@ def test_cli_user_error_is_one_line_exit_2(tmp_path):
     out = cli("show", str(tmp_path / "missing"))
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "missing" in out.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: cmd"),
+    (["bogus"], "argument cmd: invalid choice: 'bogus'"),
+    (["diff", "a"], "the following arguments are required: b"),
+    (["show", "a", "extra"], "unrecognized arguments: extra"),
+    (["merge", "a", "b", "--axis", "x"], "argument --axis: invalid int value: 'x'")])
+def test_cli_command_line_mistake_is_one_line_exit_2(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singa-checkpoint: {message}") and err.count("\n") == 1
+    assert "usage: singa-checkpoint" in err

@@ -4,6 +4,8 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 import singa
 from singa import metrics, plot
 from singa.metrics import Reporter, read_rows
@@ -73,6 +75,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     r = run(tmp_path, "-o", tmp_path / "missing" / "x.png")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith(f"singa-plot: cannot write {tmp_path / 'missing' / 'x.png'}: ")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: workspace"),
+    (["w", "-job", "x"], "argument -job: invalid int value: 'x'"),
+    (["w", "-job", "1", "-all"], "argument -all: not allowed with argument -job"),
+    (["w", "extra"], "unrecognized arguments: extra")])
+def test_a_command_line_mistake_is_one_line(capsys, args, message):
+    assert plot.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singa-plot: {message}") and err.count("\n") == 1
+    assert "usage: singa-plot" in err
 
 
 def test_rows_that_cannot_be_drawn_are_left_out_and_counted(tmp_path):
