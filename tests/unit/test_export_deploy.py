@@ -1,6 +1,7 @@
 """Reading a job's test net for export: which snapshot SNAPSHOT names, what becomes an op,
 and the one-line refusals of the CLI (exit 2, no traceback)."""
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -159,3 +160,15 @@ def test_a_batch_out_of_range_is_one_line_and_writes_nothing(tmp_path, capsys, b
         assert capsys.readouterr().err == \
             f"singa-export: -batch {batch}: must be 1 to 2147483647\n"
     assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
+
+
+def test_an_output_that_is_no_regular_file_is_left_alone(tmp_path, capsys):
+    """A FIFO (or a device such as /dev/full) named by -o: the rename replaced it with the
+    model."""
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert cli.main(["onnx", LENET, str(tmp_path), "-o", str(fifo)]) == 2
+    assert capsys.readouterr().err == f"singa-export: cannot write {fifo}: is not a regular file\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "fifo"]
