@@ -364,6 +364,9 @@ def _parse(path, data):
                        for ps in msg.param_state]
     if crc_ok:
         return True, msg, blobs, param_state
+    if data and not (blobs or param_state or msg.ListFields()):
+        raise CheckpointError(f"checkpoint {path}: no field of a checkpoint in its {len(data)} "
+                              f"bytes (a file of another kind?)")
     if msg.HasField("crc32"):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
     if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")

@@ -1,4 +1,5 @@
 """bin/singa-checkpoint.sh (python -m singa.checkpoint): ls, show, diff, errors."""
+import os
 import subprocess
 import sys
 
@@ -58,3 +59,14 @@ def test_cli_command_line_mistake_is_one_line_exit_2(capsys, args, message):
     err = capsys.readouterr().err
     assert err.startswith(f"singa-checkpoint: {message}") and err.count("\n") == 1
     assert "usage: singa-checkpoint" in err
+
+
+def test_cli_a_file_of_another_kind_is_one_line(capsys):
+    """A Caffe model parses as a BlobProtos of unknown fields alone: `show` listed no params
+    and `diff` called it identical to another."""
+    model = os.path.join(singa.HOME, "tests/fixtures/caffe/convnet/convnet_iter_30.caffemodel")
+    for args in (["show", model], ["diff", model, model]):
+        assert main(args) == 2
+        assert capsys.readouterr().err == (
+            f"singa-checkpoint: checkpoint {model}: no field of a checkpoint in its "
+            f"{os.path.getsize(model)} bytes (a file of another kind?)\n")
