@@ -128,6 +128,10 @@ class CheckpointWriter:
             return self.path
         self._closed = True
         meta = self.prefix + META_SUFFIX
+        for target in (self.path, meta):     # a FIFO or device the rename would replace
+            if os.path.exists(target) and not os.path.isdir(target) and \
+                    not os.path.isfile(target):
+                raise CheckpointError(f"cannot write checkpoint {target}: is not a regular file")
         tmps = [tmp_name(self.path), tmp_name(meta)]
         try:
             with open(tmps[0], "w+b") as f:

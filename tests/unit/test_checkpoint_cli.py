@@ -1,5 +1,6 @@
 """bin/singa-checkpoint.sh (python -m singa.checkpoint): ls, show, diff, errors."""
 import os
+import stat
 import subprocess
 import sys
 
@@ -70,3 +71,15 @@ def test_cli_a_file_of_another_kind_is_one_line(capsys):
         assert capsys.readouterr().err == (
             f"singa-checkpoint: checkpoint {model}: no field of a checkpoint in its "
             f"{os.path.getsize(model)} bytes (a file of another kind?)\n")
+
+
+def test_cli_merge_leaves_an_output_that_is_no_regular_file_alone(tmp_path, capsys):
+    """merge renamed its file over a FIFO (or, as root, a device) of the name it was given."""
+    snapshot(str(tmp_path), 5)
+    fifo = tmp_path / "out" / "merged.bin"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    assert main(["merge", ckpt.snapshot_file(str(tmp_path), 5, 0), str(fifo)]) == 2
+    assert capsys.readouterr().err == \
+        f"singa-checkpoint: cannot write checkpoint {fifo}: is not a regular file\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(fifo.parent) == ["merged.bin"]
