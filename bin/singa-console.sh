@@ -13,6 +13,10 @@ USAGE
   exit 1
 }
 
+check_job_id() {
+  [[ $1 =~ ^[0-9]+$ ]] || { echo "singa-console: job id must be a number, not '$1'" >&2; exit 1; }
+}
+
 # Stop process $3 of job $1 on host $2 (singa-kill-proc.sh: only if it is one of the job's),
 # here when the host is this machine, else over ssh. Host and pid come from ZooKeeper, which
 # anyone who reaches it may write: both are checked first. Run with & (it execs the kill, so
@@ -41,11 +45,12 @@ case $1 in
     singatool list -confdir "$SINGA_CONF" ;;
   view)
     [ $# -eq 2 ] || usage
+    check_job_id "$2"
     singatool view "$2" -confdir "$SINGA_CONF"
     singatool progress "$2" -confdir "$SINGA_CONF" ;;
   kill)
     [ $# -eq 2 ] || usage
-    [[ $2 =~ ^[0-9]+$ ]] || { echo "singa-console: job id must be a number, not '$2'" >&2; exit 1; }
+    check_job_id "$2"
     procs=$(singatool view "$2" -confdir "$SINGA_CONF")
     kills=()
     # stopped itself (bin/singa-run.sh ends a kill that outlasts its wait), it ends its kills

@@ -1,6 +1,10 @@
 """Topology math from a ClusterProto (pure functions; SINGA's src/utils/cluster.cc)."""
 import math
 
+#: the most processes a job may run: a conf that claims more is refused before anything is
+#: made for each process (hosts, elastic_procs)
+MAX_PROCS = 1 << 16
+
 
 def nworker_procs(cluster):
     return cluster.nworker_groups * cluster.nworkers_per_group // cluster.nworkers_per_procs
@@ -102,7 +106,14 @@ def check_layout(cluster):
         if size < per and (per % size or (n * size) % per):
             return (f"cluster: n{kind}s_per_procs {per} must be a multiple of n{kind}s_per_group "
                     f"{size} that divides the {n * size} {kind}s")
-    return None
+    return too_many_procs(cluster)
+
+
+def too_many_procs(cluster):
+    """The problem of a cluster of more than MAX_PROCS processes, or None."""
+    n = nprocs(cluster)
+    return f"cluster: {n} processes, more than the {MAX_PROCS} a job may run" \
+        if n > MAX_PROCS else None
 
 
 def slice_sizes(num, sizes):

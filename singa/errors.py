@@ -1,4 +1,5 @@
 """The user-facing error types: one line that names the file, line, field or param."""
+import argparse
 import logging
 import sys
 
@@ -56,3 +57,11 @@ def run_command(work, *args):
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are a ConfigError (one line with the usage, exit 2), raised
+    from parse_args for the command's own handler to print."""
+
+    def error(self, message):
+        raise ConfigError(f"{message}; {self.format_usage().strip()}")

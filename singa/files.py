@@ -1,5 +1,6 @@
 """Files written whole or not at all: a temporary name in the same folder, fsync, rename, then
 the folder fsynced (checkpoints have their own writer, checkpoint.format, for two files)."""
+import errno
 import os
 
 __all__ = ["copy_atomic", "fsync_dir", "write_atomic"]
@@ -7,9 +8,13 @@ __all__ = ["copy_atomic", "fsync_dir", "write_atomic"]
 
 def write_atomic(path, fill):
     """Call `fill(f)` on a new temporary file beside `path`, then rename it to `path`; on any
-    failure nothing is left behind and an OSError names `path`."""
+    failure nothing is left behind and an OSError names `path`. A `path` that is a folder, or
+    another file than a regular one (a device, a FIFO, which the rename would replace), is
+    refused."""
     if os.path.isdir(path):
         raise IsADirectoryError(21, "is a folder", path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise OSError(errno.EEXIST, "is not a regular file", path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -3,34 +3,41 @@
     python -m singa.plot <workspace> [-o curves.png] [-job ID | -all]
 
 One panel per metric (loss, accuracy, ppl, ...), a line per phase (train, validation, test)
-over the steps; perplexity on a log scale. The rows of the workspace's newest run and of the
+over the steps (at most MAX_METRICS panels); perplexity on a log scale. The rows of the workspace's newest run and of the
 runs it resumed (`metrics.newest_run`: an earlier fresh run is left out), or of job `-job`,
 or of every job in the file with `-all`; where runs repeat a step, the later row wins. Rows
-with nan or infinite values or negative steps are left out and counted.
+with nan, infinite or beyond-float32 values (matplotlib cannot scale an axis to 1e308),
+negative steps or a phase other than train, validation and test are left out and counted.
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
-import argparse
 import csv
 import math
 import os
 import sys
 
+import numpy as np
+
 from singa import metrics
-from singa.errors import SingaError
+from singa.errors import ArgumentParser, SingaError
+from singa.files import write_atomic
 from singa.tensorboard import pip_install
 
 #: pixels: the figure is WIDTH wide and ROW_HEIGHT per row of two panels
 WIDTH, ROW_HEIGHT, DPI = 1200, 400, 100
 LOG_SCALE = ("ppl", "perplexity")
 COLORS = {"train": "tab:blue", "validation": "tab:orange", "test": "tab:green"}
+#: the most metrics drawn (a panel each: the figure grows by ROW_HEIGHT per two)
+MAX_METRICS = 32
+LARGEST = float(np.finfo(np.float32).max)
 
-
-UNDRAWN = "nan or infinite values, negative steps"
+UNDRAWN = "nan, infinite or beyond-float32 values, negative steps, unknown phases"
 
 
 def drawable(rows):
-    """(the rows with a finite value and a step >= 0, how many others there were)."""
-    kept = [r for r in rows if math.isfinite(r["value"]) and r["step"] >= 0]
+    """(the rows of a phase of metrics.PHASES with a value within float32's range and a step
+    >= 0, how many others there were)."""
+    kept = [r for r in rows if abs(r["value"]) <= LARGEST and r["step"] >= 0
+            and r["phase"] in metrics.PHASES]
     return kept, len(rows) - len(kept)
 
 
@@ -76,7 +83,7 @@ def figure(rows, title):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
+    ap = ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
                                  "curves (metrics.csv) as a PNG.")
     ap.add_argument("workspace")
     ap.add_argument("-o", dest="out", help="the PNG to write (default <workspace>/curves.png)")
@@ -84,8 +91,8 @@ def main(argv=None):
     which.add_argument("-job", type=int, help="only the rows of this job id")
     which.add_argument("-all", action="store_true", help="the rows of every run in the file "
                        "(default: the newest run and the runs it resumed)")
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         path = os.path.join(args.workspace, metrics.FILE)
         if not os.path.isfile(path):
             raise SingaError(f"{path}: no metrics file (a job writes it in its workspace)")
@@ -105,14 +112,19 @@ def main(argv=None):
         rows = [r for r in rows if r["group"] == 0]       # the curves are worker group 0's
         if not rows:
             raise SingaError(f"{path}: no rows of worker group 0{of_job}")
+        names = {r["metric"] for r in rows}
+        if len(names) > MAX_METRICS:
+            raise SingaError(f"{path}: {len(names)} metrics; singa-plot draws at most "
+                             f"{MAX_METRICS} (a panel each)")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise SingaError(f"singa-plot needs matplotlib: {pip_install('plot')}") from None
         out = args.out or os.path.join(args.workspace, "curves.png")
         title = os.path.abspath(args.workspace) + (f" (job {args.job})" if of_job else "")
+        fig = figure(rows, title)
         try:
-            figure(rows, title).savefig(out, format="png")
+            write_atomic(out, lambda f: fig.savefig(f, format="png"))
         except OSError as e:
             raise SingaError(f"cannot write {out}: {e.strerror or e}") from None
     except SingaError as e:

@@ -15,9 +15,9 @@ from google.protobuf import text_format
 
 import singa
 from singa import metrics
-from singa.cluster import elastic_procs, nprocs
+from singa.cluster import elastic_procs, nprocs, too_many_procs
 from singa.config import load_job, load_singa_conf, parse_block
-from singa.errors import SingaError
+from singa.errors import ConfigError, SingaError
 from singa.log import format_metrics
 from singa.proto import job_pb2
 from singa.textproto import read_text
@@ -82,9 +82,9 @@ def main(argv=None):
     cmd, rest = args[0], args[1:]
     if len(rest) not in ARITY[cmd]:
         return usage(f"{cmd}: wrong number of arguments")
-    if cmd in ("view", "progress", "remove", "wait") and not rest[0].isdigit():
+    if cmd in ("view", "progress", "remove", "wait") and not _is_number(rest[0]):
         return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
-    if cmd == "waitzk" and not rest[0].isdigit():
+    if cmd == "waitzk" and not _is_number(rest[0]):
         return usage(f"waitzk: seconds must be a number, not {rest[0]!r}")
     if len(rest) == 2 and rest[1] != FLAG.get(cmd):
         return usage(f"{cmd}: unknown argument {rest[1]!r}")
@@ -93,6 +93,11 @@ def main(argv=None):
     except SingaError as e:
         print(f"singatool: {e}", file=sys.stderr)
         return 2
+
+
+def _is_number(text):
+    """Whether `text` is ASCII digits (str.isdigit takes '²', which int() refuses)."""
+    return re.fullmatch(r"[0-9]+", text) is not None
 
 
 def run_alone(cmd, rest):
@@ -248,14 +253,18 @@ def read_cluster(path):
     """The `cluster { ... }` block of a job conf as a ClusterProto.
 
     Like SINGA, only that block is read, so confs with user extension fields still work; its
-    sizes are checked as `singa.config.load_job` checks them.
+    sizes and number of processes are checked as `singa.config.load_job` checks them.
     """
     text = read_text(os.path.abspath(path))
     m = re.search(r"^[ \t]*cluster[ \t]*:?[ \t]*\{([^}]*)\}", text, re.M)
     if not m:
         return job_pb2.ClusterProto()
     first_line = text.count("\n", 0, m.start(1)) + 1
-    return parse_block(m.group(1), job_pb2.ClusterProto(), path, first_line)
+    cluster = parse_block(m.group(1), job_pb2.ClusterProto(), path, first_line)
+    problem = too_many_procs(cluster)
+    if problem:
+        raise ConfigError(f"{path}:{first_line}: {problem}")
+    return cluster
 
 
 if __name__ == "__main__":

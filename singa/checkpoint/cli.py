@@ -1,5 +1,4 @@
 """What `bin/singa-checkpoint.sh` runs: `python -m singa.checkpoint ls|show|diff|merge`."""
-import argparse
 import math
 import os
 import sys
@@ -11,11 +10,11 @@ from singa.checkpoint.format import (CheckpointReader, parse_step_worker, snapsh
                                      write_file)
 from singa.checkpoint.load import Joined
 from singa.checkpoint.snapshots import best_of, list_snapshots, recorded, snapshot_at
-from singa.errors import CheckpointError, SingaError
+from singa.errors import ArgumentParser, CheckpointError, SingaError
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="singa-checkpoint",
+    ap = ArgumentParser(prog="singa-checkpoint",
                                  description="Inspect SINGA checkpoints without building a net.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("ls", help="list the snapshots of a workspace").add_argument(
@@ -31,8 +30,8 @@ def main(argv=None):
     mg.add_argument("--axis", type=int, default=0,
                     help="the axis to join SINGA's pieces along where their shapes allow several "
                          "(default 0: SINGA cuts a layer's params by rows)")
-    args = ap.parse_args(argv)
     try:
+        args = ap.parse_args(argv)
         if args.cmd == "ls":
             return _cmd_ls(args.folder)
         if args.cmd == "show":

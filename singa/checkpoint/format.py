@@ -128,6 +128,10 @@ class CheckpointWriter:
             return self.path
         self._closed = True
         meta = self.prefix + META_SUFFIX
+        for target in (self.path, meta):     # a FIFO or device the rename would replace
+            if os.path.exists(target) and not os.path.isdir(target) and \
+                    not os.path.isfile(target):
+                raise CheckpointError(f"cannot write checkpoint {target}: is not a regular file")
         tmps = [tmp_name(self.path), tmp_name(meta)]
         try:
             with open(tmps[0], "w+b") as f:
@@ -364,6 +368,9 @@ def _parse(path, data):
                        for ps in msg.param_state]
     if crc_ok:
         return True, msg, blobs, param_state
+    if data and not (blobs or param_state or msg.ListFields()):
+        raise CheckpointError(f"checkpoint {path}: no field of a checkpoint in its {len(data)} "
+                              f"bytes (a file of another kind?)")
     if msg.HasField("crc32"):
         raise CheckpointError(f"checkpoint {path}: bad checksum (corrupt)")
     if param_state or any(msg.HasField(f) if f in ("step", "lr_index", "nworkers", "evaluated")

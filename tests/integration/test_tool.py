@@ -172,6 +172,15 @@ def test_usage_errors_exit_1(confdir, args):
     assert "Usage: singatool <command>" in r.stderr
 
 
+@pytest.mark.parametrize("args", [["view", "abc"], ["view", "²"], ["kill", "-1"]])
+def test_console_bad_job_id_is_one_line(tmp_path, args):
+    """`view` handed a bad id on to singatool, whose answer was its whole usage."""
+    r = subprocess.run([os.path.join(BIN, "singa-console.sh"), *args], capture_output=True,
+                       text=True, timeout=30, env=dict(script_env(tmp_path), SINGA_LOG="/tmp"))
+    assert r.returncode == 1
+    assert r.stderr == f"singa-console: job id must be a number, not '{args[1]}'\n"
+
+
 def test_unreachable_zookeeper_exits_2_with_one_line(tmp_path, closed_port):
     conf = tmp_path / "conf"
     conf.mkdir()

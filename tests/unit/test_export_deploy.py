@@ -1,6 +1,7 @@
 """Reading a job's test net for export: which snapshot SNAPSHOT names, what becomes an op,
 and the one-line refusals of the CLI (exit 2, no traceback)."""
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -137,3 +138,37 @@ def test_batch_sets_the_inputs_batch(tmp_path, capsys):
     deploy = text_format.Parse((tmp_path / "c" / "deploy.prototxt").read_text(),
                                caffe_pb2.NetParameter())
     assert list(deploy.layer[0].input_param.shape[0].dim) == [3, 1, 28, 28]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: format, JOB.conf, SNAPSHOT, -o"),
+    (["tflite", LENET, "s", "-o", "x"], "argument format: invalid choice: 'tflite'"),
+    (["onnx", LENET, "s", "-o", "x", "-batch", "x"], "argument -batch: invalid int value: 'x'"),
+    (["onnx", LENET, "s", "-o", "x", "extra"], "unrecognized arguments: extra")])
+def test_a_command_line_mistake_is_one_line(capsys, args, message):
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singa-export: {message}") and err.count("\n") == 1
+    assert "usage: singa-export" in err
+
+
+@pytest.mark.parametrize("batch", ["0", "-1", str(2**31), str(10**23)])
+def test_a_batch_out_of_range_is_one_line_and_writes_nothing(tmp_path, capsys, batch):
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    for fmt, out in (("onnx", tmp_path / "m.onnx"), ("caffe", tmp_path / "c")):
+        assert cli.main([fmt, LENET, str(tmp_path), "-o", str(out), "-batch", batch]) == 2
+        assert capsys.readouterr().err == \
+            f"singa-export: -batch {batch}: must be 1 to 2147483647\n"
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
+
+
+def test_an_output_that_is_no_regular_file_is_left_alone(tmp_path, capsys):
+    """A FIFO (or a device such as /dev/full) named by -o: the rename replaced it with the
+    model."""
+    fresh_snapshot(LENET, tmp_path / "checkpoint")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert cli.main(["onnx", LENET, str(tmp_path), "-o", str(fifo)]) == 2
+    assert capsys.readouterr().err == f"singa-export: cannot write {fifo}: is not a regular file\n"
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "fifo"]

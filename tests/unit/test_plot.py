@@ -4,6 +4,8 @@ import struct
 import subprocess
 import sys
 
+import pytest
+
 import singa
 from singa import metrics, plot
 from singa.metrics import Reporter, read_rows
@@ -75,6 +77,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert r.stderr.startswith(f"singa-plot: cannot write {tmp_path / 'missing' / 'x.png'}: ")
 
 
+@pytest.mark.parametrize("args, message", [
+    ([], "the following arguments are required: workspace"),
+    (["w", "-job", "x"], "argument -job: invalid int value: 'x'"),
+    (["w", "-job", "1", "-all"], "argument -all: not allowed with argument -job"),
+    (["w", "extra"], "unrecognized arguments: extra")])
+def test_a_command_line_mistake_is_one_line(capsys, args, message):
+    assert plot.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singa-plot: {message}") and err.count("\n") == 1
+    assert "usage: singa-plot" in err
+
+
 def test_rows_that_cannot_be_drawn_are_left_out_and_counted(tmp_path):
     """nan and infinite values (a diverged run) and negative steps: left out, and the line
     says how many; with nothing left, one line and exit 2."""
@@ -86,7 +100,7 @@ def test_rows_that_cannot_be_drawn_are_left_out_and_counted(tmp_path):
     done = run(tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout == (f"{tmp_path / 'curves.png'}: loss (train), steps 0 to 30; 3 rows "
-                           f"left out (nan or infinite values, negative steps)\n")
+                           f"left out ({plot.UNDRAWN})\n")
     (tmp_path / "b").mkdir()
     r = Reporter(str(tmp_path / "b"), 1)
     r.metrics(0, 0, "train", {"loss": float("nan")})
@@ -94,7 +108,7 @@ def test_rows_that_cannot_be_drawn_are_left_out_and_counted(tmp_path):
     bad = run(tmp_path / "b")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == (f"singa-plot: {tmp_path / 'b' / 'metrics.csv'}: none of its 1 rows can "
-                          f"be drawn (nan or infinite values, negative steps)\n")
+                          f"be drawn ({plot.UNDRAWN})\n")
 
 
 def test_the_script_runs(tmp_path):
@@ -152,3 +166,43 @@ def test_rows_lacking_a_field_are_skipped_so_runs_never_fail(tmp_path):
     assert read_rows(str(path)) == []
     path.write_text(",".join(metrics.FIELDS) + "\n1,0,5,train,loss,0.5,1.0\n1,0,6,train\n")
     assert [r["step"] for r in metrics.newest_run(read_rows(str(path)))] == [5]
+
+
+HEADER = ",".join(metrics.FIELDS) + "\n"
+
+
+def test_values_beyond_float32_and_unknown_phases_are_left_out(tmp_path, capsys):
+    """A 1e308 loss beside a finite one made matplotlib's tick maths a ValueError traceback; a
+    phase of no colour drew an empty panel and a legend warning."""
+    (tmp_path / "metrics.csv").write_text(HEADER + "1,0,1,train,loss,inf,0\n"
+                                          "1,0,2,train,loss,1e308,0\n1,0,3,train,loss,2,0\n"
+                                          "1,0,3,weird,loss,1,0\n1,0,4,train,loss,1,0\n")
+    assert plot.main([str(tmp_path)]) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and out.out == (f"{tmp_path / 'curves.png'}: loss (train), steps 3 to "
+                                         f"4; 3 rows left out ({plot.UNDRAWN})\n")
+    assert png_size(tmp_path / "curves.png")[0] == plot.WIDTH
+
+
+def test_more_metrics_than_panels_is_one_line_at_once(tmp_path, capsys):
+    """3000 metrics were 1500 rows of panels: no figure within minutes."""
+    (tmp_path / "metrics.csv").write_text(HEADER + "".join(f"1,0,1,train,m{i},1,0\n"
+                                                           for i in range(3000)))
+    assert plot.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"singa-plot: {tmp_path / 'metrics.csv'}: 3000 metrics; "
+                                       f"singa-plot draws at most 32 (a panel each)\n")
+    assert os.listdir(tmp_path) == ["metrics.csv"]
+
+
+def test_the_png_is_written_whole_or_not_at_all(tmp_path, capsys, monkeypatch):
+    write_metrics(tmp_path)
+    (tmp_path / "curves.png").write_bytes(b"old")
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("matplotlib.figure.Figure.savefig", fail)
+    assert plot.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err == \
+        f"singa-plot: cannot write {tmp_path / 'curves.png'}: No space left on device\n"
+    assert (tmp_path / "curves.png").read_bytes() == b"old"
+    assert not [name for name in os.listdir(tmp_path) if ".tmp" in name]

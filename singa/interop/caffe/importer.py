@@ -19,7 +19,8 @@ from google.protobuf import text_format
 from singa import config, launch
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
 from singa.checkpoint import folder as checkpoint_folder
-from singa.errors import CheckpointError, ConfigError, DataError, run_command
+from singa.errors import (ArgumentParser, CheckpointError, ConfigError, DataError,
+                          run_command)
 from singa.files import write_atomic
 from singa.interop.caffe import netdef
 from singa.interop.caffe.blobs import CaffeFile
@@ -32,20 +33,13 @@ from singa.updater import create_lr_generator
 __all__ = ["main", "import_caffe"]
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are a ConfigError: one line, exit 2."""
-
-    def error(self, message):
-        raise ConfigError(f"{message}; {self.format_usage().strip()}")
-
-
 def main(argv=None):
     return run_command(lambda: import_caffe(**_args(argv)))
 
 
 def _args(argv):
     """import_caffe's keywords from the command line."""
-    ap = _Parser(prog="singa-import.sh", usage=(
+    ap = ArgumentParser(prog="singa-import.sh", usage=(
         "singa-import.sh caffe NET.prototxt [WEIGHTS.caffemodel] [-solver FILE] "
         "[-solverstate FILE] [-input_shape C,H,W] [-fold-bn] -o DIR"))
     ap.add_argument("format", choices=["caffe"])

@@ -1,0 +1,40 @@
+"""singatool's commands that need no ZooKeeper: their refusals of bad arguments and confs."""
+import pytest
+
+from singa import tool
+
+
+@pytest.mark.parametrize("args", [["progress", "²"], ["view", "١"], ["waitzk", "³", "-local"],
+                                  ["remove", "1.0"], ["wait", "-1"]])
+def test_a_number_must_be_ascii_digits(tmp_path, capsys, args):
+    assert tool.main(args + ["-confdir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"singatool: {args[0]}: ") and "must be a number" in err
+    assert "Traceback" not in err
+
+
+def conf(tmp_path, cluster):
+    """A job conf: mnist's MLP with `cluster` as its cluster block."""
+    text = open("examples/mnist/job.conf").read()
+    path = tmp_path / "job.conf"
+    path.write_text(text[:text.index("\ncluster")] + f'\ncluster {{ {cluster} workspace: '
+                    f'"{tmp_path}" }}\nmax_restarts: 3\n')
+    return str(path)
+
+
+@pytest.mark.parametrize("cmd", ["nprocs", "elastic", "jobname", "maxrestarts"])
+def test_a_cluster_of_more_processes_than_a_job_may_run_is_one_line(tmp_path, capsys, cmd):
+    """Refused before anything is made per process (elastic listed 2^31 of them: minutes and
+    gigabytes)."""
+    path = conf(tmp_path, "nworker_groups: 2147483647 nworkers_per_procs: 1")
+    assert tool.main([cmd, path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"singatool: {path}:") and err.count("\n") == 1
+    assert "cluster: 2147483647 processes, more than the 65536 a job may run" in err
+
+
+def test_a_cluster_of_many_processes_still_loads(tmp_path, capsys):
+    path = conf(tmp_path, "nworker_groups: 65536 nworkers_per_procs: 1")
+    assert tool.main(["nprocs", path]) == 0 and capsys.readouterr().out == "65536\n"
+    assert tool.main(["elastic", path]) == 0
+    assert capsys.readouterr().out.split()[-1] == "65535"
