@@ -3,7 +3,16 @@ the folder fsynced (checkpoints have their own writer, checkpoint.format, for tw
 import errno
 import os
 
-__all__ = ["copy_atomic", "fsync_dir", "write_atomic"]
+__all__ = ["copy_atomic", "fsync_dir", "replaceable", "write_atomic"]
+
+
+def replaceable(path):
+    """An OSError naming `path` where a rename onto it must not happen: a folder, or another
+    file than a regular one (a device, a FIFO: the rename would replace it)."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a folder", path)
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise OSError(errno.EEXIST, "is not a regular file", path)
 
 
 def write_atomic(path, fill):
@@ -11,10 +20,7 @@ def write_atomic(path, fill):
     failure nothing is left behind and an OSError names `path`. A `path` that is a folder, or
     another file than a regular one (a device, a FIFO, which the rename would replace), is
     refused."""
-    if os.path.isdir(path):
-        raise IsADirectoryError(21, "is a folder", path)
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise OSError(errno.EEXIST, "is not a regular file", path)
+    replaceable(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "wb") as f:

@@ -35,7 +35,7 @@ from singa.checkpoint import state as _state
 from singa.checkpoint import wire
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, read_meta
 from singa.errors import CheckpointError
-from singa.files import fsync_dir
+from singa.files import fsync_dir, replaceable
 from singa.proto import common_pb2
 from singa.protowire import FIXED32, floats, key
 
@@ -128,10 +128,11 @@ class CheckpointWriter:
             return self.path
         self._closed = True
         meta = self.prefix + META_SUFFIX
-        for target in (self.path, meta):     # a FIFO or device the rename would replace
-            if os.path.exists(target) and not os.path.isdir(target) and \
-                    not os.path.isfile(target):
-                raise CheckpointError(f"cannot write checkpoint {target}: is not a regular file")
+        for target in (self.path, meta):
+            try:
+                replaceable(target)
+            except OSError as e:
+                raise CheckpointError(f"cannot write checkpoint {target}: {e.strerror}") from None
         tmps = [tmp_name(self.path), tmp_name(meta)]
         try:
             with open(tmps[0], "w+b") as f:
