@@ -6,37 +6,20 @@ CPU; two workers share one GPU; a job of two processes over tcp (no ZooKeeper) h
 process on the GPU and its server process on the CPU."""
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import singa
+from example_models import EXAMPLES, char_rnn_data, char_rnn_model, conf_model
 from singa import checkpoint, cluster, cuda_graphs, threads
-from singa.model import SGD, Cluster, Dense, Model, Sequential
+from singa.model import SGD, Cluster, Dense, Sequential
 from singa.runtime import Process, Transport
 
 FIX = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
-EXAMPLES = os.path.join(singa.HOME, "examples")
 STANDIN = os.environ.get("SINGA_GPU_STANDIN") == "1"     # tests/gpu/conftest.py
 MNIST = {"examples/mnist/train_data.bin": f"{FIX}/train-1000.bin",
          "examples/mnist/test_data.bin": f"{FIX}/test-500.bin"}
-
-
-def conf_model(tmp_path, name, path, replacements):
-    """Model.from_conf of the conf at `path`, each `old` replaced by `new`, its workspace
-    <tmp_path>/<name>."""
-    with open(path) as f:
-        text = f.read()
-    for old, new in replacements.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    conf = tmp_path / f"{name}.conf"
-    conf.write_text(text)
-    m = Model.from_conf(str(conf))
-    m.jobconf.cluster.workspace = str(tmp_path / name)
-    return m
 
 
 def write_cifar(folder, per_batch=200, per_test=1000, seed=0):
@@ -191,19 +174,10 @@ def test_char_rnn_trains_with_bptt_on_the_gpu_as_on_the_cpu(tmp_path):
     """kBPTT, SINGA's char-rnn conf (smaller GRUs, 5 steps unrolled): CharRNN and OneHot on
     the host, the unrolled GRUs and the output layers on the GPU; each param within 1e-4 of
     the CPU's after 20 steps (CUDA's tanh and exp, cuBLAS's sums: rounding)."""
-    text = tmp_path / "text.txt"
-    with open(os.path.join(singa.HOME, "README.md"), "rb") as f:     # ASCII: < 101 bytes
-        text.write_bytes(f.read().decode().encode("ascii", "ignore") * 4)
-    made = subprocess.run([sys.executable, f"{EXAMPLES}/char-rnn/create_data.py", "--text",
-                           str(text), "--out-dir", str(tmp_path)], capture_output=True,
-                          text=True, timeout=60)
-    assert made.returncode == 0, made.stderr
+    char_rnn_data(tmp_path)
     runs = {}
     for run, place in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, run, f"{EXAMPLES}/char-rnn/job.conf", {
-            "dim_hidden: 512": "dim_hidden: 32", "unroll_len: 50": "unroll_len: 5",
-            "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
-            "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
+        m = char_rnn_model(tmp_path, run)
         m.fit(nb_epoch=20, disp_freq=10, seed=7, progress=False, device=place)
         runs[run] = final_params(m)
     rel = apart(runs["gpu"], runs["cpu"])

@@ -7,8 +7,6 @@ chunk, a GPU in one chunk) or computes exp in a kernel (SoftmaxLoss: CUDA's expf
 the stand-in, where the CPU has numpy's). Our CUDA kernels (singa/layers/cuda.py) run on it
 through tests/cuda_shim.py. The real GPU is tests/gpu's."""
 import io
-import subprocess
-import sys
 import threading
 import zlib
 
@@ -20,6 +18,7 @@ from google.protobuf import text_format
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
+from example_models import char_rnn_data, char_rnn_model, conf_model
 from singa import checkpoint, config, cuda_graphs, device, threads, worker
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
@@ -256,21 +255,6 @@ def test_convolution_and_pooling_kernels_give_the_cpus_bytes_on_the_gpu_path(gpu
     assert len(out[0]) == 26 and out[1] == out[0]
 
 
-def conf_model(tmp_path, name, path, replacements):
-    """Model.from_conf of the conf at `path` with each `old` replaced by `new` (each must
-    occur), its workspace <tmp_path>/<name>."""
-    with open(path) as f:
-        text = f.read()
-    for old, new in replacements.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    conf = tmp_path / f"{name}.conf"
-    conf.write_text(text)
-    m = Model.from_conf(str(conf))
-    m.jobconf.cluster.workspace = str(tmp_path / name)
-    return m
-
-
 def rounding_apart(a, b, rtol=1e-5):
     """a and b, dicts of arrays or lists of numbers (or numbers), agree to float32 rounding:
     not bit for bit (SoftmaxLoss's exp, see above), but no plumbing mistake comes this close."""
@@ -299,16 +283,10 @@ def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
 
 def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpus_values(tmp_path, gpu):
     """kBPTT: CharRNN and OneHot compute on the host, the unrolled GRUs on the device."""
-    made = subprocess.run([sys.executable, f"{singa.HOME}/examples/char-rnn/create_data.py",
-                           "--out-dir", str(tmp_path)], capture_output=True, text=True,
-                          timeout=60)
-    assert made.returncode == 0, made.stderr
+    char_rnn_data(tmp_path)
     runs = {}
     for name, device in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, name, f"{singa.HOME}/examples/char-rnn/job.conf", {
-            "dim_hidden: 512": "dim_hidden: 32", "unroll_len: 50": "unroll_len: 5",
-            "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
-            "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
+        m = char_rnn_model(tmp_path, name)
         m.fit(nb_epoch=6, disp_freq=3, seed=7, progress=False, device=device)
         runs[name] = final_params(m)
     assert rounding_apart(runs["gpu"], runs["cpu"])
