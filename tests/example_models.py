@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import singa
+from singa import checkpoint
 from singa.model import Model
 
 EXAMPLES = os.path.join(singa.HOME, "examples")
@@ -23,6 +24,23 @@ def conf_model(tmp_path, name, path, replacements):
     m = Model.from_conf(str(conf))
     m.jobconf.cluster.workspace = str(tmp_path / name)
     return m
+
+
+def final_params(m):
+    """{name: values} of the snapshot the model's last run ended with."""
+    r = checkpoint.CheckpointReader(m.last_checkpoint_path)
+    return {name: r.param(name) for name in r.names}
+
+
+def on_cpu_and_gpu(make, **fit):
+    """{"cpu": final params, "gpu": final params} of `make(name)`'s model trained by
+    `fit(**fit)` on the CPU and on GPU 0."""
+    runs = {}
+    for name, device in (("cpu", None), ("gpu", [0])):
+        m = make(name)
+        m.fit(progress=False, device=device, **fit)
+        runs[name] = final_params(m)
+    return runs
 
 
 def char_rnn_data(tmp_path):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import singa
-from example_models import EXAMPLES, char_rnn_data, char_rnn_model, conf_model
+from example_models import (EXAMPLES, char_rnn_data, char_rnn_model, conf_model, final_params,
+                            on_cpu_and_gpu)
 from singa import checkpoint, cluster, cuda_graphs, threads
 from singa.model import SGD, Cluster, Dense, Sequential
 from singa.runtime import Process, Transport
@@ -34,11 +35,6 @@ def write_cifar(folder, per_batch=200, per_test=1000, seed=0):
         pixels = np.clip(colours[labels][:, :, None] + noise, 0, 255)
         records = np.concatenate([labels[:, None], pixels.reshape(n, -1)], axis=1)
         (folder / name).write_bytes(records.astype(np.uint8).tobytes())
-
-
-def final_params(m):
-    r = checkpoint.CheckpointReader(m.last_checkpoint_path)
-    return {name: r.param(name) for name in r.names}
 
 
 def cifar_data(tmp_path):
@@ -159,12 +155,9 @@ def test_an_rbm_trains_with_cd_on_the_gpu_as_on_the_cpu(tmp_path):
     may flip where a draw falls within an ulp of its probability: each param within 1e-3 of
     the CPU's (a sample flipped moves one weight by about 1e-5 of the whole; a step lost, a
     phase's sign wrong or a sample not drawn moves them by far more)."""
-    runs = {}
-    for run, place in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, run, f"{EXAMPLES}/rbm/rbm1.conf", MNIST)
-        m.fit(nb_epoch=20, test_steps=2, test_freq=10, disp_freq=10, seed=7, progress=False,
-              device=place)
-        runs[run] = final_params(m)
+    runs = on_cpu_and_gpu(lambda run: conf_model(tmp_path, run, f"{EXAMPLES}/rbm/rbm1.conf",
+                                                 MNIST),
+                          nb_epoch=20, test_steps=2, test_freq=10, disp_freq=10, seed=7)
     rel = apart(runs["gpu"], runs["cpu"])
     print(f"rbm1 (kCD), 20 steps: GPU against CPU, relative: {rel}")
     assert max(rel.values()) <= 1e-3, rel
@@ -175,11 +168,8 @@ def test_char_rnn_trains_with_bptt_on_the_gpu_as_on_the_cpu(tmp_path):
     the host, the unrolled GRUs and the output layers on the GPU; each param within 1e-4 of
     the CPU's after 20 steps (CUDA's tanh and exp, cuBLAS's sums: rounding)."""
     char_rnn_data(tmp_path)
-    runs = {}
-    for run, place in (("cpu", None), ("gpu", [0])):
-        m = char_rnn_model(tmp_path, run)
-        m.fit(nb_epoch=20, disp_freq=10, seed=7, progress=False, device=place)
-        runs[run] = final_params(m)
+    runs = on_cpu_and_gpu(lambda run: char_rnn_model(tmp_path, run), nb_epoch=20,
+                          disp_freq=10, seed=7)
     rel = apart(runs["gpu"], runs["cpu"])
     print(f"char-rnn (kBPTT), 20 steps: GPU against CPU, relative: {rel}")
     assert max(rel.values()) <= 1e-4, rel

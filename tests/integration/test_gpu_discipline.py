@@ -18,8 +18,9 @@ from google.protobuf import text_format
 import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
-from example_models import char_rnn_data, char_rnn_model, conf_model
-from singa import checkpoint, config, cuda_graphs, device, threads, worker
+from example_models import (char_rnn_data, char_rnn_model, conf_model, final_params,
+                            on_cpu_and_gpu)
+from singa import config, cuda_graphs, device, threads, worker
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer, Peer, Router
@@ -64,11 +65,6 @@ def convnet(ws):
     m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.02, momentum=0.9),
               cluster=Cluster(str(ws)))
     return m
-
-
-def final_params(m):
-    r = checkpoint.CheckpointReader(m.last_checkpoint_path)
-    return {name: r.param(name) for name in r.names}
 
 
 def fit(make, ws, x, y, **kw):
@@ -271,12 +267,9 @@ def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
     (the same sums, BLAS blocks them differently: rounding apart)."""
     data = {"examples/mnist/train_data.bin": f"{FIXTURES}/train-1000.bin",
             "examples/mnist/test_data.bin": f"{FIXTURES}/test-500.bin"}
-    runs = {}
-    for name, device in (("cpu", None), ("gpu", [0])):
-        m = conf_model(tmp_path, name, f"{singa.HOME}/examples/rbm/rbm1.conf", data)
-        m.fit(nb_epoch=8, test_steps=2, test_freq=4, disp_freq=4, seed=7, progress=False,
-              device=device)
-        runs[name] = final_params(m)
+    runs = on_cpu_and_gpu(lambda name: conf_model(tmp_path, name,
+                                                  f"{singa.HOME}/examples/rbm/rbm1.conf", data),
+                          nb_epoch=8, test_steps=2, test_freq=4, disp_freq=4, seed=7)
     for name, values in runs["cpu"].items():
         assert np.allclose(runs["gpu"][name], values, rtol=1e-5, atol=1e-6), name
 
@@ -284,11 +277,8 @@ def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):
 def test_char_rnn_trains_with_bptt_on_the_gpu_path_to_the_cpus_values(tmp_path, gpu):
     """kBPTT: CharRNN and OneHot compute on the host, the unrolled GRUs on the device."""
     char_rnn_data(tmp_path)
-    runs = {}
-    for name, device in (("cpu", None), ("gpu", [0])):
-        m = char_rnn_model(tmp_path, name)
-        m.fit(nb_epoch=6, disp_freq=3, seed=7, progress=False, device=device)
-        runs[name] = final_params(m)
+    runs = on_cpu_and_gpu(lambda name: char_rnn_model(tmp_path, name), nb_epoch=6,
+                          disp_freq=3, seed=7)
     assert rounding_apart(runs["gpu"], runs["cpu"])
 
 
