@@ -106,11 +106,6 @@ def check_layout(cluster):
         if size < per and (per % size or (n * size) % per):
             return (f"cluster: n{kind}s_per_procs {per} must be a multiple of n{kind}s_per_group "
                     f"{size} that divides the {n * size} {kind}s")
-    return too_many_procs(cluster)
-
-
-def too_many_procs(cluster):
-    """The problem of a cluster of more than MAX_PROCS processes, or None."""
     n = nprocs(cluster)
     return f"cluster: {n} processes, more than the {MAX_PROCS} a job may run" \
         if n > MAX_PROCS else None

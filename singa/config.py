@@ -107,6 +107,18 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     return job
 
 
+def load_cluster(path):
+    """The cluster of the job conf at `path` (relative to the SINGA home if relative), its
+    layout checked: what the launcher needs to place the processes. The user's extensions are
+    not loaded, so their fields are skipped (parse_job's first pass)."""
+    conf = _Conf(read_text(path), path)
+    job = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
+    problem = cluster.check_layout(job.cluster)
+    if problem:
+        conf.fail(conf.line("cluster"), problem)
+    return job.cluster
+
+
 def absolute_paths(job, base):
     """Make every relative file path of `job` absolute against the folder `base` (the Python
     API resolves against the current directory; the CLI against the SINGA home); store URLs
@@ -136,12 +148,6 @@ def absolute_paths(job, base):
 def load_singa_conf(path):
     """Parse the global conf (conf/singa.conf) into a SingaProto."""
     return _Conf(read_text(path), path).parse(singa_pb2.SingaProto())
-
-
-def parse_block(text, msg, path, first_line=1):
-    """Parse `text`, a block of a conf file starting at line `first_line`, into `msg` and check
-    its sizes and floats (as load_job does); errors name `path` and the line in the file."""
-    return _Conf(text, path, first_line - 1).parse(msg)
 
 
 def _run_phases(job, test):

@@ -15,8 +15,8 @@ from google.protobuf import text_format
 
 import singa
 from singa import metrics
-from singa.cluster import elastic_procs, nprocs, too_many_procs
-from singa.config import load_job, load_singa_conf, parse_block
+from singa.cluster import elastic_procs, nprocs
+from singa.config import load_cluster, load_job, load_singa_conf
 from singa.errors import ConfigError, SingaError
 from singa.log import format_metrics
 from singa.proto import job_pb2
@@ -103,7 +103,7 @@ def _is_number(text):
 def run_alone(cmd, rest):
     """The commands of ALONE; returns the exit status."""
     if cmd == "nprocs":
-        print(nprocs(read_cluster(rest[0])))
+        print(nprocs(load_cluster(rest[0])))
     elif cmd in ("jobname", "maxrestarts", "elastic"):
         job = load_job(rest[0], check_paths=False, check_layers=False, test="-test" in rest)
         if cmd == "elastic":
@@ -138,7 +138,7 @@ def run(cmd, rest, confdir):
     if cmd == "progress":
         print("\n".join(progress(int(rest[0]), conf.log_dir)))
         return 0
-    n = nprocs(read_cluster(rest[0])) if cmd == "genhost" and rest else 1
+    n = nprocs(load_cluster(rest[0])) if cmd == "genhost" and rest else 1
     trust = JobTrust.from_env()
     with ZKService(conf.zookeeper_host, trust=trust) as service:
         jobs = JobManager(service)
@@ -222,7 +222,7 @@ def progress(job_id, log_dir):
         return [f"job {job_id}: no job information in {os.path.join(log_dir, 'job-info')}"]
     steps = re.search(r"^[ \t]*train_steps[ \t]*:[ \t]*(\d+)", read_text(infos[-1]), re.M)
     train_steps = int(steps[1]) if steps else 0
-    path = os.path.join(singa.resolve(read_cluster(infos[-1]).workspace), metrics.FILE)
+    path = os.path.join(singa.resolve(load_cluster(infos[-1]).workspace), metrics.FILE)
     last = {}
     for row in metrics.read_rows(path, job_id):
         if row["group"] == 0:
@@ -247,24 +247,6 @@ def usage(problem=None):
         print(f"singatool: {problem}", file=sys.stderr)
     print(USAGE, file=sys.stderr)
     return 1
-
-
-def read_cluster(path):
-    """The `cluster { ... }` block of a job conf as a ClusterProto.
-
-    Like SINGA, only that block is read, so confs with user extension fields still work; its
-    sizes and number of processes are checked as `singa.config.load_job` checks them.
-    """
-    text = read_text(os.path.abspath(path))
-    m = re.search(r"^[ \t]*cluster[ \t]*:?[ \t]*\{([^}]*)\}", text, re.M)
-    if not m:
-        return job_pb2.ClusterProto()
-    first_line = text.count("\n", 0, m.start(1)) + 1
-    cluster = parse_block(m.group(1), job_pb2.ClusterProto(), path, first_line)
-    problem = too_many_procs(cluster)
-    if problem:
-        raise ConfigError(f"{path}:{first_line}: {problem}")
-    return cluster
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def test_genhost_bad_cluster_field_names_file_and_line(confdir, tmp_path):
 @pytest.mark.parametrize("text, line, what", [
     (b'name: "x\xff"\ncluster {\n  nworker_groups: 1\n}\n', 1, "not UTF-8 text"),
     (b'name: "x"\ncluster {\n  nworker_groups: 1\n  nworkers_per_procs: 0\n}\n', 4,
-     "nworkers_per_procs must be at least 1, got 0")])
+     "cluster.nworkers_per_procs must be at least 1, got 0")])
 def test_genhost_bad_conf_is_one_line_naming_file_and_line(confdir, tmp_path, text, line, what):
     job = tmp_path / "job.conf"
     job.write_bytes(text)

@@ -8,7 +8,6 @@ import pytest
 from conf_helpers import GOOD, expect_error, line_of, load_error
 from singa import config
 from singa.errors import ConfigError
-from singa.proto import job_pb2
 
 
 def test_error_message_is_one_line_with_file_and_line(tmp_path):
@@ -54,9 +53,3 @@ def test_a_long_string_costs_memory_in_proportion(tmp_path):
         tracemalloc.stop()
     assert len(job.checkpoint_path[0]) == 2_000_000
     assert peak < 20 * len(text), f"{peak / 1e6:.0f} MB to parse {len(text) / 1e6:.0f} MB"
-
-
-def test_parse_block_names_the_line_in_the_whole_file():
-    with pytest.raises(ConfigError, match=r"^job\.conf:12: nworkers_per_procs must be at least 1, got 0$"):
-        config.parse_block("nworker_groups: 1\nnworkers_per_procs: 0\n", job_pb2.ClusterProto(),
-                           "job.conf", first_line=11)

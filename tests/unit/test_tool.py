@@ -1,6 +1,9 @@
 """singatool's commands that need no ZooKeeper: their refusals of bad arguments and confs."""
+import os
+
 import pytest
 
+import singa
 from singa import tool
 
 
@@ -15,7 +18,7 @@ def test_a_number_must_be_ascii_digits(tmp_path, capsys, args):
 
 def conf(tmp_path, cluster):
     """A job conf: mnist's MLP with `cluster` as its cluster block."""
-    text = open("examples/mnist/job.conf").read()
+    text = open(os.path.join(singa.HOME, "examples", "mnist", "job.conf")).read()
     path = tmp_path / "job.conf"
     path.write_text(text[:text.index("\ncluster")] + f'\ncluster {{ {cluster} workspace: '
                     f'"{tmp_path}" }}\nmax_restarts: 3\n')
@@ -38,3 +41,12 @@ def test_a_cluster_of_many_processes_still_loads(tmp_path, capsys):
     assert tool.main(["nprocs", path]) == 0 and capsys.readouterr().out == "65536\n"
     assert tool.main(["elastic", path]) == 0
     assert capsys.readouterr().out.split()[-1] == "65535"
+
+
+def test_the_cluster_block_is_found_where_the_text_format_puts_it(tmp_path, capsys):
+    """Not only at the start of a line: `nprocs` and `genhost` place the processes (a pattern
+    that wanted `cluster {` at the start of a line counted 1 process here)."""
+    path = conf(tmp_path, "nworker_groups: 2 server_worker_separate: true")
+    text = open(path).read().replace("\ncluster {", " cluster {")
+    open(path, "w").write(text)
+    assert tool.main(["nprocs", path]) == 0 and capsys.readouterr().out == "3\n"
