@@ -2,12 +2,13 @@
 
     python -m singa.plot <workspace> [-o curves.png] [-job ID | -all]
 
-One panel per metric (loss, accuracy, ppl, ...), a line per phase (train, validation, test)
-over the steps (at most MAX_METRICS panels); perplexity on a log scale. The rows of the workspace's newest run and of the
-runs it resumed (`metrics.newest_run`: an earlier fresh run is left out), or of job `-job`,
-or of every job in the file with `-all`; where runs repeat a step, the later row wins. Rows
-with nan, infinite or beyond-float32 values (matplotlib cannot scale an axis to 1e308),
-negative steps or a phase other than train, validation and test are left out and counted.
+One panel per metric (loss, accuracy, ppl, ...; at most MAX_METRICS), a line per phase
+(train, validation, test) over the steps; perplexity on a log scale. The rows of the
+workspace's newest run and of the runs it resumed (`metrics.newest_run`: an earlier fresh
+run is left out), or of job `-job`, or of every job in the file with `-all`; where runs
+repeat a step, the later row wins. Rows with nan, infinite or beyond-float32 values
+(matplotlib cannot scale an axis to 1e308), negative steps or a phase other than train,
+validation and test are left out and counted.
 Matplotlib (the optional extra `singa[plot]`) draws headless (Agg).
 """
 import csv
@@ -84,7 +85,7 @@ def figure(rows, title):
 
 def main(argv=None):
     ap = ArgumentParser(prog="singa-plot", description="Draw a workspace's training "
-                                 "curves (metrics.csv) as a PNG.")
+                        "curves (metrics.csv) as a PNG.")
     ap.add_argument("workspace")
     ap.add_argument("-o", dest="out", help="the PNG to write (default <workspace>/curves.png)")
     which = ap.add_mutually_exclusive_group()

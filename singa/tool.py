@@ -17,9 +17,8 @@ import singa
 from singa import metrics
 from singa.cluster import elastic_procs, nprocs
 from singa.config import load_cluster, load_job, load_singa_conf
-from singa.errors import ConfigError, SingaError
+from singa.errors import SingaError
 from singa.log import format_metrics
-from singa.proto import job_pb2
 from singa.textproto import read_text
 from singa.trust import ENV, JobTrust, new_secret
 from singa.job_manager import JobManager

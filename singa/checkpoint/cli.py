@@ -15,7 +15,7 @@ from singa.errors import ArgumentParser, CheckpointError, SingaError
 
 def main(argv=None):
     ap = ArgumentParser(prog="singa-checkpoint",
-                                 description="Inspect SINGA checkpoints without building a net.")
+                        description="Inspect SINGA checkpoints without building a net.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("ls", help="list the snapshots of a workspace").add_argument(
         "folder", help="workspace or its checkpoint folder")
