@@ -107,16 +107,16 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     return job
 
 
-def load_cluster(path):
-    """The cluster of the job conf at `path` (relative to the SINGA home if relative), its
-    layout checked: what the launcher needs to place the processes. The user's extensions are
-    not loaded, so their fields are skipped (parse_job's first pass)."""
+def load_plain(path):
+    """The job conf at `path` (relative to the SINGA home if relative) without the user's
+    extensions, whose fields are skipped (parse_job's first pass), its cluster's layout
+    checked: what the launch scripts read of a job (its processes, steps, workspace)."""
     conf = _Conf(read_text(path), path)
     job = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
     problem = cluster.check_layout(job.cluster)
     if problem:
         conf.fail(conf.line("cluster"), problem)
-    return job.cluster
+    return job
 
 
 def absolute_paths(job, base):

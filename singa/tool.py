@@ -16,10 +16,9 @@ from google.protobuf import text_format
 import singa
 from singa import metrics
 from singa.cluster import elastic_procs, nprocs
-from singa.config import load_cluster, load_job, load_singa_conf
+from singa.config import load_job, load_plain, load_singa_conf
 from singa.errors import SingaError
 from singa.log import format_metrics
-from singa.textproto import read_text
 from singa.trust import ENV, JobTrust, new_secret
 from singa.job_manager import JobManager
 from singa.zk import ZKService, zookeeper_answers
@@ -102,7 +101,7 @@ def _is_number(text):
 def run_alone(cmd, rest):
     """The commands of ALONE; returns the exit status."""
     if cmd == "nprocs":
-        print(nprocs(load_cluster(rest[0])))
+        print(nprocs(load_plain(rest[0]).cluster))
     elif cmd in ("jobname", "maxrestarts", "elastic"):
         job = load_job(rest[0], check_paths=False, check_layers=False, test="-test" in rest)
         if cmd == "elastic":
@@ -137,7 +136,7 @@ def run(cmd, rest, confdir):
     if cmd == "progress":
         print("\n".join(progress(int(rest[0]), conf.log_dir)))
         return 0
-    n = nprocs(load_cluster(rest[0])) if cmd == "genhost" and rest else 1
+    n = nprocs(load_plain(rest[0]).cluster) if cmd == "genhost" and rest else 1
     trust = JobTrust.from_env()
     with ZKService(conf.zookeeper_host, trust=trust) as service:
         jobs = JobManager(service)
@@ -219,9 +218,9 @@ def progress(job_id, log_dir):
                                           "job.conf")))
     if not infos:
         return [f"job {job_id}: no job information in {os.path.join(log_dir, 'job-info')}"]
-    steps = re.search(r"^[ \t]*train_steps[ \t]*:[ \t]*(\d+)", read_text(infos[-1]), re.M)
-    train_steps = int(steps[1]) if steps else 0
-    path = os.path.join(singa.resolve(load_cluster(infos[-1]).workspace), metrics.FILE)
+    job = load_plain(infos[-1])
+    train_steps = job.train_steps
+    path = os.path.join(singa.resolve(job.cluster.workspace), metrics.FILE)
     last = {}
     for row in metrics.read_rows(path, job_id):
         if row["group"] == 0:

@@ -50,3 +50,18 @@ def test_the_cluster_block_is_found_where_the_text_format_puts_it(tmp_path, caps
     text = open(path).read().replace("\ncluster {", " cluster {")
     open(path, "w").write(text)
     assert tool.main(["nprocs", path]) == 0 and capsys.readouterr().out == "3\n"
+
+
+def test_progress_reads_the_steps_and_workspace_of_the_jobs_conf(tmp_path):
+    """As load_job would read them, wherever on a line they stand (a pattern wanted
+    `train_steps` at a line's start and showed no total here)."""
+    info = tmp_path / "log" / "job-info" / "job-7-20261127-150000"
+    info.mkdir(parents=True)
+    (info / "job.conf").write_text(f'name: "x" train_steps: 300 cluster {{ workspace: '
+                                   f'"{tmp_path / "ws"}" }}\n')
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "metrics.csv").write_text(
+        "job,group,step,phase,metric,value,wall_time\n"
+        "7,0,120,train,loss,0.5,1.0\n7,0,120,train,accuracy,0.75,1.0\n")
+    assert tool.progress(7, str(tmp_path / "log")) == [
+        "Train @ step 120 of 300  loss = 0.500000, accuracy = 0.750000"]
