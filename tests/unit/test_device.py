@@ -13,7 +13,7 @@ import pytest
 
 import singa
 from conf_helpers import GOOD, expect_error, load_error
-from singa import config, device
+from singa import cluster, config, device
 from singa.errors import ConfigError
 
 CONFS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "confs"
@@ -92,18 +92,28 @@ def test_workers_of_one_process_on_two_devices_are_refused_at_the_gpu_line():
     assert "\n" not in msg
 
 
-def test_the_gpu_layout_check_does_no_work_per_process_a_conf_claims():
-    """2^31 − 1 worker processes claimed: the check looks at two, in a moment (it looped over
-    every process)."""
+@pytest.mark.parametrize("groups", [2**31 - 1, cluster.MAX_PROCS])
+def test_the_gpu_layout_check_does_no_work_per_process_a_conf_claims(groups):
+    """2^31 − 1 worker processes claimed: refused in a moment, as more than a job may run
+    (the GPU check looped over every process); the most a job may run: the check looks at
+    two."""
     text = (CONFS / "cifar10" / "cudnn.conf").read_text()
     assert "nworker_groups: 1" in text and "gpu: 0" in text
-    text = text.replace("nworker_groups: 1", f"nworker_groups: {2**31 - 1}")
+    text = text.replace("nworker_groups: 1", f"nworker_groups: {groups}")
     done = []
-    worker = threading.Thread(target=lambda: done.append(config.parse_job(
-        text, "cudnn.conf", check_paths=False, check_layers=False)), daemon=True)
+
+    def parse():
+        try:
+            done.append(config.parse_job(text, "cudnn.conf", check_paths=False,
+                                         check_layers=False).cluster.nworker_groups)
+        except ConfigError as e:
+            done.append(str(e))
+    worker = threading.Thread(target=parse, daemon=True)
     worker.start()
     worker.join(10)
-    assert done and done[0].cluster.nworker_groups == 2**31 - 1
+    assert done == [groups if groups <= cluster.MAX_PROCS else
+                    f"cudnn.conf:291: cluster: {groups} processes, more than the "
+                    f"{cluster.MAX_PROCS} a job may run"]
 
 
 @pytest.mark.parametrize("device_arg", ["0", [0.5], {"gpu": 0}, True])
