@@ -27,8 +27,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from singa.checkpoint import CheckpointReader  # noqa: E402
+from singa.io.protowire import prefix  # noqa: E402
 from singa.proto import caffe_pb2  # noqa: E402
-from singa.protowire import prefix  # noqa: E402
 
 CONVS = [("conv1_1", 3, 64), ("conv1_2", 64, 64), ("pool1",),
          ("conv2_1", 64, 128), ("conv2_2", 128, 128), ("pool2",),

@@ -9,7 +9,7 @@ a temporary shard), built by `runtime.Process` with server and stub threads, a s
 `train_one_batch` then `collect_all` (bench_mlp_step.Runtime); the references have the same
 layers, LRN included. References: `conv_reference.numpy_step` and, when torch is installed,
 `torch_step`; interleaved rounds, medians per side. Every side gets --threads threads
-(default os.cpu_count()): ours as its num_openblas_threads (singa/threads.py: BLAS at one,
+(default os.cpu_count()): ours as its num_openblas_threads (singa/device/threads.py: BLAS at one,
 the layers' work shared out over a pool), the numpy reference as BLAS threads, torch as its
 own. Steps are timed by the wall clock, or with --clock cpu by the CPU time of the whole
 process (every thread's, so ours counts its server and stub threads): with --threads 1 the
@@ -31,8 +31,9 @@ import numpy as np
 import conv_reference
 from bench_mlp_step import (FIXTURES, Runtime, at_blas_threads, interleaved, print_blas,
                             print_table, profile, set_torch_threads)
-from singa import config, threads
+from singa.device import threads
 from singa.io.kvfile import KVFile
+from singa.job import config
 from singa.proto import common_pb2, job_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -30,8 +30,8 @@ import numpy as np
 import zmq
 
 from bench_mlp_step import interleaved, mlp_job, print_table
-from singa.runtime import Process, Transport
-from singa.trust import JobTrust, new_secret
+from singa.comm.trust import JobTrust, new_secret
+from singa.train.runtime import Process, Transport
 
 TARGET = 0.8
 

@@ -28,8 +28,9 @@ import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loa
 import numpy as np
 
 from bench_mlp_step import mlp_job, print_blas, print_table
-from singa import cluster, threads
-from singa.runtime import Process, Transport
+from singa.device import threads
+from singa.job import topology
+from singa.train.runtime import Process, Transport
 
 LAYOUTS = {
     "one process": {},
@@ -61,7 +62,7 @@ def run_seconds(layout, steps, batch):
     """Wall seconds of one job of `layout` (every process a child), from go to the last end."""
     workspace = tempfile.mkdtemp(prefix="singa-bench-frameworks-")
     try:
-        n = cluster.nprocs(bench_job(workspace, layout, steps, batch).cluster)
+        n = topology.nprocs(bench_job(workspace, layout, steps, batch).cluster)
         ctx = mp.get_context("fork")
         pipes = [ctx.Pipe() for _ in range(n)]
         procs = [ctx.Process(target=child, args=(pid, workspace, layout, steps, batch, c))

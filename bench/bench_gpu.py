@@ -21,7 +21,7 @@ loop, which looks at a step's loss once the next is queued), per step: where the
 queues a step while the GPU computes the last. At SINGA's
 batches also ours on the GPU with a bucket of one param (an Update per param, each slice
 updated in a launch of its own, as before buckets): what the buckets save on this GPU; and
-ours op by op, without CUDA graphs (`singa.cuda_graphs`): what the graphs save.
+ours op by op, without CUDA graphs (`singa.device.cuda_graphs`): what the graphs save.
 Goals (issue 28): ours/torch <= 1.2 at batch 1024, <= 1.5 at SINGA's batches. Exits 0 whatever.
 --profile FILE: then a profile of ours on the GPU (the MLP at batch 64), every thread of the
 runtime (worker, stub, servers) sampled apart, into FILE: where the host's time goes.
@@ -42,7 +42,7 @@ import conv_reference
 import mlp_reference
 from bench_conv import SINGA_BATCH, conv_job
 from bench_mlp_step import Runtime, interleaved, mlp_job, print_table
-from singa import threads
+from singa.device import threads
 
 GOALS = {"singa": 1.5, "1024": 1.2}
 

@@ -24,7 +24,7 @@ sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tes
 import strict_device as sd  # noqa: E402
 from bench_gpu import job_of  # noqa: E402
 from bench_mlp_step import Runtime, print_table  # noqa: E402
-from singa import cuda_graphs  # noqa: E402
+from singa.device import cuda_graphs  # noqa: E402
 
 
 def counting(counts):

@@ -33,10 +33,11 @@ import numpy as np
 from threadpoolctl import threadpool_info
 
 import mlp_reference
-from singa import config, threads
 from singa.comm import msg as m
+from singa.device import threads
+from singa.job import config
 from singa.proto import job_pb2
-from singa.runtime import Process, resume_from
+from singa.train.runtime import Process, resume_from
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 MNIST_CONF = os.path.join(singa.HOME, "examples", "mnist", "job.conf")

@@ -26,9 +26,9 @@ import time
 
 HOME = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HOME)
-from singa.job_manager import JobManager  # noqa: E402
-from singa.trust import ENV, JobTrust, new_secret  # noqa: E402
-from singa.zk import ZKService  # noqa: E402
+from singa.cluster.job_manager import JobManager  # noqa: E402
+from singa.cluster.zk import ZKService  # noqa: E402
+from singa.comm.trust import ENV, JobTrust, new_secret  # noqa: E402
 
 from bench_startup import fixture_job  # noqa: E402
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from bench_mlp_step import mlp_job, print_blas
 from singa.proto import job_pb2
-from singa.runtime import Process
+from singa.train.runtime import Process
 
 
 def job(workspace, batch, steps, workers):

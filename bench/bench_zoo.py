@@ -12,7 +12,7 @@ prototxt as torch modules with those values copied in. One input, both forwards:
 output and the scores before the softmax must agree within 1e-3 of their largest value (else
 the bench stops with exit 1); then forwards in interleaved rounds (bench_mlp_step.interleaved:
 ours, torch, ours, torch ..., 0.2 s apart), the median per side. Ours runs at --threads
-compute threads (singa/threads.py, BLAS at one), torch at torch.set_num_threads(--threads),
+compute threads (singa/device/threads.py, BLAS at one), torch at torch.set_num_threads(--threads),
 under torch.inference_mode().
 
 Memory, in a child process per net (no torch in it), from before our net is built to the end
@@ -41,13 +41,14 @@ import numpy as np
 
 import zoo_reference
 from bench_mlp_step import interleaved, print_blas, print_table, set_torch_threads
-from singa import config, threads
 from singa.device import CPU
+from singa.device import threads
 from singa.interop import deploy
 from singa.interop.caffe import netdef
 from singa.interop.caffe.importer import import_caffe
+from singa.job import config
 from singa.layers import kernels
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 HERE = os.path.dirname(os.path.abspath(__file__))

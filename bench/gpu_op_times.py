@@ -6,7 +6,7 @@ reference).
 For each net (bench_mlp_step's MLP, bench_conv's LeNet and cifar10 net, with `gpu: 0`, the
 full runtime as in bench_gpu.py, op by op: no CUDA graphs), CUDA events around each layer's
 forward and backward pass and around each device operation in it: every numpy function or
-ufunc the layer modules (and `singa.threads`) call on device arrays, and each of our kernels
+ufunc the layer modules (and `singa.device.threads`) call on device arrays, and each of our kernels
 (`singa.layers.cuda`), named by what was called. The GPU's time between an operation's two
 events is its own where the GPU is the bottleneck (at batch 1024; at small batches it takes
 in the host's gaps). Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy
@@ -36,7 +36,7 @@ from bench_gpu import job_of
 from bench_mlp_step import Runtime, print_table
 
 #: the modules whose `np` calls are timed, and whose kernels (`_launch`) are
-NP_MODULES = ["singa.threads", "singa.layers.base", "singa.layers.conv",
+NP_MODULES = ["singa.device.threads", "singa.layers.base", "singa.layers.conv",
               "singa.layers.neuron", "singa.layers.loss", "singa.layers.norm",
               "singa.layers.input", "singa.layers.output", "singa.layers.connection",
               "singa.layers.ops"]

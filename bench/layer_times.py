@@ -34,7 +34,7 @@ import numpy as np
 
 import bench_conv
 from bench_mlp_step import Runtime, mlp_job, print_table
-from singa import threads
+from singa.device import threads
 
 
 def instrument(rt, worker_clock=time.perf_counter, sync=None):

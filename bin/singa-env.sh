@@ -1,7 +1,7 @@
 # Environment of SINGA's scripts (source it). Sets, unless already set: SINGA_BIN, SINGA_HOME,
 # SINGA_CONF, PYTHON (the venv of thirdparty/install.sh), SINGA_LOG (log_dir of singa.conf, no
 # trailing /), SINGA_MANAGES_ZK (true: bin/zk-service.sh runs a local server); defines
-# `singatool` (python -m singa.tool), `singa_ssh` and `SINGA_SSH` (ssh as the scripts use it)
+# `singatool` (python -m singa.cluster.tool), `singa_ssh` and `SINGA_SSH` (ssh as the scripts use it)
 # and `valid_host` (a host name safe to give ssh).
 if [ -z "${SINGA_ENV_DONE:-}" ]; then
   : "${SINGA_BIN:=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}"
@@ -17,7 +17,7 @@ if [ -z "${SINGA_ENV_DONE:-}" ]; then
   export PYTHONPATH="$SINGA_HOME${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-singatool() { "$PYTHON" -m singa.tool "$@"; }
+singatool() { "$PYTHON" -m singa.cluster.tool "$@"; }
 
 # ssh to a host of a job, the one definition every script uses (launch, kill, snapshot): no
 # prompts, a bounded connect, keep-alives (a host that stops answering ends its ssh within

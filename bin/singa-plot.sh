@@ -7,4 +7,4 @@
 # needs matplotlib (pip install 'singa[plot]'; the test extras have it).
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/singa-env.sh"
-exec "$PYTHON" -m singa.plot "$@"
+exec "$PYTHON" -m singa.watch.plot "$@"

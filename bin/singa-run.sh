@@ -135,7 +135,7 @@ elastic=""
 [ ${#test_flag[@]} -gt 0 ] || elastic=$(singatool elastic "$conf" 2>/dev/null) || elastic=""
 restarts=0; proc_restarts=()
 while :; do
-  # a secret per run (singa/trust.py): the keys of the job's tcp traffic and of its znodes;
+  # a secret per run (singa/comm/trust.py): the keys of the job's tcp traffic and of its znodes;
   # processes here get it in their environment, those over ssh on their standard input
   SINGA_JOB_SECRET=$(singatool newsecret)
   export SINGA_JOB_SECRET
@@ -332,7 +332,7 @@ while :; do
   # watcher's exit 0 says so: it rides through a ZooKeeper outage, and when it fails (ZooKeeper
   # unreachable as it starts) another starts 5 s later; it ends with the job.
   start_watcher() {
-    "$PYTHON" -m singa.tool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
+    "$PYTHON" -m singa.cluster.tool wait "$job_id" -confdir "$SINGA_CONF" >/dev/null 2>&1 &
     watcher=$!; helpers+=("$watcher")
   }
   # True while process $1 is stopped (state T: SIGSTOP, SIGTSTP)

@@ -50,7 +50,7 @@ trap 'true' TERM      # a user's scancel or a preemption: the tasks have it too 
 asked=""; run=""; passed=""
 # ours: SINGA job '$name' ($ntasks processes), from bin/singa-sbatch.sh
 export SINGA_CONF=$(printf %q "$SINGA_CONF") SINGA_LOG=$(printf %q "$SINGA_LOG")
-singatool() { $(printf %q "$PYTHON") -m singa.tool "\$@"; }
+singatool() { $(printf %q "$PYTHON") -m singa.cluster.tool "\$@"; }
 # ZooKeeper: the one singa.conf names; a local one (the embedded default) serves a job on one
 # node, and on several a ZooKeeper of the job's own runs here, on the first node's address
 # (Slurm's NodeAddr), for the job's lifetime: the job's singa.conf names it

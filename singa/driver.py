@@ -8,13 +8,13 @@ Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a
 job through the same Driver with the in-process runtime), holds the workspace, has
 `runtime.Process` build this process's executors and run them (a thread per Server and per
 Worker, talking to the Stub in the main thread over ZeroMQ), and reports user mistakes as one
-line on stderr with exit code 2. The job's secret (`singa.trust`) comes in SINGA_JOB_SECRET.
+line on stderr with exit code 2. The job's secret (`singa.comm.trust`) comes in SINGA_JOB_SECRET.
 SIGINT, SIGTERM or SIGHUP (a terminal hangup) stops the executors; the exit code is then 128 +
 the signal's number.
-`-check` only checks the conf and the processes per host (`singa.launch`) and exits.
+`-check` only checks the conf and the processes per host (`singa.cluster.launch`) and exits.
 `-procs_id N` (ours): this process is process N of the job (bin/singa-run.sh numbers them;
 otherwise the order of registration does); `-rejoin`: it restarts lost process N of a running
-asynchronous job (`cluster.elastic_procs`), resuming from the newest snapshot with the
+asynchronous job (`topology.elastic_procs`), resuming from the newest snapshot with the
 servers' params.
 """
 import logging
@@ -24,19 +24,24 @@ import signal
 import sys
 import threading
 
-import singa
-from singa import checkpoint, cluster, config, evaluation, launch, numerics, threads, workspace
+from singa import checkpoint
 from singa import log as singa_log
-from singa.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
+import singa
+from singa.cluster import launch
+from singa.cluster.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService, route_address
 from singa.comm.liveness import DOWN_GRACE
+from singa.comm.trust import ENV, JobTrust, new_secret
+from singa.device import threads
 from singa.errors import ClusterError, ConfigError, SingaError
-from singa.job_manager import JobManager
-from singa.metrics import Reporter
+from singa.job import config, topology, workspace
+from singa.net import numerics
 from singa.proto import job_pb2
-from singa.runtime import Process, Transport, resume_from
-from singa.trust import ENV, JobTrust, new_secret
-from singa.worker import worker_class
-from singa.zk import ZKService, route_address
+from singa.train import evaluation
+from singa.train.runtime import Process, Transport, resume_from
+from singa.train.worker import worker_class
+from singa.watch.metrics import Reporter
 
 log = logging.getLogger("singa")
 
@@ -137,8 +142,8 @@ def job_trust(job):
     process started on its own makes its own."""
     trust = JobTrust.from_env()
     if trust is None:
-        if cluster.nprocs(job.cluster) > 1:
-            raise ConfigError(f"{job.name}: a job of {cluster.nprocs(job.cluster)} processes "
+        if topology.nprocs(job.cluster) > 1:
+            raise ConfigError(f"{job.name}: a job of {topology.nprocs(job.cluster)} processes "
                               f"needs its secret in {ENV} (bin/singa-run.sh makes one per run)")
         trust = JobTrust(new_secret())
     return trust
@@ -151,9 +156,9 @@ class Stopped(BaseException):
 
 
 class Driver:
-    """One process of a job, coordinated through `cluster_rt` (a `singa.cluster_rt`
+    """One process of a job, coordinated through `cluster_rt` (a `singa.cluster.cluster_rt`
     ClusterRuntime): trains (continuing from the newest snapshot when `resume`) or tests.
-    `reporter` (a `singa.metrics.Reporter`, or None) receives what the workers display."""
+    `reporter` (a `singa.watch.metrics.Reporter`, or None) receives what the workers display."""
 
     #: how the user continues a run, as its warnings name it
     resume_hint = "-resume"
@@ -161,14 +166,14 @@ class Driver:
     def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
                  trust=None, procs_id=None, rejoin=False):
         """`resume`: continue from the newest snapshot (True, or that Snapshot, its files
-        parsed, when the caller found it already). `trust` (a `singa.trust.JobTrust`): the
+        parsed, when the caller found it already). `trust` (a `singa.comm.trust.JobTrust`): the
         keys of the job's tcp traffic (None, or the job's `cluster.trusted_network`: plain
         tcp). `procs_id`: this process's number (None: by registration); `rejoin`: it
         restarts that lost process of the running job (an elastic one)."""
-        n = cluster.nprocs(job.cluster)
+        n = topology.nprocs(job.cluster)
         if procs_id is not None and procs_id >= n:
             raise ConfigError(f"-procs_id {procs_id}: job {job.name} runs {n} processes")
-        if rejoin and procs_id not in cluster.elastic_procs(job.cluster, job.max_restarts):
+        if rejoin and procs_id not in topology.elastic_procs(job.cluster, job.max_restarts):
             raise ConfigError(f"-rejoin: process {procs_id} of job {job.name} is not restarted "
                               f"alone (servers, part of a worker group, or no max_restarts): "
                               f"only a whole job restarts it")
@@ -222,7 +227,7 @@ class Driver:
         job = self.job
         job.id = self.job_id
         # SINGA passes num_openblas_threads (default 1) to openblas_set_num_threads; we
-        # share the layers' work out over as many threads, BLAS at one (singa/threads.py)
+        # share the layers' work out over as many threads, BLAS at one (singa/device/threads.py)
         with threads.limit(job.num_openblas_threads), numerics.quiet_float_warnings():
             held = workspace.hold(self.workspace, self.job_id)
             try:
@@ -265,10 +270,10 @@ class Driver:
                               transport=transport, reporter=self.reporter, rejoin=self.rejoin,
                               rejoin_timeout=3 * REGISTER_TIMEOUT)
             endpoint = f"{self.host}:0"
-            if cluster.nprocs(cl) > 1:     # frames over the largest the job sends: refused
+            if topology.nprocs(cl) > 1:     # frames over the largest the job sends: refused
                 endpoint = transport.listen(self.host, 2 * process.largest_frame() + (1 << 20))
             self.register(endpoint, pid, self.rejoin)
-            for other in range(cluster.nprocs(cl)):    # a job runs whole or not at all
+            for other in range(topology.nprocs(cl)):    # a job runs whole or not at all
                 rt.proc_endpoint(other, timeout=REGISTER_TIMEOUT)
         except BaseException:
             (transport if process is None else process).close()
@@ -281,7 +286,7 @@ class Driver:
         # the local servers stop once every local server group has lost its workers (each
         # server group alone stops on its workers' farewells, or with them in one process),
         # unless their workers may come back (an elastic job: farewells alone)
-        groups = {g for g, _ in cluster.servers_of(cl, pid)}
+        groups = {g for g, _ in topology.servers_of(cl, pid)}
         emptied = set()
 
         def on_empty(g):
@@ -292,7 +297,7 @@ class Driver:
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         failure = None
         try:
-            if cluster.nprocs(cl) > 1:
+            if topology.nprocs(cl) > 1:
                 rt.watch_procs(process.stub.report_lost, process.stub.report_back)
                 process.watch_peers(self.on_peer_down)
                 threading.Thread(target=self.watch_silence, args=(process.stub, pid),
@@ -304,7 +309,7 @@ class Driver:
         finally:
             self.stopped.set()
             try:
-                if cluster.nprocs(cl) > 1:      # both before the connections drop
+                if topology.nprocs(cl) > 1:      # both before the connections drop
                     process.stub.farewell(self.mark_done(pid, failure))
             finally:
                 process.close()

@@ -20,10 +20,10 @@ import zlib
 
 import numpy as np
 
-import singa.layers  # noqa: F401  (registers every layer type)
 from singa import checkpoint
 from singa.errors import ConfigError
 from singa.initializations import get_init_values
+import singa.layers  # noqa: F401  (registers every layer type)
 from singa.layers.base import create_layer, set_up
 from singa.log import format_metrics
 from singa.naming import *  # noqa: F401,F403  (SINGA's `from singa.layer import *` gave them)
@@ -31,7 +31,7 @@ from singa.naming import __all__ as _naming_names
 from singa.naming import enumLayerType, enumPhase, generate_name, setval, unrolled
 from singa.parameter import Parameter, set_param_field
 from singa.proto import job_pb2
-from singa.updater import create_updater
+from singa.train.updater import create_updater
 
 __all__ = ["Layer", "Data", "Convolution2D", "MaxPooling2D", "AvgPooling2D", "LRN2D", "Loss",
            "Activation", "Dropout", "Accuracy", "RGB", "Dense", "Autoencoder", "RBM", "Dummy",
@@ -115,7 +115,7 @@ class Layer:
 
     @property
     def params(self):
-        """The engine's Params (singa.param.Param), [] until the layer has run."""
+        """The engine's Params (singa.layers.param.Param), [] until the layer has run."""
         return [p for engine, _ in self.engines for p in engine.params]
 
     def GetParams(self):
@@ -449,7 +449,7 @@ class RBM(Layer):
 
 class LayerUpdater:
     """SINGA's Updater::Update(step, param, grad_scale=1) for the interactive API: each param
-    of a layer takes one step of `updater_proto`'s rule (singa.updater) with its gradient, its
+    of a layer takes one step of `updater_proto`'s rule (singa.train.updater) with its gradient, its
     lr_scale and wd_scale; the rule's state (momentum history, ...) is kept per param."""
 
     def __init__(self, updater_proto):

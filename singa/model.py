@@ -1,5 +1,5 @@
 """SINGA 0.3's Keras-like Python API (tool/python/singa/model.py): build a JobProto from
-layers, then train, test and predict through `singa.session`.
+layers, then train, test and predict through `singa.api.session`.
 
     m = Sequential('mlp')
     m.add(Dense(2500, init='uniform', activation='tanh')) ...
@@ -19,19 +19,23 @@ import os
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, config, evaluation, files, launch, naming, session
+from singa import checkpoint, files, naming
+from singa.api import session
 from singa.callbacks import Callback, LearningRateScheduler
+from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.records import write_records
 from singa.io.store import count_records
-from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
+from singa.job import config
 from singa.layer import (Accuracy, Data, Dense, Layer, LayerUpdater, Loss, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
-from singa.metrics import History
+from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
+from singa.net.phase import in_phase
 from singa.parameter import Parameter
-from singa.phase import in_phase
 from singa.proto import job_pb2
+from singa.train import evaluation
+from singa.watch.metrics import History
 
 __all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
            "Nesterov", "RMSProp", "AdaDelta", "Adam", "AdamMax", "Cluster", "History", "Parameter", "load_model_parameter", "save_model_parameter"]
@@ -222,7 +226,7 @@ class Model:
         it as `singa-run.sh -conf` would, `evaluate` and `predict` use its nets. `user_proto`
         and `user_layers` (files, as singa-run.sh's flags) join the conf's own extensions.
         ConfigError naming `path` for a net with a param or layer array larger than this
-        machine's memory (`singa.launch.check_memory`: nothing is allocated)."""
+        machine's memory (`singa.cluster.launch.check_memory`: nothing is allocated)."""
         extra = {field: [os.path.abspath(p) for p in _list(paths)]
                  for field, paths in (('user_proto', user_proto), ('user_layers', user_layers))}
         job = config.load_job(os.path.abspath(path), check_paths=False, **extra)

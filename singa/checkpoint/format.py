@@ -36,8 +36,8 @@ from singa.checkpoint import wire
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, read_meta
 from singa.errors import CheckpointError
 from singa.files import fsync_dir, replaceable
+from singa.io.protowire import FIXED32, floats, key
 from singa.proto import common_pb2
-from singa.protowire import FIXED32, floats, key
 
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
 MAX_FILE_BYTES = 2 << 30

@@ -15,8 +15,8 @@ from singa.checkpoint.format import CheckpointReader, existing_file, folder, par
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
 from singa.device import assign, is_host
 from singa.errors import CheckpointError
+from singa.layers.param import cut
 from singa.naming import unrolled
-from singa.param import cut
 
 
 def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=None):

@@ -6,7 +6,7 @@ between a SnapshotState and those fields (the buffers' values are framed by `for
 import dataclasses
 
 from singa.errors import CheckpointError
-from singa.numerics import rng_state_problem
+from singa.net.numerics import rng_state_problem
 
 #: The BlobProtos fields of a SnapshotState: a file holding any of them must have a checksum.
 FIELDS = ("step", "param_state", "rng", "reader", "lr_index", "nworkers", "metric_name",

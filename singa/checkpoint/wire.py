@@ -1,6 +1,6 @@
 """A snapshot file's BlobProtos on the wire, by hand where the values are: protobuf encodes
 packed floats one by one and parses them into Python lists, so blobs (field 5) and updater
-buffers (field 301) are framed and located here (with `singa.protowire`), as views of the
+buffers (field 301) are framed and located here (with `singa.io.protowire`), as views of the
 arrays and of the file's bytes; every other field goes through protobuf.
 
 Contract (tests/unit/test_checkpoint_wire.py): `payload` gives the bytes of
@@ -8,7 +8,7 @@ Contract (tests/unit/test_checkpoint_wire.py): `payload` gives the bytes of
 bytes encoded otherwise than protobuf and SINGA write them raise `Unusual` (the caller then
 leaves them to protobuf).
 """
-from singa.protowire import LEN, VARINT, WireError, fields, key, varint
+from singa.io.protowire import LEN, VARINT, WireError, fields, key, varint
 from singa.proto import common_pb2
 
 BLOB, BUFFER, PARAM_STATE = 5, 2, 301   # BlobProtos.blob, ParamState.buffer, .param_state

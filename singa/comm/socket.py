@@ -70,7 +70,7 @@ class Dealer:
 
 class Peer:
     """A send-only connection to another process's stub (its Router's tcp endpoint); with a
-    `trust` (`singa.trust.JobTrust`) a CURVE client of the job's keys. Every message starts
+    `trust` (`singa.comm.trust.JobTrust`) a CURVE client of the job's keys. Every message starts
     with a frame of the job's id, which the Router checks. The connection carries heartbeats;
     a `watched` Peer has `events`, a socket of its connection's events (handshake succeeded,
     disconnected: `zmq.utils.monitor`), for one other thread to read
@@ -133,7 +133,7 @@ class Router:
 
     def bind(self, endpoint, trust=None, max_frame=-1):
         """Listen on tcp `endpoint` (e.g. `tcp://10.0.0.2:*`), once; returns the bound
-        endpoint. With a `trust` (`singa.trust.JobTrust`) as the CURVE server of the job's
+        endpoint. With a `trust` (`singa.comm.trust.JobTrust`) as the CURVE server of the job's
         keys, which only its clients pass (the context's ZAP handler must admit them); a peer
         sending a frame over `max_frame` bytes (-1: no limit) is disconnected before it is
         received."""

@@ -15,15 +15,15 @@ import re
 
 import numpy as np
 
-from singa import config
 from singa.checkpoint.format import CheckpointReader, parse_step_worker
 from singa.checkpoint.format import folder as checkpoint_folder
 from singa.checkpoint.load import load_params
 from singa.checkpoint.snapshots import latest_snapshot, snapshot_at
 from singa.errors import CheckpointError, ConfigError
+from singa.job import config
 from singa.layers.base import type_name
-from singa.neuralnet import NeuralNet
-from singa.phase import in_phase
+from singa.net.neuralnet import NeuralNet
+from singa.net.phase import in_phase
 from singa.proto import job_pb2
 
 __all__ = ["Op", "Model", "read", "snapshot_readers", "deploy_net"]

@@ -1,5 +1,6 @@
 """Data stores (kvfile, textfile), records (decoding; `write_records` of numpy samples) and
-the MNIST IDX reader."""
+the MNIST IDX reader; protowire: protobuf's wire format by hand; caffe_blobs: Caffe's binary
+files (`.caffemodel`, `.solverstate`, a mean `.binaryproto`) walked through mmap."""
 from singa.io.idx import read_idx
 from singa.io.kvfile import KVFile
 from singa.io.records import write_records

@@ -173,7 +173,7 @@ def read_mean(path, shape):
     importer's mean.kvfile), or a Caffe BlobProto when the name contains "binaryproto"."""
     dim = int(np.prod(shape))
     if "binaryproto" in path:
-        from singa.interop.caffe.blobs import read_blob_file     # the importer's reader
+        from singa.io.caffe_blobs import read_blob_file     # the importer's reader
         values = read_blob_file(path).values
     else:
         try:

@@ -2,7 +2,7 @@
 
 Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
   * `setup(srclayers)` allocates `data` (float32, shape (N, ...)), `grad` (same shape, or None
-    for layers that take no gradient) and creates `params` (list of `singa.param.Param`,
+    for layers that take no gradient) and creates `params` (list of `singa.layers.param.Param`,
     in the order of the conf's `param` entries). Blobs that only the backward pass touches
     are made by `xp.zeros` (the OS's zero pages, not written: `zeros_like` writes them) or at
     the first backward pass, so that a net that only runs forward keeps none of them.
@@ -35,7 +35,7 @@ import numpy as np
 
 from singa.device import CPU, Uploader, host, is_host
 from singa.errors import ConfigError
-from singa.param import Param
+from singa.layers.param import Param
 from singa.proto import job_pb2
 
 _REGISTRY = {}
@@ -139,7 +139,7 @@ class Layer:
     #: True when the layer's passes on a GPU only queue device operations on arrays it keeps
     #: (no host value read or written, no random draw, no Python state that changes from step
     #: to step), but for what `prepare` does: a step may then replay them as a CUDA graph
-    #: (`singa.cuda_graphs`). Read for the layer's own class only: a subclass decides for
+    #: (`singa.device.cuda_graphs`). Read for the layer's own class only: a subclass decides for
     #: itself.
     capturable = False
     #: (least, most) source layers (srclayers) the layer reads, most None for no limit; input

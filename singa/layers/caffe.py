@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from singa import threads
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2

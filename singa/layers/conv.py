@@ -2,13 +2,13 @@
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from singa import threads
 from singa.device import is_host
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
 from singa.layers.neuron import mark_pieces, partitioned
-from singa.param import cut
+from singa.layers.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["ConvolutionLayer", "DeconvolutionLayer", "PoolingLayer"]

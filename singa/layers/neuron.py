@@ -4,13 +4,13 @@ import math
 
 import numpy as np
 
-from singa import threads
 from singa.device import assign
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import cuda, kernels
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid, softmax
-from singa.param import cut
+from singa.layers.param import cut
 from singa.proto import job_pb2
 
 __all__ = ["InnerProductLayer", "ReLULayer", "SigmoidLayer", "STanhLayer", "ActivationLayer",

@@ -1,8 +1,8 @@
 """Normalisation layers: LRN, spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc) and Caffe's BatchNorm (src/caffe/layers/batch_norm_layer.cpp)."""
 import numpy as np
 
-from singa import threads
 from singa.device import host, is_host
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register

@@ -13,7 +13,7 @@ These are descent directions: the updater subtracts them.
 """
 import numpy as np
 
-from singa import threads
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers.base import Layer, make_params, register
 from singa.layers.ops import sigmoid

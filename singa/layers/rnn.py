@@ -1,7 +1,7 @@
 """Recurrent layers and their inputs and outputs: CharRNN, OneHot, RNNLabel, RNNDummy, Embedding,
 GRU, CharRNNOutput (SINGA 0.3's src/neuralnet/{input,neuron,connection,output}_layer/).
 
-They run in nets unrolled over `unroll_len` (kBPTT, `singa.worker.BPTTWorker`): copy i of a
+They run in nets unrolled over `unroll_len` (kBPTT, `singa.train.worker.BPTTWorker`): copy i of a
 layer is `i#<name>` with `unroll_index` i. A layer fed by a multi-blob source reads blob
 `unroll_index` of it (SINGA's `data(k)`), e.g. CharRNN's character indices of step i.
 """

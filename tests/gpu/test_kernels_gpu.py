@@ -1,6 +1,6 @@
 """Our CUDA kernels on GPU 0 against the CPU: each of singa/layers/cuda.py's against numba's
 loops on the same inputs, a net of pooling layers against numpy's pooling, and each update
-rule of singa/updater_cuda.py against numpy's calls: the same float32 bytes (the kernels add
+rule of singa/train/updater_cuda.py against numpy's calls: the same float32 bytes (the kernels add
 in the CPU's order, NVRTC with --fmad=false: no fused multiply-adds; no atomics)."""
 import numpy as np
 import pytest
@@ -10,7 +10,7 @@ from test_layers_gpu import blobs, run
 from singa import device
 from singa.layers import cuda
 from singa.proto import job_pb2
-from singa.updater import create_updater
+from singa.train.updater import create_updater
 
 loops = pytest.importorskip("singa.layers.loops")
 
@@ -101,7 +101,7 @@ def test_pooling_layers_give_the_cpus_bytes():
     "type: kAdaDelta delta: 1e-6 adadelta_conf { rho: 0.9 } weight_decay: 0.01",
     "type: kAdam delta: 1e-6", "type: kAdamMax delta: 1e-6 adammax_conf { beta1: 0.8 beta2: 0.99 }"])
 def test_each_update_rule_as_one_kernel_gives_the_hosts_bytes(conf):
-    """singa.updater_cuda on the GPU against numpy's calls on the host, over steps with grad
+    """singa.train.updater_cuda on the GPU against numpy's calls on the host, over steps with grad
     and lr scales (NVRTC: IEEE division and square root, no fused multiply-adds)."""
     proto = text_format.Parse(f"{conf} learning_rate {{ type: kFixed base_lr: 0.1 }}",
                               job_pb2.UpdaterProto())

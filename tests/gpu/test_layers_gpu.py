@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from singa import device
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 TRAIN, BACK = job_pb2.kTrain | job_pb2.kForward, job_pb2.kTrain | job_pb2.kBackward

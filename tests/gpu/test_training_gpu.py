@@ -13,9 +13,11 @@ import pytest
 import singa
 from example_models import (EXAMPLES, char_rnn_data, char_rnn_model, conf_model, final_params,
                             on_cpu_and_gpu)
-from singa import checkpoint, cluster, cuda_graphs, threads
+from singa import checkpoint
+from singa.device import cuda_graphs, threads
+from singa.job import topology
 from singa.model import SGD, Cluster, Dense, Sequential
-from singa.runtime import Process, Transport
+from singa.train.runtime import Process, Transport
 
 FIX = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 STANDIN = os.environ.get("SINGA_GPU_STANDIN") == "1"     # tests/gpu/conftest.py
@@ -195,7 +197,7 @@ def test_a_job_of_two_processes_mixes_a_gpu_worker_and_a_cpu_server(tmp_path, mo
     from bench_mlp_step import mlp_job
     job = mlp_job(str(tmp_path), 50)
     job.cluster.server_worker_separate = True
-    assert cluster.nprocs(job.cluster) == 2
+    assert topology.nprocs(job.cluster) == 2
     ctx = mp.get_context("spawn")      # no CUDA context may cross a fork
     pipes = [ctx.Pipe() for _ in range(2)]
     procs = [ctx.Process(target=child, args=(pid, str(tmp_path), 30, c))

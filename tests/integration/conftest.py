@@ -14,13 +14,13 @@ from kazoo.client import KazooClient
 
 import processes
 import singa
-from singa import config
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService
+from singa.comm.trust import ENV, JobTrust, new_secret
 from singa.io.kvfile import KVFile
 from singa.io.records import decode_batch
-from singa.job_manager import JobManager
+from singa.job import config
 from singa.proto import job_pb2
-from singa.trust import ENV, JobTrust, new_secret
-from singa.zk import ZKService
 
 ZK_SERVICE = os.path.join(singa.HOME, "bin", "zk-service.sh")
 

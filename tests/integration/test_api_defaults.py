@@ -13,13 +13,15 @@ import pytest
 
 import singa
 from conftest import FIXTURES, PYTHON, scaled_records
-from singa import checkpoint, config, session
+from singa import checkpoint
+from singa.api import session
 from singa.callbacks import (EarlyStopping, LambdaCallback, LearningRateScheduler,
                              ModelCheckpoint)
-from singa.io import write_records
 from singa.errors import CheckpointError, ConfigError, DataError
+from singa.io import write_records
 from singa.io.kvfile import KVFile
 from singa.io.records import decode_batch
+from singa.job import config
 from singa.model import (SGD, Adam, Cluster, Convolution2D, Data, Dense, Model, Parameter,
                          RMSProp, Sequential, load_model)
 

@@ -1,7 +1,7 @@
 """Best checkpoints: snapshots record the latest test and validation metrics with their steps;
 checkpoint_on_improvement writes one whenever the monitored metric betters; retention spares
 the top K by the same rule that `checkpoint_path: "best"` loads by. Jobs run in this process
-(singa.session), SINGA's fixture MLP on its fixture data."""
+(singa.api.session), SINGA's fixture MLP on its fixture data."""
 import os
 import re
 import subprocess
@@ -10,11 +10,13 @@ import pytest
 
 import singa
 from conftest import PYTHON, fixture_proto
-from singa import checkpoint, metrics, session
+from singa import checkpoint
+from singa.api import session
 from singa.errors import ConfigError
 from singa.layers.base import register
 from singa.layers.neuron import SigmoidLayer
 from singa.proto import job_pb2
+from singa.watch import metrics
 
 
 @register("kUndeclaredSigmoid")

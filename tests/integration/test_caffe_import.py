@@ -9,12 +9,14 @@ import lmdb
 import numpy as np
 import pytest
 
+from singa import checkpoint
 import singa
-from singa import checkpoint, config, session
-from singa.interop.caffe.blobs import CaffeFile
+from singa.api import session
 from singa.io import memory
+from singa.io.caffe_blobs import CaffeFile
 from singa.io.kvfile import KVFile
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 import singa
-from singa import config, session
+from singa.api import session
 from singa.checkpoint.format import write_file
 from singa.interop import deploy, exporter
 from singa.interop.caffe import write as caffe_write
 from singa.interop.caffe.importer import import_caffe
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import caffe_pb2, job_pb2
 
 ZOO = os.path.join(singa.HOME, "tests", "fixtures", "caffe", "zoo")

@@ -9,11 +9,12 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa import config, session
+from singa.api import session
 from singa.checkpoint.format import CheckpointReader
 from singa.interop import deploy
 from singa.interop.caffe.importer import import_caffe
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import caffe_pb2, job_pb2
 
 ZOO = os.path.join(singa.HOME, "tests", "fixtures", "caffe", "zoo")

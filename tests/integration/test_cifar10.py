@@ -12,8 +12,8 @@ import pytest
 
 import singa
 from conftest import PYTHON
-from singa import config
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 HERE = os.path.join(singa.HOME, "examples", "cifar10")

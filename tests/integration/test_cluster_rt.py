@@ -6,10 +6,10 @@ import time
 import pytest
 
 from conftest import zookeeper
-from singa.cluster_rt import MAX_REASON, ZKClusterRuntime, failed_mark
+from singa.cluster.cluster_rt import MAX_REASON, ZKClusterRuntime, failed_mark
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService, job_path
 from singa.errors import ClusterError
-from singa.job_manager import JobManager
-from singa.zk import ZKService, job_path
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import zmq
 
 from conftest import PYTHON, asynchronous_accuracy, new_job, start_drivers
 from singa.checkpoint import CheckpointReader
-from singa.config import parse_job
-from singa.runtime import Process, resume_from, slice_table
-from singa.cluster_rt import ZKClusterRuntime
-from singa.zk import ZKService
+from singa.cluster.cluster_rt import ZKClusterRuntime
+from singa.cluster.zk import ZKService
+from singa.job.config import parse_job
+from singa.train.runtime import Process, resume_from, slice_table
 
 # SINGA's frameworks scaled to this machine (docs/distributed.md), each in several processes
 LAYOUTS = {

@@ -11,11 +11,11 @@ import pytest
 from conftest import (FIXTURES, PYTHON, free_port, new_job, scaled_records, start_drivers,
                       zk_service)
 from singa import checkpoint
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService
+from singa.comm.trust import ENV, new_secret
 from singa.io import write_records
 from singa.proto import job_pb2
-from singa.job_manager import JobManager
-from singa.trust import ENV, new_secret
-from singa.zk import ZKService
 
 LONG = {"train_steps": 1_000_000, "test_freq": 0, "checkpoint_freq": 0, "disp_freq": 100}
 

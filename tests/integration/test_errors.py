@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-import singa
 from singa import checkpoint
-from singa.trust import ENV, new_secret
+import singa
+from singa.comm.trust import ENV, new_secret
 from conftest import PYTHON
 
 CONFS = os.path.join(singa.HOME, "tests", "fixtures", "confs")

@@ -20,16 +20,19 @@ import strict_device
 from conftest import FIXTURES, scaled_records
 from example_models import (char_rnn_data, char_rnn_model, conf_model, final_params,
                             on_cpu_and_gpu)
-from singa import config, cuda_graphs, device, threads, worker
+from singa import device
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer, Peer, Router
+from singa.device import cuda_graphs, threads
+from singa.job import config
+from singa.layers.neuron import DropoutLayer, InnerProductLayer
 from singa.model import (SGD, Activation, AvgPooling2D, Cluster, Convolution2D, Dense, Dropout,
                          LRN2D, MaxPooling2D, Model, Sequential)
-from singa.layers.neuron import DropoutLayer, InnerProductLayer
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.updater import create_updater
+from singa.train import worker
+from singa.train.updater import create_updater
 
 
 @pytest.fixture

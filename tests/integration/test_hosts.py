@@ -13,8 +13,8 @@ import pytest
 import processes
 import singa
 from conftest import zk_service
-from singa.job_manager import JobManager
-from singa.zk import ZKService
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService
 
 BIN = os.path.join(singa.HOME, "bin")
 SSHD = "/usr/sbin/sshd"

@@ -10,9 +10,9 @@ import pytest
 
 import singa
 from conftest import free_port, zk_service, zookeeper
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import APP, HOST_IDX, JOB_LOCK, ZKService, job_path
 from singa.errors import ClusterError
-from singa.job_manager import JobManager
-from singa.zk import APP, HOST_IDX, JOB_LOCK, ZKService, job_path
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_foreign_nodes_under_app_are_passed_over_by_list_console_and_stop(confdi
         for name in ("intruder", "job-", "job-12", "job-abcdefghij", "job-00000000001x"):
             zk.ensure(f"{APP}/{name}")
     for args in (("list",), ("listall",)):
-        r = run(sys.executable, "-m", "singa.tool", *args, "-confdir", str(confdir),
+        r = run(sys.executable, "-m", "singa.cluster.tool", *args, "-confdir", str(confdir),
                 confdir=confdir)
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     assert f"{job_id:<10d}|0" in r.stdout and "intruder" not in r.stdout, r.stdout

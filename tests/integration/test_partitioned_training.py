@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import singa
-from singa import threads
 from singa.checkpoint import CheckpointReader
-from singa.config import parse_job
-from singa.runtime import Process
+from singa.device import threads
+from singa.job.config import parse_job
+from singa.train.runtime import Process
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 TWO = "nworkers_per_group: 2 nworkers_per_procs: 2"
@@ -146,7 +146,7 @@ def test_two_piece_snapshot_resumes_with_another_number_of_workers(workers, tmp_
     for f in os.listdir(snapshot):
         if f.startswith("step15-"):
             os.link(snapshot / f, tmp_path / "more" / "checkpoint" / f)
-    from singa.runtime import resume_from
+    from singa.train.runtime import resume_from
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="singa"):
         snap = resume_from(job, str(tmp_path / "more" / "checkpoint"))

@@ -15,9 +15,11 @@ from google.protobuf import text_format
 
 import singa
 from conftest import PYTHON
-from singa import checkpoint, config, metrics, naming
+from singa import checkpoint, naming
 from singa.io.idx import read_idx
+from singa.job import config
 from singa.model import SGD, Activation, Cluster, Data, Dense, Loss, Sequential
+from singa.watch import metrics
 
 SCRIPTS = os.path.join(singa.HOME, "examples", "python")
 FASHION = "/usr/share/datasets/fashion-mnist"

@@ -13,9 +13,9 @@ import pytest
 import processes
 import singa
 from conftest import finish, free_port, job_process, launch, wait_for, zk_service, zookeeper
-from singa.cluster_rt import ZKClusterRuntime
-from singa.job_manager import JobManager
-from singa.zk import ZKService
+from singa.cluster.cluster_rt import ZKClusterRuntime
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService
 
 
 @pytest.fixture(scope="module")

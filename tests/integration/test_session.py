@@ -1,4 +1,4 @@
-"""singa.session: one-process jobs in the calling process, no ZooKeeper; numpy data; predict;
+"""singa.api.session: one-process jobs in the calling process, no ZooKeeper; numpy data; predict;
 Ctrl-C; the caller's logging and signal handlers kept."""
 import logging
 import os
@@ -13,7 +13,8 @@ from google.protobuf import text_format
 
 import singa
 from conftest import fixture_proto
-from singa import checkpoint, session
+from singa import checkpoint
+from singa.api import session
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.kvfile import KVFile
@@ -75,7 +76,8 @@ RUN_WITHOUT_ZOOKEEPER = textwrap.dedent("""
         if event in ("socket.connect", "subprocess.Popen", "os.fork", "os.exec", "os.posix_spawn"):
             events.append((event, repr(args)[:80]))
     sys.addaudithook(audit)
-    from singa import config, session
+    from singa.api import session
+    from singa.job import config
     job = config.parse_job(open(sys.argv[1]).read(), sys.argv[1])
     h = session.train(session.prepare(job), progress=False)
     print("EVENTS", events)
@@ -98,7 +100,9 @@ def test_a_one_process_job_opens_no_connection_and_starts_no_process(tmp_path):
 
 INTERRUPTED = textwrap.dedent("""
     import logging, signal, sys
-    from singa import checkpoint, config, session
+    from singa import checkpoint
+    from singa.api import session
+    from singa.job import config
     mine = logging.StreamHandler(sys.stdout)
     logging.getLogger("singa").addHandler(mine)
     job = config.parse_job(open(sys.argv[1]).read(), sys.argv[1])

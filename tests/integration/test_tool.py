@@ -1,4 +1,4 @@
-"""singatool (`python -m singa.tool`) and the shell scripts, against a real ZooKeeper."""
+"""singatool (`python -m singa.cluster.tool`) and the shell scripts, against a real ZooKeeper."""
 import os
 import subprocess
 import sys
@@ -8,9 +8,9 @@ import pytest
 
 import singa
 from conftest import zookeeper
-from singa.cluster_rt import ZKClusterRuntime
-from singa.job_manager import JobManager
-from singa.zk import ZKService
+from singa.cluster.cluster_rt import ZKClusterRuntime
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ BIN = os.path.join(singa.HOME, "bin")
 
 
 def tool(*args, confdir):
-    return subprocess.run([sys.executable, "-m", "singa.tool", *args, "-confdir", str(confdir)],
+    return subprocess.run([sys.executable, "-m", "singa.cluster.tool", *args, "-confdir", str(confdir)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -52,7 +52,7 @@ def start_registered_process(zk_server, job_id, tmp_path):
     """A process of job `job_id` (its arguments say so, as a driver's do) that registers and
     stays alive; returns it once registered."""
     ready = tmp_path / f"ready-{time.monotonic_ns()}"
-    code = ("import os, sys, time; from singa.zk import ZKService; from singa.cluster_rt import ZKClusterRuntime; "
+    code = ("import os, sys, time; from singa.cluster.zk import ZKService; from singa.cluster.cluster_rt import ZKClusterRuntime; "
             f"z = ZKClusterRuntime(ZKService({zk_server!r}), {job_id}); z.register_proc('localhost:0', os.getpid()); "
             f"open({str(ready)!r}, 'w').close(); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, "-singa_job", str(job_id), "-conf", "x"])

@@ -10,8 +10,8 @@ import pytest
 import singa
 from conftest import zookeeper
 from singa.checkpoint import CheckpointReader
-from singa.job_manager import JobManager
-from singa.zk import ZKService, job_path
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService, job_path
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,10 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from conftest import PYTHON, new_job, start_drivers
 from singa.checkpoint import CheckpointReader
-from singa.cluster_rt import ZKClusterRuntime
+from singa.cluster.cluster_rt import ZKClusterRuntime
+from singa.cluster.zk import ZKService, job_path
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
-from singa.zk import ZKService, job_path
 
 SANDBLASTER = "nworkers_per_group: 2 nservers_per_group: 1 server_worker_separate: true"
 DOWNPOUR = "nworker_groups: 2 server_worker_separate: true"
@@ -229,7 +229,7 @@ def test_malformed_shared_nodes_are_one_line(singa_conf, zk_server, tmp_path, fi
     warning, never a traceback or a blocked launch."""
     with ZKService(zk_server) as zk:
         zk.client.set("/singa/sys/host-idx", b"\xff not a number")
-    r = subprocess.run([PYTHON, "-m", "singa.tool", "genhost", "-confdir",
+    r = subprocess.run([PYTHON, "-m", "singa.cluster.tool", "genhost", "-confdir",
                         str(singa_conf.parent)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout == "localhost\n", r.stderr
     assert "Traceback" not in r.stderr and "host-idx holds" in r.stderr, r.stderr

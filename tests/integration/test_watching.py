@@ -7,8 +7,9 @@ import sys
 import pytest
 
 from conftest import fixture_proto
-from singa import metrics, session, tensorboard
+from singa.api import session
 from singa.proto import job_pb2
+from singa.watch import metrics, tensorboard
 
 LINE = re.compile(r"\] (Train|Test|Validation) @ step (\d+)(?:  |\n.*\]    )(.*?)\n")
 

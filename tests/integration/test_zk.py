@@ -1,4 +1,4 @@
-"""singa.zk and job_manager against a real ZooKeeper: SINGA's znode layout, ids, listing."""
+"""singa.cluster.zk and job_manager against a real ZooKeeper: SINGA's znode layout, ids, listing."""
 import os
 import socket
 import threading
@@ -7,13 +7,13 @@ import time
 import pytest
 
 from conftest import zk_service, zookeeper
+from singa.cluster.cluster_rt import ZKClusterRuntime
+from singa.cluster.job_manager import JobManager
+from singa.comm.trust import JobTrust, new_secret
 from singa.errors import ClusterError, ConfigError
-from singa.cluster_rt import ZKClusterRuntime
-from singa.job_manager import JobManager
-from singa.trust import JobTrust, new_secret
 from kazoo.protocol.states import KazooState
 
-from singa.zk import ZKService, job_path, zookeeper_answers
+from singa.cluster.zk import ZKService, job_path, zookeeper_answers
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ import sys
 
 import numpy as np
 
-import singa
 from singa import checkpoint as ckpt
-from singa.numerics import rng_state
+import singa
+from singa.net.numerics import rng_state
 
 FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 

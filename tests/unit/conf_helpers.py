@@ -2,8 +2,8 @@
 `file:line: what`."""
 import pytest
 
-from singa import config
 from singa.errors import ConfigError
+from singa.job import config
 
 GOOD = """\
 name: "t"

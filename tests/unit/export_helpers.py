@@ -4,10 +4,10 @@ import os
 
 import numpy as np
 
-from singa import config
 from singa.checkpoint.format import write_file
 from singa.interop import deploy
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 

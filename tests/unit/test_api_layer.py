@@ -15,7 +15,7 @@ from singa.layer import (RBM, RGB, Accuracy, Activation, Autoencoder, AvgPooling
                          save_model_parameter)
 from singa.naming import (enumAlgType, enumInitMethod, enumLayerType, enumPhase, generate_name,
                           setval)
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.parameter import Parameter, set_param_field
 from singa.proto import job_pb2
 

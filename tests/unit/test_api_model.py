@@ -6,9 +6,10 @@ import re
 
 import pytest
 
+from singa import naming
 import singa
-from singa import config, naming
 from singa.errors import ConfigError
+from singa.job import config
 from singa.model import (RBM, SGD, AdaGrad, Autoencoder, Cluster, Data, Dense, Dropout, Energy,
                         Model, Parameter, Sequential)
 from singa.proto import job_pb2

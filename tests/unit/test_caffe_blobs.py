@@ -1,4 +1,4 @@
-"""singa.interop.caffe.blobs: Caffe's binary files walked through mmap, values viewed in place."""
+"""singa.io.caffe_blobs: Caffe's binary files walked through mmap, values viewed in place."""
 import mmap
 import os
 import warnings
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import singa
-from singa.interop.caffe.blobs import CaffeFile, read_blob_file
 from singa.errors import DataError
+from singa.io.caffe_blobs import CaffeFile, read_blob_file
 from singa.proto import caffe_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import singa
-from singa import config
-from singa.interop.caffe.blobs import CaffeFile
-from singa.interop.caffe.importer import import_caffe, main
 from singa.checkpoint import CheckpointReader, read_meta
+from singa.interop.caffe.importer import import_caffe, main
+from singa.io.caffe_blobs import CaffeFile
 from singa.io.kvfile import KVFile
+from singa.job import config
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")

@@ -6,9 +6,10 @@ import os
 import numpy as np
 import pytest
 
-from singa import HOME, config
+from singa import HOME
 from singa.interop.caffe.importer import import_caffe
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 pytest.importorskip("lmdb")

@@ -6,12 +6,12 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.interop.caffe.blobs import CaffeFile
 from singa.interop.caffe.netdef import read_net, read_text
 from singa.interop.caffe.solverstate import job_fields, snapshot_state
 from singa.interop.caffe.translate import Refused, translate
+from singa.io.caffe_blobs import CaffeFile
 from singa.proto import caffe_pb2, job_pb2
-from singa.updater import create_updater
+from singa.train.updater import create_updater
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")
 

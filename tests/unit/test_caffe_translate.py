@@ -6,10 +6,10 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.interop.caffe.blobs import Blob
+from singa.errors import ConfigError
 from singa.interop.caffe.netdef import read_net, upgrade
 from singa.interop.caffe.translate import Refused, translate
-from singa.errors import ConfigError
+from singa.io.caffe_blobs import Blob
 from singa.proto import caffe_pb2, job_pb2
 
 FX = os.path.join(singa.HOME, "tests", "fixtures", "caffe")

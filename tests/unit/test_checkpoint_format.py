@@ -12,8 +12,8 @@ import pytest
 from checkpoint_helpers import (EXAMPLE, EXAMPLE_PARAMS, FIX, FIX_NAMES, FIX_SHAPES, cli, params,
                                 state, values_and_versions)
 from singa import checkpoint as ckpt
-from singa.numerics import rng_state
 from singa.errors import CheckpointError
+from singa.net.numerics import rng_state
 from singa.proto import common_pb2
 
 

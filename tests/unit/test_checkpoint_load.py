@@ -8,9 +8,10 @@ import pytest
 import singa
 from checkpoint_helpers import FIX, FIX_NAMES, FIX_SHAPES, paths, snapshot
 from singa import checkpoint as ckpt
-from singa import config, session
+from singa.api import session
 from singa.checkpoint import format as ckpt_format
 from singa.errors import CheckpointError
+from singa.job import config
 
 
 def test_a_resume_reads_its_snapshot_once_from_verifying_to_loading(tmp_path, monkeypatch):

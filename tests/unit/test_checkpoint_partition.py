@@ -12,7 +12,7 @@ import singa
 from checkpoint_helpers import values_and_versions
 from singa import checkpoint as ckpt
 from singa.errors import CheckpointError
-from singa.param import Param
+from singa.layers.param import Param
 from singa.proto import common_pb2, job_pb2
 
 FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
@@ -29,7 +29,7 @@ def param(name, shape, partition=None):
 
 def pieces_of(name, shape, parts):
     """Params of `shape` cut by rows into `parts` pieces, as the NeuralNet makes them."""
-    return [param(name, (len(range(*singa.param.cut(shape[0], parts, k))),) + shape[1:],
+    return [param(name, (len(range(*singa.layers.param.cut(shape[0], parts, k))),) + shape[1:],
                   (0, k, parts)) for k in range(parts)]
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from checkpoint_helpers import FIX, FIX_NAMES, cli, params, paths, snapshot, state
 from singa import checkpoint as ckpt
-from singa import runtime
 from singa.errors import CheckpointError
 from singa.proto import job_pb2
+from singa.train import runtime
 
 
 def test_singa_two_worker_snapshot_with_empty_file_is_complete():

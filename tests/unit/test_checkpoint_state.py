@@ -9,7 +9,7 @@ import pytest
 from checkpoint_helpers import params, state, values_and_versions
 from singa import checkpoint as ckpt
 from singa.errors import CheckpointError
-from singa.numerics import set_rng_state
+from singa.net.numerics import set_rng_state
 from singa.proto import common_pb2
 
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from singa.checkpoint import wire
-from singa.protowire import varint
+from singa.io.protowire import varint
 from singa.proto import common_pb2
 
 FLOATS = hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4),

@@ -3,7 +3,7 @@ import itertools
 import pytest
 from google.protobuf import text_format
 
-from singa.cluster import (check_layout, elastic_procs, executor_range, lcm, nprocs, partition_slices, server_group,
+from singa.job.topology import (check_layout, elastic_procs, executor_range, lcm, nprocs, partition_slices, server_group,
                            server_procs, servers_of, slice_sizes, worker_procs, workers_of)
 from singa.proto import job_pb2
 

@@ -1,4 +1,4 @@
-"""singa.config: SINGA's confs parse; every bad input gives one line `file:line: what`."""
+"""singa.job.config: SINGA's confs parse; every bad input gives one line `file:line: what`."""
 import ast
 import os
 import pathlib
@@ -7,9 +7,9 @@ import pytest
 
 import singa
 from conf_helpers import GOOD, expect_error, line_of, load_error, write_conf
-from singa import config, workspace
 from singa.errors import ConfigError
-from singa.neuralnet import filter_phase
+from singa.job import config, workspace
+from singa.net.neuralnet import filter_phase
 from singa.proto import job_pb2
 
 CONFS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "confs"
@@ -36,7 +36,7 @@ def test_stale_rbm_job_conf_is_recognised(name):
 
 
 def test_good_conf_loads_and_leaves_the_workspace_to_the_job(tmp_path):
-    """The check reads; the job's hold on its workspace (singa.workspace) makes the folder."""
+    """The check reads; the job's hold on its workspace (singa.job.workspace) makes the folder."""
     job = config.load_job(str(write_conf(tmp_path, GOOD)), check_layers=False)
     assert [layer.name for layer in job.neuralnet.layer] == ["data", "data", "fc", "loss"]
     assert not (tmp_path / "ws").exists()
@@ -232,7 +232,7 @@ def test_the_layers_do_not_import_config():
                 names = [a.name for a in node.names]
             else:
                 continue
-            assert "singa.config" not in names, f"{path.name}:{node.lineno} imports singa.config"
+            assert "singa.job.config" not in names, f"{path.name}:{node.lineno} imports singa.job.config"
 
 
 IP = "innerproduct_conf {\n      num_output: 2\n    }"

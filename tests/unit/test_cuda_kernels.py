@@ -3,7 +3,7 @@
 (`singa.layers.loops`) and the pooling layer's numpy path: the same float32 bits. Inputs sit
 between NaN guards and outputs start as NaN, so a kernel that reads or writes past its arrays,
 or leaves an element unwritten, fails. Each runs with int and with long long indices. nvcc,
-where installed, builds the same source, and the updater's (singa.updater_cuda), for sm_80 and
+where installed, builds the same source, and the updater's (singa.train.updater_cuda), for sm_80 and
 sm_90 (CUDA-only errors)."""
 import os
 import shutil
@@ -15,8 +15,8 @@ import pytest
 
 import cuda_shim
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
-from singa import updater_cuda
 from singa.layers import conv, cuda, kernels, neuron
+from singa.train import updater_cuda
 
 loops = pytest.importorskip("singa.layers.loops")
 

@@ -13,8 +13,9 @@ import pytest
 
 import singa
 from conf_helpers import GOOD, expect_error, load_error
-from singa import cluster, config, device
+from singa import device
 from singa.errors import ConfigError
+from singa.job import config, topology
 
 CONFS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "confs"
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
@@ -92,7 +93,7 @@ def test_workers_of_one_process_on_two_devices_are_refused_at_the_gpu_line():
     assert "\n" not in msg
 
 
-@pytest.mark.parametrize("groups", [2**31 - 1, cluster.MAX_PROCS])
+@pytest.mark.parametrize("groups", [2**31 - 1, topology.MAX_PROCS])
 def test_the_gpu_layout_check_does_no_work_per_process_a_conf_claims(groups):
     """2^31 − 1 worker processes claimed: refused in a moment, as more than a job may run
     (the GPU check looped over every process); the most a job may run: the check looks at
@@ -111,9 +112,9 @@ def test_the_gpu_layout_check_does_no_work_per_process_a_conf_claims(groups):
     worker = threading.Thread(target=parse, daemon=True)
     worker.start()
     worker.join(10)
-    assert done == [groups if groups <= cluster.MAX_PROCS else
+    assert done == [groups if groups <= topology.MAX_PROCS else
                     f"cudnn.conf:291: cluster: {groups} processes, more than the "
-                    f"{cluster.MAX_PROCS} a job may run"]
+                    f"{topology.MAX_PROCS} a job may run"]
 
 
 @pytest.mark.parametrize("device_arg", ["0", [0.5], {"gpu": 0}, True])
@@ -134,9 +135,9 @@ layer { name: "y" type: kDummy srclayers: "p" dummy_conf { output: true } }
 
 TRAIN_A_STEP = f"""
 import sys, numpy as np
-import singa.driver, singa.model, singa.runtime, singa.session, singa.worker
+import singa.driver, singa.model, singa.train.runtime, singa.api.session, singa.train.worker
 from google.protobuf import text_format
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 conf = text_format.Parse({NET!r}, job_pb2.NetProto())
 net = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0))

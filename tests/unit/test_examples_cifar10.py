@@ -9,7 +9,7 @@ import pytest
 import singa
 from singa.errors import DataError
 from singa.io.kvfile import KVFile
-from singa.protowire import varint
+from singa.io.protowire import varint
 
 HERE = os.path.join(singa.HOME, "examples", "cifar10")
 

@@ -4,9 +4,10 @@ import pathlib
 
 import pytest
 
+from singa import extensions
 import singa
-from singa import config, extensions
 from singa.errors import ConfigError
+from singa.job import config
 from singa.layers.base import unavailable
 from singa.proto import job_pb2
 

@@ -1,4 +1,4 @@
-"""singa.footprint: SHAPES sets a net up with the shapes of the real build and no memory; the
+"""singa.device.footprint: SHAPES sets a net up with the shapes of the real build and no memory; the
 one memory rule refuses a param or a layer array beyond this machine's memory."""
 import os
 
@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import singa
-from singa import config, launch
-from singa.footprint import MEMORY_BYTES, SHAPES, BeyondMemory, check_fits
+from singa.cluster import launch
+from singa.device.footprint import MEMORY_BYTES, SHAPES, BeyondMemory, check_fits
+from singa.job import config
 
 CONFS = [os.path.join(singa.HOME, "examples", "mnist", name) for name in ("job.conf", "conv.conf")]
 

@@ -20,15 +20,17 @@ from hypothesis import strategies as st
 
 from checkpoint_helpers import FIX
 from gradcheck import make_layer
-from singa import HOME, checkpoint, config, launch
+from singa import HOME, checkpoint
+from singa.cluster import launch
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.errors import SingaError
-from singa.interop.caffe.blobs import CaffeFile, read_blob_file
 from singa.interop.caffe.importer import main as caffe_import
+from singa.io.caffe_blobs import CaffeFile, read_blob_file
 from singa.io.kvfile import KVFile
 from singa.io.lmdbstore import datum_record
-from singa.numerics import rng_state, set_rng_state
+from singa.job import config
+from singa.net.numerics import rng_state, set_rng_state
 from singa.proto import caffe_pb2, common_pb2, job_pb2
 
 # Deterministic (the same examples in every run) and bounded: the file runs in a few seconds.

@@ -1,12 +1,12 @@
-"""singa.graph: one sort for config and NeuralNet; names, sources and cycles, with file:line."""
+"""singa.net.graph: one sort for config and NeuralNet; names, sources and cycles, with file:line."""
 import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from singa import config
 from singa.errors import ConfigError
-from singa.graph import sort
-from singa.neuralnet import NeuralNet
+from singa.job import config
+from singa.net.graph import sort
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 RBM_JOB = """\

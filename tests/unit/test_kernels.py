@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
-from singa import threads
 from singa.device import CPU
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
 

@@ -1,12 +1,13 @@
-"""singa.launch: how many processes a job puts on its busiest host, and the refusal above
+"""singa.cluster.launch: how many processes a job puts on its busiest host, and the refusal above
 PROCS_PER_CORE per core."""
 import os
 
 import pytest
 
 import singa
-from singa import config, launch
+from singa.cluster import launch
 from singa.errors import ConfigError
+from singa.job import config
 
 
 @pytest.mark.parametrize("hosts, nprocs, busiest", [

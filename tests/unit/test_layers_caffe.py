@@ -5,8 +5,9 @@ import pytest
 from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import partition, threads
+from singa.device import threads
 from singa.errors import ConfigError
+from singa.net import partition
 from singa.proto import job_pb2
 
 
@@ -188,7 +189,7 @@ def test_caffe_layer_kinds_are_refused_on_partition_dim_1(kind):
 def test_a_net_of_caffes_kinds_builds_and_runs_forward_and_back():
     """A residual block (BatchNorm, Scale, Eltwise over a split source) and an FCN-style head
     (Deconvolution, Crop to the input, global pooling, Flatten, softmax over axis 1)."""
-    from singa.neuralnet import NeuralNet
+    from singa.net.neuralnet import NeuralNet
 
     def p(name):
         return f'param {{ name: "{name}" init {{ type: kGaussian std: 0.3 }} }}'

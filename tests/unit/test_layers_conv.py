@@ -7,10 +7,10 @@ import pytest
 from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import threads
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import conv
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 

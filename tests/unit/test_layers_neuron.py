@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import threads
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import job_pb2
@@ -236,7 +236,7 @@ def test_dummy_conf_mistakes_name_the_layer(conf, srcs, message):
 
 
 def test_cut_covers_every_row_once_with_pieces_differing_by_at_most_one():
-    from singa.param import cut
+    from singa.layers.param import cut
     for n in range(1, 30):
         for parts in range(1, 7):
             pieces = [cut(n, parts, k) for k in range(parts)]

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
-from singa import threads
+from singa.device import threads
 from singa.errors import ConfigError
 from singa.proto import job_pb2
 

@@ -6,10 +6,10 @@ from google.protobuf import text_format
 from singa.errors import ConfigError
 from singa.layers.base import create_layer
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
-from singa.graph import sort
-from singa.neuralnet import NeuralNet
+from singa.net.graph import sort
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.worker import CDWorker, Worker, worker_class
+from singa.train.worker import CDWorker, Worker, worker_class
 from gradcheck import Source
 
 kPositive, kNegative, kTest, kTrain = (job_pb2.kPositive, job_pb2.kNegative, job_pb2.kTest,

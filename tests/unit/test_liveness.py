@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from singa.cluster_rt import ClusterRuntime, failed_mark
+from singa.cluster.cluster_rt import ClusterRuntime, failed_mark
 from singa.comm import msg as m
 from singa.comm.liveness import DOWN_GRACE, PeerWatch
 from singa.comm.socket import Peer, Router
 from singa.comm.stub import Stub
 from singa.driver import Driver
 from singa.errors import ClusterError
-from singa.runtime import Transport
+from singa.train.runtime import Transport
 from test_runtime import make_job
 
 

@@ -4,7 +4,7 @@ import pytest
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.neuralnet import NeuralNet, add_split_layers, filter_phase, unroll
+from singa.net.neuralnet import NeuralNet, add_split_layers, filter_phase, unroll
 from singa.proto import job_pb2
 
 FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"
@@ -188,7 +188,7 @@ def test_a_layer_array_that_cannot_be_allocated_is_a_config_error_naming_the_lay
 def test_an_array_beyond_any_address_is_refused_naming_its_layer():
     """A padding of 2^31 − 1 makes a (1, 1, 2^32, 2^32) array: numpy's ValueError ("array is
     too big") becomes the layer's BeyondMemory, as a MemoryError does."""
-    from singa.footprint import BeyondMemory
+    from singa.device.footprint import BeyondMemory
     text = """
     layer { name: "x" type: kDummy dummy_conf { input: true shape: [1, 1, 2, 2] } }
     layer { name: "conv" type: kConvolution srclayers: "x"

@@ -5,8 +5,8 @@ import types
 import numpy as np
 import pytest
 
-from singa import numerics
 from singa.errors import NonFiniteError
+from singa.net import numerics
 
 
 def layer(name, data, params=(), **metric_sums):

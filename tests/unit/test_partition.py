@@ -4,7 +4,7 @@ from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, check_gradients, make_layer
 from singa.layers.base import Layer
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 FIXTURE = "tests/fixtures/singa-0.3/train-1000.bin"

@@ -1,4 +1,4 @@
-"""singa.plot (bin/singa-plot.sh): a workspace's metrics.csv drawn as a PNG."""
+"""singa.watch.plot (bin/singa-plot.sh): a workspace's metrics.csv drawn as a PNG."""
 import os
 import struct
 import subprocess
@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import singa
-from singa import metrics, plot
-from singa.metrics import Reporter, read_rows
+from singa.watch import metrics, plot
+from singa.watch.metrics import Reporter, read_rows
 
 
 def write_metrics(workspace, ppl=False):
@@ -33,7 +33,7 @@ def png_size(path):
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "singa.plot", *map(str, args)], cwd=singa.HOME,
+    return subprocess.run([sys.executable, "-m", "singa.watch.plot", *map(str, args)], cwd=singa.HOME,
                           capture_output=True, text=True, timeout=120)
 
 

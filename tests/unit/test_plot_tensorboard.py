@@ -1,5 +1,5 @@
-"""singa.tensorboard's EventWriter read back with TensorBoard's own reader, and the edges of
-singa.plot (bin/singa-plot.sh) that tests/unit/test_plot.py leaves out."""
+"""singa.watch.tensorboard's EventWriter read back with TensorBoard's own reader, and the edges of
+singa.watch.plot (bin/singa-plot.sh) that tests/unit/test_plot.py leaves out."""
 import os
 import subprocess
 import sys
@@ -7,9 +7,9 @@ import sys
 import pytest
 
 import singa
-from singa import plot
-from singa.metrics import Reporter, read_rows
-from singa.tensorboard import EventWriter
+from singa.watch import plot
+from singa.watch.metrics import Reporter, read_rows
+from singa.watch.tensorboard import EventWriter
 from test_plot import png_size, run, write_metrics
 
 HEADER = "job,group,step,phase,metric,value,wall_time\n"

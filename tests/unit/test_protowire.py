@@ -1,4 +1,4 @@
-"""singa.protowire against protobuf itself: varints and keys are the bytes protobuf writes, the
+"""singa.io.protowire against protobuf itself: varints and keys are the bytes protobuf writes, the
 walk finds the fields protobuf parses (as unknown fields of an empty message, which keeps each
 one's number, wire type and value), and damaged or truncated bytes raise WireError at once,
 never another error, a read past the end or an allocation of what a length claims."""
@@ -13,10 +13,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from singa import protowire
-from singa.proto import caffe_pb2, common_pb2
-from singa.protowire import (FIXED32, FIXED64, LEN, VARINT, WireError, fields, floats, int64,
+from singa.io import protowire
+from singa.io.protowire import (FIXED32, FIXED64, LEN, VARINT, WireError, fields, floats, int64,
                              key, prefix, read_key, read_varint, varint)
+from singa.proto import caffe_pb2, common_pb2
 
 U64 = st.integers(0, 2**64 - 1)
 I64 = st.integers(-2**63, 2**63 - 1)

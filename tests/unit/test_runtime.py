@@ -4,10 +4,12 @@ import numpy as np
 import pytest
 from google.protobuf import text_format
 
-from singa import checkpoint, cluster, errors, worker
+from singa import checkpoint, errors
 from singa.comm import msg as m
+from singa.job import topology
 from singa.proto import job_pb2
-from singa.runtime import Process, failure_error, resume_from, slice_masters, slice_table
+from singa.train import worker
+from singa.train.runtime import Process, failure_error, resume_from, slice_masters, slice_table
 
 NET = """
 layer { name: "x" type: kDummy dummy_conf { input: true shape: 4 shape: 5 } }
@@ -78,9 +80,9 @@ def test_every_executor_address_is_located_in_its_process(tmp_path):
         for g in range(2):
             for j in range(2):
                 assert process.locate(m.addr(g, j, m.kWorkerParam)) == \
-                    cluster.worker_procs(cl, g, j)
+                    topology.worker_procs(cl, g, j)
         for s in range(2):
-            assert process.locate(m.addr(0, s, m.kServer)) == cluster.server_procs(cl, 0, s)
+            assert process.locate(m.addr(0, s, m.kServer)) == topology.server_procs(cl, 0, s)
         for stranger in (m.addr(2, 0, m.kWorkerParam), m.addr(0, 2, m.kServer),
                          m.addr(1, 0, m.kServer)):
             with pytest.raises(errors.ClusterError, match="no executor at address"):

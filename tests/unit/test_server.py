@@ -10,7 +10,7 @@ from singa.comm import param_msg as pm
 from singa.comm.socket import Router
 from singa.errors import ClusterError
 from singa.proto import job_pb2
-from singa.server import Server
+from singa.train.server import Server
 
 UPDATER = "type: kSGD learning_rate { type: kFixed base_lr: 0.5 }"
 MASTER, OTHER = m.addr(0, 0, m.kServer), m.addr(1, 0, m.kServer)

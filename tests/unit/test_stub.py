@@ -13,7 +13,7 @@ from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer, Router
 from singa.comm.stub import ParamEntry, Stub
 from singa.proto import job_pb2
-from singa.server import Server
+from singa.train.server import Server
 
 UPDATER = "type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.5 }"
 

@@ -1,4 +1,4 @@
-"""singa.textproto: a conf's text parsed with line numbers; every parse error, unknown field or
+"""singa.job.textproto: a conf's text parsed with line numbers; every parse error, unknown field or
 value is one line `file:line: what`, found past comments and strings."""
 import os
 import tracemalloc
@@ -6,8 +6,8 @@ import tracemalloc
 import pytest
 
 from conf_helpers import GOOD, expect_error, line_of, load_error
-from singa import config
 from singa.errors import ConfigError
+from singa.job import config
 
 
 def test_error_message_is_one_line_with_file_and_line(tmp_path):

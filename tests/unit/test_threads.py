@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info
 
-from singa import threads
+from singa.device import threads
 
 
 def blas_threads():

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import zmq
 
-from singa import cluster
-from singa.cluster_rt import ClusterRuntime
+from singa.cluster.cluster_rt import ClusterRuntime
 from singa.comm import msg as m
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer, Router
 from singa.driver import silence_message
 from singa.errors import ClusterError
+from singa.job import topology
 from singa.proto import job_pb2
-from singa.runtime import Process
+from singa.train.runtime import Process
 from test_runtime import make_job
 
 
@@ -65,7 +65,7 @@ def test_a_workers_time_out_names_its_servers_from_what_it_learned(tmp_path, mon
     try:
         worker = process.workers[0]
         worker.response_timeout = 0.2
-        monkeypatch.setattr(cluster, "nprocs", lambda cl: 3)    # as if one of three processes
+        monkeypatch.setattr(topology, "nprocs", lambda cl: 3)    # as if one of three processes
         worker.cluster_rt = AwayRuntime({0: "10.0.0.7:5000"})
         with pytest.raises(ClusterError, match=r"^worker \(0, 0\): no answer for the test from "
                            r"its servers \(process 0 at 10\.0\.0\.7:5000\) in 0 s$"):

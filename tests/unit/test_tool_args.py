@@ -4,7 +4,7 @@ import os
 import pytest
 
 import singa
-from singa import tool
+from singa.cluster import tool
 
 
 @pytest.mark.parametrize("args", [["progress", "²"], ["view", "١"], ["waitzk", "³", "-local"],

@@ -1,13 +1,13 @@
-"""singa.trust and CURVE on real sockets: keys derive from the job's secret alone, only a peer
+"""singa.comm.trust and CURVE on real sockets: keys derive from the job's secret alone, only a peer
 holding the job's keys gets a message through, and a frame over the bound is refused."""
 import numpy as np
 import pytest
 import zmq
 
 from singa.comm import msg as m
+from singa.comm.trust import JobTrust, new_secret
 from singa.errors import ClusterError, ConfigError
-from singa.runtime import Transport
-from singa.trust import JobTrust, new_secret
+from singa.train.runtime import Transport
 
 
 def test_keys_and_acl_come_from_the_secret_alone():

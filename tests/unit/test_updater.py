@@ -6,10 +6,10 @@ import pytest
 from google.protobuf import text_format
 
 import cuda_shim
-from singa import updater, updater_cuda
 from singa.errors import CheckpointError, ConfigError, NonFiniteError
 from singa.proto import job_pb2
-from singa.updater import create_lr_generator, create_updater
+from singa.train import updater, updater_cuda
+from singa.train.updater import create_lr_generator, create_updater
 
 F = lambda x: float(np.float32(x))  # a float conf field as SINGA reads it
 

@@ -9,9 +9,9 @@ from google.protobuf import text_format
 
 from gradcheck import numeric_gradient
 from singa.errors import ConfigError
-from singa.neuralnet import NeuralNet
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.worker import BPTTWorker, Worker
+from singa.train.worker import BPTTWorker, Worker
 
 kTrain, kTest, kForward = job_pb2.kTrain, job_pb2.kTest, job_pb2.kForward
 UNIFORM = "init { type: kUniform low: -0.5 high: 0.5 }"
@@ -161,8 +161,8 @@ def test_a_dynamic_srclayer_naming_no_layer_is_refused(tmp_path):
 
 
 def test_display_metrics_cross_between_workers_as_numbers_and_bad_frames_are_refused():
-    from singa.errors import ClusterError
     from singa.comm.msg import frame_metrics, metric_frames
+    from singa.errors import ClusterError
     rows = [{"Loss": 2.1574078273526225, "accuracy": 0.25}, {}, {"Squared Error": 1e-300}]
     assert frame_metrics(metric_frames(rows)) == rows
     frames = metric_frames(rows)

@@ -1,10 +1,10 @@
-"""singa.workspace: a job's hold on its workspace (flock, shared by the job's processes)."""
+"""singa.job.workspace: a job's hold on its workspace (flock, shared by the job's processes)."""
 import os
 
 import pytest
 
-from singa import workspace
 from singa.errors import ConfigError
+from singa.job import workspace
 
 
 def test_a_second_job_is_refused_naming_the_first(tmp_path):

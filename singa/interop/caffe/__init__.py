@@ -3,8 +3,7 @@ SINGA job.conf and checkpoint (importer: bin/singa-import.sh caffe). Out: a snap
 deploy net and `.caffemodel` (bin/singa-export.sh caffe).
 
 netdef: NetParameter from text or binary, V1/V0 layers and the deprecated input header
-upgraded; blobs: `.caffemodel`/`.solverstate`/`.binaryproto` walked through mmap, values viewed
-in place; translate: Caffe layers → SINGA layers and params; solverstate: the solver's updater
+upgraded (the binary files walked by `singa.io.caffe_blobs`); translate: Caffe layers → SINGA layers and params; solverstate: the solver's updater
 and learning rate, the momentum history; importer: all of them as a job.conf and snapshot;
 write: a job's test net as Caffe's deploy net and weights.
 """

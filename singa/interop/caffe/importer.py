@@ -16,19 +16,20 @@ import sys
 
 from google.protobuf import text_format
 
-from singa import config, launch
 from singa.checkpoint import SnapshotState, snapshot_file, write_file
 from singa.checkpoint import folder as checkpoint_folder
+from singa.cluster import launch
 from singa.errors import (ArgumentParser, CheckpointError, ConfigError, DataError,
                           run_command)
 from singa.files import write_atomic
 from singa.interop.caffe import netdef
-from singa.interop.caffe.blobs import CaffeFile
 from singa.interop.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snapshot_state
 from singa.interop.caffe.translate import translate
+from singa.io.caffe_blobs import CaffeFile
 from singa.io.kvfile import pack
+from singa.job import config
 from singa.proto import caffe_pb2, job_pb2
-from singa.updater import create_lr_generator
+from singa.train.updater import create_lr_generator
 
 __all__ = ["main", "import_caffe"]
 

@@ -7,7 +7,7 @@ import os
 from google.protobuf import text_format
 
 from singa.errors import ConfigError
-from singa.interop.caffe.blobs import CaffeFile
+from singa.io.caffe_blobs import CaffeFile
 from singa.proto import caffe_pb2
 
 __all__ = ["read_net", "read_text", "upgrade", "in_phase", "relative_to", "copy_set", "TRAIN",

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.interop.caffe.blobs import read_blob_file
 from singa.interop.caffe.netdef import TEST, TRAIN, copy_set, in_phase, relative_to
+from singa.io.caffe_blobs import read_blob_file
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.layers.norm import sums_scale
 from singa.naming import unrolled

@@ -23,11 +23,11 @@ from google.protobuf import text_format
 from singa.errors import ConfigError
 from singa.files import write_atomic
 from singa.interop.caffe.netdef import copy_set
+from singa.io.protowire import prefix
 from singa.layers.base import type_name
 from singa.layers.conv import window
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.proto import caffe_pb2, job_pb2
-from singa.protowire import prefix
 
 __all__ = ["to_caffe", "write", "DEPLOY", "WEIGHTS"]
 

@@ -1,6 +1,6 @@
 """Protocol buffers' wire format by hand, for messages whose packed floats are too big to go
 through protobuf (SINGA's snapshot files, `checkpoint/wire.py`; Caffe's binary files,
-`interop/caffe/blobs.py` and `write.py`): varints, field keys, a checked walk over a message's
+`io/caffe_blobs.py`, `interop/caffe/write.py`): varints, field keys, a checked walk over a message's
 fields, and packed floats as views of the bytes that hold them.
 
 The rules are protobuf's, as its Python library (upb) reads them; tests/unit/test_protowire.py

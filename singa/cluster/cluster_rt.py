@@ -1,6 +1,6 @@
 """The cluster runtime a job's processes coordinate through (SINGA's ClusterRuntime and
 SPClusterRT, src/utils/cluster_rt.cc): process ids and endpoints, server-group membership and
-liveness. `ZKClusterRuntime` keeps them in ZooKeeper (the znodes of `singa.zk`);
+liveness. `ZKClusterRuntime` keeps them in ZooKeeper (the znodes of `singa.cluster.zk`);
 `SPClusterRuntime` keeps them in this process, for a one-process job without ZooKeeper.
 
 The runtime's watches call back in a thread of their own (kazoo's, or the leaving worker's).
@@ -11,9 +11,9 @@ import time
 
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
+from singa.cluster.job_manager import parse_proc
+from singa.cluster.zk import SESSION_TIMEOUT, SHUTDOWN_TIMEOUT, job_path
 from singa.errors import ClusterError
-from singa.job_manager import parse_proc
-from singa.zk import SESSION_TIMEOUT, SHUTDOWN_TIMEOUT, job_path
 
 log = logging.getLogger("singa")
 
@@ -158,8 +158,8 @@ class SPClusterRuntime(ClusterRuntime):
 
 
 class ZKClusterRuntime(ClusterRuntime):
-    """Job `job_id`'s runtime in ZooKeeper, over the session `zk` (a `singa.zk.ZKService`).
-    With a `trust` (`singa.trust.JobTrust`, the session authenticated with it) the job's nodes
+    """Job `job_id`'s runtime in ZooKeeper, over the session `zk` (a `singa.cluster.zk.ZKService`).
+    With a `trust` (`singa.comm.trust.JobTrust`, the session authenticated with it) the job's nodes
     carry its ACL, and a job node made without it is refused."""
 
     def __init__(self, zk, job_id, trust=None):

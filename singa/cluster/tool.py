@@ -14,14 +14,14 @@ import sys
 from google.protobuf import text_format
 
 import singa
-from singa import metrics
-from singa.cluster import elastic_procs, nprocs
-from singa.config import load_job, load_plain, load_singa_conf
+from singa.cluster.job_manager import JobManager
+from singa.cluster.zk import ZKService, zookeeper_answers
+from singa.comm.trust import ENV, JobTrust, new_secret
 from singa.errors import SingaError
+from singa.job.config import load_job, load_plain, load_singa_conf
+from singa.job.topology import elastic_procs, nprocs
 from singa.log import format_metrics
-from singa.trust import ENV, JobTrust, new_secret
-from singa.job_manager import JobManager
-from singa.zk import ZKService, zookeeper_answers
+from singa.watch import metrics
 
 USAGE = """\
 Usage: singatool <command> [args] [-confdir <dir>]
@@ -50,7 +50,7 @@ Usage: singatool <command> [args] [-confdir <dir>]
                      print the job's max_restarts
   elastic JOB_CONF   print the processes restarted alone when lost (an asynchronous job with
                      max_restarts: cluster.elastic_procs), space-separated
-  newsecret          print a new job secret (singa/trust.py)
+  newsecret          print a new job secret (singa/comm/trust.py)
   freeport ADDRESS   print a TCP port free on ADDRESS
   -confdir <dir>     directory of singa.conf and hostfile (default $SINGA_HOME/conf)"""
 

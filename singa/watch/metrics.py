@@ -8,7 +8,7 @@ validates); the log, the plot, the console and History show group 0's. Rows are 
 flushed as they happen, so a resumed job continues the file and other processes (the Python
 API's launcher) read it while it grows; the processes of one job on one host share the file,
 each write under an exclusive lock (one header, whole rows).
-The same events go to TensorBoard event files (`singa.tensorboard`) when tensorboardX is there,
+The same events go to TensorBoard event files (`singa.watch.tensorboard`) when tensorboardX is there,
 a folder per run (`run_name`).
 
 A workspace's file holds every run made in it. `runs` cuts it into runs and `newest_run`
@@ -25,7 +25,7 @@ import time
 
 from singa.checkpoint.snapshots import lower_is_better
 from singa.log import format_duration, format_metrics
-from singa.tensorboard import EventWriter
+from singa.watch.tensorboard import EventWriter
 
 FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
 FILE = "metrics.csv"

@@ -6,7 +6,7 @@ with protobuf would hold the file, the parsed message and Python's copies at onc
 we walk the wire format by hand: each layer's blobs become float32 arrays that are views of the
 mapped file (no copy; `double_data` is converted), and the layer's other fields (a few hundred
 bytes) are parsed with `caffe_pb2` once its blobs are cut out. Every length is checked against
-the message that holds it before anything is read (`singa.protowire`).
+the message that holds it before anything is read (`singa.io.protowire`).
 """
 import math
 import mmap
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from singa import protowire
 from singa.errors import DataError
+from singa.io import protowire
+from singa.io.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
 from singa.proto import caffe_pb2
-from singa.protowire import FIXED32, FIXED64, LEN, VARINT, WireError
 
 __all__ = ["Blob", "CaffeFile", "read_blob_file"]
 

@@ -1,6 +1,6 @@
 """TensorBoard event files of a job: `<workspace>/tensorboard/<run>/`, so that
 `tensorboard --logdir <workspace>` shows its train, validation and test curves, each fresh
-run of the workspace apart (a -resume continues its run's folder; `singa.metrics.run_name`).
+run of the workspace apart (a -resume continues its run's folder; `singa.watch.metrics.run_name`).
 
 Written with tensorboardX (pure Python; the optional extra `singa[tensorboard]`). A scalar per
 metric and event, tagged `<phase>/<metric>` (`train/loss`, `test/accuracy`; spaces become `_`;

@@ -12,10 +12,10 @@ import math
 
 import numpy as np
 
-from singa import updater_cuda as cu
 from singa.device import is_host, on
 from singa.errors import CheckpointError, ConfigError, NonFiniteError
 from singa.proto import job_pb2
+from singa.train import updater_cuda as cu
 
 F32 = np.float32
 #: the buckets of slices an Updater keeps the GPU tables of (a server's buckets of a step, of
@@ -198,7 +198,7 @@ class Updater:
 
     `grad` is used as scratch. The weight-decay term takes one more param-sized array from the
     Updater's scratch array (each server owns its Updater), which grows to the largest param
-    and is then reused. On a GPU the prelude and rule are one kernel (`singa.updater_cuda`,
+    and is then reused. On a GPU the prelude and rule are one kernel (`singa.train.updater_cuda`,
     the subclass's `fused`), with the same bits, launched once for the slices of a bucket.
     """
     clips = False   # SINGA clips only in SGD, Nesterov, AdaGrad and RMSProp

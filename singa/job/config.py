@@ -1,5 +1,5 @@
 """SINGA's rules for job.conf / singa.conf: validated protos, errors as `file:line: what`
-(the text and its lines: `singa.textproto`).
+(the text and its lines: `singa.job.textproto`).
 
 `load_job` mirrors what SINGA 0.3 rejects (parse errors, unknown fields and enum values, missing
 required fields, `include` mixed with `exclude`, unknown srclayers, repeated layer/param names,
@@ -7,7 +7,7 @@ unknown `share_from`, an unset `alg`/updater) and adds checks SINGA only fails o
 unregistered layer types, missing data files, missing workspace), sizes below their minimum
 (`_MINIMUM`), non-finite floats, job names that cannot name a file, and a workspace that cannot
 be written. NetProto's `unroll_len` /
-`partition_dim` defaults reach the layers in `singa.neuralnet.filter_phase`, as in SINGA.
+`partition_dim` defaults reach the layers in `singa.net.neuralnet.filter_phase`, as in SINGA.
 """
 import math
 import os
@@ -15,11 +15,13 @@ import re
 
 from google.protobuf import descriptor as _descriptor
 
-from singa import cluster, device, extensions, graph, resolve
+from singa import device, extensions, resolve
 from singa.errors import ConfigError
-from singa.phase import in_phase
+from singa.job import topology
+from singa.job.textproto import TextConf, read_text
+from singa.net import graph
+from singa.net.phase import in_phase
 from singa.proto import job_pb2, singa_pb2
-from singa.textproto import TextConf, read_text
 
 #: Phases whose nets a training run builds: kTrain always, kVal / kTest when their steps are
 #: > 0 (`-test` builds only kTest: `_run_phases`).
@@ -87,7 +89,7 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     """Parse and validate job conf `text`; `path` only names the file in error messages.
 
     check_paths: data files must exist, and the GPUs `gpu` names (CuPy installed). The
-    workspace is made by the job (`singa.workspace`), not here.
+    workspace is made by the job (`singa.job.workspace`), not here.
     check_layers: every layer type must be registered in `singa.layers`.
     user_proto, user_layers: files loaded (`singa.extensions`) besides the conf's own
     `user_proto` / `user_layers`, before the conf is parsed for good.
@@ -113,7 +115,7 @@ def load_plain(path):
     checked: what the launch scripts read of a job (its processes, steps, workspace)."""
     conf = _Conf(read_text(path), path)
     job = conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
-    problem = cluster.check_layout(job.cluster)
+    problem = topology.check_layout(job.cluster)
     if problem:
         conf.fail(conf.line("cluster"), problem)
     return job
@@ -326,7 +328,7 @@ def _check_runnable(conf, job):
                       "net has none")
     cl = job.cluster
     at = conf.line("cluster")
-    problem = cluster.check_layout(cl)
+    problem = topology.check_layout(cl)
     if problem:
         conf.fail(at, problem)
     if min(cl.nworker_groups, cl.nserver_groups, cl.nworkers_per_group,
@@ -337,7 +339,7 @@ def _check_runnable(conf, job):
         conf.fail(at, f"cluster: nworker_groups {cl.nworker_groups} is not a multiple of "
                       f"nserver_groups {cl.nserver_groups} (each server group serves as many "
                       f"worker groups)")
-    if cl.nworker_groups > 1 and not cl.share_memory and cluster.nprocs(cl) == 1:
+    if cl.nworker_groups > 1 and not cl.share_memory and topology.nprocs(cl) == 1:
         conf.fail(at, "cluster: several worker groups in one process need share_memory: true")
     _check_gpu_layout(conf, job)
 
@@ -348,9 +350,9 @@ def _check_gpu_layout(conf, job):
     in every worker process but maybe the last: those two are checked (not one per process,
     whose number a conf may merely claim)."""
     at, cl = conf.line("gpu", "gpu[0]"), job.cluster
-    last = cluster.nworker_procs(cl) - 1
+    last = topology.nworker_procs(cl) - 1
     for pid in sorted({0, last}) if job.gpu and last >= 0 else ():
-        found = set(device.of_workers(job.gpu, cluster.workers_of(cl, pid), make=False).values())
+        found = set(device.of_workers(job.gpu, topology.workers_of(cl, pid), make=False).values())
         if len(found) > 1:
             names = " and ".join("CPU" if d is None else f"GPU {d}" for d in sorted(
                 found, key=lambda d: -1 if d is None else d))

@@ -17,20 +17,24 @@ import time
 
 import numpy as np
 
-from singa import checkpoint, cluster, cuda_graphs, evaluation, numerics, resolve
+from singa import checkpoint, resolve
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.device import CPU, assign, host
+from singa.device import cuda_graphs
 from singa.errors import ClusterError, ConfigError, SingaError, executor_failure
+from singa.job import topology
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
-from singa.log import SHOWN, format_duration, format_metrics
-from singa.monitor import Monitor
+from singa.layers.param import fill, piece
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
-from singa.param import fill, piece
+from singa.log import SHOWN, format_duration, format_metrics
+from singa.net import numerics
 from singa.proto import job_pb2
+from singa.train import evaluation
+from singa.train.monitor import Monitor
 
 log = logging.getLogger("singa")
 
@@ -61,10 +65,10 @@ class Worker:
 
     `init_rng` draws the initial values of the params this worker owns; `resume` is the
     Snapshot a -resume continues from, its files parsed (None: a fresh start); the worker
-    joins and leaves its server group in `cluster_rt` (a `singa.cluster_rt.ClusterRuntime`, or
+    joins and leaves its server group in `cluster_rt` (a `singa.cluster.cluster_rt.ClusterRuntime`, or
     None). `put` False: the worker's group joins a running job again (a restarted process)
     and Gets every param from the servers. What it displays and the snapshots it writes also go to `reporter` (a
-    `singa.metrics.Reporter`, or None).
+    `singa.watch.metrics.Reporter`, or None).
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
@@ -83,7 +87,7 @@ class Worker:
         self.puts = put
         self.cluster_rt = cluster_rt
         self.reporter = reporter
-        self.sgroup = cluster.server_group(job.cluster, grp)
+        self.sgroup = topology.server_group(job.cluster, grp)
         self.folder = checkpoint.folder(resolve(job.cluster.workspace))
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
@@ -300,7 +304,7 @@ class Worker:
         worker then Gets what it lacks."""
         resumed = self.resumed_state()
         if self.puts and self.owned and \
-                self.grp % cluster.nworker_groups_per_server_group(self.job.cluster) == 0:
+                self.grp % topology.nworker_groups_per_server_group(self.job.cluster) == 0:
             loaded = self.load_owned()
             self.init_fresh([p for p in self.owned if p.name not in loaded], loaded)
             lr_index = resumed.lr_index if resumed is not None else -1
@@ -502,17 +506,17 @@ class Worker:
         """Where this worker's servers run: 'process P at host:port' each (for an error)."""
         cl = self.job.cluster
         return ", ".join(self.process_where(pid) for pid in sorted(
-            {cluster.server_procs(cl, self.sgroup, s) for s in range(cl.nservers_per_group)}))
+            {topology.server_procs(cl, self.sgroup, s) for s in range(cl.nservers_per_group)}))
 
     def worker_where(self, peer):
         """Where worker (grp, peer) of this group runs (for a bridge layer's time-out)."""
-        return self.process_where(cluster.worker_procs(self.job.cluster, self.grp, peer))
+        return self.process_where(topology.worker_procs(self.job.cluster, self.grp, peer))
 
     def process_where(self, pid):
         """'process P at host:port': the endpoint this process learned at start-up (the cluster
         runtime keeps it), so a time-out names it with ZooKeeper away too."""
         cl = self.job.cluster
-        if self.cluster_rt is None or cluster.nprocs(cl) == 1:
+        if self.cluster_rt is None or topology.nprocs(cl) == 1:
             return f"process {pid} at this process"
         try:
             endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1)

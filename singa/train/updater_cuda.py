@@ -2,7 +2,7 @@
 slice on a GPU: one launch per slice and step where numpy's calls make 2 to 19, and one for
 the slices of a bucket (`Bucket`).
 
-Each thread updates one element with `singa.updater`'s prelude and rule, operation by
+Each thread updates one element with `singa.train.updater`'s prelude and rule, operation by
 operation in numpy's order and float32 rounding (`--fmad=false`; IEEE division and square
 root, NVRTC's defaults; np.clip's and np.maximum's NaN rules), so a GPU step gives the host's
 bits. tests/unit/test_updater.py runs SOURCE compiled by g++ against the numpy path.

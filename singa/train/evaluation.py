@@ -15,8 +15,8 @@ from singa.device import CPU
 from singa.errors import ConfigError, DataError
 from singa.io.store import count_records
 from singa.layers.input import StoreInputLayer
-from singa.neuralnet import NeuralNet
-from singa.numerics import TEST, WORKERS, seeds
+from singa.net.neuralnet import NeuralNet
+from singa.net.numerics import TEST, WORKERS, seeds
 from singa.proto import job_pb2
 
 log = logging.getLogger("singa")

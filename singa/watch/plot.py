@@ -1,6 +1,6 @@
 """What `bin/singa-plot.sh` runs: the curves of a workspace's metrics.csv as a PNG.
 
-    python -m singa.plot <workspace> [-o curves.png] [-job ID | -all]
+    python -m singa.watch.plot <workspace> [-o curves.png] [-job ID | -all]
 
 One panel per metric (loss, accuracy, ppl, ...; at most MAX_METRICS), a line per phase
 (train, validation, test) over the steps; perplexity on a log scale. The rows of the
@@ -18,10 +18,10 @@ import sys
 
 import numpy as np
 
-from singa import metrics
 from singa.errors import ArgumentParser, SingaError
 from singa.files import write_atomic
-from singa.tensorboard import pip_install
+from singa.watch import metrics
+from singa.watch.tensorboard import pip_install
 
 #: pixels: the figure is WIDTH wide and ROW_HEIGHT per row of two panels
 WIDTH, ROW_HEIGHT, DPI = 1200, 400, 100

@@ -26,20 +26,22 @@ import time
 import numpy as np
 from google.protobuf import text_format
 
-import singa
-from singa import checkpoint, cluster, config, evaluation, files, workspace
+from singa import checkpoint, files
 from singa import log as singa_log
-from singa.cluster_rt import SPClusterRuntime
+import singa
+from singa.cluster.cluster_rt import SPClusterRuntime
 from singa.device import host
 from singa.driver import Driver, Stopped
 from singa.errors import CheckpointError, ClusterError, ConfigError
 from singa.io import memory
 from singa.io.records import write_records
-from singa.metrics import History, Reporter, read_rows
+from singa.job import config, topology, workspace
 from singa.naming import unrolled
-from singa.neuralnet import NeuralNet
-from singa.phase import in_phase
+from singa.net.neuralnet import NeuralNet
+from singa.net.phase import in_phase
 from singa.proto import job_pb2
+from singa.train import evaluation
+from singa.watch.metrics import History, Reporter, read_rows
 
 log = logging.getLogger("singa")
 
@@ -68,7 +70,7 @@ def train(job, resume=False, verbose=False, progress=True, on_event=None,
     thread; for a job of several processes, from its metrics.csv in this one); once it returns
     True the job stops a step or two later, after a snapshot. A job of several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
     snap = check_resumable(job) if resume else None
-    if cluster.nprocs(job.cluster) > 1:
+    if topology.nprocs(job.cluster) > 1:
         return _launch(job, resume, verbose, zookeeper_host, on_event)
     write_conf(job)
     history = History()
@@ -300,7 +302,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     (singa-run.sh stops every process) and is re-raised."""
     launcher = os.path.join(singa.HOME, "bin", "singa-run.sh")
     if not os.path.isfile(launcher):
-        raise ConfigError(f"a job of {cluster.nprocs(job.cluster)} processes is launched by "
+        raise ConfigError(f"a job of {topology.nprocs(job.cluster)} processes is launched by "
                           f"bin/singa-run.sh of a SINGA checkout, and {singa.HOME} has none")
     ws = job.cluster.workspace
     job = with_kvfiles(job, ws)

@@ -6,8 +6,8 @@ import time
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from singa.cluster.zk import APP, HOST_IDX, JOB_LOCK, ROOT, job_path
 from singa.errors import ClusterError, ConfigError
-from singa.zk import APP, HOST_IDX, JOB_LOCK, ROOT, job_path
 
 log = logging.getLogger("singa")
 
@@ -16,14 +16,14 @@ JOB_NAME = re.compile(r"job-(\d{10})")     # a job's node under /singa/app (zk.j
 
 
 class JobManager:
-    """Job ids, hosts and the job list over the session `zk` (a `singa.zk.ZKService`)."""
+    """Job ids, hosts and the job list over the session `zk` (a `singa.cluster.zk.ZKService`)."""
 
     def __init__(self, zk):
         self.zk = zk
 
     def new_job_id(self, trust=None):
         """A new job id: the sequence number of a fresh /singa/sys/job-lock/lock- node. With
-        a `trust` (`singa.trust.JobTrust`) the job's node is made here with its ACL. An id
+        a `trust` (`singa.comm.trust.JobTrust`) the job's node is made here with its ACL. An id
         whose node exists already (made by another client, or a job that a cleanup left) is
         passed over."""
         zk = self.zk

@@ -95,7 +95,7 @@ class ZKService:
     """
 
     def __init__(self, hosts, timeout=15, trust=None):
-        """`trust` (a `singa.trust.JobTrust`): the session authenticates as that job, and may
+        """`trust` (a `singa.comm.trust.JobTrust`): the session authenticates as that job, and may
         then change the job's nodes."""
         self.hosts = hosts
         self.timeout = timeout

@@ -2,20 +2,21 @@
 
 Steps: phase filter (include/exclude) → unrolling (`<i>#` names, also for unroll_len 1, so
 param names are SINGA's `0#w1`) → share_from → split layers → partition connection layers and
-`L@k` copies (several partitions, `singa.partition`) → topological sort (`singa.graph`) → create
+`L@k` copies (several partitions, `singa.net.partition`) → topological sort (`singa.net.graph`) → create
 and set up layers, number params. Test and validation nets share the train net's param values.
 """
 import collections
 import json
 
-from singa import graph, layers, partition  # noqa: F401  (layers: registers every layer type)
+from singa import layers
 from singa.device import CPU, is_host
-from singa.numerics import rng_state, set_rng_state
+from singa.device.footprint import BeyondMemory
 from singa.errors import ConfigError
-from singa.footprint import BeyondMemory
 from singa.layers.base import create_layer, layer_class, set_up
 from singa.naming import unrolled
-from singa.phase import in_phase
+from singa.net import graph, partition  # noqa: F401  (layers: registers every layer type)
+from singa.net.numerics import rng_state, set_rng_state
+from singa.net.phase import in_phase
 from singa.proto import job_pb2
 
 class NeuralNet:

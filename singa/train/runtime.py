@@ -13,17 +13,19 @@ import threading
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
-from singa import checkpoint, cluster, device, errors, evaluation
+from singa import checkpoint, device, errors
 from singa.comm import msg as m
 from singa.comm.liveness import PeerWatch
 from singa.comm.socket import Peer, Router
-from singa.errors import ClusterError
 from singa.comm.stub import ParamEntry, Stub
-from singa.neuralnet import NeuralNet
-from singa.numerics import INIT, TEST, VALIDATION, WORKERS, seeds
+from singa.errors import ClusterError
+from singa.job import topology
+from singa.net.neuralnet import NeuralNet
+from singa.net.numerics import INIT, TEST, VALIDATION, WORKERS, seeds
 from singa.proto import job_pb2
-from singa.server import Server
-from singa.worker import worker_class
+from singa.train import evaluation
+from singa.train.server import Server
+from singa.train.worker import worker_class
 
 log = logging.getLogger("singa")
 
@@ -50,20 +52,20 @@ def slice_masters(job, owners):
     """{slice id: address of its master server}: the server of each slice in the group that
     masters it (SINGA's slice2group and slice2server, PartitionSlices in src/driver.cc)."""
     cl = job.cluster
-    pieces = cluster.slice_sizes(cluster.lcm(cl.nserver_groups, cl.nservers_per_group),
+    pieces = topology.slice_sizes(topology.lcm(cl.nserver_groups, cl.nservers_per_group),
                                  [p.size for p in owners])
     sizes = [n for ps in pieces for n in ps]
     return {sid: m.addr(g, s, m.kServer) for sid, (g, s) in enumerate(zip(
-        cluster.partition_slices(cl.nserver_groups, sizes),
-        cluster.partition_slices(cl.nservers_per_group, sizes)))}
+        topology.partition_slices(cl.nserver_groups, sizes),
+        topology.partition_slices(cl.nservers_per_group, sizes)))}
 
 
 def slice_table(job, owners):
     """{owner param id: [(slice id, offset, size)]} and the server of each slice id."""
     cl = job.cluster
     S = cl.nservers_per_group
-    pieces = cluster.slice_sizes(cluster.lcm(cl.nserver_groups, S), [p.size for p in owners])
-    slice2server = cluster.partition_slices(S, [n for ps in pieces for n in ps])
+    pieces = topology.slice_sizes(topology.lcm(cl.nserver_groups, S), [p.size for p in owners])
+    slice2server = topology.partition_slices(S, [n for ps in pieces for n in ps])
     table, sid = {}, 0
     for p, ps in zip(owners, pieces):
         rows, offset = [], 0
@@ -88,12 +90,12 @@ class Process:
     and validation nets are partitioned the same way: every worker of group 0 runs its
     partition of them.
     `resume` is the Snapshot being resumed (from `resume_from`); `cluster_rt` (the job's
-    `singa.cluster_rt.ClusterRuntime`, or None) and `reporter` (a `singa.metrics.Reporter`,
+    `singa.cluster.cluster_rt.ClusterRuntime`, or None) and `reporter` (a `singa.watch.metrics.Reporter`,
     or None) are handed to the workers. A job of several processes
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
     In an asynchronous job with `max_restarts`, this process rides out the loss of the
-    processes of `cluster.elastic_procs` (the stub waits `rejoin_timeout` s for their
+    processes of `topology.elastic_procs` (the stub waits `rejoin_timeout` s for their
     restart); `rejoin`: this process is such a restart, its worker groups Get the servers'
     params instead of putting their own.
     """
@@ -105,19 +107,19 @@ class Process:
         self.job, self.pid = job, pid
         rngs = seeds(job, WORKERS + G * K)
         # one device for the workers of a process (the conf check): they share params
-        devices = device.of_workers(job.gpu, cluster.workers_of(cl, pid))
+        devices = device.of_workers(job.gpu, topology.workers_of(cl, pid))
         self.device = next(iter(devices.values()), device.CPU)
         graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
-        for g in sorted({g for g, _ in cluster.workers_of(cl, pid)}):
+        for g in sorted({g for g, _ in topology.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share
-            first = min(h for h, _ in cluster.workers_of(cl, pid)
-                        if cluster.server_group(cl, h) == cluster.server_group(cl, g))
+            first = min(h for h, _ in topology.workers_of(cl, pid)
+                        if topology.server_group(cl, h) == topology.server_group(cl, g))
             share = graphs.get(first) if g > first and cl.share_memory else None
             mine = rngs[WORKERS + g * K:WORKERS + (g + 1) * K]
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, mine if K > 1 else mine[0],
                                   share, K, device=self.device)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
-                for g, j in cluster.workers_of(cl, pid)}
+                for g, j in topology.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)
         self.train_net = nets.get((0, 0))
         eval_nets = {}
@@ -149,7 +151,7 @@ class Process:
                 for p in layer.params:
                     e = entries.get((g, p.owner))
                     if e is None:
-                        sg = cluster.server_group(cl, g)
+                        sg = topology.server_group(cl, g)
                         e = entries[(g, p.owner)] = ParamEntry(g, p.owner, [
                             (s, m.addr(sg, slice2server[s], m.kServer), o, n)
                             for s, o, n in table[p.owner]])
@@ -159,19 +161,19 @@ class Process:
         self.transport = transport or Transport()
         self.router = self.transport.router
         endpoint = self.router.endpoint
-        single = cluster.nprocs(cl) == 1
-        served = {sg: K * sum(cluster.server_group(cl, g) == sg for g in range(G))
+        single = topology.nprocs(cl) == 1
+        served = {sg: K * sum(topology.server_group(cl, g) == sg for g in range(G))
                   for sg in range(cl.nserver_groups)}
         masters = None
-        if cl.nserver_groups > 1 and cluster.servers_of(cl, pid):
+        if cl.nserver_groups > 1 and topology.servers_of(cl, pid):
             graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
                                                                    rngs[WORKERS])
             masters = slice_masters(job, graph.owner_params)
-        asynchronous = cluster.nworker_groups_per_server_group(cl) > 1
+        asynchronous = topology.nworker_groups_per_server_group(cl) > 1
         self.servers = [Server(endpoint, g, s, job.updater, cl.poll_time,
                                None if single else served[g], masters, cl.sync_freq,
                                copy_replies=asynchronous and not single)
-                        for g, s in cluster.servers_of(cl, pid)]
+                        for g, s in topology.servers_of(cl, pid)]
         cls = worker_class(job)
         self.workers = [
             cls(endpoint, g, j, job, net,
@@ -181,13 +183,13 @@ class Process:
                 cluster_rt=cluster_rt, reporter=reporter, device=self.device, put=not rejoin)
             for (g, j), net in nets.items()]
         farewells = {} if single else {
-            w.address: [m.addr(cluster.server_group(cl, w.grp), s, m.kServer)
+            w.address: [m.addr(topology.server_group(cl, w.grp), s, m.kServer)
                         for s in range(cl.nservers_per_group)] for w in self.workers}
-        elastic = cluster.elastic_procs(cl, job.max_restarts) - {pid}
+        elastic = topology.elastic_procs(cl, job.max_restarts) - {pid}
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
                          None if single else self.peer, stop_servers_with_workers=single,
-                         farewells=farewells, nprocs=cluster.nprocs(cl), elastic=elastic,
+                         farewells=farewells, nprocs=topology.nprocs(cl), elastic=elastic,
                          forget=self.forget, returned=self.returned,
                          rejoin_timeout=rejoin_timeout,
                          rejoinable=lambda: cluster_rt is not None and cluster_rt.connected)
@@ -217,10 +219,10 @@ class Process:
         cl = self.job.cluster
         grp, id_, kind = m.addr_grp(address), m.addr_id(address), m.addr_type(address)
         if kind == m.kServer and 0 <= grp < cl.nserver_groups and id_ < cl.nservers_per_group:
-            return cluster.server_procs(cl, grp, id_)
+            return topology.server_procs(cl, grp, id_)
         if kind in (m.kWorkerParam, m.kWorkerLayer) and 0 <= grp < cl.nworker_groups \
                 and id_ < cl.nworkers_per_group:
-            return cluster.worker_procs(cl, grp, id_)
+            return topology.worker_procs(cl, grp, id_)
         raise ClusterError(f"no executor at address {address}")
 
     def peer(self, pid):
@@ -264,7 +266,7 @@ class Process:
         has dropped for good (`singa.comm.liveness`). Before `run` or `route`, instead of
         connecting as messages need."""
         self.peers = {pid: self.transport.peer(self.connect(pid), watched=True)
-                      for pid in range(cluster.nprocs(self.job.cluster)) if pid != self.pid}
+                      for pid in range(topology.nprocs(self.job.cluster)) if pid != self.pid}
         self.watch = PeerWatch(self.peers, on_down)
         self.watch.start()
 
@@ -312,7 +314,7 @@ class Process:
 class Transport:
     """A process's ZeroMQ context and its stub's Router (in-process queues, plus tcp for peers).
 
-    With a `trust` (`singa.trust.JobTrust`) tcp is CURVE: the Router is the server of the
+    With a `trust` (`singa.comm.trust.JobTrust`) tcp is CURVE: the Router is the server of the
     job's keys, a ZAP handler admits the job's client key only, and Peers are its clients."""
 
     def __init__(self, trust=None, job=-1):

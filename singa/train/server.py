@@ -23,7 +23,7 @@ from singa.comm import param_msg as pm
 from singa.comm.socket import Dealer
 from singa.device import host, host_copy, is_host, like, module, on
 from singa.errors import ClusterError, executor_failure
-from singa.updater import create_updater
+from singa.train.updater import create_updater
 
 log = logging.getLogger("singa")
 

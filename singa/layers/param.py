@@ -4,8 +4,8 @@ import math
 import numpy as np
 
 from singa.device import assign
+from singa.device.footprint import check_fits
 from singa.errors import ConfigError
-from singa.footprint import check_fits
 from singa.proto import job_pb2
 
 
@@ -39,7 +39,7 @@ class Param:
     def setup(self, shape, xp=np):
         """Allocate zeroed values and gradient of `shape` with array module `xp` (numpy or
         cupy); ConfigError if the two would not fit in this machine's memory (a typo such as
-        `num_output: 2000000000`; `singa.footprint.check_fits`)."""
+        `num_output: 2000000000`; `singa.device.footprint.check_fits`)."""
         check_fits(2 * 4 * math.prod(shape),
                    f"param '{self.name}' of shape {tuple(shape)}: its values and gradient need")
         self.data = xp.zeros(shape, np.float32)

@@ -6,13 +6,13 @@ from collections import Counter
 
 import numpy as np
 
-from singa import cluster
+from singa.cluster.job_manager import read_hostfile
 from singa.device import CPU
+from singa.device.footprint import SHAPES, BeyondMemory
 from singa.errors import ConfigError, SingaError
-from singa.footprint import SHAPES, BeyondMemory
-from singa.neuralnet import NeuralNet
+from singa.job import topology
+from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
-from singa.job_manager import read_hostfile
 
 PROCS_PER_CORE = 4      # more processes of one job per core than this are refused
 
@@ -24,7 +24,7 @@ def check(job, hostfile, test=False, oversubscribe=False):
     folder may have no hostfile)."""
     build(job, test)
     if not oversubscribe:
-        check_hosts(cluster.nprocs(job.cluster), read_hostfile(hostfile),
+        check_hosts(topology.nprocs(job.cluster), read_hostfile(hostfile),
                     len(os.sched_getaffinity(0)))
 
 
@@ -40,7 +40,7 @@ def build(job, test=False, device=CPU):
 
 def check_memory(job, what):
     """ConfigError "<what>: ..." naming the param or layer if the net `build` makes of `job`
-    would allocate an array larger than this machine's memory (`singa.footprint`'s rule, per
+    would allocate an array larger than this machine's memory (`singa.device.footprint`'s rule, per
     array), learnt by setting the net up on SHAPES: nothing is allocated and nothing is
     written. Mean and std files, which hold values and no shapes, are not read (an importer
     writes its mean file after this check); other mistakes, such as a data store not yet

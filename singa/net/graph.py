@@ -1,7 +1,7 @@
 """The layer graph's rules, in one place: unique names, known srclayers, and the order layers run in (SINGA's Graph::Sort, src/utils/graph.cc).
 
-`singa.config` checks each phase's net of a job conf with them (its errors name the file and
-line); `singa.neuralnet` sorts the net it builds (unrolled, with split layers) by the same rule.
+`singa.job.config` checks each phase's net of a job conf with them (its errors name the file and
+line); `singa.net.neuralnet` sorts the net it builds (unrolled, with split layers) by the same rule.
 """
 import collections
 

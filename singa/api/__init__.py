@@ -1,0 +1,1 @@
+"""The Python API's machinery: the session that runs a JobProto in-process."""

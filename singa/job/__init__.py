@@ -1,0 +1,1 @@
+"""Job configuration: the conf rules, protobuf text format, cluster topology, the workspace."""

@@ -1,0 +1,1 @@
+"""Training: this process's runtime, the worker loop, servers, updaters, monitor, evaluation."""

@@ -1,0 +1,1 @@
+"""Watching a run: metrics.csv and History, TensorBoard events, plots."""
