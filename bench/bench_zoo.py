@@ -122,7 +122,7 @@ def memory(name, batch):
     """(weights MB, resident growth MB, allocated peak MB) of building our net and one
     forward, in this process (the child that `bench` starts)."""
     prototxt = NETS[name]
-    kernels.compiled(CPU)      # numba and the compiled loops loaded before
+    kernels.choose(CPU)        # numba and the compiled loops loaded before
     with tempfile.TemporaryDirectory(prefix=f"singa-bench-zoo-{name}-") as workspace:
         rss = _status_mb("VmRSS")
         tracemalloc.start()

@@ -7,7 +7,7 @@ For each net (bench_mlp_step's MLP, bench_conv's LeNet and cifar10 net, with `gp
 full runtime as in bench_gpu.py, op by op: no CUDA graphs), CUDA events around each layer's
 forward and backward pass and around each device operation in it: every numpy function or
 ufunc the layer modules (and `singa.device.threads`) call on device arrays, and each of our kernels
-(`singa.layers.cuda`), named by what was called. The GPU's time between an operation's two
+(`singa.layers.kernels.cuda`), named by what was called. The GPU's time between an operation's two
 events is its own where the GPU is the bottleneck (at batch 1024; at small batches it takes
 in the host's gaps). Operators on CuPy arrays (`a += b`) and calls the layers make to CuPy
 directly are not wrapped: a pass's time beyond its operations' is "not wrapped". Prints, per
@@ -37,9 +37,9 @@ from bench_mlp_step import Runtime, print_table
 
 #: the modules whose `np` calls are timed, and whose kernels (`_launch`) are
 NP_MODULES = ["singa.device.threads", "singa.layers.base", "singa.layers.conv",
-              "singa.layers.neuron", "singa.layers.loss", "singa.layers.norm",
-              "singa.layers.input", "singa.layers.output", "singa.layers.connection",
-              "singa.layers.ops"]
+              "singa.layers.pooling", "singa.layers.neuron", "singa.layers.loss",
+              "singa.layers.norm", "singa.layers.input", "singa.layers.output",
+              "singa.layers.connection", "singa.layers.ops", "singa.layers.kernels.numpy"]
 PASS = "(pass)"
 
 
@@ -113,7 +113,7 @@ def instrument(rt, recorder):
     modules = [importlib.import_module(name) for name in NP_MODULES]
     for module in modules:
         module.np = TimedModule(np, recorder)
-    cuda = importlib.import_module("singa.layers.cuda")
+    cuda = importlib.import_module("singa.layers.kernels.cuda")
     launch = cuda._launch
     cuda._launch = lambda kernel, *a: recorder.timed(f"kernel {kernel}", launch)(kernel, *a)
     for layer in rt.worker.train_net.layers:

@@ -4,8 +4,9 @@ variables, plus one launcher per `extern "C" __global__` kernel that runs every 
 thread) of a grid in turn. `RawKernel` is cupy.RawKernel on numpy arrays; both reach the
 kernels through `library(source).launch(name, grid, block, args)`, args as CuPy takes them:
 arrays for pointers, numpy scalars of the parameter's own type (CuPy passes a scalar by its
-dtype). Used by tests/unit/test_cuda_kernels.py and the
-CuPy stand-in tests/integration/strict_device.py.
+dtype). `source` reads one of singa's .cu files straight from the tree. Used by
+tests/unit/test_cuda_kernels.py, test_updater.py and the CuPy stand-in
+tests/integration/strict_device.py.
 
 It runs the grid serially: it checks each kernel's arithmetic, indexing and grid-stride
 partition, not what depends on threads running together (races, shared memory, warps).
@@ -14,6 +15,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -43,6 +45,17 @@ SCALARS = {"long long": (ctypes.c_longlong, np.int64), "int": (ctypes.c_int, np.
            "double": (ctypes.c_double, np.float64)}
 POINTEES = {"float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64,
             "unsigned char": np.uint8, "bool": np.bool_}
+
+
+SINGA = pathlib.Path(__file__).resolve().parent.parent / "singa"
+
+#: the .cu files of the layers' kernels and of the update rules, package data of singa
+LAYERS, UPDATER = "layers/kernels/cuda.cu", "train/updater_cuda.cu"
+
+
+def source(path):
+    """The text of singa/`path`, a .cu file (LAYERS or UPDATER)."""
+    return (SINGA / path).read_text()
 
 
 @functools.cache

@@ -98,7 +98,7 @@ class StoreInputLayer(Layer):
             mean, std = (xp.asarray(np.ascontiguousarray(np.broadcast_to(
                 np.float32(identity) if v is None else v, self.dim)))
                 for v, identity in ((self.mean, 0), (self.std, 1)))
-            self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.gpu(device))
+            self.on_device = (xp.empty((n, self.dim), np.uint8), mean, std, kernels.choose(device))
 
     def close(self):
         """The store closed and the reading thread ended; `position` still says where the
@@ -125,11 +125,11 @@ class StoreInputLayer(Layer):
     def to_device(self, pixels, labels):
         """mirror = (pixels − mean) / std on the device, aux_data and aux_mirror = labels. x − 0
         and x / 1 are exact, so an unset mean or std costs no bits."""
-        dev, mean, std, cuda = self.on_device
+        dev, mean, std, gpu = self.on_device
         self.aux_data[:] = labels
         self.uploads(dev, pixels)
         self.uploads(self.aux_mirror, self.aux_data)
-        cuda.normalize_pixels(dev, mean, std, self.mirror.reshape(dev.shape))
+        gpu.normalize_pixels(dev, mean, std, self.mirror.reshape(dev.shape))
 
     def pixels(self, values, labels):
         """The batch's pixels (N, dim) uint8 with `labels` filled, where the values are laid

@@ -34,8 +34,11 @@ class SoftmaxLossLayer(Layer):
         self.data = self.xp.zeros((n, src.size // n), np.float32)
         self.topk = self.conf.softmaxloss_conf.topk
         self.scale = self.conf.softmaxloss_conf.scale
-        self._kernels = kernels.gpu(self.device)     # forward: 2 launches; gradient: 1
-        if self._kernels:
+        self.kernels = kernels.choose(self.device)
+        # A GPU's kernels (forward: 2 launches; gradient: 1) add each batch's metrics to sums
+        # kept there; the host sums floats (`add_metrics`), computed here in numpy's calls.
+        self.metrics_on_device = self.device.gpu is not None
+        if self.metrics_on_device:
             self._row_loss = self.xp.empty(n, np.float64)
             self._hit = self.xp.empty(n, np.int32)
             self.keep_metrics_on_device(("Loss", "accuracy"))    # the kernel adds to them
@@ -67,9 +70,9 @@ class SoftmaxLossLayer(Layer):
         x = srclayers[0].data_for(self)
         p = self.data
         labels = self.device.put(srclayers[1].labels_for(self))
-        if self._kernels:
-            self._kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale, p,
-                                       self._row_loss, self._hit, self.metric_store)
+        if self.metrics_on_device:
+            self.kernels.softmax_loss(x.reshape(p.shape), labels, self.topk, self.scale, p,
+                                      self._row_loss, self._hit, self.metric_store)
             return
         softmax(x.reshape(p.shape), p, self._rowmax)
         truth = p[self._rows, labels]
@@ -88,12 +91,7 @@ class SoftmaxLossLayer(Layer):
         g = gsrc.reshape(self.data.shape)
         labels = self.device.put(srclayers[1].labels_for(self))
         scale = np.float32(self.scale) / np.float32(g.shape[0])
-        if self._kernels:
-            self._kernels.softmax_loss_grad(self.data, labels, scale, g)
-            return
-        np.copyto(g, self.data)
-        g[self._rows, labels] -= 1
-        g *= scale
+        self.kernels.softmax_loss_grad(self.data, labels, scale, g)
 
     def metrics(self, flag):
         """Those `shown` (a GPU sums the accuracy of the cuDNN layer too)."""

@@ -1,5 +1,4 @@
 """Neuron layers other than convolution and normalisation: InnerProduct, activations, Dropout, Softmax, Dummy (src/neuralnet/neuron_layer/)."""
-import functools
 import math
 
 import numpy as np
@@ -7,9 +6,9 @@ import numpy as np
 from singa.device import assign
 from singa.device import threads
 from singa.errors import ConfigError
-from singa.layers import cuda, kernels
+from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
-from singa.layers.ops import sigmoid, softmax
+from singa.layers.ops import softmax
 from singa.layers.param import cut
 from singa.proto import job_pb2
 
@@ -100,118 +99,65 @@ class InnerProductLayer(Layer):
 class _Elementwise(Layer):
     """y = f(x) elementwise; gx = g·f', where f' is computed from y.
 
-    Subclasses give `forward(x, y)` and `derivative(y, d)` (writes f' into d); the forward
-    pass runs by chunks of samples on the compute threads. The derivative
-    goes to a scratch blob first so that gx may alias g (share_src_blobs); the blob is made
-    at the first backward pass (a net that only runs forward never needs it). On a GPU
-    SINGA's activations are one kernel each way (`kernels.gpu`).
+    `activation` is f as the kernels name it: (case, forward constants, backward constants)
+    of `_ACTIVATIONS`. Both passes run by chunks of samples on the compute threads, each
+    one call of the layer's kernels (`kernels.choose`): numpy's calls on the CPU, SINGA's
+    activations one kernel each way on a GPU. gx may alias g (share_src_blobs).
     """
 
     feature_parts = True
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
+        self.kernels = kernels.choose(self.device)
         self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
-        self._d = None
-
-    @functools.cached_property
-    def kernel(self):
-        """(kernels module, case, forward constants, backward constants) where a GPU runs the
-        activation as one kernel each way (`_CUDA`), else None: numpy's calls."""
-        fns, case = kernels.gpu(self.device), _CUDA.get(self.forward)
-        return None if fns is None or case is None else (fns, *case)
 
     def compute_feature(self, flag, srclayers):
         x, y = srclayers[0].data_for(self), self.data
-        if self.kernel:
-            fns, case, consts, _ = self.kernel
-            fns.activation(case, x, y, *consts)
-            return
-        threads.by_samples(lambda rows: self.forward(x[rows], y[rows]), y)
+        case, consts, _ = self.activation
+        threads.by_samples(lambda rows: self.kernels.activation(case, x[rows], y[rows], *consts),
+                           y)
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is None:
             return
-        if self.kernel:
-            fns, case, _, consts = self.kernel
-            fns.activation_grad(case, self.data, self.grad, gsrc, *consts)
-            return
-        if self._d is None:
-            self._d = np.empty_like(self.data)
-        self.derivative(self.data, self._d)
-        np.multiply(self.grad, self._d, out=gsrc)
+        case, _, consts = self.activation
+        threads.by_samples(lambda rows: self.kernels.activation_grad(
+            case, self.data[rows], self.grad[rows], gsrc[rows], *consts), gsrc)
 
 
-def _relu(x, y):
-    np.maximum(x, 0, out=y)
-
-
-def _relu_d(y, d):
-    np.greater(y, 0, out=d)
-
-
-def _sigmoid_d(y, d):
-    np.subtract(1, y, out=d)
-    d *= y
-
-
-def _tanh(x, y):
-    np.tanh(x, out=y)
-
-
-def _tanh_d(y, d):
-    np.multiply(y, y, out=d)
-    np.subtract(1, d, out=d)
-
-
-def _stanh(x, y):
-    np.multiply(x, STANH_B, out=y)
-    np.tanh(y, out=y)
-    y *= STANH_A
-
-
-def _stanh_d(y, d):
-    np.multiply(y, y, out=d)
-    d *= -STANH_B / STANH_A
-    d += STANH_A * STANH_B
-
-
-#: the activations' cases of singa.layers.cuda's kernels, with their constants (forward: y =
-#: a·tanh(b·x); backward: f' = y²·a + b)
-_CUDA = {_relu: (cuda.RELU, (), ()), sigmoid: (cuda.SIGMOID, (), ()), _tanh: (cuda.TANH, (), ()),
-         _stanh: (cuda.STANH, (STANH_A, STANH_B), (-STANH_B / STANH_A, STANH_A * STANH_B))}
+#: activation_conf.type → the kernels' case, with its constants (forward: y = a·tanh(b·x);
+#: backward: f' = y²·a + b)
+_ACTIVATIONS = {
+    job_pb2.RELU: (kernels.RELU, (), ()),
+    job_pb2.SIGMOID: (kernels.SIGMOID, (), ()),
+    job_pb2.TANH: (kernels.TANH, (), ()),
+    # SINGA 0.3 logs "Unknow activation type" for STANH; we compute it.
+    job_pb2.STANH: (kernels.STANH, (STANH_A, STANH_B), (-STANH_B / STANH_A, STANH_A * STANH_B)),
+}
 
 
 @register(job_pb2.kReLU)
 class ReLULayer(_Elementwise):
     """y = max(x, 0); gx = g·[y > 0] (relu_conf.negative_slope is ignored, as in SINGA)."""
     capturable = True
-    forward, derivative = staticmethod(_relu), staticmethod(_relu_d)
+    activation = _ACTIVATIONS[job_pb2.RELU]
 
 
 @register(job_pb2.kSigmoid)
 class SigmoidLayer(_Elementwise):
     """y = 1/(1+e^{-x}); gx = g·y(1−y)."""
     capturable = True
-    forward, derivative = staticmethod(sigmoid), staticmethod(_sigmoid_d)
+    activation = _ACTIVATIONS[job_pb2.SIGMOID]
 
 
 @register(job_pb2.kSTanh)
 class STanhLayer(_Elementwise):
     """y = A·tanh(B·x) with A = 1.7159047, B = 0.66666667; gx = g·(A·B − (B/A)·y²)."""
     capturable = True
-    forward, derivative = staticmethod(_stanh), staticmethod(_stanh_d)
-
-
-_ACTIVATIONS = {
-    job_pb2.RELU: (_relu, _relu_d),
-    job_pb2.SIGMOID: (sigmoid, _sigmoid_d),
-    job_pb2.TANH: (_tanh, _tanh_d),
-    # SINGA 0.3 logs "Unknow activation type" for STANH; we compute it.
-    job_pb2.STANH: (_stanh, _stanh_d),
-}
+    activation = _ACTIVATIONS[job_pb2.STANH]
 
 
 @register(job_pb2.kActivation, job_pb2.kCudnnActivation)
@@ -224,15 +170,14 @@ class ActivationLayer(_Elementwise):
     capturable = True
 
     def setup(self, srclayers):
-        fns = _ACTIVATIONS.get(self.conf.activation_conf.type)
-        if fns is None:
+        self.activation = _ACTIVATIONS.get(self.conf.activation_conf.type)
+        if self.activation is None:
             raise ConfigError(f"layer '{self.name}': unknown activation type "
                               f"{self.conf.activation_conf.type}")
-        self.forward, self.derivative = fns
         if self.conf.share_src_blobs:
             src = srclayers[0]
+            self.kernels = kernels.choose(self.device)
             self.data, self.grad = src.data_for(self), src.grad_for(self)
-            self._d = np.empty_like(self.data)
         else:
             super().setup(srclayers)
 

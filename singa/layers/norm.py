@@ -38,8 +38,10 @@ class LRNLayer(Layer):
 
     cuDNN's cross-channel LRN computes the same function, so kCudnnLRN is this layer.
     norm^{−β} is exp(−β·ln norm), or 1/(√norm·√√norm) for SINGA's β = 0.75 (a quarter of the
-    cost of either power). Chunks of samples run on the compute threads; on a GPU a kernel
-    each way (`kernels.gpu`, two for the gradient) computes the same terms in the same order.
+    cost of either power). Chunks of samples run on the compute threads, each one call of the
+    layer's kernels (`kernels.choose`): numpy's on the CPU, windows as slices of a padded
+    copy; on a GPU a kernel each way (two for the gradient), the same terms in the same
+    order.
     """
 
     capturable = True
@@ -57,96 +59,34 @@ class LRNLayer(Layer):
         self.beta = np.float32(lc.beta)
         self.knorm = np.float32(lc.knorm)
         self._coef = -2 * self.beta * self.salpha     # the gradient's −2αβ/n, float32
-        n, c, h, w = src.shape
         self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.norm = np.empty_like(self.data)
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
-        self._kernels = kernels.gpu(self.device)
-        if self._kernels:
-            return      # the kernels read x and g·y/norm in place: no padded copies
-        half = self.size // 2
-        # channels (or rows and columns) padded with zeros so that every window is a slice
-        if self.within:
-            self._padded = self.xp.zeros((n, c, h + 2 * half, w + 2 * half), np.float32)
-            self._inner = self._padded[:, :, half:half + h, half:half + w]
-            self._rows = self.xp.empty((n, c, h, w + 2 * half), np.float32)
-        else:
-            self._padded = self.xp.zeros((n, c + 2 * half, h, w), np.float32)
-            self._inner = self._padded[:, half:half + c]
-        self.chunks = threads.chunks(n, 4 * self.data[0].nbytes, is_host(self.data))
-
-    def _window_sum(self, rows, out):
-        """out[:, c] = Σ of the padded blob's channels c .. c+size−1 (the window centred on c),
-        for the samples `rows`; within channels, the sum over rows then over columns."""
-        p = self._padded[rows]
-        if self.size == 1:
-            np.copyto(out, p)
-        elif self.within:
-            h, w = out.shape[2:]
-            self._sum(p, self._rows[rows], 2, h)
-            self._sum(self._rows[rows], out, 3, w)
-        else:
-            self._sum(p, out, 1, out.shape[1])
-
-    def _sum(self, p, out, axis, n):
-        """out = Σ_{k < size} p[k:k + n] along `axis`."""
-        def part(k):
-            return p[(slice(None),) * axis + (slice(k, k + n),)]
-        np.add(part(0), part(1), out=out)
-        for k in range(2, self.size):
-            out += part(k)
-
-    def _power(self, norm, out, scratch):
-        """out = norm^{−β}."""
-        if self.beta == 0.75:
-            np.sqrt(norm, out=out)
-            root4 = np.sqrt(out, out=scratch)
-            out *= root4
-            np.reciprocal(out, out=out)
-        else:
-            np.log(norm, out=out)
-            out *= -self.beta
-            np.exp(out, out=out)
+        self.kernels = kernels.choose(self.device)
+        self.chunks = threads.chunks(len(src), 4 * self.data[0].nbytes, is_host(self.data))
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
-        if self._kernels:
-            self._kernels.lrn(x, self.size, self.within, self.salpha, self.knorm, self.beta,
-                              self.data, self.norm, self.scale)
-            return
-        threads.run(lambda i, _: self._forward(x, self.chunks[i]), len(self.chunks))
 
-    def _forward(self, x, r):
-        norm, scale = self.norm[r], self.scale[r]
-        np.square(x[r], out=self._inner[r])
-        self._window_sum(r, norm)
-        norm *= self.salpha
-        norm += self.knorm
-        self._power(norm, scale, self._acc[r])
-        np.multiply(x[r], scale, out=self.data[r])
+        def forward(i, _):
+            r = self.chunks[i]
+            self.kernels.lrn(x[r], self.size, self.within, self.salpha, self.knorm, self.beta,
+                             self.data[r], self.norm[r], self.scale[r])
+        threads.run(forward, len(self.chunks))
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)
         if gsrc is None:
             return
         x = srclayers[0].data_for(self)
-        if self._kernels:
-            self._kernels.lrn_grad(x, self.data, self.grad, self.norm, self.scale, self.size,
-                                   self.within, self._coef, self._acc, gsrc)
-            return
-        threads.run(lambda i, _: self._backward(x, gsrc, self.chunks[i]), len(self.chunks))
 
-    def _backward(self, x, gsrc, r):
-        inner, acc = self._inner[r], self._acc[r]
-        np.multiply(self.grad[r], self.data[r], out=inner)
-        inner /= self.norm[r]
-        self._window_sum(r, acc)
-        acc *= x[r]
-        acc *= self._coef
-        np.multiply(self.grad[r], self.scale[r], out=gsrc[r])
-        gsrc[r] += acc
+        def backward(i, _):
+            r = self.chunks[i]
+            self.kernels.lrn_grad(x[r], self.data[r], self.grad[r], self.norm[r], self.scale[r],
+                                  self.size, self.within, self._coef, self._acc[r], gsrc[r])
+        threads.run(backward, len(self.chunks))
 
 
 @register(job_pb2.kBM, job_pb2.kCudnnBM)

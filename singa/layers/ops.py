@@ -31,3 +31,18 @@ def index_add(out, idx, values):
     onehot = xp.zeros((len(idx), len(out)), out.dtype)
     onehot[xp.arange(len(idx)), idx] = 1
     out += np.matmul(onehot.T, values.reshape(len(idx), -1)).reshape(out.shape)
+
+
+def pad_buffer(shape, pads, fill=0, xp=np):
+    """(buf, inner): a float32 array of `shape` grown on each axis d by pads[d] = (before,
+    after) cells (axes past len(pads) not grown), those cells = fill, and the view of its
+    interior, of `shape`. The caller writes the interior (a chunk copied in, or computed in
+    place); the border keeps `fill`, so every window of the chunk is a slice of buf."""
+    pads = tuple(pads) + ((0, 0),) * (len(shape) - len(pads))
+    buf = xp.empty(tuple(s + a + b for s, (a, b) in zip(shape, pads)), np.float32)
+    inner = buf[tuple(slice(a, a + s) for s, (a, _) in zip(shape, pads))]
+    for d, (s, (a, b)) in enumerate(zip(shape, pads)):
+        edge = (slice(None),) * d
+        buf[edge + (slice(0, a),)] = fill
+        buf[edge + (slice(a + s, None),)] = fill
+    return buf, inner

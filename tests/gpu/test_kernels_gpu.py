@@ -1,4 +1,4 @@
-"""Our CUDA kernels on GPU 0 against the CPU: each of singa/layers/cuda.py's against numba's
+"""Our CUDA kernels on GPU 0 against the CPU: each of singa/layers/kernels/cuda.py's against numba's
 loops on the same inputs, a net of pooling layers against numpy's pooling, and each update
 rule of singa/train/updater_cuda.py against numpy's calls: the same float32 bytes (the kernels add
 in the CPU's order, NVRTC with --fmad=false: no fused multiply-adds; no atomics)."""
@@ -8,11 +8,11 @@ from google.protobuf import text_format
 from test_layers_gpu import blobs, run
 
 from singa import device
-from singa.layers import cuda
+from singa.layers.kernels import cuda
 from singa.proto import job_pb2
 from singa.train.updater import create_updater
 
-loops = pytest.importorskip("singa.layers.loops")
+loops = pytest.importorskip("singa.layers.kernels.numba")
 
 # (b, C, H, W, kh, kw, ph, pw, sh, sw): padding, strides above and below the kernel, odd sizes
 CONV = [(8, 16, 15, 17, 3, 3, 1, 1, 1, 1), (4, 6, 16, 13, 3, 2, 0, 1, 2, 2),

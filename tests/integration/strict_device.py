@@ -588,7 +588,7 @@ def installed(monkeypatch):
     return module
 
 
-# ---- CUDA kernels (singa.layers.cuda): run on the CPU through tests/cuda_shim.py ----
+# ---- CUDA kernels (singa.layers.kernels.cuda): run on the CPU through tests/cuda_shim.py ----
 
 import cuda_shim   # noqa: E402  (kept apart from the rest of the stand-in)
 

@@ -4,7 +4,7 @@ arrays handed to the host's buffer protocol). Its numbers are numpy's, so a job 
 give a CPU job's bytes wherever the GPU path computes as the CPU path does, and stay within
 float32 rounding where it sums in another order (a convolution's gW: the CPU sums it chunk by
 chunk, a GPU in one chunk) or computes exp in a kernel (SoftmaxLoss: CUDA's expf, g++'s on
-the stand-in, where the CPU has numpy's). Our CUDA kernels (singa/layers/cuda.py) run on it
+the stand-in, where the CPU has numpy's). Our CUDA kernels (singa/layers/kernels/cuda.py) run on it
 through tests/cuda_shim.py. The real GPU is tests/gpu's."""
 import io
 import threading

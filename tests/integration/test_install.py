@@ -50,7 +50,8 @@ def test_pip_install_into_a_fresh_venv_then_fit_there(tmp_path, what):
     assert wheel.returncode == 0, wheel.stderr
     (built,) = (tmp_path / "dist").iterdir()
     names = zipfile.ZipFile(built).namelist()
-    assert {"singa/model.py", "singa/proto/job_pb2.py", "singa/layers/__init__.py"} <= set(names)
+    assert {"singa/model.py", "singa/proto/job_pb2.py", "singa/layers/__init__.py",
+            "singa/layers/kernels/cuda.cu", "singa/train/updater_cuda.cu"} <= set(names)
 
     venv = tmp_path / "venv"
     made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True,

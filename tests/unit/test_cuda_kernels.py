@@ -1,10 +1,10 @@
-"""singa.layers.cuda without a GPU: its CUDA source built by the C++ compiler
+"""singa.layers.kernels.cuda without a GPU: its CUDA source (cuda.cu) built by the C++ compiler
 (tests/cuda_shim.py), every (block, thread) of each launch run in turn, against numba's loops
-(`singa.layers.loops`) and the pooling layer's numpy path: the same float32 bits. Inputs sit
+(`singa.layers.kernels.numba`) and numpy's (`kernels.numpy`): the same float32 bits. Inputs sit
 between NaN guards and outputs start as NaN, so a kernel that reads or writes past its arrays,
 or leaves an element unwritten, fails. Each runs with int and with long long indices. nvcc,
-where installed, builds the same source, and the updater's (singa.train.updater_cuda), for sm_80 and
-sm_90 (CUDA-only errors)."""
+where installed, builds the same source, and the updater's (singa/train/updater_cuda.cu), for
+sm_80 and sm_90 (CUDA-only errors)."""
 import os
 import shutil
 import subprocess
@@ -15,10 +15,12 @@ import pytest
 
 import cuda_shim
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
-from singa.layers import conv, cuda, kernels, neuron
+from singa.layers import conv, kernels, neuron
+from singa.layers.kernels import cuda
+from singa.proto import job_pb2
 from singa.train import updater_cuda
 
-loops = pytest.importorskip("singa.layers.loops")
+loops = pytest.importorskip("singa.layers.kernels.numba")
 
 GUARD = 64
 
@@ -236,23 +238,17 @@ def test_max_pooling_keeps_nan_and_leaves_argmax_alone_out_of_training(shim):
 
 @pytest.mark.parametrize("kind", ["relu", "sigmoid", "tanh", "stanh"])
 def test_each_activation_is_one_kernel_each_way(shim, kind):
-    """The layer's kernels against its numpy path: the gradient bit for bit (gx aliasing g
+    """The CUDA kernels against numpy's: the gradient bit for bit (gx aliasing g
     too, as share_src_blobs computes it); the forward bit for bit for ReLU, else to the
     rounding of the C library's exp and tanh (numpy has its own)."""
     rng = np.random.default_rng(2)
     x = rng.normal(0, 2, (37, 29)).astype(np.float32)
     x.flat[:6] = [0.0, -0.0, 1e-30, 40.0, -40.0, np.nan]
     g = rng.normal(0, 1, x.shape).astype(np.float32)
-    forward, derivative = {"relu": (neuron._relu, neuron._relu_d),
-                           "sigmoid": (neuron.sigmoid, neuron._sigmoid_d),
-                           "tanh": (neuron._tanh, neuron._tanh_d),
-                           "stanh": (neuron._stanh, neuron._stanh_d)}[kind]
-    case, consts_f, consts_b = neuron._CUDA[forward]
-    want_y = np.empty_like(x)
-    forward(x, want_y)
-    d = np.empty_like(x)
-    derivative(want_y, d)
-    want_gx = g * d
+    case, consts_f, consts_b = neuron._ACTIVATIONS[getattr(job_pb2, kind.upper())]
+    want_y, want_gx = np.empty_like(x), np.empty_like(x)
+    kernels.numpy.activation(case, x, want_y, *consts_f)
+    kernels.numpy.activation_grad(case, want_y, g, want_gx, *consts_b)
     y = shim.new(x.shape)
     cuda.activation(case, shim.new(x), y, *consts_f)
     if kind == "relu":
@@ -326,7 +322,7 @@ def test_softmax_loss_grad_gives_the_layers_bits(shim):
 
 def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
     x, col = np.zeros((1, 1, 3, 3), np.float32), np.zeros((1, 1, 1, 1, 3, 3), np.float32)
-    run = cuda_shim.RawKernel(cuda.SOURCE, "im2col")
+    run = cuda_shim.RawKernel(cuda_shim.source(cuda_shim.LAYERS), "im2col")
     args = [x, np.int64(9), np.int64(9), np.int64(3), np.int64(3), col] + [np.int64(1)] * 11
     run((1,), (32,), args)
     with pytest.raises(TypeError, match="parameter long long sn: needs a numpy int64 scalar"):
@@ -335,18 +331,22 @@ def test_the_shim_refuses_an_argument_a_gpu_would_misread(shim):
         run((1,), (32,), args[:5] + [col.astype(np.float64)] + args[6:])
 
 
-def test_on_a_gpu_convolution_and_pooling_choose_the_cuda_kernels():
+def test_on_a_gpu_the_layers_choose_the_cuda_kernels():
     gpu, cpu = types.SimpleNamespace(gpu=0), types.SimpleNamespace(gpu=None)
-    assert kernels.compiled(gpu) is cuda and kernels.gpu(gpu) is cuda
-    assert kernels.gpu(cpu) is None and kernels.compiled(cpu) is not cuda
+    assert kernels.choose(gpu) is cuda and kernels.choose(cpu) is not cuda
+
+
+@pytest.mark.parametrize("module, path", [(cuda, cuda_shim.LAYERS),
+                                          (updater_cuda, cuda_shim.UPDATER)])
+def test_the_modules_launch_the_cu_files_package_data(module, path):
+    assert module.SOURCE == cuda_shim.source(path) and "__global__" in module.SOURCE
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("source", [cuda.SOURCE, updater_cuda.SOURCE], ids=["layers", "updater"])
-def test_nvcc_builds_the_source(tmp_path, arch, source):
-    src = tmp_path / "kernels.cu"
-    src.write_text(source)
+@pytest.mark.parametrize("path", [cuda_shim.LAYERS, cuda_shim.UPDATER], ids=["layers", "updater"])
+def test_nvcc_builds_the_source(tmp_path, arch, path):
+    src = cuda_shim.SINGA / path
     out = subprocess.run(["nvcc", f"-arch={arch}", "-cubin", *cuda.OPTIONS, "-o",
                           os.fspath(tmp_path / "k.cubin"), os.fspath(src)],
                          capture_output=True, text=True)

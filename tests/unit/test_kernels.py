@@ -1,5 +1,7 @@
-"""singa.layers.kernels: numba's compiled copies give numpy's bits, and the choice is checked."""
+"""singa.layers.kernels: numba's compiled copies give numpy's bits, every kernel module has
+numpy's functions, and the choice is checked."""
 import functools
+import inspect
 import logging
 import sys
 
@@ -11,8 +13,9 @@ from singa.device import CPU
 from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
+from singa.layers.kernels import cuda
 
-pytest.importorskip("numba")
+numba = pytest.importorskip("singa.layers.kernels.numba")
 
 
 def conv(num_filters, group=1, **window):
@@ -28,7 +31,7 @@ def step(monkeypatch, choice, conf, shape, nthreads):
     rng = np.random.default_rng(0)
     src = Source(rng.standard_normal(shape))
     layer = make_layer(conf, [src])
-    assert (layer._loops is not None) == (choice == "numba")
+    assert layer.kernels.__name__ == f"singa.layers.kernels.{choice}"
     layer.grad[...] = rng.standard_normal(layer.grad.shape)
     with threads.limit(nthreads):
         layer.compute_feature(FORWARD, [src])
@@ -57,22 +60,44 @@ def test_compiled_copies_give_numpys_bits(monkeypatch, conf, shape, nthreads):
         assert a.tobytes() == b.tobytes()
 
 
+def test_every_kernel_module_has_numpys_functions_with_their_parameters():
+    for name in kernels.numpy.__all__:
+        ours = getattr(kernels.numpy, name)
+        for other in (numba, cuda):
+            if name == "taps":
+                continue        # numpy's own helper, which pooling's layer does not call
+            theirs = getattr(other, name)
+            if callable(ours):
+                plain = getattr(theirs, "py_func", theirs)      # numba's compiled function
+                assert list(inspect.signature(plain).parameters) == \
+                    list(inspect.signature(ours).parameters), (other.__name__, name)
+            else:
+                assert type(theirs) is type(ours), (other.__name__, name)
+
+
+def test_with_numba_pooling_the_activations_and_lrn_stay_numpys_calls():
+    for name in ("max_pool", "avg_pool", "max_pool_backward", "avg_pool_backward",
+                 "activation", "activation_grad", "softmax_loss_grad", "lrn", "lrn_grad"):
+        assert getattr(numba, name) is getattr(kernels.numpy, name)
+    assert numba.im2col is not kernels.numpy.im2col
+
+
 def test_numpy_is_chosen_by_the_environment(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "numpy")
-    assert kernels.compiled(CPU) is None
+    assert kernels.choose(CPU) is kernels.numpy
     monkeypatch.delenv("SINGA_KERNELS")
-    assert kernels.compiled(CPU).__name__ == "singa.layers.loops"
+    assert kernels.choose(CPU) is numba
 
 
 def test_a_numba_that_does_not_load_leaves_numpys_copies(monkeypatch, caplog):
-    monkeypatch.setitem(sys.modules, "singa.layers.loops", None)    # its import fails
-    monkeypatch.setattr(kernels, "_loops", functools.cache(kernels._loops.__wrapped__))
+    monkeypatch.setitem(sys.modules, "singa.layers.kernels.numba", None)    # its import fails
+    monkeypatch.setattr(kernels, "_numba", functools.cache(kernels._numba.__wrapped__))
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
-    assert kernels.compiled(CPU) is None and kernels.compiled(CPU) is None
+    assert kernels.choose(CPU) is kernels.numpy and kernels.choose(CPU) is kernels.numpy
     assert caplog.text.count("numba does not load") == 1
 
 
 def test_an_unknown_choice_is_refused(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "fortran")
     with pytest.raises(ConfigError, match="SINGA_KERNELS=fortran: must be one of numba, numpy"):
-        kernels.compiled(CPU)
+        kernels.choose(CPU)

@@ -1,4 +1,6 @@
 """InnerProduct, activations, Dropout and Softmax: values against numpy, gradients by gradcheck."""
+import types
+
 import numpy as np
 import pytest
 
@@ -180,7 +182,10 @@ def test_softmax_refuses_an_axis_out_of_range():
 def test_gradcheck_catches_a_wrong_gradient():
     src = Source(inputs((3, 4), away_from_zero=0.05))
     layer = make_layer('name: "f" type: kSigmoid', [src])
-    layer.derivative = lambda y, d: np.multiply(y, 1.01, out=d)
+    right = layer.kernels
+    layer.kernels = types.SimpleNamespace(   # f' = 1.01·y, not (1 − y)·y
+        activation=right.activation,
+        activation_grad=lambda f, y, g, gx: np.multiply(g, y * np.float32(1.01), out=gx))
     with pytest.raises(AssertionError, match="gradient of source 'src'"):
         check_gradients(layer, [src])
 

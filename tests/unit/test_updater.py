@@ -140,7 +140,7 @@ def kernels_on_the_host(monkeypatch):
     g++ (tests/cuda_shim.py)."""
     monkeypatch.setattr(updater, "is_host", lambda a: False)
     monkeypatch.setattr(updater_cuda, "_kernel", lambda xp, name="update":
-                        cuda_shim.RawKernel(updater_cuda.SOURCE, name))
+                        cuda_shim.RawKernel(cuda_shim.source(cuda_shim.UPDATER), name))
 
 
 @pytest.mark.parametrize("extra, scales", [

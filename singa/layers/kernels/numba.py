@@ -1,15 +1,25 @@
-"""Convolution's copies compiled by numba (chosen by `kernels.compiled`): im2col, padding as
-it copies, and col2im, one pass each where numpy makes one per kernel tap (bench/README.md);
-and the direct loops of small groups (depthwise convolution), forward and backward.
+"""Convolution's copies compiled by numba (chosen by `kernels.choose` on the CPU): im2col,
+padding as it copies, and col2im, one pass each where numpy makes one per kernel tap
+(bench/README.md); and the direct loops of small groups (depthwise convolution), forward and
+backward.
 
 All release the GIL, so the compute threads run their chunks side by side, and all add in
-the order of the layer's numpy path: both paths give the same float32 bits
+the order of `kernels.numpy`'s functions of the same names: both give the same float32 bits
 (tests/unit/test_kernels.py).
 """
 import numba
 import numpy as np
 
+# pooling, the activations, SoftmaxLoss's gradient and LRN: numpy's calls, which are fast on
+# a CPU
+from singa.layers.kernels.numpy import (  # noqa: F401
+    RELU, SIGMOID, STANH, TANH, activation, activation_grad, argmax_dtype, avg_pool,
+    avg_pool_backward, lrn, lrn_grad, max_pool, max_pool_backward, softmax_loss_grad)
+
 jit = numba.njit(nogil=True, cache=True)
+
+#: whether im2col makes a col in one compiled pass (conv.py keeps fewer cols then)
+COMPILED = True
 
 # Indices are cast to unsigned where numba cannot prove them non-negative: a signed index
 # costs a branch per element (Python's negative indices), which keeps LLVM from vectorising
@@ -126,7 +136,7 @@ def _phases(x, ph, pw, sh, sw, out):
 @jit
 def group_conv(x, w, bias, ph, pw, sh, sw, y):
     """y[n, g·m + k] = Σ_{c, i, j} w[g, k, c, i, j]·xp[n, g·cg + c, i::sh, j::sw] + bias, the
-    sum in (c, i, j) order from −0 (conv's numpy `_group_conv`: the same bits); x is
+    sum in (c, i, j) order from −0 (numpy's `group_conv`: the same bits); x is
     (b, G·cg, H, W), xp its planes padded by zeros, w (G, m, cg, kh, kw), y (b, G·m, oh, ow).
     Each tap is one run over the flat phase plane (`_phases`) into rows of its pitch; the
     cells past ow in each row are dropped."""
@@ -193,7 +203,7 @@ def _taps3x3(flat, w, sh, sw, hq, wq, dst, run):
 @jit
 def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
     """acc[g·m + k, c, i, j] (oh, ow) = Σ_n gy[n, g·m + k]·xp[n, g·cg + c, i::sh, j::sw],
-    the sum over the b samples in order (conv's numpy `_group_conv_wgrad`: the same bits)."""
+    the sum over the b samples in order (numpy's `group_conv_wgrad`: the same bits)."""
     b, nf, oh, ow = gy.shape
     cg, kh, kw = acc.shape[1], acc.shape[2], acc.shape[3]
     ng = x.shape[1] // cg
@@ -226,7 +236,7 @@ def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
 @jit
 def group_conv_xgrad(gy, w, ph, pw, sh, sw, gx):
     """gxp[n, g·cg + c, i::sh, j::sw] += w[g, k, c, i, j]·gy[n, g·m + k] over (i, j) in scan
-    order, then k, from 0; gx is gxp without its padding (conv's numpy `_group_conv_xgrad`:
+    order, then k, from 0; gx is gxp without its padding (numpy's `group_conv_xgrad`:
     the same bits). Accumulated in phase planes (`_phases`), stride-1 runs."""
     b, nf, oh, ow = gy.shape
     ng, m, cg, kh, kw = w.shape
