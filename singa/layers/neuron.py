@@ -243,12 +243,7 @@ class SoftmaxLayer(Layer):
         if self.view is None:
             softmax(x.reshape(x.shape[0], -1), self.data.reshape(x.shape[0], -1), self._rowmax)
             return
-        x, y, m = x.reshape(self.view), self.data.reshape(self.view), self._rowmax
-        np.max(x, axis=1, keepdims=True, out=m)
-        np.subtract(x, m, out=y)
-        np.exp(y, out=y)
-        np.sum(y, axis=1, keepdims=True, out=m)
-        y /= m
+        softmax(x.reshape(self.view), self.data.reshape(self.view), self._rowmax)
 
     def compute_gradient(self, flag, srclayers):
         if self.view is None:

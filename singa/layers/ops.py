@@ -13,7 +13,9 @@ def sigmoid(x, y):
 
 
 def softmax(x, p, scratch):
-    """p = exp(x − max_row) / Σ_row exp(x − max_row) for 2-D x; `scratch` is (N, 1) float32."""
+    """p = exp(x − max) / Σ exp(x − max) over axis 1 of x, (N, D) (per row) or (outer, D,
+    inner) (at each position of the other dims); `scratch` is x's shape with axis 1 of size 1,
+    float32."""
     np.max(x, axis=1, keepdims=True, out=scratch)
     np.subtract(x, scratch, out=p)
     np.exp(p, out=p)
