@@ -90,6 +90,7 @@ def test_numpy_is_chosen_by_the_environment(monkeypatch):
 
 
 def test_a_numba_that_does_not_load_leaves_numpys_copies(monkeypatch, caplog):
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)       # numba's chosen, then
     monkeypatch.setitem(sys.modules, "singa.layers.kernels.numba", None)    # its import fails
     monkeypatch.setattr(kernels, "_numba", functools.cache(kernels._numba.__wrapped__))
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
