@@ -204,13 +204,10 @@ class ConvolutionLayer(Layer):
         return self.weight.data.reshape(g, f // g, -1, *self.kernel)
 
     def _make_scratch(self, key):
-        """A compute thread's buffers for chunks of b samples: key (slot, b), or (slot, b,
-        "backward") for the direct path's backward pass."""
+        """A compute thread's buffers for chunks of b samples: key (slot, b)."""
         b = key[1]
         (c, h, w), (kh, kw), (f, oh, ow) = self.chw, self.kernel, self.data.shape[1:]
-        if self.direct:
-            if len(key) == 2:
-                return {}
+        if self.direct:     # its backward pass's
             return {"acc": self.xp.empty((f, c // self.group, kh, kw, oh, ow), np.float32)}
         s = {"gt": self.xp.empty((f, b, oh, ow), np.float32)}     # W·col, then g, as (F, b, oh, ow)
         g, k = self.group, self._k
@@ -294,7 +291,7 @@ class ConvolutionLayer(Layer):
         rows = self.chunks[i]
         gy = self.grad[rows]
         b, f = gy.shape[:2]
-        s = self._scratch[slot, b, "backward"]
+        s = self._scratch[slot, b]
         self.kernels.group_conv_wgrad(self.xp.ascontiguousarray(x[rows]), gy, *self.pad,
                                       *self.stride, s["acc"])
         np.sum(s["acc"].reshape(f, self._k, -1), axis=2, out=self._gws[i])
