@@ -293,7 +293,7 @@ class Driver:
             emptied.add(g)
             if emptied == groups:
                 process.stub.stop_servers()
-        for g in sorted(groups) if not process.stub.elastic else ():
+        for g in sorted(groups) if not process.stub.members.elastic else ():
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         failure = None
         try:
@@ -334,7 +334,7 @@ class Driver:
         ended normally, as its farewell says (or, not heard, its proc-done mark when
         ZooKeeper answers); a failed or stopped end is reported as that."""
         stub = self.process.stub
-        mark = stub.ended.get(pid)
+        mark = stub.members.ended.get(pid)
         mark = self.cluster_rt.proc_mark(pid) if mark is None else mark.encode()
         if mark == b"":
             return

@@ -16,8 +16,10 @@ from zmq.auth.thread import ThreadAuthenticator
 from singa import checkpoint, device, errors
 from singa.comm import msg as m
 from singa.comm.liveness import PeerWatch
+from singa.comm.membership import Membership
+from singa.comm.param_table import ParamEntry
 from singa.comm.socket import Peer, Router
-from singa.comm.stub import ParamEntry, Stub
+from singa.comm.stub import Stub
 from singa.errors import ClusterError
 from singa.job import topology
 from singa.net.neuralnet import NeuralNet
@@ -95,9 +97,9 @@ class Process:
     needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
     on tcp (made before the process registers, which gives it its pid).
     In an asynchronous job with `max_restarts`, this process rides out the loss of the
-    processes of `topology.elastic_procs` (the stub waits `rejoin_timeout` s for their
-    restart); `rejoin`: this process is such a restart, its worker groups Get the servers'
-    params instead of putting their own.
+    processes of `topology.elastic_procs` (its stub's Membership waits `rejoin_timeout` s for
+    their restart); `rejoin`: this process is such a restart, its worker groups Get the
+    servers' params instead of putting their own.
     """
 
     def __init__(self, job, pid=0, resume=None, cluster_rt=None, peers=None, transport=None,
@@ -186,13 +188,12 @@ class Process:
             w.address: [m.addr(topology.server_group(cl, w.grp), s, m.kServer)
                         for s in range(cl.nservers_per_group)] for w in self.workers}
         elastic = topology.elastic_procs(cl, job.max_restarts) - {pid}
+        members = Membership(elastic, self.forget, self.returned, rejoin_timeout,
+                             lambda: cluster_rt is not None and cluster_rt.connected)
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, None if single else self.locate,
                          None if single else self.peer, stop_servers_with_workers=single,
-                         farewells=farewells, nprocs=topology.nprocs(cl), elastic=elastic,
-                         forget=self.forget, returned=self.returned,
-                         rejoin_timeout=rejoin_timeout,
-                         rejoinable=lambda: cluster_rt is not None and cluster_rt.connected)
+                         farewells=farewells, nprocs=topology.nprocs(cl), members=members)
         self.cluster_rt = cluster_rt
         self.peers, self.connect = {}, peers
         self.lost_at = {}       # procs id -> the endpoint it was lost at

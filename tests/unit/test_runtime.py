@@ -109,7 +109,7 @@ def test_one_process_two_workers_two_servers_train_to_the_end(tmp_path):
                    nservers_per_group=2, nservers_per_procs=2)
     (tmp_path / "ws" / "checkpoint").mkdir(parents=True)
     process = Process(job)
-    entries = process.stub.entries
+    entries = process.stub.table.entries
     assert {e.num_total for e in entries.values()} == {2}
     assert {e.num_local for e in entries.values()} == {2}
     w, b = process.train_net.params
@@ -141,8 +141,8 @@ def test_gradient_buckets_change_the_messages_not_the_numbers(tmp_path, monkeypa
         handle = x.handle
         x.handle = lambda msg, handle=handle: (updates.append(msg.dst)
                                                if msg.type == m.kUpdate else None, handle(msg))
-    buckets = [process.stub.entries.values()] if bucket > 1 else \
-        [[e] for e in process.stub.entries.values()]        # w and b together, or each alone
+    buckets = [process.stub.table.entries.values()] if bucket > 1 else \
+        [[e] for e in process.stub.table.entries.values()]        # w and b together, or each alone
     to_servers = [server for entries in buckets
                   for server in {server for e in entries for _, server, _, _ in e.slices}]
     process.run()
