@@ -118,7 +118,7 @@ class Ours:
 
     def exchange(self):
         for p in self.params:
-            self.worker.update(self.step, p)
+            self.worker.params.update(self.step, p)
         self.worker.collect_all()
         self.step += 1
 

@@ -8,13 +8,13 @@ import zmq
 
 from singa.cluster.cluster_rt import ClusterRuntime
 from singa.comm import msg as m
-from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer, Router
 from singa.driver import silence_message
 from singa.errors import ClusterError
 from singa.job import topology
 from singa.proto import job_pb2
 from singa.train.runtime import Process
+from test_bridge import channel
 from test_runtime import make_job
 
 
@@ -44,8 +44,8 @@ def test_a_bridge_time_out_names_the_peer_workers_process_host_and_port():
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-timeouts")
     dealer = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
-    chan = LayerChannel(router.endpoint, 0, 0, dealer, lambda msg: None, 10, 0.2,
-                        where=lambda peer: f"process {peer + 2} at 10.0.0.9:40{peer}")
+    chan = channel(router.endpoint, 0, 0, dealer, lambda msg: None, 0.2,
+                   where=lambda peer: f"process {peer + 2} at 10.0.0.9:40{peer}")
     src = Bridge("bridge_src(a@0->b@1)", 0, Bridge("bridge_dst(a@0->b@1)", 1))
     try:
         with pytest.raises(ClusterError) as e:
