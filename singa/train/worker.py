@@ -22,7 +22,7 @@ from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
 from singa.device import CPU, host
 from singa.device import cuda_graphs
-from singa.errors import ClusterError, SingaError, executor_failure
+from singa.errors import ClusterError, executor_failure
 from singa.job import topology
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
 from singa.layers.param import init_params
@@ -34,6 +34,7 @@ from singa.proto import job_pb2
 from singa.train import evaluation
 from singa.train.monitor import Monitor
 from singa.train.param_client import ANSWERS, ParamClient
+from singa.train.place import Place
 from singa.watch.metrics import unrolled_mean
 
 log = logging.getLogger("singa")
@@ -64,18 +65,18 @@ class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
     `init_rng` draws the initial values of the params this worker owns; `resume` is the
-    Snapshot a -resume continues from, its files parsed (None: a fresh start); the worker
-    joins and leaves its server group in `cluster_rt` (a `singa.cluster.cluster_rt.ClusterRuntime`, or
-    None). `put` False: the worker's group joins a running job again (a restarted process)
-    and Gets every param from the servers. What it displays and the snapshots it writes also go to `reporter` (a
-    `singa.watch.metrics.Reporter`, or None).
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); `place` is its
+    process's `place.Place`: the worker joins and leaves its server group in its cluster
+    runtime, and in a restarted process (`rejoin`) the worker's group joins a running job
+    again and Gets every param from the servers. What it displays and the snapshots it
+    writes also go to `reporter` (a `singa.watch.metrics.Reporter`, or None).
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
     def __init__(self, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
-                 init_rng=None, resume=None, cluster_rt=None, reporter=None,
-                 response_timeout=120.0, device=CPU, put=True):
+                 init_rng=None, resume=None, place=Place(), reporter=None,
+                 response_timeout=120.0, device=CPU):
         self.grp, self.id = grp, id_
         self.device = device        # where its nets compute (`gpu`)
         self.address = m.addr(grp, id_, m.kWorkerParam)
@@ -84,8 +85,7 @@ class Worker:
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.init_rng = init_rng
         self.resume = resume
-        self.puts = put
-        self.cluster_rt = cluster_rt
+        self.place = place
         self.reporter = reporter
         self.sgroup = topology.server_group(job.cluster, grp)
         self.folder = checkpoint.folder(resolve(job.cluster.workspace))
@@ -123,8 +123,8 @@ class Worker:
         log.info("Worker (group = %d, id = %d)  start on %s", self.grp, self.id, self.device)
         try:
             self.device.use()
-            if self.cluster_rt is not None:
-                self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
+            if self.place.cluster_rt is not None:
+                self.place.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
             self.started = (time.monotonic(), self.step)
             while self.drain() < self.last_step():
@@ -164,8 +164,8 @@ class Worker:
                                    frames=m.error_frames(kind, text)))
         finally:
             try:
-                if self.cluster_rt is not None:
-                    self.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
+                if self.place.cluster_rt is not None:
+                    self.place.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
             finally:    # the stub waits for this stop, whatever leaving did
                 self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
@@ -274,7 +274,7 @@ class Worker:
         and Puts them (with the snapshot's updater state and LR index on a resume); every
         worker then Gets what it lacks."""
         resumed = self.resumed_state()
-        if self.puts and self.owned and \
+        if not self.place.rejoin and self.owned and \
                 self.grp % topology.nworker_groups_per_server_group(self.job.cluster) == 0:
             loaded = checkpoint.load_owned(self.job, self.resume, self.owned, log, self.id == 0)
             # with several partitions every worker draws each param whole and keeps its piece
@@ -401,24 +401,12 @@ class Worker:
     def servers_where(self):
         """Where this worker's servers run: 'process P at host:port' each (for an error)."""
         cl = self.job.cluster
-        return ", ".join(self.process_where(pid) for pid in sorted(
+        return ", ".join(self.place.where(pid) for pid in sorted(
             {topology.server_procs(cl, self.sgroup, s) for s in range(cl.nservers_per_group)}))
 
     def worker_where(self, peer):
         """Where worker (grp, peer) of this group runs (for a bridge layer's time-out)."""
-        return self.process_where(topology.worker_procs(self.job.cluster, self.grp, peer))
-
-    def process_where(self, pid):
-        """'process P at host:port': the endpoint this process learned at start-up (the cluster
-        runtime keeps it), so a time-out names it with ZooKeeper away too."""
-        cl = self.job.cluster
-        if self.cluster_rt is None or topology.nprocs(cl) == 1:
-            return f"process {pid} at this process"
-        try:
-            endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1)
-        except SingaError as e:
-            endpoint = f"an endpoint this process never learned ({e})"
-        return f"process {pid} at {endpoint}"
+        return self.place.where(topology.worker_procs(self.job.cluster, self.grp, peer))
 
     def drain(self):
         """Handle the messages waiting (a snapshot on signal among them); returns the step."""
