@@ -279,7 +279,8 @@ class Worker:
             loaded = checkpoint.load_owned(self.job, self.resume, self.owned, log, self.id == 0)
             # with several partitions every worker draws each param whole and keeps its piece
             init_params([p for p in self.owned if p.name not in loaded], self.init_rng,
-                        self.job.step, self.train_net.graph.params if self.channel else None,
+                        self.job.step,
+                        self.train_net.graph.params if self.channel is not None else None,
                         loaded)
             lr_index = resumed.lr_index if resumed is not None else -1
             for p in self.owned:
