@@ -31,6 +31,7 @@ import zmq
 
 from bench_mlp_step import interleaved, mlp_job, print_table
 from singa.comm.trust import JobTrust, new_secret
+from singa.train.place import Place
 from singa.train.runtime import Process, Transport
 
 TARGET = 0.8
@@ -43,7 +44,7 @@ def server_side(workspace, conn, secret=None):
     transport = Transport(JobTrust(secret) if secret else None)
     conn.send(transport.listen("127.0.0.1"))
     endpoints = conn.recv()
-    process = Process(job, 1, peers=endpoints.__getitem__, transport=transport)
+    process = Process(job, Place(1, 2, endpoints.__getitem__, transport))
     threading.Thread(target=lambda: (conn.recv(), process.stub.stop_servers()),
                      daemon=True).start()
     process.run()
@@ -107,7 +108,7 @@ class Ours:
         transport = Transport(JobTrust(secret) if secret else None)
         endpoints = {0: transport.listen("127.0.0.1"), 1: self.conn.recv()}
         self.conn.send(endpoints)
-        self.process = Process(job, 0, peers=endpoints.__getitem__, transport=transport)
+        self.process = Process(job, Place(0, 2, endpoints.__getitem__, transport))
         self.worker = self.process.workers[0]
         self.stub = threading.Thread(target=self.process.stub.run, daemon=True)
         self.stub.start()
@@ -118,7 +119,7 @@ class Ours:
 
     def exchange(self):
         for p in self.params:
-            self.worker.update(self.step, p)
+            self.worker.params.update(self.step, p)
         self.worker.collect_all()
         self.step += 1
 

@@ -30,6 +30,7 @@ import numpy as np
 from bench_mlp_step import mlp_job, print_blas, print_table
 from singa.device import threads
 from singa.job import topology
+from singa.train.place import Place
 from singa.train.runtime import Process, Transport
 
 LAYOUTS = {
@@ -54,7 +55,8 @@ def child(pid, workspace, layout, steps, batch, conn):
         transport = Transport()
         conn.send(transport.listen("127.0.0.1"))
         endpoints = conn.recv()
-        Process(job, pid, peers=endpoints.__getitem__, transport=transport).run()
+        Process(job, Place(pid, topology.nprocs(job.cluster), endpoints.__getitem__,
+                           transport)).run()
     conn.send("done")
 
 

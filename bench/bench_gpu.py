@@ -127,7 +127,7 @@ def bench(net, batch, args):
         if batch == SINGA_BATCH.get(net, 64):
             single = Runtime(job_of(net, folders[2], batch, True))
             runtimes.append(single)
-            single.worker.bucket_cap = 0        # a message per param, as before buckets
+            single.worker.params.bucket_cap = 0     # a message per param, as before buckets
             sides[PER_PARAM] = synced(single.train_step)
             by_op = Runtime(job_of(net, folders[3], batch, True))
             runtimes.append(by_op)

@@ -101,7 +101,7 @@ class Runtime:
         queued (on a GPU), the updates collected before the next forward pass."""
         w = self.worker
         w.train_one_batch(self.step)
-        w.send_updates()
+        w.params.send_updates()
         w.loss_check.check(self.step)
         w.collect_all()
         self.step += 1
@@ -112,7 +112,7 @@ class Runtime:
         w = self.worker
         for layer in reversed(w.train_net.layers):
             for p in layer.params:
-                w.update(self.step, p)
+                w.params.update(self.step, p)
         w.collect_all()
         self.step += 1
 

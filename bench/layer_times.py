@@ -10,7 +10,7 @@ each layer's forward (compute_feature) and backward (compute_gradient) by the wa
 the worker thread; the server thread's updater (`Updater.update_many`) and the rest of its
 message handling, and the stub thread's routing, by those threads' CPU time
 (`time.thread_time`); the worker's own messaging: its sends of gradients
-(`Worker.send_updates`, a bucket each) and the wait at the end of the step for the last
+(`ParamClient.send_updates`, a bucket each) and the wait at the end of the step for the last
 updates (`collect_all`), wall clock. Figures are ms per step, the
 median over rounds of each round's mean. The updater and the messaging overlap the backward
 pass (other threads), so the parts do not add up to the step. With `--clock cpu` the layers
@@ -58,7 +58,7 @@ def instrument(rt, worker_clock=time.perf_counter, sync=None):
     for layer in rt.worker.train_net.layers:
         layer.compute_feature = timed((layer.name, "fwd"), layer.compute_feature, wait=sync)
         layer.compute_gradient = timed((layer.name, "bwd"), layer.compute_gradient, wait=sync)
-    w = rt.worker
+    w = rt.worker.params
     w.send_updates = timed(("worker: send gradients", ""), w.send_updates)
     for s in rt.process.servers:
         s.updater.update_many = timed(("server: updater (CPU)", ""), s.updater.update_many,

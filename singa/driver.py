@@ -39,6 +39,7 @@ from singa.job import config, topology, workspace
 from singa.net import numerics
 from singa.proto import job_pb2
 from singa.train import evaluation
+from singa.train.place import Place
 from singa.train.runtime import Process, Transport, resume_from
 from singa.train.worker import worker_class
 from singa.watch.metrics import Reporter
@@ -266,9 +267,9 @@ class Driver:
             pid = rt.reserve_proc(self.procs_id)
             if self.rejoin:
                 log.info("Process %d rejoins job %d at step %d", pid, self.job_id, self.job.step)
-            process = Process(self.job, pid, resume, rt, peers=rt.proc_endpoint,
-                              transport=transport, reporter=self.reporter, rejoin=self.rejoin,
-                              rejoin_timeout=3 * REGISTER_TIMEOUT)
+            process = Process(self.job, Place(pid, topology.nprocs(cl), rt.proc_endpoint,
+                                              transport, rt, self.rejoin, 3 * REGISTER_TIMEOUT),
+                              resume, self.reporter)
             endpoint = f"{self.host}:0"
             if topology.nprocs(cl) > 1:     # frames over the largest the job sends: refused
                 endpoint = transport.listen(self.host, 2 * process.largest_frame() + (1 << 20))
@@ -293,7 +294,7 @@ class Driver:
             emptied.add(g)
             if emptied == groups:
                 process.stub.stop_servers()
-        for g in sorted(groups) if not process.stub.elastic else ():
+        for g in sorted(groups) if not process.stub.members.elastic else ():
             rt.watch_sgroup(g, lambda g=g: on_empty(g))
         failure = None
         try:
@@ -334,7 +335,7 @@ class Driver:
         ended normally, as its farewell says (or, not heard, its proc-done mark when
         ZooKeeper answers); a failed or stopped end is reported as that."""
         stub = self.process.stub
-        mark = stub.ended.get(pid)
+        mark = stub.members.ended.get(pid)
         mark = self.cluster_rt.proc_mark(pid) if mark is None else mark.encode()
         if mark == b"":
             return

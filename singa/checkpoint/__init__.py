@@ -9,9 +9,10 @@ pieces of model-partitioned params; cli: ls/show/diff/merge.
 from singa.checkpoint.format import (MAX_FILE_BYTES, MAX_STEP, CheckpointReader,
                                      CheckpointWriter, existing_file, folder, parse_step_worker,
                                      snapshot_file, write_file)
+from singa.checkpoint.load import (Joined, joined_shape, load_checkpoint_path, load_owned,
+                                   load_params, loaded_line, open_checkpoint_path, sources,
+                                   updater_state)
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, read_meta
-from singa.checkpoint.load import (Joined, joined_shape, load_checkpoint_path, load_params,
-                                   loaded_line, open_checkpoint_path, sources, updater_state)
 from singa.checkpoint.snapshots import (Snapshot, best_of, best_snapshot, files_of,
                                         latest_snapshot, list_snapshots, lower_is_better,
                                         parse_monitor, prune, ranked, recorded,
@@ -20,7 +21,8 @@ from singa.checkpoint.state import SnapshotState
 
 __all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "joined_shape", "load_checkpoint_path",
            "MAX_FILE_BYTES", "MAX_STEP", "META_SUFFIX", "SUFFIX", "Snapshot", "SnapshotState",
-           "best_of", "best_snapshot", "existing_file", "files_of", "folder", "latest_snapshot", "list_snapshots",
-           "load_params", "loaded_line", "lower_is_better", "meta_path", "open_checkpoint_path",
-           "parse_monitor", "parse_step_worker", "prune", "ranked", "read_meta", "recorded",
-           "remove_stale_temporaries", "snapshot_file", "sources", "updater_state", "write_file"]
+           "best_of", "best_snapshot", "existing_file", "files_of", "folder", "latest_snapshot",
+           "list_snapshots", "load_owned", "load_params", "loaded_line", "lower_is_better",
+           "meta_path", "open_checkpoint_path", "parse_monitor", "parse_step_worker", "prune",
+           "ranked", "read_meta", "recorded", "remove_stale_temporaries", "snapshot_file",
+           "sources", "updater_state", "write_file"]

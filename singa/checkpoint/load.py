@@ -15,8 +15,10 @@ from singa.checkpoint.format import CheckpointReader, existing_file, folder, par
 from singa.checkpoint.snapshots import best_snapshot, latest_snapshot
 from singa.device import assign, is_host
 from singa.errors import CheckpointError
-from singa.layers.param import cut
+from singa.layers.param import cut, joined_shape
+from singa.log import SHOWN
 from singa.naming import unrolled
+from singa.proto import job_pb2
 
 
 def open_checkpoint_path(entries, workspace, log=None, nworkers=None, monitor=None):
@@ -58,6 +60,32 @@ def load_checkpoint_path(job, params, warn=None, info=None):
             f"{_some([r.path for r in files])}, which hold {_some(stored) or 'no params'}: "
             f"the names differ")
     return files, loaded
+
+
+def load_owned(job, snapshot, params, log, summary=False):
+    """A worker's start (part of SINGA's Worker::InitNetParams): load its owner `params` by
+    name from the resumed `snapshot` (its parsed files, read once) or else from the job's
+    `checkpoint_path`; a param loaded takes version `job.step` under reset_param_version.
+    `log` (a Logger) tells each param loaded or freshly initialised and, with `summary`, what
+    checkpoint_path gave in one line. Returns the names loaded."""
+    owners = {p.name: p for p in params}
+    if snapshot is not None:
+        files = snapshot.parsed()
+        loaded = load_params(files, owners, log=log.info)
+    else:
+        files, loaded = load_checkpoint_path(job, owners, log.warning, log.info)
+        if files and summary:
+            log.info("%s", loaded_line(files, owners, loaded), extra=SHOWN)
+    if not files:
+        return set()
+    for p in params:
+        if p.name in loaded:
+            if job.reset_param_version:
+                p.version = job.step
+        else:
+            log.info("Param %s: freshly initialised (%s)", p.name,
+                     job_pb2.InitMethod.Name(p.proto.init.type))
+    return set(loaded)
 
 
 def loaded_line(files, params, loaded):
@@ -247,11 +275,6 @@ def _joins(shapes, axis):
     """The shapes have `axis` and agree on every other axis."""
     return all(len(s) == len(shapes[0]) > axis for s in shapes) and all(
         s[:axis] + s[axis + 1:] == shapes[0][:axis] + shapes[0][axis + 1:] for s in shapes)
-
-
-def joined_shape(shapes, axis):
-    """The shape of pieces of `shapes` joined along `axis`."""
-    return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
 
 
 def _fits(whole, p):

@@ -3,21 +3,19 @@ kWorkerLayer): bridge layers' blobs (kData) and the partitions' display metrics 
 
 A message is [name; frames...] with `trgt_val` saying what it carries (kForward: data,
 kBackward: gradient, a step for metrics); it travels through the stubs like any other, so the
-two workers may be in one process or two. Its Dealer shares the worker's inbox: while it
-waits the channel hands the worker's other messages to the worker (answers from servers are
-handled, a kStop ends the wait), and the worker hands it what comes for it (`keep`).
+two workers may be in one process or two. Its Dealer shares the worker's inbox: it waits in
+the worker's own loop over that inbox (`Worker.receive`: answers from servers are handled, a
+kStop ends the wait), and the worker hands it what comes for it (`keep`).
 """
 import collections
 import logging
-import time
-
-import numpy as np
 
 from singa.comm import msg as m
 from singa.comm.socket import Dealer
 from singa.device import assign
 from singa.errors import ClusterError
 from singa.proto import job_pb2
+from singa.watch.metrics import partition_mean
 
 log = logging.getLogger("singa")
 
@@ -25,17 +23,16 @@ log = logging.getLogger("singa")
 class LayerChannel:
     """Worker (grp, id)'s connection to the other workers of its group."""
 
-    def __init__(self, endpoint, grp, id_, param_dealer, handle, poll_ms, timeout,
-                 where=None):
-        """`handle(msg)`: the worker's handler of the messages for it that arrive meanwhile
-        on the shared inbox of `param_dealer`; `where(peer)`: where worker (grp, peer) runs,
-        "process P at host:port" (for a time-out)."""
+    def __init__(self, endpoint, grp, id_, param_dealer, receive, timeout, where=None):
+        """`receive(done, timeout, late)`: the worker's loop over the inbox it shares with
+        `param_dealer`, which hands this channel its messages, until `done()` or
+        ClusterError(`late()`) after `timeout` s; `where(peer)`: where worker (grp, peer)
+        runs, "process P at host:port" (for a time-out)."""
         self.grp, self.id = grp, id_
         self.where = where
         self.address = m.addr(grp, id_, m.kWorkerLayer)
         self.dealer = Dealer(self.address, endpoint, inbox=param_dealer.inbox)
-        self.param_dealer, self.handle = param_dealer, handle
-        self.poll_ms, self.timeout = poll_ms, timeout
+        self.loop, self.timeout = receive, timeout
         self.boxes = collections.defaultdict(collections.deque)    # (name, trgt) -> [frames]
 
     def is_for(self, msg):
@@ -63,6 +60,29 @@ class LayerChannel:
             raise ClusterError(f"{what} for layer '{layer.name}' in {len(frames)} frames")
         assign(out.reshape(-1), m.frame_array(frames[0], out.size))
 
+    def share_metrics(self, rows, key, nworkers, back):
+        """The group's display metrics, `key` the display's number: worker j > 0 sends its
+        `rows` ({name: value} per layer) to worker 0 and returns the averages worker 0 sends
+        back when `back` (else []); worker 0 returns each metric averaged over the partitions
+        of the `nworkers` (`metrics.partition_mean`) and, when `back`, sends them to the
+        others."""
+        if self.id > 0:
+            self.post(0, m.kMetric, f"metrics@{self.id}", key, m.metric_frames(rows))
+            if not back:
+                return []
+            return m.frame_metrics(self.wait("metrics@0", key, "averaged metrics", 0))
+        every = [rows]
+        for j in range(1, nworkers):
+            every.append(m.frame_metrics(self.wait(f"metrics@{j}", key, "display metrics", j)))
+            if [list(v) for v in every[-1]] != [list(v) for v in rows]:
+                raise ClusterError(f"worker ({self.grp}, {j}) displays other metrics than "
+                                   f"worker ({self.grp}, 0)")
+        rows = partition_mean(every)
+        if back:
+            for j in range(1, nworkers):
+                self.post(j, m.kMetric, "metrics@0", key, m.metric_frames(rows))
+        return rows
+
     def post(self, to, type_, name, trgt, frames):
         self.dealer.send(m.Msg(self.address, m.addr(self.grp, to, m.kWorkerLayer), type_, trgt,
                                0, [name.encode()] + list(frames)))
@@ -71,22 +91,14 @@ class LayerChannel:
         """The frames of the next message [name; frames] with `trgt`, from worker `peer`;
         ClusterError naming the peer after `timeout` seconds without it."""
         box = self.boxes[(name, trgt)]
-        deadline = time.monotonic() + self.timeout
-        while not box:
-            msg = self.param_dealer.receive(self.poll_ms)
-            if msg is not None and self.is_for(msg):
-                self.keep(msg)
-            elif msg is not None:
-                try:
-                    self.handle(msg)
-                except ClusterError as e:   # bad traffic: dropped
-                    log.warning("Worker (group = %d, id = %d): dropped %r: %s",
-                                self.grp, self.id, msg, e)
-            if not box and time.monotonic() > deadline:
-                at = f" ({self.where(peer)})" if self.where is not None else ""
-                raise ClusterError(f"worker ({self.grp}, {self.id}): no {what} from worker "
-                                   f"({self.grp}, {peer}){at} in {self.timeout:.0f} s")
+        if not box:
+            self.loop(lambda: bool(box), self.timeout, lambda: self.late(what, peer))
         return box.popleft()
+
+    def late(self, what, peer):
+        at = f" ({self.where(peer)})" if self.where is not None else ""
+        return (f"worker ({self.grp}, {self.id}): no {what} from worker ({self.grp}, {peer}){at} "
+                f"in {self.timeout:.0f} s")
 
     def close(self):
         self.dealer.close()

@@ -92,6 +92,36 @@ def piece(whole, partition):
     return whole.take(range(*cut(whole.shape[axis], parts, k)), axis=axis)
 
 
+def joined_shape(shapes, axis):
+    """The shape of pieces of `shapes` joined along `axis`."""
+    return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
+
+
+def init_params(params, rng, version, graph=None, skip=()):
+    """Draw the initial values of `params` from `rng` and set their `version`.
+
+    `params` may be pieces of model-partitioned params: given `graph`, the params of every
+    partition in the net's order, each owner param of it not named in `skip` is drawn whole,
+    in that order, and `params` keep their pieces, so the partitions start from the values one
+    worker draws (SINGA draws each piece on its own)."""
+    if graph is None:
+        for p in params:
+            p.init_values(rng, version)
+        return
+    mine = {p.name: p for p in params}
+    for name in dict.fromkeys(q.name for q in graph if q.is_owner):
+        if name in skip:
+            continue
+        pieces = [q for q in graph if q.name == name and q.is_owner]
+        whole = pieces[0].shape if pieces[0].partition is None else \
+            joined_shape([q.shape for q in pieces], pieces[0].partition[0])
+        values = fill(pieces[0].proto.init, whole, rng, name)
+        p = mine.get(name)
+        if p is not None:
+            assign(p.data, piece(values, p.partition))
+            p.version = version
+
+
 def fill(gen, shape, rng, name=""):
     """Values drawn per ParamGenProto `gen` (SINGA's ParamGenerator::Fill), as float32."""
     t = gen.type

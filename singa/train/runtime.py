@@ -16,14 +16,17 @@ from zmq.auth.thread import ThreadAuthenticator
 from singa import checkpoint, device, errors
 from singa.comm import msg as m
 from singa.comm.liveness import PeerWatch
+from singa.comm.membership import Membership
+from singa.comm.param_table import ParamEntry
 from singa.comm.socket import Peer, Router
-from singa.comm.stub import ParamEntry, Stub
+from singa.comm.stub import Stub
 from singa.errors import ClusterError
 from singa.job import topology
 from singa.net.neuralnet import NeuralNet
 from singa.net.numerics import INIT, TEST, VALIDATION, WORKERS, seeds
 from singa.proto import job_pb2
 from singa.train import evaluation
+from singa.train.place import Place
 from singa.train.server import Server
 from singa.train.worker import worker_class
 
@@ -78,7 +81,8 @@ def slice_table(job, owners):
 
 
 class Process:
-    """The executors process `pid` of a job runs, wired to its Stub (in-process messages).
+    """The executors a process of a job runs, wired to its Stub (in-process messages): the
+    process at `place` (a `place.Place`: `Place()` for a job's only process).
 
     Worker (g, j) runs partition j of group g's net, which holds every partition's layers (a
     partition's neighbours may run in other processes, reached through bridge layers). Nets in
@@ -89,22 +93,21 @@ class Process:
     its params from 0 over all its partitions, so a param's id names it in every process. Test
     and validation nets are partitioned the same way: every worker of group 0 runs its
     partition of them.
-    `resume` is the Snapshot being resumed (from `resume_from`); `cluster_rt` (the job's
-    `singa.cluster.cluster_rt.ClusterRuntime`, or None) and `reporter` (a `singa.watch.metrics.Reporter`,
-    or None) are handed to the workers. A job of several processes
-    needs `peers(pid)`, the endpoint of another process's stub, and a `transport` listening
-    on tcp (made before the process registers, which gives it its pid).
+    `resume` is the Snapshot being resumed (from `resume_from`); `reporter` (a
+    `singa.watch.metrics.Reporter`, or None) is handed to the workers.
     In an asynchronous job with `max_restarts`, this process rides out the loss of the
-    processes of `topology.elastic_procs` (the stub waits `rejoin_timeout` s for their
-    restart); `rejoin`: this process is such a restart, its worker groups Get the servers'
-    params instead of putting their own.
+    processes of `topology.elastic_procs` (its stub's Membership waits the place's
+    `rejoin_timeout` s for their restart).
     """
 
-    def __init__(self, job, pid=0, resume=None, cluster_rt=None, peers=None, transport=None,
-                 reporter=None, rejoin=False, rejoin_timeout=60.0):
+    def __init__(self, job, place=Place(), resume=None, reporter=None):
         cl = job.cluster
         G, K = cl.nworker_groups, cl.nworkers_per_group
-        self.job, self.pid = job, pid
+        if place.nprocs != topology.nprocs(cl):
+            raise ValueError(f"a place among {place.nprocs} processes for a job of "
+                             f"{topology.nprocs(cl)}")
+        pid, cluster_rt = place.pid, place.cluster_rt
+        self.job, self.pid, self.place = job, pid, place
         rngs = seeds(job, WORKERS + G * K)
         # one device for the workers of a process (the conf check): they share params
         devices = device.of_workers(job.gpu, topology.workers_of(cl, pid))
@@ -158,43 +161,44 @@ class Process:
                         e.num_total = shares[p.owner]     # every copy in the group's graph
                     e.add_share(m.addr(g, j, m.kWorkerParam), p.id)
 
-        self.transport = transport or Transport()
+        self.transport = place.transport or Transport()
         self.router = self.transport.router
         endpoint = self.router.endpoint
-        single = topology.nprocs(cl) == 1
-        served = {sg: K * sum(topology.server_group(cl, g) == sg for g in range(G))
-                  for sg in range(cl.nserver_groups)}
+        # what a process of several adds: routes to the others' stubs, and servers that end on
+        # their workers' farewells (alone, they stop with the workers of this process)
+        served, farewells, locate, peer = {}, {}, None, None
+        if not place.alone:
+            served = {sg: K * sum(topology.server_group(cl, g) == sg for g in range(G))
+                      for sg in range(cl.nserver_groups)}
+            farewells = {m.addr(g, j, m.kWorkerParam): [
+                m.addr(topology.server_group(cl, g), s, m.kServer)
+                for s in range(cl.nservers_per_group)] for g, j in nets}
+            locate, peer = self.locate, self.peer
         masters = None
         if cl.nserver_groups > 1 and topology.servers_of(cl, pid):
             graph = next(iter(graphs.values()), None) or NeuralNet(job.neuralnet, job_pb2.kTrain,
                                                                    rngs[WORKERS])
             masters = slice_masters(job, graph.owner_params)
         asynchronous = topology.nworker_groups_per_server_group(cl) > 1
-        self.servers = [Server(endpoint, g, s, job.updater, cl.poll_time,
-                               None if single else served[g], masters, cl.sync_freq,
-                               copy_replies=asynchronous and not single)
+        self.servers = [Server(endpoint, g, s, job.updater, cl.poll_time, served.get(g), masters,
+                               cl.sync_freq, copy_replies=asynchronous and not place.alone)
                         for g, s in topology.servers_of(cl, pid)]
         cls = worker_class(job)
         self.workers = [
             cls(endpoint, g, j, job, net,
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
-                init_rng=copy.deepcopy(rngs[INIT]), resume=resume,
-                cluster_rt=cluster_rt, reporter=reporter, device=self.device, put=not rejoin)
+                init_rng=copy.deepcopy(rngs[INIT]), resume=resume, place=place,
+                reporter=reporter, device=self.device)
             for (g, j), net in nets.items()]
-        farewells = {} if single else {
-            w.address: [m.addr(topology.server_group(cl, w.grp), s, m.kServer)
-                        for s in range(cl.nservers_per_group)] for w in self.workers}
         elastic = topology.elastic_procs(cl, job.max_restarts) - {pid}
+        members = Membership(elastic, self.forget, self.returned, place.rejoin_timeout,
+                             lambda: cluster_rt is not None and cluster_rt.connected)
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
-                         cl.poll_time, pid, None if single else self.locate,
-                         None if single else self.peer, stop_servers_with_workers=single,
-                         farewells=farewells, nprocs=topology.nprocs(cl), elastic=elastic,
-                         forget=self.forget, returned=self.returned,
-                         rejoin_timeout=rejoin_timeout,
-                         rejoinable=lambda: cluster_rt is not None and cluster_rt.connected)
+                         cl.poll_time, pid, locate, peer, place.alone, farewells, place.nprocs,
+                         members)
         self.cluster_rt = cluster_rt
-        self.peers, self.connect = {}, peers
+        self.peers, self.connect = {}, place.endpoint
         self.lost_at = {}       # procs id -> the endpoint it was lost at
         self.watch = None
 

@@ -2,39 +2,40 @@
 CDWorker, src/worker.cc).
 
 The loop, per step: validate? test? checkpoint? TrainOneBatch; display?  Params travel to the
-servers through the stub as messages: Put (values, and updater state on a resume), Get, Update
-(the gradients of a bucket of params: `BUCKET_FLOATS`); RPut / RGet / RUpdate answers bring
-the new version and, unless the frames alias the param's own array (a server in this
-process), its values; `collect` waits for them before a param is used again. The worker
+servers through the stub as messages (`param_client.ParamClient`: Put, Get, Update of a bucket
+of gradients, `BUCKET_FLOATS`); `collect` waits for the answers before a param is used again.
+Every wait goes through one loop, `receive`, which handles what arrives (answers, the
+channel's messages, a stop or a snapshot on signal) and drops bad traffic. The worker
 initialises or loads its params, restores its own streams on a resume, and writes its own
 snapshot file, asking the servers for the updater state by message (SINGA's
 Worker::InitNetParams / Worker::Checkpoint).
 """
 import logging
 import math
-import os
 import time
 
 import numpy as np
 
 from singa import checkpoint, resolve
 from singa.comm import msg as m
-from singa.comm import param_msg as pm
 from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer
-from singa.device import CPU, assign, host
+from singa.device import CPU, host
 from singa.device import cuda_graphs
-from singa.errors import ClusterError, ConfigError, SingaError, executor_failure
+from singa.errors import ClusterError, executor_failure
 from singa.job import topology
 from singa.layers.connection import BridgeDstLayer, BridgeSrcLayer
-from singa.layers.param import fill, piece
+from singa.layers.param import init_params
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
-from singa.log import SHOWN, format_duration, format_metrics
+from singa.log import format_duration, format_metrics
 from singa.net import numerics
 from singa.proto import job_pb2
 from singa.train import evaluation
 from singa.train.monitor import Monitor
+from singa.train.param_client import ANSWERS, ParamClient
+from singa.train.place import Place
+from singa.watch.metrics import unrolled_mean
 
 log = logging.getLogger("singa")
 
@@ -64,18 +65,18 @@ class Worker:
     """One worker thread of group `grp`, id `id` (its partition of the net); trains with kBP.
 
     `init_rng` draws the initial values of the params this worker owns; `resume` is the
-    Snapshot a -resume continues from, its files parsed (None: a fresh start); the worker
-    joins and leaves its server group in `cluster_rt` (a `singa.cluster.cluster_rt.ClusterRuntime`, or
-    None). `put` False: the worker's group joins a running job again (a restarted process)
-    and Gets every param from the servers. What it displays and the snapshots it writes also go to `reporter` (a
-    `singa.watch.metrics.Reporter`, or None).
+    Snapshot a -resume continues from, its files parsed (None: a fresh start); `place` is its
+    process's `place.Place`: the worker joins and leaves its server group in its cluster
+    runtime, and in a restarted process (`rejoin`) the worker's group joins a running job
+    again and Gets every param from the servers. What it displays and the snapshots it
+    writes also go to `reporter` (a `singa.watch.metrics.Reporter`, or None).
     In a group of several workers each runs its partition of the nets and talks to the others
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
     def __init__(self, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
-                 init_rng=None, resume=None, cluster_rt=None, reporter=None,
-                 response_timeout=120.0, device=CPU, put=True):
+                 init_rng=None, resume=None, place=Place(), reporter=None,
+                 response_timeout=120.0, device=CPU):
         self.grp, self.id = grp, id_
         self.device = device        # where its nets compute (`gpu`)
         self.address = m.addr(grp, id_, m.kWorkerParam)
@@ -84,38 +85,34 @@ class Worker:
         self.train_net, self.test_net, self.val_net = train_net, test_net, val_net
         self.init_rng = init_rng
         self.resume = resume
-        self.puts = put
-        self.cluster_rt = cluster_rt
+        self.place = place
         self.reporter = reporter
         self.sgroup = topology.server_group(job.cluster, grp)
         self.folder = checkpoint.folder(resolve(job.cluster.workspace))
         self.step = job.step
         #: the resumed snapshot was taken after its step's test/validation/checkpoint: skip them
         self.resumed_evaluated = False
-        self.params_by_id = {p.id: p for p in train_net.params}
+        self.who = f"Worker (group = {grp}, id = {id_})"      # in log lines
+        #: the floats a bucket of gradients holds before it is sent: a step's on a GPU
+        self.params = ParamClient(self.address, self.dealer, train_net.params,
+                                  BUCKET_FLOATS if device.gpu is None else math.inf, self.who)
         #: the params this worker initialises, Puts and checkpoints: its partition's owners
         #: (a dim-0 copy only Gets the values of partition 0's)
         self.owned = train_net.owner_params
         self.channel = None
         if job.cluster.nworkers_per_group > 1:
-            self.channel = LayerChannel(endpoint, grp, id_, self.dealer, self.handle,
-                                        job.cluster.poll_time, response_timeout,
-                                        where=self.worker_where)
+            self.channel = LayerChannel(endpoint, grp, id_, self.dealer, self.receive,
+                                        response_timeout, where=self.worker_where)
             for net in (train_net, test_net, val_net):
                 for layer in net.layers if net is not None else ():
                     if isinstance(layer, (BridgeSrcLayer, BridgeDstLayer)):
                         layer.channel = self.channel
         self.displays = 0           # display calls so far: the key of their metric messages
-        self.updater_states = {}    # owner param id -> (lr index, updater buffers), for a snapshot
-        self.put_buffers = {}       # owner param id -> (updater buffers put, their files)
         #: the latest test and validation, the best monitored value (restored on a resume)
         self.monitor = Monitor(job)
         self.snapshot_at = None     # a snapshot on signal: the step to stop at after it
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
-        self.bucket, self.bucket_step, self.bucket_floats = [], None, 0    # gradients to send
-        #: the floats a bucket holds before it is sent: a step's on a GPU
-        self.bucket_cap = BUCKET_FLOATS if device.gpu is None else math.inf
         self.loss_check = numerics.LossCheck(train_net)
         #: the train net's passes (on a GPU: runs of them as CUDA graphs)
         self.graphs = cuda_graphs.StepGraphs(train_net, device, capture=device.gpu is not None)
@@ -126,8 +123,8 @@ class Worker:
         log.info("Worker (group = %d, id = %d)  start on %s", self.grp, self.id, self.device)
         try:
             self.device.use()
-            if self.cluster_rt is not None:
-                self.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
+            if self.place.cluster_rt is not None:
+                self.place.cluster_rt.join_sgroup(self.grp, self.id, self.sgroup)
             self.init_params()
             self.started = (time.monotonic(), self.step)
             while self.drain() < self.last_step():
@@ -141,7 +138,7 @@ class Worker:
                     self.collect_all()
                     self.checkpoint(s)
                 self.train_one_batch(s)
-                self.send_updates()
+                self.params.send_updates()
                 self.loss_check.check(s)
                 if (self.id == 0 or self.channel) and every(job.disp_freq, job.disp_after, s):
                     self.loss_check.flush()
@@ -167,8 +164,8 @@ class Worker:
                                    frames=m.error_frames(kind, text)))
         finally:
             try:
-                if self.cluster_rt is not None:
-                    self.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
+                if self.place.cluster_rt is not None:
+                    self.place.cluster_rt.leave_sgroup(self.grp, self.id, self.sgroup)
             finally:    # the stub waits for this stop, whatever leaving did
                 self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
                 log.info("Worker (group = %d, id = %d) stops", self.grp, self.id)
@@ -221,7 +218,7 @@ class Worker:
             for layer, forward in segment.passes:
                 if not forward:
                     for p in layer.params:
-                        self.update(step, p)
+                        self.params.update(step, p)
         self.graphs.steps += 1
 
     @staticmethod
@@ -247,28 +244,17 @@ class Worker:
         """Log `prefix  <metrics>` per layer with metrics (group 0 only, as SINGA: the other
         groups' reach metrics.csv alone); return {metric name: value}.
 
-        In a group of several workers, workers j > 0 send their metrics to worker 0, which logs
-        each metric averaged over the partitions (each a mean over its equal part of the
-        batch, so together the whole batch's) and returns them; the others return {}, or, for
-        a test or validation under checkpoint_on_improvement, the averages worker 0 sends back."""
+        In a group of several workers, worker 0 logs and returns each metric averaged over the
+        partitions (`LayerChannel.share_metrics`); the others log nothing and return {}, or,
+        for a test or validation under checkpoint_on_improvement, worker 0's averages."""
         rows = self.metric_rows(flag, net)
         shown = self.grp == 0
         if self.channel is not None:
             self.displays += 1
-            shared = self.job.checkpoint_on_improvement and not flag & kTrain
-            if self.id > 0:
-                self.channel.post(0, m.kMetric, f"metrics@{self.id}", self.displays,
-                                  m.metric_frames(rows))
-                if not shared:
-                    return {}
-                rows = m.frame_metrics(self.channel.wait("metrics@0", self.displays,
-                                                         "averaged metrics", 0))
-                return {k.lower(): v for values in rows for k, v in values.items()}
-            rows = self.average_metrics(rows)
-            if shared:
-                for j in range(1, self.job.cluster.nworkers_per_group):
-                    self.channel.post(j, m.kMetric, "metrics@0", self.displays,
-                                      m.metric_frames(rows))
+            rows = self.channel.share_metrics(
+                rows, self.displays, self.job.cluster.nworkers_per_group,
+                self.job.checkpoint_on_improvement and not flag & kTrain)
+            shown = shown and self.id == 0
         metrics = {}
         for values in rows:
             if shown:
@@ -281,21 +267,6 @@ class Worker:
         """{metric name: value} of each layer of `net` with metrics (resets them)."""
         return list(net.metrics(flag).values())
 
-    def average_metrics(self, rows):
-        """Worker 0's metric `rows` ({name: value} per layer) averaged over every partition's."""
-        total = [dict(values) for values in rows]
-        n = self.job.cluster.nworkers_per_group
-        for j in range(1, n):
-            frames = self.channel.wait(f"metrics@{j}", self.displays, "display metrics", j)
-            theirs = m.frame_metrics(frames)
-            if [list(v) for v in theirs] != [list(v) for v in rows]:
-                raise ClusterError(f"worker ({self.grp}, {j}) displays other metrics than "
-                                   f"worker ({self.grp}, 0)")
-            for mine, values in zip(total, theirs):
-                for k, v in values.items():
-                    mine[k] += v
-        return [{k: v / n for k, v in values.items()} for values in total]
-
     # --- params ---------------------------------------------------------------------------
     def init_params(self):
         """Worker::InitNetParams: the first worker group of each server group loads its owner
@@ -303,22 +274,25 @@ class Worker:
         and Puts them (with the snapshot's updater state and LR index on a resume); every
         worker then Gets what it lacks."""
         resumed = self.resumed_state()
-        if self.puts and self.owned and \
+        if not self.place.rejoin and self.owned and \
                 self.grp % topology.nworker_groups_per_server_group(self.job.cluster) == 0:
-            loaded = self.load_owned()
-            self.init_fresh([p for p in self.owned if p.name not in loaded], loaded)
+            loaded = checkpoint.load_owned(self.job, self.resume, self.owned, log, self.id == 0)
+            # with several partitions every worker draws each param whole and keeps its piece
+            init_params([p for p in self.owned if p.name not in loaded], self.init_rng,
+                        self.job.step,
+                        self.train_net.graph.params if self.channel is not None else None,
+                        loaded)
             lr_index = resumed.lr_index if resumed is not None else -1
             for p in self.owned:
                 bufs = checkpoint.updater_state(self.resume, p) if resumed is not None else []
-                if bufs:
-                    self.put_buffers[p.owner] = (len(bufs),
-                                                 ", ".join(self.resume.files_holding(p.name)))
-                self.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs], lr_index)
+                files = ", ".join(self.resume.files_holding(p.name)) if bufs else ""
+                self.params.put(p, [np.ascontiguousarray(b, np.float32) for b in bufs],
+                                lr_index, files)
             for p in self.owned:
                 self.collect(p)
         self.resume = None     # frees the snapshot's file bytes (once every worker is done)
         for p in self.train_net.params:
-            self.get(self.job.warmup_steps, p)
+            self.params.get(self.job.warmup_steps, p)
 
     def resumed_state(self):
         """The SnapshotState of the resumed snapshot (None: a fresh start, or a snapshot SINGA
@@ -334,52 +308,6 @@ class Worker:
             self.monitor.restore(snap.metrics)
             self.resumed_evaluated = snap.evaluated
         return snap
-
-    def load_owned(self):
-        """Load the owner params found in the resumed snapshot or `checkpoint_path`; returns
-        the names loaded."""
-        job, owners = self.job, {p.name: p for p in self.owned}
-        if self.resume is not None:     # the snapshot's own parsed files, read once
-            files = self.resume.parsed()
-            loaded = checkpoint.load_params(files, owners, log=log.info)
-        else:
-            files, loaded = checkpoint.load_checkpoint_path(job, owners, log.warning, log.info)
-            if files and self.id == 0:
-                log.info("%s", checkpoint.loaded_line(files, owners, loaded), extra=SHOWN)
-        if not files:
-            return set()
-        for p in self.owned:
-            if p.name in loaded:
-                if job.reset_param_version:
-                    p.version = job.step
-            else:
-                log.info("Param %s: freshly initialised (%s)", p.name,
-                         job_pb2.InitMethod.Name(p.proto.init.type))
-        return set(loaded)
-
-    def init_fresh(self, params, loaded):
-        """Draw the initial values of `params` (not `loaded`), at version `job.step`. With
-        several partitions every worker draws each param whole, in the graph's order, and
-        keeps its piece, so the group starts from the values one worker draws (SINGA draws
-        each piece on its own)."""
-        version = self.job.step
-        if self.channel is None:
-            for p in params:
-                p.init_values(self.init_rng, version)
-            return
-        mine = {p.name: p for p in params}
-        graph = self.train_net.graph
-        for name in dict.fromkeys(q.name for q in graph.params if q.is_owner):
-            if name in loaded:
-                continue
-            pieces = [q for q in graph.params if q.name == name and q.is_owner]
-            whole = pieces[0].shape if pieces[0].partition is None else \
-                checkpoint.joined_shape([q.shape for q in pieces], pieces[0].partition[0])
-            values = fill(pieces[0].proto.init, whole, self.init_rng, name)
-            p = mine.get(name)
-            if p is not None:
-                assign(p.data, piece(values, p.partition))
-                p.version = version
 
     def streams(self):
         """({net name: RNG state}, {"net/layer": reader position}) of this worker's nets."""
@@ -412,14 +340,12 @@ class Worker:
         one, at train_steps, does not."""
         owners = self.owned
         numerics.check_params(owners, step)
-        self.updater_states = {}
-        for p in owners:
-            self.dealer.send(pm.request(self.address, m.STUB, m.kState, p.owner, step))
-        self.wait(lambda: len(self.updater_states) == len(owners),
+        self.params.ask_states(owners, step)
+        self.wait(lambda: len(self.params.states) == len(owners),
                   "the updater state of its params")
         param_state, lr_index = {}, 0
         for p in owners:
-            lr_index, param_state[p.name] = self.updater_states[p.owner]
+            lr_index, param_state[p.name] = self.params.states[p.owner]
         rng, reader = self.streams()
         snap = checkpoint.SnapshotState(
             step=step, param_state=param_state, rng=rng, reader=reader, lr_index=lr_index,
@@ -437,42 +363,6 @@ class Worker:
             checkpoint.prune(self.folder, self.job.checkpoint_keep_newest,
                              self.job.checkpoint_keep_best, self.job.checkpoint_keep_best_k)
 
-    def put(self, p, buffers=(), lr_index=-1):
-        """Send `p`'s values (and updater buffers) to its servers; `collect(p)` awaits the RPut."""
-        p.last_version = p.version - 1
-        self.dealer.send(pm.put(self.address, m.STUB, p.owner, p.version, p.lr_scale, p.wd_scale,
-                                lr_index, p.data, buffers))
-
-    def get(self, step, p):
-        if p.version < step:
-            p.last_version = p.version
-            self.dealer.send(pm.request(self.address, m.STUB, m.kGet, p.owner, step))
-
-    def update(self, step, p):
-        """Put `p`'s gradient of `step` in the bucket, sent once it holds `bucket_cap` floats
-        or by `send_updates`."""
-        if p.updated_by_layer:      # the layer's own values: the servers keep their first
-            return
-        if p.partition is not None:
-            # Each of the K partitions' losses is a mean over its K-th of the batch, so a piece
-            # gets K times the whole batch's gradient (a dim-0 param is averaged over its K
-            # copies by the server). SINGA leaves it K times larger.
-            p.grad *= 1 / p.partition[2]
-        p.last_version = p.version
-        self.bucket.append(p)
-        self.bucket_step = step
-        self.bucket_floats += p.grad.size
-        if self.bucket_floats >= self.bucket_cap:
-            self.send_updates()
-
-    def send_updates(self):
-        """Send the gradients in the bucket to the servers, in one Update."""
-        if self.bucket:
-            self.dealer.send(pm.update(self.address, m.STUB, self.bucket_step,
-                                       [p.owner for p in self.bucket],
-                                       [p.grad for p in self.bucket]))
-            self.bucket, self.bucket_floats = [], 0
-
     def collect(self, p):
         """Wait until an answer has brought `p` a version newer than its last request."""
         if p.version <= p.last_version:
@@ -487,51 +377,41 @@ class Worker:
     def wait(self, done, what):
         """Handle messages until `done()` (the bucket of gradients sent first); ClusterError
         after `response_timeout` seconds."""
-        self.send_updates()
-        deadline = time.monotonic() + self.response_timeout
+        self.params.send_updates()
+        self.receive(done, self.response_timeout, lambda: (
+            f"worker ({self.grp}, {self.id}): no answer for {what} from its servers "
+            f"({self.servers_where()}) in {self.response_timeout:.0f} s"))
+
+    def receive(self, done, timeout, late):
+        """The worker's one loop over its inbox: handle each message (bad traffic dropped with
+        a warning) until `done()`; ClusterError(`late()`) after `timeout` seconds without
+        (None: until no message is waiting)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not done():
-            msg = self.dealer.receive(self.poll_ms)
+            msg = self.dealer.receive(0 if deadline is None else self.poll_ms)
             if msg is not None:
                 try:
                     self.handle(msg)
                 except ClusterError as e:   # bad traffic: dropped
-                    log.warning("Worker (group = %d, id = %d): dropped %r: %s",
-                                self.grp, self.id, msg, e)
-            elif time.monotonic() > deadline:
-                raise ClusterError(f"worker ({self.grp}, {self.id}): no answer for {what} from "
-                                   f"its servers ({self.servers_where()}) in "
-                                   f"{self.response_timeout:.0f} s")
+                    log.warning("%s: dropped %r: %s", self.who, msg, e)
+            elif deadline is None:
+                return
+            if deadline is not None and not done() and time.monotonic() > deadline:
+                raise ClusterError(late())
 
     def servers_where(self):
         """Where this worker's servers run: 'process P at host:port' each (for an error)."""
         cl = self.job.cluster
-        return ", ".join(self.process_where(pid) for pid in sorted(
+        return ", ".join(self.place.where(pid) for pid in sorted(
             {topology.server_procs(cl, self.sgroup, s) for s in range(cl.nservers_per_group)}))
 
     def worker_where(self, peer):
         """Where worker (grp, peer) of this group runs (for a bridge layer's time-out)."""
-        return self.process_where(topology.worker_procs(self.job.cluster, self.grp, peer))
-
-    def process_where(self, pid):
-        """'process P at host:port': the endpoint this process learned at start-up (the cluster
-        runtime keeps it), so a time-out names it with ZooKeeper away too."""
-        cl = self.job.cluster
-        if self.cluster_rt is None or topology.nprocs(cl) == 1:
-            return f"process {pid} at this process"
-        try:
-            endpoint = self.cluster_rt.proc_endpoint(pid, timeout=1)
-        except SingaError as e:
-            endpoint = f"an endpoint this process never learned ({e})"
-        return f"process {pid} at {endpoint}"
+        return self.place.where(topology.worker_procs(self.job.cluster, self.grp, peer))
 
     def drain(self):
         """Handle the messages waiting (a snapshot on signal among them); returns the step."""
-        while (msg := self.dealer.receive(0)) is not None:
-            try:
-                self.handle(msg)
-            except ClusterError as e:   # bad traffic: dropped
-                log.warning("Worker (group = %d, id = %d): dropped %r: %s",
-                            self.grp, self.id, msg, e)
+        self.receive(lambda: False, None, None)
         return self.step
 
     def last_step(self):
@@ -549,36 +429,10 @@ class Worker:
         if msg.type == m.kSnapshot:
             self.snapshot_at = max(self.snapshot_at or 0, msg.trgt_version)
             return
-        t = msg.type
-        if t not in (m.kRPut, m.kRGet, m.kRUpdate, m.kRState):
-            log.warning("Worker (group = %d, id = %d): dropped %r", self.grp, self.id, msg)
+        if msg.type not in ANSWERS:
+            log.warning("%s: dropped %r", self.who, msg)
             return
-        for pid, slices in pm.answered(msg, None if t == m.kRState else 1):
-            p = self.params_by_id.get(pid)
-            if p is None:
-                log.warning("Worker (group = %d, id = %d): dropped the answer for param %d, "
-                            "which it does not have", self.grp, self.id, pid)
-                continue
-            what = f"param '{p.name}'"
-            if t == m.kRState:
-                self.updater_states[p.owner] = pm.read_state(slices, p.shape, what)
-                continue
-            if t == m.kRPut:
-                self.check_put(p, slices)
-            else:
-                pm.read_values(slices, p.data.reshape(-1), what)
-            p.version = msg.trgt_version
-
-    def check_put(self, p, slices):
-        """Warn when the servers dropped the updater buffers this worker put for `p` (a
-        snapshot of another updater): they say so in their kRPut."""
-        put = self.put_buffers.pop(p.owner, None)
-        if put is None:
-            return
-        kept, dropped = pm.read_put_reply(slices)
-        if dropped:
-            log.warning("Param %s: %s holds %d updater buffers, the updater keeps %d: its "
-                        "state starts afresh", p.name, put[1], put[0], kept)
+        self.params.answer(msg)
 
 
 class CDWorker(Worker):
@@ -607,7 +461,7 @@ class CDWorker(Worker):
         for layer in rbms:
             layer.compute_gradient(kTrain, net.srclayers[layer.name])
             for p in layer.params:
-                self.update(step, p)
+                self.params.update(step, p)
 
     @staticmethod
     def test_one_batch(phase, net, step):
@@ -641,7 +495,7 @@ class BPTTWorker(Worker):
             layer.compute_gradient(kTrain | kBackward | kAggGrad, net.srclayers[layer.name])
         for layer in firsts:
             for p in layer.params:
-                self.update(step, p)
+                self.params.update(step, p)
 
     @staticmethod
     def test_one_batch(phase, net, step):
@@ -663,11 +517,7 @@ class BPTTWorker(Worker):
     @staticmethod
     def metric_rows(flag, net):
         """{metric name: value} per layer with metrics, each averaged over its unrolled copies."""
-        copies = {}
-        for name, values in net.metrics(flag).items():
-            copies.setdefault(name.partition("#")[2], []).append(values)
-        return [{k: sum(v[k] for v in values) / len(values) for k in values[0]}
-                for values in copies.values()]
+        return unrolled_mean(net.metrics(flag))
 
 
 class AbortedError(Exception):

@@ -125,6 +125,29 @@ class Reporter:
                 self.events = None
 
 
+def partition_mean(rows):
+    """Each metric averaged over the partitions of a net: `rows[j]` is partition j's
+    [{name: value} per layer], the same names in the same order in every partition, each a
+    mean over its equal part of the batch, so together the whole batch's."""
+    total = [dict(values) for values in rows[0]]
+    for theirs in rows[1:]:
+        for mine, values in zip(total, theirs):
+            for k, v in values.items():
+                mine[k] += v
+    return [{k: v / len(rows) for k, v in values.items()} for values in total]
+
+
+def unrolled_mean(metrics):
+    """[{name: value}] per layer of a net unrolled over time from `metrics` ({layer name:
+    {name: value}}): each metric averaged over the unrolled copies `<t>#<layer>` of a layer
+    (SINGA sums them)."""
+    copies = {}
+    for name, values in metrics.items():
+        copies.setdefault(name.partition("#")[2], []).append(values)
+    return [{k: sum(v[k] for v in values) / len(values) for k in values[0]}
+            for values in copies.values()]
+
+
 def read_rows(path, job_id=None):
     """The rows of metrics.csv `path` ({field: value}, value and step as numbers), those of
     job `job_id` when given; a row lacking a field (a torn last line: a writer killed mid-row)

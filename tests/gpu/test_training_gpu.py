@@ -17,6 +17,7 @@ from singa import checkpoint
 from singa.device import cuda_graphs, threads
 from singa.job import topology
 from singa.model import SGD, Cluster, Dense, Sequential
+from singa.train.place import Place
 from singa.train.runtime import Process, Transport
 
 FIX = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
@@ -187,7 +188,8 @@ def child(pid, workspace, steps, conn):
         transport = Transport()
         conn.send(transport.listen("127.0.0.1"))
         endpoints = conn.recv()
-        Process(job, pid, peers=endpoints.__getitem__, transport=transport).run()
+        Process(job, Place(pid, topology.nprocs(job.cluster), endpoints.__getitem__,
+                           transport)).run()
     conn.send("done")
 
 

@@ -8,6 +8,7 @@ from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer, Router
 from singa.errors import ClusterError
 from singa.proto import job_pb2
+from singa.train.worker import Worker
 
 
 class Bridge:
@@ -24,14 +25,36 @@ def stop_on_kstop(msg):
         raise Stopped
 
 
+class Inbox:
+    """A worker's inbox as its channel waits on it: the worker's one loop (`Worker.receive`),
+    which hands the channel its messages and the others to `handle`."""
+    receive = Worker.receive
+
+    def __init__(self, dealer, handle, poll_ms=10):
+        self.dealer, self.other, self.poll_ms = dealer, handle, poll_ms
+        self.who, self.channel = "Worker (group = 0, id = 0)", None
+
+    def handle(self, msg):
+        if self.channel.is_for(msg):
+            self.channel.keep(msg)
+        else:
+            self.other(msg)
+
+
+def channel(endpoint, grp, id_, dealer, handle, timeout, where=None):
+    """Worker (grp, id_)'s LayerChannel, waiting in the worker's loop over `dealer`'s inbox."""
+    inbox = Inbox(dealer, handle)
+    inbox.channel = LayerChannel(endpoint, grp, id_, dealer, inbox.receive, timeout, where)
+    return inbox.channel
+
+
 @pytest.fixture
 def workers():
     """Two channels of group 0 (workers 0 and 1) and the router between them."""
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-bridge")
     params = [Dealer(m.addr(0, j, m.kWorkerParam), router.endpoint) for j in (0, 1)]
-    chans = [LayerChannel(router.endpoint, 0, j, params[j], stop_on_kstop, 10, 0.3)
-             for j in (0, 1)]
+    chans = [channel(router.endpoint, 0, j, params[j], stop_on_kstop, 0.3) for j in (0, 1)]
     yield router, params, chans
     for x in params + chans:
         x.close()

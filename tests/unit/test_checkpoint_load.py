@@ -10,6 +10,7 @@ from checkpoint_helpers import FIX, FIX_NAMES, FIX_SHAPES, paths, snapshot
 from singa import checkpoint as ckpt
 from singa.api import session
 from singa.checkpoint import format as ckpt_format
+from singa.checkpoint import load as ckpt_load
 from singa.errors import CheckpointError
 from singa.job import config
 
@@ -26,13 +27,13 @@ def test_a_resume_reads_its_snapshot_once_from_verifying_to_loading(tmp_path, mo
     loads, resumed = [], {}
     load = ckpt_format._load
     monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
-    load_params = ckpt.load_params
+    load_params = ckpt_load.load_params
 
     def recording_load_params(files, params, **kw):
         loaded = load_params(files, params, **kw)
         resumed.update({name: (p.data.copy(), p.version) for name, p in params.items()})
         return loaded
-    monkeypatch.setattr(ckpt, "load_params", recording_load_params)
+    monkeypatch.setattr(ckpt_load, "load_params", recording_load_params)     # load_owned's
     job.train_steps = 25
     history = session.train(session.prepare(job), resume=True, progress=False)
     snapshot = str(tmp_path / "ws" / "checkpoint" / "step20-worker0.bin")

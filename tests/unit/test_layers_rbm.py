@@ -1,4 +1,6 @@
 """RBMVis / RBMHid against a float64 numpy CD reference; the kCD worker step; sort and display."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from google.protobuf import text_format
@@ -188,7 +190,7 @@ def test_cd_worker_updates_only_rbm_params_and_tests_with_one_reconstruction():
     worker.train_net, worker.job = net, FakeJob
     collected, updated = [], []
     worker.collect = collected.append
-    worker.update = lambda step, p: updated.append(p.name)
+    worker.params = SimpleNamespace(update=lambda step, p: updated.append(p.name))
     worker.train_one_batch(0)
     assert [p.name for p in collected] == [p.name for p in net.params]
     assert updated == ["0#w2", "0#b21", "0#w2_", "0#b22"]

@@ -133,7 +133,7 @@ def test_a_farewell_reaches_every_other_stub_with_its_mark():
     assert sorted(peers.msgs) == [0, 2]
     other = Stub(None, {}, [], pid=2, locate=lambda a: 0, peers=Sent(), nprocs=3)
     other.handle(peers.msgs[2][0])
-    assert other.ended == {1: "SIGHUP"}
+    assert other.members.ended == {1: "SIGHUP"}
 
 
 def test_a_loss_is_reported_once_per_process_with_its_procs_id():
@@ -178,7 +178,7 @@ def test_a_dropped_connection_is_a_loss_unless_its_process_ended_normally(
     driver = Driver(make_job(tmp_path), MarkRuntime({1: mark}))
     stub = Stub(None, {}, [], pid=0, nprocs=3)
     if farewell is not None:
-        stub.ended[1] = farewell
+        stub.members.ended[1] = farewell
     driver.process = type("Process", (), {"stub": stub})
     driver.on_peer_down(1)
     assert [r[1:] for r in iter_requests(stub)] == ([] if report is None else [(report, 1)])

@@ -9,6 +9,7 @@ from singa.comm import msg as m
 from singa.job import topology
 from singa.proto import job_pb2
 from singa.train import worker
+from singa.train.place import Place
 from singa.train.runtime import Process, failure_error, resume_from, slice_masters, slice_table
 
 NET = """
@@ -75,7 +76,7 @@ def test_every_executor_address_is_located_in_its_process(tmp_path):
     job = make_job(tmp_path, nworker_groups=2, nworkers_per_group=2, nworkers_per_procs=2,
                    nservers_per_group=2, nserver_groups=1, nservers_per_procs=2)
     cl = job.cluster
-    process = Process(job, pid=0)
+    process = Process(job, Place(0, topology.nprocs(cl)))     # process 0, without peers
     try:
         for g in range(2):
             for j in range(2):
@@ -109,7 +110,7 @@ def test_one_process_two_workers_two_servers_train_to_the_end(tmp_path):
                    nservers_per_group=2, nservers_per_procs=2)
     (tmp_path / "ws" / "checkpoint").mkdir(parents=True)
     process = Process(job)
-    entries = process.stub.entries
+    entries = process.stub.table.entries
     assert {e.num_total for e in entries.values()} == {2}
     assert {e.num_local for e in entries.values()} == {2}
     w, b = process.train_net.params
@@ -141,8 +142,8 @@ def test_gradient_buckets_change_the_messages_not_the_numbers(tmp_path, monkeypa
         handle = x.handle
         x.handle = lambda msg, handle=handle: (updates.append(msg.dst)
                                                if msg.type == m.kUpdate else None, handle(msg))
-    buckets = [process.stub.entries.values()] if bucket > 1 else \
-        [[e] for e in process.stub.entries.values()]        # w and b together, or each alone
+    buckets = [process.stub.table.entries.values()] if bucket > 1 else \
+        [[e] for e in process.stub.table.entries.values()]     # w and b together, or each alone
     to_servers = [server for entries in buckets
                   for server in {server for e in entries for _, server, _, _ in e.slices}]
     process.run()

@@ -10,8 +10,10 @@ from google.protobuf import text_format
 
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
+from singa.comm.membership import Membership
+from singa.comm.param_table import ParamEntry
 from singa.comm.socket import Dealer, Router
-from singa.comm.stub import ParamEntry, Stub
+from singa.comm.stub import Stub
 from singa.proto import job_pb2
 from singa.train.server import Server
 
@@ -234,8 +236,9 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
             sent.append((self.pid, msg.type))
 
     stub = Stub(router, {}, [worker.address], poll_ms=10, pid=0, locate=lambda a: 0,
-                peers=Peer, nprocs=3, elastic={1, 2}, forget=forgot.append,
-                returned=lambda pid: True, rejoin_timeout=1.0)
+                peers=Peer, nprocs=3, members=Membership({1, 2}, forget=forgot.append,
+                                                         returned=lambda pid: True,
+                                                         rejoin_timeout=1.0))
     thread = threading.Thread(target=stub.run, daemon=True)
     thread.start()
     try:

@@ -8,13 +8,13 @@ import zmq
 
 from singa.cluster.cluster_rt import ClusterRuntime
 from singa.comm import msg as m
-from singa.comm.bridge import LayerChannel
 from singa.comm.socket import Dealer, Router
 from singa.driver import silence_message
 from singa.errors import ClusterError
-from singa.job import topology
 from singa.proto import job_pb2
+from singa.train.place import Place
 from singa.train.runtime import Process
+from test_bridge import channel
 from test_runtime import make_job
 
 
@@ -44,8 +44,8 @@ def test_a_bridge_time_out_names_the_peer_workers_process_host_and_port():
     ctx = zmq.Context()
     router = Router(ctx, "inproc://test-timeouts")
     dealer = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
-    chan = LayerChannel(router.endpoint, 0, 0, dealer, lambda msg: None, 10, 0.2,
-                        where=lambda peer: f"process {peer + 2} at 10.0.0.9:40{peer}")
+    chan = channel(router.endpoint, 0, 0, dealer, lambda msg: None, 0.2,
+                   where=lambda peer: f"process {peer + 2} at 10.0.0.9:40{peer}")
     src = Bridge("bridge_src(a@0->b@1)", 0, Bridge("bridge_dst(a@0->b@1)", 1))
     try:
         with pytest.raises(ClusterError) as e:
@@ -58,19 +58,19 @@ def test_a_bridge_time_out_names_the_peer_workers_process_host_and_port():
         ctx.term()
 
 
-def test_a_workers_time_out_names_its_servers_from_what_it_learned(tmp_path, monkeypatch):
+def test_a_workers_time_out_names_its_servers_from_what_it_learned(tmp_path):
     """ZooKeeper away: the servers' process is named at the endpoint learned at start-up; a
     process never learned says so, with ZooKeeper's own error."""
     process = Process(make_job(tmp_path, nservers_per_group=2, nservers_per_procs=2))
     try:
         worker = process.workers[0]
         worker.response_timeout = 0.2
-        monkeypatch.setattr(topology, "nprocs", lambda cl: 3)    # as if one of three processes
-        worker.cluster_rt = AwayRuntime({0: "10.0.0.7:5000"})
+        # as if process 0 of three
+        worker.place = Place(0, 3, cluster_rt=AwayRuntime({0: "10.0.0.7:5000"}))
         with pytest.raises(ClusterError, match=r"^worker \(0, 0\): no answer for the test from "
                            r"its servers \(process 0 at 10\.0\.0\.7:5000\) in 0 s$"):
             worker.wait(lambda: False, "the test")
-        worker.cluster_rt = AwayRuntime({})
+        worker.place = Place(0, 3, cluster_rt=AwayRuntime({}))
         assert re.fullmatch(r"process 0 at an endpoint this process never learned \(ZooKeeper "
                             r"at zk:2181 did not answer within 1 s \(stat proc-0\)\)",
                             worker.servers_where()), worker.servers_where()

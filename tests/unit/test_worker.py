@@ -49,6 +49,7 @@ class LocalBPTTWorker(BPTTWorker):
     def __init__(self, net):
         self.train_net = net
         self.updated = []
+        self.params = self              # its ParamClient: records the updates
         self.channel, self.grp = None, 0     # alone in group 0
 
     def collect(self, p):
