@@ -13,14 +13,13 @@ as SINGA's did. Relative paths resolve against the current directory. Unlike SIN
 trains (and with `with_test=True` tests as it goes), keeps a `checkpoint_freq` it is given,
 and returns metrics as floats; `evaluate` tests the params `fit` left (or `checkpoint_path`).
 """
-import copy
 import os
 
 import numpy as np
 from google.protobuf import text_format
 
 from singa import checkpoint, files, naming
-from singa.api import session
+from singa.api import feed, session
 from singa.api.builders import (LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax,  # noqa: F401
                                  Algorithm, Cluster, Nesterov, RMSProp, Store, Updater,
                                  as_list, put_device)
@@ -28,8 +27,6 @@ from singa.callbacks import Callback, LearningRateScheduler
 from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
-from singa.io.records import write_records
-from singa.io.store import count_records
 from singa.job import config
 from singa.layer import (Accuracy, Data, Dense, Layer, Loss, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
@@ -37,7 +34,6 @@ from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import 
 from singa.net.phase import in_phase
 from singa.parameter import Parameter
 from singa.proto import job_pb2
-from singa.train import evaluation
 from singa.watch.metrics import History
 
 __all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
@@ -82,7 +78,7 @@ class Model:
         it joins (`data<n>`, the model's counter), as SINGA's helper named it in a fresh
         process, wherever the script made it: its reader position resumes by that name."""
         if getattr(layer, 'generated_name', False):
-            layer = _copy_data(layer)
+            layer = feed.copy_data(layer)
             layer.layer.name = generate_name('data')
         self.layers.append(layer)
 
@@ -295,7 +291,7 @@ class Model:
         if validation_split is not None:
             if validate_data is not None:
                 raise ConfigError("fit: give validation_split or validation_data, not both")
-            data_or_x, y, validate_data = _split(data_or_x, y, validation_split)
+            data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
         for key, value in (('test_steps', test_steps), ('test_freq', test_freq),
                            ('disp_freq', disp_freq), ('checkpoint_freq', checkpoint_freq)):
             if value is not None:
@@ -307,18 +303,17 @@ class Model:
         job = self._job(fields)
         fed = self.fed
         if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
-            train = _as_data(data_or_x, y, kTrain, batch_size, 'fit', self._streams_folder())
-            self._check_input(train, 'fit')
-            self._put_data(train, kTrain)
+            self._feed(data_or_x, y, kTrain, batch_size, 'fit')
             self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
         elif batch_size is not None:
-            self._set_batchsize(kTrain, batch_size)
+            feed.set_batchsize(self._data_protos(), kTrain, batch_size)
         per_pass = None
         if epochs is not None:
             if not isinstance(epochs, (int, np.integer)) or epochs <= 0:
                 raise ConfigError(f"fit: epochs (passes over the data) must be a positive int, "
                                   f"got {epochs!r}")
-            per_pass = self._steps_per_pass()
+            per_pass = feed.steps_per_pass(
+                [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
             nb_epoch = int(epochs) * per_pass
         if not isinstance(nb_epoch, (int, np.integer)) or not 0 <= nb_epoch < 2**31 \
                 or (nb_epoch == 0 and not from_conf):
@@ -327,10 +322,7 @@ class Model:
         for key, data, phase in (('validation_data', validate_data, kVal),
                                  ('test_data', test_data, kTest)):
             if data is not None:
-                own = _as_data(data, None, phase, batch_size, 'fit: ' + key,
-                               self._streams_folder())
-                self._check_input(own, 'fit: ' + key)
-                self._put_data(own, phase)
+                self._feed(data, None, phase, batch_size, 'fit: ' + key)
         job.neuralnet.CopyFrom(self.build())
         _check_loss(job)
         if nb_epoch:
@@ -340,13 +332,13 @@ class Model:
             job.disp_freq = every
         if validate_data is not None:
             job.validate_freq = fields.get('validate_freq', every)
-            job.validate_steps = _whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
+            job.validate_steps = feed.whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
                                              self._streams_folder())[0] \
                 or fields.get('validate_steps', 10)
         has_test = any(in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
                        for ly in job.neuralnet.layer)
         if with_test and has_test:
-            job.test_steps = _whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
+            job.test_steps = feed.whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
                                          self._streams_folder())[0] \
                 or fields.get('test_steps', job.test_steps or 10)
             job.test_freq = fields.get('test_freq', job.test_freq or every)
@@ -421,14 +413,12 @@ class Model:
         put_device(fields, device, 'evaluate')
         job = self._job(fields)
         if data is not None:
-            own = _as_data(data, y, kTest, batch_size, 'evaluate', self._streams_folder())
-            self._check_input(own, 'evaluate')
-            self._put_data(own, kTest)
+            self._feed(data, y, kTest, batch_size, 'evaluate')
         elif batch_size is not None:
-            self._set_batchsize(kTest, batch_size)
+            feed.set_batchsize(self._data_protos(), kTest, batch_size)
         self.accuracy = show_acc
         net = self.build()
-        whole, samples = _whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
+        whole, samples = feed.whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
         job.neuralnet.CopyFrom(_net_of(net, kTest))
         job.test_steps = whole or fields.get('test_steps',
                                              job.test_steps if self.conf_net else 10) or 10
@@ -556,110 +546,29 @@ class Model:
         job.train_steps += step
         return True
 
-    def _steps_per_pass(self):
-        """The train steps of one pass over the train data given to fit."""
-        folder = self._streams_folder()
-        data = [item.layer for item in self.layers if item.is_datalayer
-                and in_phase(item.layer, kTrain) and _given(item.layer.store_conf, folder)]
-        if not data:
-            raise ConfigError("fit: epochs counts passes over data given to fit (numpy, or "
-                              "an iterable of batches); for a store give nb_epoch (steps)")
-        sc = data[0].store_conf
-        return evaluation.pass_steps(count_records(sc.backend, sc.path), sc.batchsize[0])
-
-    def _check_input(self, data, what):
-        """Numpy data that the model would read wrongly without a word: no labels for a
-        layer that compares with them, images channels-last for a convolution."""
-        if not hasattr(data, 'samples'):
-            return
-        shape, labelled = data.samples
+    def _feed(self, data, y, phase, batch_size, what):
+        """Make `data` (numpy samples with labels `y`, an iterable of (x, y) batches or a
+        Data layer: `feed.as_data`) the model's input of `phase`."""
+        own = feed.as_data(data, y, phase, batch_size, what, self._streams_folder())
         protos = [p for item in self.layers for p in (item.layer, getattr(item, 'mask', None))
                   if p is not None]
+        feed.check_input(own, protos if self.conf_net is None else self.conf_net.layer, what)
         if self.conf_net is not None:
-            protos = list(self.conf_net.layer)
-        needs = [p.name for p in protos if p.type in LABELLED]
-        if not labelled and needs:
-            raise ConfigError(f"{what}: layer '{needs[0]}' compares the outputs with labels: "
-                              f"give y (without it every sample would count as label 0)")
-        if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3) \
-                and any(p.type in CONVOLUTIONS for p in protos):
-            raise ConfigError(f"{what}: images are (N, C, H, W), and samples of shape {shape} "
-                              f"look channels-last (H, W, C): give x.transpose(0, 3, 1, 2)")
+            self.conf_net = feed.put_conf_data(self.conf_net, own, phase)
+        else:
+            self.layers = feed.put_data(self.layers, own, phase)
+
+    def _data_protos(self):
+        """The LayerProtos of the model's data layers (a conf's: every layer)."""
+        if self.conf_net is not None:
+            return self.conf_net.layer
+        return [item.layer for item in self.layers if item.is_datalayer]
 
     def _streams_folder(self):
         """Where iterables of batches are written as kvfiles: `<workspace>/data`."""
         if not self.jobconf.cluster.workspace:
             raise ConfigError("compile the model with a Cluster (its workspace) first")
-        return os.path.join(os.path.abspath(self.jobconf.cluster.workspace), 'data')
-
-    def _put_data(self, data, phase):
-        """Make `data` (a Data layer of `phase` only, ours to change) the model's data layer of
-        `phase`, first (as SINGA inserts it), replacing those it had, and named as its data
-        layers of the other phases: a net's layers read one input name whatever the phase."""
-        if self.conf_net is not None:
-            self._put_conf_data(data, phase)
-            return
-        mine = [ly.layer for ly in self.layers if ly.is_datalayer]
-        template = next((ly for ly in mine if in_phase(ly, phase)), mine[0] if mine else None)
-        if getattr(data, 'from_numpy', False) and template is not None:
-            _take_preprocessing(data.layer.store_conf, template.store_conf)
-        self.layers = [ly for ly in self.layers
-                       if not (ly.is_datalayer and in_phase(ly.layer, phase))]
-        others = [ly for ly in self.layers if ly.is_datalayer]
-        if others:
-            data.layer.name = others[0].layer.name
-        elif getattr(data, 'generated_name', False):
-            data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
-        self.layers.insert(0, data)
-
-    def _put_conf_data(self, data, phase):
-        """Read numpy `data` (a Data layer) in `phase` through the conf's input layer of that
-        phase (else of another): its name and preprocessing (shape, mean, std) kept, its store
-        the numpy data's; the conf's inputs of `phase` give way (excluded, or removed when
-        they serve only `phase`)."""
-        inputs = [ly for ly in self.conf_net.layer if ly.type in session.STORE_INPUTS]
-        if not inputs:
-            raise ConfigError("the conf's net has no input layer reading a store (kRecordInput, "
-                              "kCSVInput) to read numpy data through")
-        template = next((ly for ly in inputs if in_phase(ly, phase)), inputs[0])
-        given = data.layer.store_conf
-        own = job_pb2.LayerProto()
-        own.CopyFrom(template)
-        own.type = data.layer.type
-        own.ClearField('include')
-        own.ClearField('exclude')
-        own.include.append(phase)
-        sc = own.store_conf
-        if int(np.prod(given.shape)) != int(np.prod(sc.shape)):
-            raise ConfigError(f"data: samples of shape {tuple(given.shape)} do not fit input "
-                              f"layer '{own.name}' of shape {tuple(sc.shape)}")
-        sc.backend, sc.path, sc.random_skip = given.backend, given.path, given.random_skip
-        del sc.batchsize[:]
-        sc.batchsize.extend(given.batchsize)
-        sc.ClearField('whole_pass')
-        if not getattr(data, 'from_numpy', False):      # a Data layer's own preprocessing
-            _take_preprocessing(sc, given, shape=False)
-        layers = []
-        for ly in self.conf_net.layer:
-            if ly in inputs and in_phase(ly, phase):
-                if list(ly.include) == [phase]:
-                    continue
-                ly.exclude.append(phase)
-            layers.append(ly)
-        net = job_pb2.NetProto()
-        net.layer.add().CopyFrom(own)
-        for ly in layers:
-            net.layer.add().CopyFrom(ly)
-        self.conf_net = net
-
-    def _set_batchsize(self, phase, batch_size):
-        """Set the batch size of the model's data layers of `phase`."""
-        layers = self.conf_net.layer if self.conf_net is not None else \
-            [item.layer for item in self.layers if item.is_datalayer]
-        for ly in layers:
-            if ly.type in session.STORE_INPUTS and in_phase(ly, phase):
-                del ly.store_conf.batchsize[:]
-                setval(ly.store_conf, batchsize=batch_size)
+        return feed.streams_folder(self.jobconf.cluster.workspace)
 
     def _params_from(self, checkpoint_path, what):
         """The checkpoint files to load: `checkpoint_path`'s ("best" ranked by the last fit's
@@ -760,10 +669,8 @@ class Sequential(Model):
                                          activation=layer.activation))
 
 
-#: layers whose metrics compare outputs with labels
-LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
-LOSSES_OF_BP = LABELLED[:2] + (job_pb2.kEuclideanLoss,)
-CONVOLUTIONS = (job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
+#: the loss layers of a net trained by back-propagation
+LOSSES_OF_BP = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss)
 
 
 def _check_loss(job):
@@ -785,132 +692,6 @@ def _check_steps_left(job):
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {newest.step}, "
                           f"and nb_epoch {job.train_steps} (the step to reach) leaves nothing "
                           f"to train: give nb_epoch > {newest.step}")
-
-
-def _whole_pass(net, phase, explicit, streams):
-    """Mark the inputs of `phase` alone in NetProto `net` that read data given to fit or
-    evaluate (numpy: memory stores; iterables: kvfiles in `streams`) to read every sample once
-    per test (store_conf.whole_pass); (the steps of that pass, its samples), or (0, 0) (none,
-    or steps `explicit`ly asked for, SINGA's way)."""
-    if explicit:
-        return 0, 0
-    steps = samples = 0
-    for ly in net.layer:
-        sc = ly.store_conf
-        if ly.type in session.STORE_INPUTS and _given(sc, streams) \
-                and list(ly.include) == [phase]:
-            sc.whole_pass = True
-            samples = count_records(sc.backend, sc.path)
-            steps = max(steps, evaluation.pass_steps(samples, sc.batchsize[0]))
-    return steps, samples
-
-
-def _given(sc, streams):
-    """Whether StoreProto `sc` reads data handed to the API (numpy, or an iterable written to
-    the folder `streams`), not a store a conf or Data layer names."""
-    return sc.backend == 'memory' or os.path.dirname(sc.path) == streams
-
-
-def _split(x, y, fraction):
-    """Keras' validation_split: (x, y to train, (x, y) to validate), the last `fraction` of
-    the samples validating."""
-    if isinstance(x, tuple) and len(x) == 2 and y is None:
-        x, y = x
-    if not isinstance(x, np.ndarray):
-        raise ConfigError("fit: validation_split splits numpy x (and y); for a Data layer give "
-                          "validation_data")
-    if not (isinstance(fraction, (float, int)) and 0 < fraction < 1):
-        raise ConfigError(f"fit: validation_split must be a fraction in (0, 1), got "
-                          f"{fraction!r}")
-    at = int(len(x) * (1 - fraction))
-    if at in (0, len(x)):
-        raise ConfigError(f"fit: validation_split {fraction} of {len(x)} samples leaves no "
-                          f"sample to {'train' if at == 0 else 'validate'}")
-    y = None if y is None else np.asarray(y)
-    return x[:at], None if y is None else y[:at], (x[at:], None if y is None else y[at:])
-
-
-def _as_data(data, y, phase, batch_size, what, folder):
-    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`), from an
-    iterable of (x, y) batches (written first as a kvfile in `folder`, see `_streamed`) or
-    from a Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps
-    its default phase 'train' when given as test or validation data), the caller's
-    untouched."""
-    if data is None:
-        raise ConfigError(f"{what}: no data given")
-    if isinstance(data, tuple) and len(data) == 2 and y is None:
-        data, y = data
-    name = job_pb2.Phase.Name(phase)[1:].lower()
-    if isinstance(data, list) and y is not None:
-        data = np.asarray(data)
-    if isinstance(data, np.ndarray):
-        own = Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
-        own.from_numpy = True   # preprocessed as the model's data layer (_take_preprocessing)
-        x, y = memory.arrays(own.layer.store_conf.path)
-        own.samples = (x.shape[1:], y is not None)
-        return own
-    if not getattr(data, 'is_datalayer', False):
-        if y is None and hasattr(data, '__iter__'):
-            return _streamed(data, name, batch_size, what, folder)
-        raise ConfigError(f"{what}: data must be numpy samples, an iterable of (x, y) "
-                          f"batches or a Data layer, got {type(data).__name__}")
-    own = _copy_data(data)
-    own.layer.ClearField('include')
-    own.layer.ClearField('exclude')
-    own.layer.include.append(phase)
-    if batch_size is not None:
-        del own.layer.store_conf.batchsize[:]
-        setval(own.layer.store_conf, batchsize=batch_size)
-    return own
-
-
-def _streamed(batches, phase, batch_size, what, folder):
-    """A Data layer of `phase` reading the (x, y) batches (or x alone, labels 0) of the
-    iterable `batches`, written chunk by chunk as the kvfile `<folder>/<phase>-stream.bin`
-    first: data larger than memory, read like any store, by every process of the job."""
-    seen = {}
-
-    def chunks():
-        for item in batches:
-            x, y = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
-            x = np.asarray(x)
-            if seen.setdefault('shape', x.shape[1:]) != x.shape[1:]:
-                raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
-                                  f"samples of shape {seen['shape']}")
-            seen['labelled'] = seen.get('labelled', True) and y is not None
-            yield x, y
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{what}: cannot make {folder}: {e.strerror}") from None
-    path = os.path.join(folder, f"{phase}-stream.bin")
-    if not write_records(path, chunks()):
-        raise ConfigError(f"{what}: the iterable of batches gave no samples")
-    own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
-               shape=list(seen['shape']), batchsize=batch_size or 64)
-    own.from_numpy, own.streamed = True, True
-    own.samples = (seen['shape'], seen['labelled'])
-    return own
-
-
-def _take_preprocessing(dst, src, shape=True):
-    """StoreProto `dst` preprocesses as `src` does (mean, std: values or files), and takes its
-    sample shape when the sizes agree."""
-    for field in ('mean_value', 'std_value', 'mean_file', 'std_file'):
-        dst.ClearField(field)
-        if src.HasField(field):
-            setattr(dst, field, getattr(src, field))
-    if shape and src.shape and int(np.prod(src.shape)) == int(np.prod(dst.shape)):
-        del dst.shape[:]
-        dst.shape.extend(src.shape)
-
-
-def _copy_data(data):
-    """A copy of Data layer `data` with a LayerProto of its own."""
-    own = copy.copy(data)
-    own.layer = job_pb2.LayerProto()
-    own.layer.CopyFrom(data.layer)
-    return own
 
 
 def _net_of(net, phase):
