@@ -18,8 +18,9 @@ import os
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, files, naming
-from singa.api import feed, session
+from singa import checkpoint, naming
+from singa.api import feed, saved, schedule, session
+from singa.api.resume import continued_step, resume_point
 from singa.api.builders import (LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax,  # noqa: F401
                                  Algorithm, Cluster, Nesterov, RMSProp, Store, Updater,
                                  as_list, put_device)
@@ -201,23 +202,8 @@ class Model:
         as kvfiles beside it (`<conf name>-<layer>-<phases>.bin`); without, numpy data are an
         error: they live in this process only."""
         self.build()
-        job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
-        numpy_data = [ly.name for ly in job.neuralnet.layer if ly.store_conf.backend == 'memory']
-        if numpy_data and path is None:
-            raise ConfigError(f"to_conf: layer '{numpy_data[0]}' reads numpy data, which live in "
-                              f"this process: give a path, to_conf('job.conf'), to write them "
-                              f"as kvfiles beside the conf")
-        if path is not None:
-            path = os.path.abspath(path)
-            stem = os.path.splitext(os.path.basename(path))[0]
-            job = session.with_kvfiles(job, os.path.dirname(path), stem + '-')
-        text = text_format.MessageToString(job)
-        if path is not None:
-            try:
-                files.write_atomic(path, lambda f: f.write(text.encode()))
-            except OSError as e:
-                raise ConfigError(f"to_conf: cannot write {path}: {e.strerror}") from None
-        return text
+        return saved.conf_text(config.absolute_paths(session.copy_job(self.jobconf), os.getcwd()),
+                               path)
 
     @classmethod
     def from_conf(cls, path, user_proto=(), user_layers=()):
@@ -280,89 +266,22 @@ class Model:
             raise ConfigError("fit: execpath (a SINGA binary) is not used: the job runs in "
                               "this Python")
         put_device(fields, device, 'fit')
-        if 'data' in fields:        # SINGA's name of the first argument
-            if data_or_x is not None:
-                raise ConfigError("fit: give the data once (data_or_x or data=)")
-            data_or_x = fields.pop('data')
-        if validation_data is not None:
-            if validate_data is not None:
-                raise ConfigError("fit: give validation_data or validate_data, not both")
-            validate_data = validation_data
-        if validation_split is not None:
-            if validate_data is not None:
-                raise ConfigError("fit: give validation_split or validation_data, not both")
-            data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
-        for key, value in (('test_steps', test_steps), ('test_freq', test_freq),
-                           ('disp_freq', disp_freq), ('checkpoint_freq', checkpoint_freq)):
-            if value is not None:
-                fields[key] = value
-        from_conf = self.conf_net is not None
-        if epochs is not None and nb_epoch:
-            raise ConfigError("fit: give epochs (passes over numpy data) or nb_epoch (steps), "
-                              "not both")
-        job = self._job(fields)
+        fields.update((key, value) for key, value in (
+            ('test_steps', test_steps), ('test_freq', test_freq), ('disp_freq', disp_freq),
+            ('checkpoint_freq', checkpoint_freq)) if value is not None)
+        data_or_x, y, validate_data = _fit_data(data_or_x, y, fields, validate_data,
+                                                validation_data, validation_split)
+        schedule.check_epochs(epochs, nb_epoch)
+        job = config.absolute_paths(self._job(fields), os.getcwd())
         fed = self.fed
-        if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
-            self._feed(data_or_x, y, kTrain, batch_size, 'fit')
-            self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
-        elif batch_size is not None:
-            feed.set_batchsize(self._data_protos(), kTrain, batch_size)
-        per_pass = None
-        if epochs is not None:
-            if not isinstance(epochs, (int, np.integer)) or epochs <= 0:
-                raise ConfigError(f"fit: epochs (passes over the data) must be a positive int, "
-                                  f"got {epochs!r}")
-            per_pass = feed.steps_per_pass(
-                [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
-            nb_epoch = int(epochs) * per_pass
-        if not isinstance(nb_epoch, (int, np.integer)) or not 0 <= nb_epoch < 2**31 \
-                or (nb_epoch == 0 and not from_conf):
-            raise ConfigError(f"fit: nb_epoch (the number of training steps) must be a "
-                              f"positive int below 2^31, got {nb_epoch!r}")
-        for key, data, phase in (('validation_data', validate_data, kVal),
-                                 ('test_data', test_data, kTest)):
-            if data is not None:
-                self._feed(data, None, phase, batch_size, 'fit: ' + key)
-        job.neuralnet.CopyFrom(self.build())
-        _check_loss(job)
-        if nb_epoch:
-            job.train_steps = int(nb_epoch)
-        every = per_pass or max(1, job.train_steps // 10)
-        if not from_conf and 'disp_freq' not in fields:
-            job.disp_freq = every
-        if validate_data is not None:
-            job.validate_freq = fields.get('validate_freq', every)
-            job.validate_steps = feed.whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
-                                             self._streams_folder())[0] \
-                or fields.get('validate_steps', 10)
-        has_test = any(in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
-                       for ly in job.neuralnet.layer)
-        if with_test and has_test:
-            job.test_steps = feed.whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
-                                         self._streams_folder())[0] \
-                or fields.get('test_steps', job.test_steps or 10)
-            job.test_freq = fields.get('test_freq', job.test_freq or every)
-        elif not from_conf:
-            job.test_steps = 0
-        for item in self.layers:
-            if item.is_datalayer and getattr(item, 'checkpoint', None) \
-                    and 'checkpoint_path' not in fields:
-                job.checkpoint_path.extend(as_list(item.checkpoint))
-        if alg is not None:
-            job.train_one_batch.alg = enumAlgType(alg)
-        job.test_at_end = True      # the History ends with the test of the params returned
+        self._feed_fit(data_or_x, y, validate_data, test_data, batch_size)
+        self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg)
+        start = self._continue(job, fed) if not resume else None
+        callbacks = self._configure(callbacks, job)
         job = session.prepare(job)
-        if resume:
-            _check_steps_left(job)
-        elif self.last_checkpoint_path is not None:
-            resume = self._continue(job)
-            # other data than the last fit's are read from their start
-            job.new_data = resume and not (fed is not None and len(fed) == len(self.fed) and
-                                           all(a is b for a, b in zip(fed, self.fed)))
-        hearing = self._configure(callbacks, job)
-        history = session.train(session.prepare(job), resume, verbose, progress,
-                                self._on_event(hearing) if hearing else None,
-                                self.zookeeper_host)
+        snap = resume_point(job, resume, start, self.last_checkpoint_path)
+        history = session.train(job, snap or resume, verbose, progress,
+                                self._begin(callbacks), self.zookeeper_host)
         if history.snapshots:
             self.last_checkpoint_path = history.snapshots[-1][1]
         self.result = history
@@ -370,8 +289,50 @@ class Model:
             cb.on_train_end(history)
         return history
 
+    def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size):
+        """The data fit was given as the model's train, validation and test data; the train
+        data remembered (`fed`). Without train data, its own (or none: an error) in batches
+        of `batch_size` when given."""
+        if data_or_x is not None or not (self.conf_net is not None
+                                         or self.exist_datalayer('train')):
+            self._feed(data_or_x, y, kTrain, batch_size, 'fit')
+            self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
+        elif batch_size is not None:
+            feed.set_batchsize(self._data_protos(), kTrain, batch_size)
+        for key, data, phase in (('validation_data', validate_data, kVal),
+                                 ('test_data', test_data, kTest)):
+            if data is not None:
+                self._feed(data, None, phase, batch_size, 'fit: ' + key)
+
+    def _schedule(self, job, fields, nb_epoch, epochs, with_test, validating, alg):
+        """Set `job` to train the model's net (`singa.api.schedule`), its Data layers'
+        checkpoints loaded (unless `fields` name a checkpoint_path), by `alg` if given."""
+        per_pass = None if epochs is None else feed.steps_per_pass(
+            [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
+        steps = schedule.train_steps(nb_epoch, epochs, per_pass, self.conf_net is not None)
+        job.neuralnet.CopyFrom(self.build())
+        schedule.check_loss(job)
+        schedule.plan(job, fields, steps, per_pass, with_test, validating,
+                      self.conf_net is not None, self._streams_folder())
+        if 'checkpoint_path' not in fields:
+            job.checkpoint_path.extend(p for item in self.layers if item.is_datalayer
+                                       for p in as_list(getattr(item, 'checkpoint', None) or []))
+        if alg is not None:
+            job.train_one_batch.alg = enumAlgType(alg)
+
+    def _continue(self, job, fed):
+        """A second fit trains `job.train_steps` more steps from the params the first left,
+        when they lie in its workspace (their step; else None: it starts afresh), reading
+        data other than the first one's (`fed`) from their start."""
+        start = continued_step(job, self.last_checkpoint_path)
+        if start is not None:
+            job.train_steps += start
+            job.new_data = not _same_data(fed, self.fed)
+        return start
+
     def _configure(self, callbacks, job):
-        """Hand `callbacks` the model and the job's fields; those that hear events."""
+        """Hand `callbacks` (and the updater's lr function as a LearningRateScheduler) the
+        model and the job's fields; all of them."""
         if self.lr_schedule is not None:
             callbacks = [LearningRateScheduler(self.lr_schedule)] + list(callbacks)
         for cb in callbacks:
@@ -381,14 +342,18 @@ class Model:
             cb.model = self
             cb.configure(job)
         self.best_monitor = job.checkpoint_keep_best or None
+        return callbacks
+
+    def _begin(self, callbacks):
+        """Start `callbacks`; what the job calls at each event (None when none hears them):
+        the callbacks that hear events; True once they stop training."""
         hearing = [cb for cb in callbacks if cb.hears_events]
         self.stop_training = False
         for cb in callbacks:
             cb.on_train_begin()
-        return hearing
+        if not hearing:
+            return None
 
-    def _on_event(self, hearing):
-        """What the job calls at each event: the callbacks; True once they stop training."""
         def on_event(step, phase, values):
             for cb in hearing:
                 if phase == 'train':
@@ -485,34 +450,9 @@ class Model:
         `load_model(path)` gives the model back in any process."""
         if self.last_checkpoint_path is None:
             raise ConfigError("save: the model has no params yet: fit it first")
-        path = os.path.abspath(path)
         job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
         job.neuralnet.CopyFrom(self.build())
-        config.absolute_paths(job, os.getcwd())
-        try:
-            os.makedirs(path, exist_ok=True)
-            for old in os.listdir(path):
-                if checkpoint.parse_step_worker(old.removesuffix(checkpoint.META_SUFFIX)):
-                    os.unlink(os.path.join(path, old))
-            del job.checkpoint_path[:]
-            for src in checkpoint.files_of(self.last_checkpoint_path):
-                for f in (src, checkpoint.meta_path(src)):
-                    if os.path.exists(f):
-                        files.copy_atomic(f, os.path.join(path, os.path.basename(f)))
-                job.checkpoint_path.append(os.path.join(path, os.path.basename(src)))
-            for ly in job.neuralnet.layer:
-                sc = ly.store_conf
-                if sc.backend == 'memory':
-                    sc.path = SAVED_INPUT
-                for field in ('mean_file', 'std_file'):
-                    if sc.HasField(field):
-                        copied = os.path.join(path, f"{ly.name}-{field[:-5]}.bin")
-                        files.copy_atomic(getattr(sc, field), copied)
-                        setattr(sc, field, copied)
-            text = text_format.MessageToString(job)
-            files.write_atomic(os.path.join(path, 'job.conf'), lambda f: f.write(text.encode()))
-        except OSError as e:
-            raise ConfigError(f"save: cannot write {e.filename or path}: {e.strerror}") from None
+        saved.save(path, config.absolute_paths(job, os.getcwd()), self.last_checkpoint_path)
 
     # --- helpers ------------------------------------------------------------------------------
     def _job(self, fields):
@@ -527,24 +467,6 @@ class Model:
             job.ClearField(key)
             setval(job, **{key: value})
         return job
-
-    def _continue(self, job):
-        """A second fit: the model's params are its final snapshot, which must be the newest
-        in the workspace; train `job.train_steps` more steps from it (True: resume). A model
-        moved to another workspace starts afresh there (False)."""
-        step = checkpoint.parse_step_worker(os.path.basename(self.last_checkpoint_path))[0]
-        folder = checkpoint.folder(job.cluster.workspace)
-        if os.path.dirname(os.path.abspath(self.last_checkpoint_path)) != folder:
-            return False
-        newest = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
-        if newest is None or newest.step != step:
-            found = "none" if newest is None else f"step {newest.step}"
-            raise ConfigError(f"fit: the model's params are those of step {step} "
-                              f"({self.last_checkpoint_path}), but the newest snapshot in "
-                              f"{folder} is {found}: fit(..., resume=True) continues from "
-                              f"the newest; a new model starts afresh")
-        job.train_steps += step
-        return True
 
     def _feed(self, data, y, phase, batch_size, what):
         """Make `data` (numpy samples with labels `y`, an iterable of (x, y) batches or a
@@ -595,23 +517,12 @@ def load_model(path, workspace=None):
     """The model `Model.save` wrote to the folder `path`: it predicts, evaluates (numpy data
     through its saved preprocessing) and fits on, with the saved params; its workspace is
     `workspace`, by default `<path>/workspace`."""
-    conf = os.path.join(path, 'job.conf')
-    if not os.path.isfile(conf):
-        raise ConfigError(f"load_model: {conf}: no such file (a folder Model.save wrote)")
+    conf, params = saved.load(path)
     m = Model.from_conf(conf)
-    saved = sorted((checkpoint.parse_step_worker(f)[1], os.path.join(os.path.abspath(path), f))
-                   for f in os.listdir(path) if checkpoint.parse_step_worker(f)
-                   and f.endswith(checkpoint.SUFFIX))
-    if not saved:
-        raise ConfigError(f"load_model: {path} holds no params (step<N>-worker<W>.bin)")
     del m.jobconf.checkpoint_path[:]
-    m.jobconf.checkpoint_path.extend(f for _, f in saved)
+    m.jobconf.checkpoint_path.extend(params)
     m.jobconf.cluster.workspace = os.path.abspath(workspace or os.path.join(path, 'workspace'))
     return m
-
-
-#: the store path of a saved model's numpy input: it reads the data given to evaluate or fit
-SAVED_INPUT = 'memory://saved-model-input'
 
 
 class Energy(Model):
@@ -669,29 +580,27 @@ class Sequential(Model):
                                          activation=layer.activation))
 
 
-#: the loss layers of a net trained by back-propagation
-LOSSES_OF_BP = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss)
+def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_split):
+    """fit's (x, y to train, data to validate): SINGA's `data=` keyword (in `fields`) for the
+    first argument, validation_data alias validate_data, or Keras' validation_split."""
+    if 'data' in fields:        # SINGA's name of the first argument
+        if data_or_x is not None:
+            raise ConfigError("fit: give the data once (data_or_x or data=)")
+        data_or_x = fields.pop('data')
+    if validation_data is not None:
+        if validate_data is not None:
+            raise ConfigError("fit: give validation_data or validate_data, not both")
+        validate_data = validation_data
+    if validation_split is not None:
+        if validate_data is not None:
+            raise ConfigError("fit: give validation_split or validation_data, not both")
+        data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
+    return data_or_x, y, validate_data
 
 
-def _check_loss(job):
-    """A net trained by back-propagation needs a loss layer (or a user layer that may be one)."""
-    if job.train_one_batch.alg == job_pb2.kCD:
-        return
-    if not any(ly.type in LOSSES_OF_BP or ly.type == job_pb2.kUserLayer
-               or ly.HasField('user_type') for ly in job.neuralnet.layer):
-        raise ConfigError(f"fit: model '{job.name}' has no loss layer, so training would change "
-                          f"nothing: compile(loss='categorical_crossentropy' or "
-                          f"'mean_squared_error', ...), or add a Loss layer")
-
-
-def _check_steps_left(job):
-    """fit(resume=True) must have steps to train beyond the newest snapshot."""
-    newest = checkpoint.latest_snapshot(checkpoint.folder(job.cluster.workspace),
-                                        job.cluster.nworkers_per_group)
-    if newest is not None and newest.step >= job.train_steps:
-        raise ConfigError(f"fit(resume=True): the newest snapshot is at step {newest.step}, "
-                          f"and nb_epoch {job.train_steps} (the step to reach) leaves nothing "
-                          f"to train: give nb_epoch > {newest.step}")
+def _same_data(fed, now):
+    """Whether a fit was given the very objects (x, y) the fit before it had."""
+    return fed is not None and len(fed) == len(now) and all(a is b for a, b in zip(fed, now))
 
 
 def _net_of(net, phase):
