@@ -23,8 +23,8 @@ from singa.api import feed, saved, schedule, session
 from singa.api.resume import continued_step, resume_point
 from singa.api.builders import (LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax,  # noqa: F401
                                  Algorithm, Cluster, Nesterov, RMSProp, Store, Updater,
-                                 as_list, put_device)
-from singa.callbacks import Callback, LearningRateScheduler
+                                 as_list, loss_of, put_device, updater_of)
+from singa.callbacks import CallbackList, LearningRateScheduler
 from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
@@ -32,7 +32,6 @@ from singa.job import config
 from singa.layer import (Accuracy, Data, Dense, Layer, Loss, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
 from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
-from singa.net.phase import in_phase
 from singa.parameter import Parameter
 from singa.proto import job_pb2
 from singa.watch.metrics import History
@@ -94,52 +93,23 @@ class Model:
         last softmax into kSoftmaxLoss (or adds one), 'mean_squared_error' ('mse') into
         kEuclideanLoss. `metrics`: what the loss layer computes, ['accuracy'] of a softmax
         loss (it is always computed); others are refused."""
-        if optimizer is None:
-            raise ConfigError("compile: optimizer (an Updater such as SGD, or 'sgd') is required")
         if cluster is None:
             raise ConfigError("compile: cluster (a Cluster with a workspace) is required")
-        if isinstance(optimizer, str):
-            if optimizer.lower() not in OPTIMIZERS:
-                raise ConfigError(f"compile: optimizer {optimizer!r} is not known "
-                                  f"({', '.join(map(repr, OPTIMIZERS))}, or an Updater)")
-            optimizer = OPTIMIZERS[optimizer.lower()]()
-        if not isinstance(optimizer, Updater):
-            raise ConfigError(f"compile: optimizer must be an Updater (SGD(lr=...), ...) or its "
-                              f"name, got {type(optimizer).__name__}")
+        optimizer = updater_of(optimizer)
         self.jobconf.updater.CopyFrom(optimizer.proto)
         self.jobconf.cluster.CopyFrom(cluster.proto)
         self.jobconf.ClearField('gpu')
         self.jobconf.gpu.extend(cluster.gpu)
         self.zookeeper_host = cluster.zookeeper_host
         self.lr_schedule = optimizer.schedule
-        loss = LOSSES.get(loss, loss)
-        if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
-            raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
-                              f"or 'mean_squared_error', or their aliases "
-                              f"{', '.join(map(repr, LOSSES))})")
-        computed = {None: (), 'categorical_crossentropy': ('accuracy', 'acc', 'loss'),
-                    'mean_squared_error': ('loss', 'mse')}[loss]
-        for name in as_list(metrics) if metrics is not None else ():
-            if name not in computed:
-                raise ConfigError(f"compile: metric {name!r} is not computed by the "
-                                  f"{loss or 'model'}'s layers (they give "
-                                  f"{', '.join(computed[:1] + computed[2:]) or 'none'})")
+        loss = loss_of(loss, metrics)
         if loss is None:
             return
         if not self.layers:
             raise ConfigError("compile: add layers before compiling")
-        last = self.layers[-1]
-        ly = last.mask if getattr(last, 'mask', None) is not None else last.layer
-        if ly.type == job_pb2.kSoftmax:
-            if loss == 'categorical_crossentropy':
-                ly.type = job_pb2.kSoftmaxLoss
-                ly.softmaxloss_conf.topk = topk
-            else:
-                ly.type = job_pb2.kEuclideanLoss
-        elif loss == 'categorical_crossentropy':
-            self.add(Loss('softmaxloss', topk=topk))
-        else:
-            self.add(Loss('euclideanloss'))
+        added = _loss_layer(self.layers[-1], loss, topk)
+        if added is not None:
+            self.add(added)
 
     def build(self):
         """The NetProto: layers chained in order (data layers are sources only), each
@@ -183,15 +153,7 @@ class Model:
         else:
             last.srclayers.append(self.layers[0].layer.name)
         if self.accuracy:
-            top = self.layers[-1].layer.name
-            sm = net.layer.add()
-            sm.CopyFrom(Layer(name='softmax', type=job_pb2.kSoftmax).layer)
-            sm.include.append(kTest)
-            sm.srclayers.append(top)
-            acc = net.layer.add()
-            acc.CopyFrom(Accuracy().layer)
-            acc.include.append(kTest)
-            acc.srclayers.extend(['softmax', self.layers[0].layer.name])
+            _add_accuracy(net, self.layers[-1].layer.name, self.layers[0].layer.name)
         self.jobconf.neuralnet.CopyFrom(net)
         return net
 
@@ -247,21 +209,20 @@ class Model:
         `batch_size`: of numpy samples (default 64; at most their number, as Keras), else the
         new batch size of the train data layer. `with_test`: also test during training, every
         `test_freq` steps (default nb_epoch/10, or each pass for `epochs`) on `test_data` (a
-        Data layer, or numpy (x, y):
-        every sample once, unless `test_steps` batches are asked for) or the model's test data
-        layer (`test_steps` batches, default 10); with no test data it means what SINGA's
-        meant, test later (`evaluate`), and fit only trains. `validation_data` (alias
-        `validate_data`) or `validation_split` (the last fraction of numpy x, y) likewise
-        validates (`validate_freq`, `validate_steps`). Tests and validations run at the last
-        step too. `callbacks`: singa.callbacks objects (EarlyStopping, ModelCheckpoint,
-        LearningRateScheduler, LambdaCallback, or a Callback of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
+        Data layer, or numpy (x, y): every sample once, unless `test_steps` batches are asked
+        for) or the model's test data layer (`test_steps` batches, default 10); with no test
+        data it means what SINGA's meant, test later (`evaluate`), and fit only trains.
+        `validation_data` (alias `validate_data`) or `validation_split` (the last fraction of
+        numpy x, y) likewise validates (`validate_freq`, `validate_steps`). Tests and
+        validations run at the last step too. `callbacks`: singa.callbacks objects
+        (EarlyStopping, ModelCheckpoint, LearningRateScheduler, LambdaCallback, or a Callback
+        of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
         `checkpoint_freq`: a snapshot every so many steps (one is written at the end in any
         case). `alg`: 'bp' (default), 'bptt' or 'cd'. Other keywords set JobProto fields
         (`seed`, `checkpoint_path`, ...). `verbose` logs SINGA's lines to stderr; `progress`
         shows a progress bar. `device`: GPU ids, e.g. [0] (SINGA's helper's; the job's `gpu`).
-        A model loaded by `from_conf` trains as its conf says
-        (nb_epoch 0: its train_steps; its tests) unless told otherwise.
-        """
+        A model loaded by `from_conf` trains as its conf says (nb_epoch 0: its train_steps;
+        its tests) unless told otherwise."""
         if execpath:
             raise ConfigError("fit: execpath (a SINGA binary) is not used: the job runs in "
                               "this Python")
@@ -277,16 +238,18 @@ class Model:
         self._feed_fit(data_or_x, y, validate_data, test_data, batch_size)
         self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg)
         start = self._continue(job, fed) if not resume else None
-        callbacks = self._configure(callbacks, job)
+        callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
+                                  if self.lr_schedule is not None else []) + list(callbacks), self)
+        callbacks.configure(job)
+        self.best_monitor = job.checkpoint_keep_best or None
         job = session.prepare(job)
         snap = resume_point(job, resume, start, self.last_checkpoint_path)
-        history = session.train(job, snap or resume, verbose, progress,
-                                self._begin(callbacks), self.zookeeper_host)
+        history = session.train(job, snap or resume, verbose, progress, callbacks.begin(),
+                                self.zookeeper_host)
         if history.snapshots:
             self.last_checkpoint_path = history.snapshots[-1][1]
         self.result = history
-        for cb in callbacks:
-            cb.on_train_end(history)
+        callbacks.end(history)
         return history
 
     def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size):
@@ -330,48 +293,15 @@ class Model:
             job.new_data = not _same_data(fed, self.fed)
         return start
 
-    def _configure(self, callbacks, job):
-        """Hand `callbacks` (and the updater's lr function as a LearningRateScheduler) the
-        model and the job's fields; all of them."""
-        if self.lr_schedule is not None:
-            callbacks = [LearningRateScheduler(self.lr_schedule)] + list(callbacks)
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise ConfigError(f"fit: callbacks must be singa.callbacks.Callback objects, got "
-                                  f"{type(cb).__name__}")
-            cb.model = self
-            cb.configure(job)
-        self.best_monitor = job.checkpoint_keep_best or None
-        return callbacks
-
-    def _begin(self, callbacks):
-        """Start `callbacks`; what the job calls at each event (None when none hears them):
-        the callbacks that hear events; True once they stop training."""
-        hearing = [cb for cb in callbacks if cb.hears_events]
-        self.stop_training = False
-        for cb in callbacks:
-            cb.on_train_begin()
-        if not hearing:
-            return None
-
-        def on_event(step, phase, values):
-            for cb in hearing:
-                if phase == 'train':
-                    cb.on_step_end(step, dict(values))
-                else:
-                    cb.on_test_end(step, phase, dict(values))
-            return self.stop_training
-        return on_event
-
     def evaluate(self, data=None, y=None, alg=None, checkpoint_path=None, execpath='',
                  device=None, show_acc=False, batch_size=None, verbose=1, **fields):
         """Test the params of `checkpoint_path` (files, "latest" or "best"; by default the
         newest snapshot `fit` wrote) on `data`: numpy samples with labels `y` or an iterable
         of (x, y) batches (every sample once, a last partial batch counted by its size;
-        batches of `batch_size`, default 64),
-        or a Data layer (`test_steps` batches, default 10, SINGA's meaning; numpy data too
-        when `test_steps` is given). Returns {metric: value}. `verbose`: 1 (default) prints
-        the result in one line, 0 nothing, 2 also SINGA's log lines (stderr)."""
+        batches of `batch_size`, default 64), or a Data layer (`test_steps` batches, default
+        10, SINGA's meaning; numpy data too when `test_steps` is given). Returns {metric:
+        value}. `verbose`: 1 (default) prints the result in one line, 0 nothing, 2 also
+        SINGA's log lines (stderr)."""
         if execpath:
             raise ConfigError("evaluate: execpath (a SINGA binary) is not used: the job runs "
                               "in this Python")
@@ -384,14 +314,13 @@ class Model:
         self.accuracy = show_acc
         net = self.build()
         whole, samples = feed.whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
-        job.neuralnet.CopyFrom(_net_of(net, kTest))
+        job.neuralnet.CopyFrom(feed.net_of(net, kTest))
         job.test_steps = whole or fields.get('test_steps',
                                              job.test_steps if self.conf_net else 10) or 10
         job.train_steps = 0
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
-        del job.checkpoint_path[:]
-        job.checkpoint_path.extend(self._params_from(checkpoint_path, 'evaluate'))
+        self._load_params(job, checkpoint_path, 'evaluate')
         tested = {}
         metrics = session.test(session.prepare(job), verbose == 2 or verbose is True,
                                lambda step, phase, values: tested.update(step=step))
@@ -404,10 +333,10 @@ class Model:
 
     def predict(self, x, checkpoint_path=None, device=None):
         """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined)
-        (probabilities for a softmax net), with
-        the params `fit` left or those of `checkpoint_path`; `x` gets the preprocessing of the
-        model's (test, else train) data layer, and is fed as it is when the model has none.
-        `device`: GPU ids, e.g. [0] (the net runs on the first)."""
+        (probabilities for a softmax net), with the params `fit` left or those of
+        `checkpoint_path`; `x` gets the preprocessing of the model's (test, else train) data
+        layer, and is fed as it is when the model has none. `device`: GPU ids, e.g. [0] (the
+        net runs on the first)."""
         if not isinstance(x, np.ndarray) and hasattr(x, '__iter__') and not isinstance(x, list):
             outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path,
                                  device) for item in x]
@@ -427,18 +356,9 @@ class Model:
                 memory.release(self.layers.pop(0).layer.store_conf.path)
         else:
             net = self.build()
-        data = [ly for ly in net.layer if ly.type in session.STORE_INPUTS]
-        if not data:
-            raise ConfigError("predict: the model's net has no input layer reading a store")
-        tested = any(in_phase(ly, kTest) for ly in data)
-        job.neuralnet.CopyFrom(_net_of(net, kTest if tested else kTrain))
-        for ly in job.neuralnet.layer:      # x replaces their data: a conf's file may be gone
-            if ly.type in session.STORE_INPUTS:
-                ly.store_conf.backend, ly.store_conf.path = 'memory', 'memory://predict'
-                ly.type = job_pb2.kRecordInput
+        job.neuralnet.CopyFrom(feed.predict_net(net))
         job.train_steps, job.test_steps, job.validate_steps = 0, 0, 0
-        del job.checkpoint_path[:]
-        job.checkpoint_path.extend(self._params_from(checkpoint_path, 'predict'))
+        self._load_params(job, checkpoint_path, 'predict')
         return session.predict(session.prepare(job), x)
 
     # --- saving -------------------------------------------------------------------------------
@@ -492,25 +412,28 @@ class Model:
             raise ConfigError("compile the model with a Cluster (its workspace) first")
         return feed.streams_folder(self.jobconf.cluster.workspace)
 
-    def _params_from(self, checkpoint_path, what):
-        """The checkpoint files to load: `checkpoint_path`'s ("best" ranked by the last fit's
-        monitor, when it had one), else the final snapshot of the last fit."""
+    def _load_params(self, job, checkpoint_path, what):
+        """Set `job` to load the params of `checkpoint_path` ("best" ranked by the last fit's
+        monitor, when it had one), else of the last fit's final snapshot (or those a conf
+        made to test names)."""
         if checkpoint_path is not None:
-            entries = as_list(checkpoint_path)
-            if 'best' not in entries or not self.best_monitor:
-                return entries
-            folder = checkpoint.folder(os.path.abspath(self.jobconf.cluster.workspace))
-            snap = checkpoint.best_snapshot(folder, self.best_monitor)
-            if snap is None:
-                raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot in "
-                                  f"{folder} records {self.best_monitor}")
-            best = [snap.files[w] for w in sorted(snap.files)]
-            return [f for e in entries for f in (best if e == 'best' else [e])]
-        if self.last_checkpoint_path is None:
-            if self.conf_net is not None and self.jobconf.checkpoint_path:
-                return list(self.jobconf.checkpoint_path)     # what a conf made to test names
+            files = as_list(checkpoint_path)
+            if 'best' in files and self.best_monitor:
+                folder = checkpoint.folder(os.path.abspath(self.jobconf.cluster.workspace))
+                snap = checkpoint.best_snapshot(folder, self.best_monitor)
+                if snap is None:
+                    raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot "
+                                      f"in {folder} records {self.best_monitor}")
+                best = [snap.files[w] for w in sorted(snap.files)]
+                files = [f for e in files for f in (best if e == 'best' else [e])]
+        elif self.last_checkpoint_path is not None:
+            files = checkpoint.files_of(self.last_checkpoint_path)
+        elif self.conf_net is not None and self.jobconf.checkpoint_path:
+            files = list(self.jobconf.checkpoint_path)
+        else:
             raise ConfigError(f"{what}: no params: fit the model first or give checkpoint_path")
-        return checkpoint.files_of(self.last_checkpoint_path)
+        del job.checkpoint_path[:]
+        job.checkpoint_path.extend(files)
 
 
 def load_model(path, workspace=None):
@@ -580,6 +503,35 @@ class Sequential(Model):
                                          activation=layer.activation))
 
 
+def _loss_layer(last, loss, topk):
+    """compile's `loss` ('categorical_crossentropy' or 'mean_squared_error') after the model's
+    last layer `last`: its softmax (or its activation's) turned into the loss layer (None),
+    else the Loss layer to add."""
+    ly = last.mask if getattr(last, 'mask', None) is not None else last.layer
+    if ly.type != job_pb2.kSoftmax:
+        return Loss('softmaxloss', topk=topk) if loss == 'categorical_crossentropy' \
+            else Loss('euclideanloss')
+    if loss == 'categorical_crossentropy':
+        ly.type = job_pb2.kSoftmaxLoss
+        ly.softmaxloss_conf.topk = topk
+    else:
+        ly.type = job_pb2.kEuclideanLoss
+    return None
+
+
+def _add_accuracy(net, top, data):
+    """evaluate's show_acc: a softmax over layer `top` and an Accuracy layer against the labels
+    of layer `data`, in the test phase of NetProto `net`."""
+    sm = net.layer.add()
+    sm.CopyFrom(Layer(name='softmax', type=job_pb2.kSoftmax).layer)
+    sm.include.append(kTest)
+    sm.srclayers.append(top)
+    acc = net.layer.add()
+    acc.CopyFrom(Accuracy().layer)
+    acc.include.append(kTest)
+    acc.srclayers.extend(['softmax', data])
+
+
 def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_split):
     """fit's (x, y to train, data to validate): SINGA's `data=` keyword (in `fields`) for the
     first argument, validation_data alias validate_data, or Keras' validation_split."""
@@ -601,18 +553,6 @@ def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_s
 def _same_data(fed, now):
     """Whether a fit was given the very objects (x, y) the fit before it had."""
     return fed is not None and len(fed) == len(now) and all(a is b for a, b in zip(fed, now))
-
-
-def _net_of(net, phase):
-    """The layers of NetProto `net` in `phase`, as a net for every phase (no include/exclude)."""
-    out = job_pb2.NetProto()
-    for ly in net.layer:
-        if in_phase(ly, phase):
-            new = out.layer.add()
-            new.CopyFrom(ly)
-            new.ClearField('include')
-            new.ClearField('exclude')
-    return out
 
 
 def _phase(name):

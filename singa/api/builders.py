@@ -6,7 +6,8 @@ from singa.layer import LayerUpdater, setval
 from singa.proto import job_pb2
 
 __all__ = ["Store", "Algorithm", "Updater", "SGD", "AdaGrad", "Nesterov", "RMSProp", "AdaDelta",
-           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "LOSSES", "as_list", "put_device"]
+           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "LOSSES", "updater_of", "loss_of", "as_list",
+           "put_device"]
 
 
 class Store:
@@ -135,6 +136,39 @@ OPTIMIZERS = {'sgd': SGD, 'adagrad': AdaGrad, 'nesterov': Nesterov, 'rmsprop': R
 #: Keras' loss names for compile's two
 LOSSES = {'sparse_categorical_crossentropy': 'categorical_crossentropy',
           'mse': 'mean_squared_error'}
+
+
+def updater_of(optimizer):
+    """compile's `optimizer`: an Updater, or the name of one in OPTIMIZERS (its defaults)."""
+    if optimizer is None:
+        raise ConfigError("compile: optimizer (an Updater such as SGD, or 'sgd') is required")
+    if isinstance(optimizer, str):
+        if optimizer.lower() not in OPTIMIZERS:
+            raise ConfigError(f"compile: optimizer {optimizer!r} is not known "
+                              f"({', '.join(map(repr, OPTIMIZERS))}, or an Updater)")
+        optimizer = OPTIMIZERS[optimizer.lower()]()
+    if not isinstance(optimizer, Updater):
+        raise ConfigError(f"compile: optimizer must be an Updater (SGD(lr=...), ...) or its "
+                          f"name, got {type(optimizer).__name__}")
+    return optimizer
+
+
+def loss_of(loss, metrics):
+    """compile's `loss` by its own name ('categorical_crossentropy', 'mean_squared_error' or
+    None; LOSSES' aliases resolved), once every one of `metrics` is one its layers compute."""
+    loss = LOSSES.get(loss, loss)
+    if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
+        raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
+                          f"or 'mean_squared_error', or their aliases "
+                          f"{', '.join(map(repr, LOSSES))})")
+    computed = {None: (), 'categorical_crossentropy': ('accuracy', 'acc', 'loss'),
+                'mean_squared_error': ('loss', 'mse')}[loss]
+    for name in as_list(metrics) if metrics is not None else ():
+        if name not in computed:
+            raise ConfigError(f"compile: metric {name!r} is not computed by the "
+                              f"{loss or 'model'}'s layers (they give "
+                              f"{', '.join(computed[:1] + computed[2:]) or 'none'})")
+    return loss
 
 
 class Cluster:

@@ -18,9 +18,9 @@ from singa.net.phase import in_phase
 from singa.proto import job_pb2
 from singa.train import evaluation
 
-__all__ = ["LABELLED", "CONVOLUTIONS", "as_data", "check_input", "copy_data", "put_conf_data",
-           "put_data", "set_batchsize", "split", "steps_per_pass", "streams_folder",
-           "whole_pass"]
+__all__ = ["LABELLED", "CONVOLUTIONS", "as_data", "check_input", "copy_data", "net_of",
+           "predict_net", "put_conf_data", "put_data", "set_batchsize", "split",
+           "steps_per_pass", "streams_folder", "whole_pass"]
 
 #: layers whose metrics compare outputs with labels
 LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
@@ -170,6 +170,35 @@ def set_batchsize(protos, phase, batch_size):
         if ly.type in STORE_INPUTS and in_phase(ly, phase):
             del ly.store_conf.batchsize[:]
             setval(ly.store_conf, batchsize=batch_size)
+
+
+def predict_net(net):
+    """The net predict runs of NetProto `net` (a model's, built): the layers of its test
+    phase (else of its train phase, when no input of the test phase reads a store), every
+    input layer reading the samples predict feeds (the store a conf names may be gone)."""
+    data = [ly for ly in net.layer if ly.type in STORE_INPUTS]
+    if not data:
+        raise ConfigError("predict: the model's net has no input layer reading a store")
+    tested = any(in_phase(ly, job_pb2.kTest) for ly in data)
+    out = net_of(net, job_pb2.kTest if tested else job_pb2.kTrain)
+    for ly in out.layer:
+        if ly.type in STORE_INPUTS:
+            ly.store_conf.backend, ly.store_conf.path = 'memory', 'memory://predict'
+            ly.type = job_pb2.kRecordInput
+    return out
+
+
+def net_of(net, phase):
+    """The layers of NetProto `net` in `phase`, as a net for every phase (no include/exclude):
+    the net evaluate tests."""
+    out = job_pb2.NetProto()
+    for ly in net.layer:
+        if in_phase(ly, phase):
+            new = out.layer.add()
+            new.CopyFrom(ly)
+            new.ClearField('include')
+            new.ClearField('exclude')
+    return out
 
 
 def steps_per_pass(protos, streams):
