@@ -1,5 +1,6 @@
 """SINGA 0.3's Keras-like Python API (tool/python/singa/model.py): build a JobProto from
-layers, then train, test and predict through `singa.api.session`.
+layers, then train, test and predict through `singa.api.session` (SINGA's proto builders,
+data feeding, fit's schedule and resume point and saved models are in `singa.api` too).
 
     m = Sequential('mlp')
     m.add(Dense(2500, init='uniform', activation='tanh')) ...
@@ -20,10 +21,10 @@ from google.protobuf import text_format
 
 from singa import checkpoint, naming
 from singa.api import feed, saved, schedule, session
-from singa.api.resume import continued_step, resume_point
 from singa.api.builders import (LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax,  # noqa: F401
                                  Algorithm, Cluster, Nesterov, RMSProp, Store, Updater,
                                  as_list, loss_of, put_device, updater_of)
+from singa.api.resume import continue_from, resume_point
 from singa.callbacks import CallbackList, LearningRateScheduler
 from singa.cluster import launch
 from singa.errors import ConfigError
@@ -237,7 +238,8 @@ class Model:
         fed = self.fed
         self._feed_fit(data_or_x, y, validate_data, test_data, batch_size)
         self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg)
-        start = self._continue(job, fed) if not resume else None
+        start = None if resume else continue_from(job, self.last_checkpoint_path,
+                                                  _same_data(fed, self.fed))
         callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
                                   if self.lr_schedule is not None else []) + list(callbacks), self)
         callbacks.configure(job)
@@ -282,16 +284,6 @@ class Model:
                                        for p in as_list(getattr(item, 'checkpoint', None) or []))
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
-
-    def _continue(self, job, fed):
-        """A second fit trains `job.train_steps` more steps from the params the first left,
-        when they lie in its workspace (their step; else None: it starts afresh), reading
-        data other than the first one's (`fed`) from their start."""
-        start = continued_step(job, self.last_checkpoint_path)
-        if start is not None:
-            job.train_steps += start
-            job.new_data = not _same_data(fed, self.fed)
-        return start
 
     def evaluate(self, data=None, y=None, alg=None, checkpoint_path=None, execpath='',
                  device=None, show_acc=False, batch_size=None, verbose=1, **fields):

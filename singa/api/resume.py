@@ -14,10 +14,24 @@ from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 
+def continue_from(job, params, same_data):
+    """A second fit of a model whose params (the last fit's) are the checkpoint file `params`:
+    when they lie in `job`'s workspace, `job` trains its train_steps more from their step
+    (returned), reading data other than the last fit's (not `same_data`) from their start;
+    else None (a model moved to another workspace starts afresh there)."""
+    if params is None or checkpoint.folder(job.cluster.workspace) != \
+            os.path.dirname(os.path.abspath(params)):
+        return None
+    start = checkpoint.parse_step_worker(os.path.basename(params))[0]
+    job.train_steps += start
+    job.new_data = not same_data
+    return start
+
+
 def resume_point(job, resume, start=None, params=None):
     """The snapshot the prepared `job` continues from, checked, or None: with `resume`, the
     newest in its workspace (None: a fresh start), which must leave steps to train; else, for
-    a second fit whose params are those of step `start` (`continued_step`), the checkpoint
+    a second fit whose params are those of step `start` (`continue_from`), the checkpoint
     file `params`, that snapshot, which must be the newest."""
     if not resume and start is None:
         return None
@@ -33,16 +47,6 @@ def resume_point(job, resume, start=None, params=None):
                           f"is {found}: fit(..., resume=True) continues from the newest; a "
                           f"new model starts afresh")
     return check_resumable(job, snap)
-
-
-def continued_step(job, params):
-    """The step of the checkpoint file `params` (the params a fit left) when it lies in
-    `job`'s workspace: a second fit continues from it; None when there are none, or they lie
-    in another workspace (a model moved there starts afresh)."""
-    if params is None or checkpoint.folder(job.cluster.workspace) != \
-            os.path.dirname(os.path.abspath(params)):
-        return None
-    return checkpoint.parse_step_worker(os.path.basename(params))[0]
 
 
 def newest_snapshot(job):
