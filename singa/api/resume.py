@@ -32,10 +32,12 @@ def resume_point(job, resume, start=None, params=None):
     """The snapshot the prepared `job` continues from, checked, or None: with `resume`, the
     newest in its workspace (None: a fresh start), which must leave steps to train; else, for
     a second fit whose params are those of step `start` (`continue_from`), the checkpoint
-    file `params`, that snapshot, which must be the newest."""
+    file `params`, that snapshot, which must be the newest. A workspace without a checkpoint
+    folder is a CheckpointError here, as fit has always had it (`newest_snapshot`: none)."""
     if not resume and start is None:
         return None
-    snap = newest_snapshot(job)
+    folder = checkpoint.folder(job.cluster.workspace)
+    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
     if resume and snap is not None and snap.step >= job.train_steps:
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {snap.step}, "
                           f"and nb_epoch {job.train_steps} (the step to reach) leaves "
@@ -43,9 +45,8 @@ def resume_point(job, resume, start=None, params=None):
     if start is not None and (snap is None or snap.step != start):
         found = "none" if snap is None else f"step {snap.step}"
         raise ConfigError(f"fit: the model's params are those of step {start} ({params}), but "
-                          f"the newest snapshot in {checkpoint.folder(job.cluster.workspace)} "
-                          f"is {found}: fit(..., resume=True) continues from the newest; a "
-                          f"new model starts afresh")
+                          f"the newest snapshot in {folder} is {found}: fit(..., resume=True) "
+                          f"continues from the newest; a new model starts afresh")
     return check_resumable(job, snap)
 
 
