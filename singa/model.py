@@ -21,9 +21,10 @@ from google.protobuf import text_format
 
 from singa import checkpoint, naming
 from singa.api import feed, saved, schedule, session
-from singa.api.builders import (LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax,  # noqa: F401
-                                 Algorithm, Cluster, Nesterov, RMSProp, Store, Updater,
-                                 as_list, loss_of, put_device, updater_of)
+from singa.api.builders import (  # noqa: F401  (SINGA's names, re-exported)
+    LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax, Algorithm, Cluster, Nesterov,
+    RMSProp, Store, Updater)
+from singa.api.builders import as_list, loss_of, put_device, updater_of
 from singa.api.resume import continue_from, resume_point
 from singa.callbacks import CallbackList, LearningRateScheduler
 from singa.cluster import launch
