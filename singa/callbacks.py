@@ -86,13 +86,12 @@ class CallbackList:
         self.model.stop_training = False
         for cb in self.callbacks:
             cb.on_train_begin()
-        return self.on_event if any(cb.hears_events for cb in self.callbacks) else None
+        self.hearing = [cb for cb in self.callbacks if cb.hears_events]
+        return self.on_event if self.hearing else None
 
     def on_event(self, step, phase, metrics):
         """Hand the event to the callbacks that hear events; True once they stop training."""
-        for cb in self.callbacks:
-            if not cb.hears_events:
-                continue
+        for cb in self.hearing:
             if phase == "train":
                 cb.on_step_end(step, dict(metrics))
             else:
