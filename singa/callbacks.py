@@ -18,7 +18,7 @@ from singa.checkpoint import lower_is_better
 from singa.errors import ConfigError
 from singa.proto import job_pb2
 
-__all__ = ["Callback", "LambdaCallback", "EarlyStopping", "ModelCheckpoint",
+__all__ = ["Callback", "CallbackList", "LambdaCallback", "EarlyStopping", "ModelCheckpoint",
            "LearningRateScheduler", "monitor_name"]
 
 #: the most learning-rate changes a LearningRateScheduler writes into the job
@@ -63,6 +63,44 @@ class Callback:
 
     #: whether the callback hears the job's events (else it only sets fields)
     hears_events = True
+
+
+class CallbackList:
+    """The callbacks of one fit of `model` (Keras' CallbackList): `configure` hands each the
+    model and the job's fields, `begin` starts them and gives what the job calls at each event
+    (`on_event`; None when none hears events), `end` hands them the History."""
+
+    def __init__(self, callbacks, model):
+        self.callbacks, self.model = list(callbacks), model
+        for cb in self.callbacks:
+            if not isinstance(cb, Callback):
+                raise ConfigError(f"fit: callbacks must be singa.callbacks.Callback objects, got "
+                                  f"{type(cb).__name__}")
+
+    def configure(self, job):
+        for cb in self.callbacks:
+            cb.model = self.model
+            cb.configure(job)
+
+    def begin(self):
+        self.model.stop_training = False
+        for cb in self.callbacks:
+            cb.on_train_begin()
+        self.hearing = [cb for cb in self.callbacks if cb.hears_events]
+        return self.on_event if self.hearing else None
+
+    def on_event(self, step, phase, metrics):
+        """Hand the event to the callbacks that hear events; True once they stop training."""
+        for cb in self.hearing:
+            if phase == "train":
+                cb.on_step_end(step, dict(metrics))
+            else:
+                cb.on_test_end(step, phase, dict(metrics))
+        return self.model.stop_training
+
+    def end(self, history):
+        for cb in self.callbacks:
+            cb.on_train_end(history)
 
 
 class LambdaCallback(Callback):

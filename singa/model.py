@@ -1,5 +1,6 @@
 """SINGA 0.3's Keras-like Python API (tool/python/singa/model.py): build a JobProto from
-layers, then train, test and predict through `singa.api.session`.
+layers, then train, test and predict through `singa.api.session` (SINGA's proto builders,
+data feeding, fit's schedule and resume point and saved models are in `singa.api` too).
 
     m = Sequential('mlp')
     m.add(Dense(2500, init='uniform', activation='tanh')) ...
@@ -13,28 +14,28 @@ as SINGA's did. Relative paths resolve against the current directory. Unlike SIN
 trains (and with `with_test=True` tests as it goes), keeps a `checkpoint_freq` it is given,
 and returns metrics as floats; `evaluate` tests the params `fit` left (or `checkpoint_path`).
 """
-import copy
 import os
 
 import numpy as np
 from google.protobuf import text_format
 
-from singa import checkpoint, files, naming
-from singa.api import session
-from singa.callbacks import Callback, LearningRateScheduler
+from singa import checkpoint, naming
+from singa.api import feed, saved, schedule, session
+from singa.api.builders import (  # noqa: F401  (SINGA's names, re-exported)
+    LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax, Algorithm, Cluster, Nesterov,
+    RMSProp, Store, Updater)
+from singa.api.builders import as_list, loss_of, put_device, updater_of
+from singa.api.resume import continue_from, resume_point
+from singa.callbacks import CallbackList, LearningRateScheduler
 from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
-from singa.io.records import write_records
-from singa.io.store import count_records
 from singa.job import config
-from singa.layer import (Accuracy, Data, Dense, Layer, LayerUpdater, Loss, enumAlgType,
+from singa.layer import (Accuracy, Data, Dense, Layer, Loss, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
 from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
-from singa.net.phase import in_phase
 from singa.parameter import Parameter
 from singa.proto import job_pb2
-from singa.train import evaluation
 from singa.watch.metrics import History
 
 __all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
@@ -79,7 +80,7 @@ class Model:
         it joins (`data<n>`, the model's counter), as SINGA's helper named it in a fresh
         process, wherever the script made it: its reader position resumes by that name."""
         if getattr(layer, 'generated_name', False):
-            layer = _copy_data(layer)
+            layer = feed.copy_data(layer)
             layer.layer.name = generate_name('data')
         self.layers.append(layer)
 
@@ -94,52 +95,23 @@ class Model:
         last softmax into kSoftmaxLoss (or adds one), 'mean_squared_error' ('mse') into
         kEuclideanLoss. `metrics`: what the loss layer computes, ['accuracy'] of a softmax
         loss (it is always computed); others are refused."""
-        if optimizer is None:
-            raise ConfigError("compile: optimizer (an Updater such as SGD, or 'sgd') is required")
         if cluster is None:
             raise ConfigError("compile: cluster (a Cluster with a workspace) is required")
-        if isinstance(optimizer, str):
-            if optimizer.lower() not in OPTIMIZERS:
-                raise ConfigError(f"compile: optimizer {optimizer!r} is not known "
-                                  f"({', '.join(map(repr, OPTIMIZERS))}, or an Updater)")
-            optimizer = OPTIMIZERS[optimizer.lower()]()
-        if not isinstance(optimizer, Updater):
-            raise ConfigError(f"compile: optimizer must be an Updater (SGD(lr=...), ...) or its "
-                              f"name, got {type(optimizer).__name__}")
+        optimizer = updater_of(optimizer)
         self.jobconf.updater.CopyFrom(optimizer.proto)
         self.jobconf.cluster.CopyFrom(cluster.proto)
         self.jobconf.ClearField('gpu')
         self.jobconf.gpu.extend(cluster.gpu)
         self.zookeeper_host = cluster.zookeeper_host
         self.lr_schedule = optimizer.schedule
-        loss = LOSSES.get(loss, loss)
-        if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
-            raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
-                              f"or 'mean_squared_error', or their aliases "
-                              f"{', '.join(map(repr, LOSSES))})")
-        computed = {None: (), 'categorical_crossentropy': ('accuracy', 'acc', 'loss'),
-                    'mean_squared_error': ('loss', 'mse')}[loss]
-        for name in _list(metrics) if metrics is not None else ():
-            if name not in computed:
-                raise ConfigError(f"compile: metric {name!r} is not computed by the "
-                                  f"{loss or 'model'}'s layers (they give "
-                                  f"{', '.join(computed[:1] + computed[2:]) or 'none'})")
+        loss = loss_of(loss, metrics)
         if loss is None:
             return
         if not self.layers:
             raise ConfigError("compile: add layers before compiling")
-        last = self.layers[-1]
-        ly = last.mask if getattr(last, 'mask', None) is not None else last.layer
-        if ly.type == job_pb2.kSoftmax:
-            if loss == 'categorical_crossentropy':
-                ly.type = job_pb2.kSoftmaxLoss
-                ly.softmaxloss_conf.topk = topk
-            else:
-                ly.type = job_pb2.kEuclideanLoss
-        elif loss == 'categorical_crossentropy':
-            self.add(Loss('softmaxloss', topk=topk))
-        else:
-            self.add(Loss('euclideanloss'))
+        added = _loss_layer(self.layers[-1], loss, topk)
+        if added is not None:
+            self.add(added)
 
     def build(self):
         """The NetProto: layers chained in order (data layers are sources only), each
@@ -183,15 +155,7 @@ class Model:
         else:
             last.srclayers.append(self.layers[0].layer.name)
         if self.accuracy:
-            top = self.layers[-1].layer.name
-            sm = net.layer.add()
-            sm.CopyFrom(Layer(name='softmax', type=job_pb2.kSoftmax).layer)
-            sm.include.append(kTest)
-            sm.srclayers.append(top)
-            acc = net.layer.add()
-            acc.CopyFrom(Accuracy().layer)
-            acc.include.append(kTest)
-            acc.srclayers.extend(['softmax', self.layers[0].layer.name])
+            _add_accuracy(net, self.layers[-1].layer.name, self.layers[0].layer.name)
         self.jobconf.neuralnet.CopyFrom(net)
         return net
 
@@ -202,23 +166,8 @@ class Model:
         as kvfiles beside it (`<conf name>-<layer>-<phases>.bin`); without, numpy data are an
         error: they live in this process only."""
         self.build()
-        job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
-        numpy_data = [ly.name for ly in job.neuralnet.layer if ly.store_conf.backend == 'memory']
-        if numpy_data and path is None:
-            raise ConfigError(f"to_conf: layer '{numpy_data[0]}' reads numpy data, which live in "
-                              f"this process: give a path, to_conf('job.conf'), to write them "
-                              f"as kvfiles beside the conf")
-        if path is not None:
-            path = os.path.abspath(path)
-            stem = os.path.splitext(os.path.basename(path))[0]
-            job = session.with_kvfiles(job, os.path.dirname(path), stem + '-')
-        text = text_format.MessageToString(job)
-        if path is not None:
-            try:
-                files.write_atomic(path, lambda f: f.write(text.encode()))
-            except OSError as e:
-                raise ConfigError(f"to_conf: cannot write {path}: {e.strerror}") from None
-        return text
+        return saved.conf_text(config.absolute_paths(session.copy_job(self.jobconf), os.getcwd()),
+                               path)
 
     @classmethod
     def from_conf(cls, path, user_proto=(), user_layers=()):
@@ -227,7 +176,7 @@ class Model:
         and `user_layers` (files, as singa-run.sh's flags) join the conf's own extensions.
         ConfigError naming `path` for a net with a param or layer array larger than this
         machine's memory (`singa.cluster.launch.check_memory`: nothing is allocated)."""
-        extra = {field: [os.path.abspath(p) for p in _list(paths)]
+        extra = {field: [os.path.abspath(p) for p in as_list(paths)]
                  for field, paths in (('user_proto', user_proto), ('user_layers', user_layers))}
         job = config.load_job(os.path.abspath(path), check_paths=False, **extra)
         launch.check_memory(job, path)
@@ -262,178 +211,109 @@ class Model:
         `batch_size`: of numpy samples (default 64; at most their number, as Keras), else the
         new batch size of the train data layer. `with_test`: also test during training, every
         `test_freq` steps (default nb_epoch/10, or each pass for `epochs`) on `test_data` (a
-        Data layer, or numpy (x, y):
-        every sample once, unless `test_steps` batches are asked for) or the model's test data
-        layer (`test_steps` batches, default 10); with no test data it means what SINGA's
-        meant, test later (`evaluate`), and fit only trains. `validation_data` (alias
-        `validate_data`) or `validation_split` (the last fraction of numpy x, y) likewise
-        validates (`validate_freq`, `validate_steps`). Tests and validations run at the last
-        step too. `callbacks`: singa.callbacks objects (EarlyStopping, ModelCheckpoint,
-        LearningRateScheduler, LambdaCallback, or a Callback of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
+        Data layer, or numpy (x, y): every sample once, unless `test_steps` batches are asked
+        for) or the model's test data layer (`test_steps` batches, default 10); with no test
+        data it means what SINGA's meant, test later (`evaluate`), and fit only trains.
+        `validation_data` (alias `validate_data`) or `validation_split` (the last fraction of
+        numpy x, y) likewise validates (`validate_freq`, `validate_steps`). Tests and
+        validations run at the last step too. `callbacks`: singa.callbacks objects
+        (EarlyStopping, ModelCheckpoint, LearningRateScheduler, LambdaCallback, or a Callback
+        of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
         `checkpoint_freq`: a snapshot every so many steps (one is written at the end in any
         case). `alg`: 'bp' (default), 'bptt' or 'cd'. Other keywords set JobProto fields
         (`seed`, `checkpoint_path`, ...). `verbose` logs SINGA's lines to stderr; `progress`
         shows a progress bar. `device`: GPU ids, e.g. [0] (SINGA's helper's; the job's `gpu`).
-        A model loaded by `from_conf` trains as its conf says
-        (nb_epoch 0: its train_steps; its tests) unless told otherwise.
-        """
+        A model loaded by `from_conf` trains as its conf says (nb_epoch 0: its train_steps;
+        its tests) unless told otherwise."""
         if execpath:
             raise ConfigError("fit: execpath (a SINGA binary) is not used: the job runs in "
                               "this Python")
-        _put_device(fields, device, 'fit')
-        if 'data' in fields:        # SINGA's name of the first argument
-            if data_or_x is not None:
-                raise ConfigError("fit: give the data once (data_or_x or data=)")
-            data_or_x = fields.pop('data')
-        if validation_data is not None:
-            if validate_data is not None:
-                raise ConfigError("fit: give validation_data or validate_data, not both")
-            validate_data = validation_data
-        if validation_split is not None:
-            if validate_data is not None:
-                raise ConfigError("fit: give validation_split or validation_data, not both")
-            data_or_x, y, validate_data = _split(data_or_x, y, validation_split)
-        for key, value in (('test_steps', test_steps), ('test_freq', test_freq),
-                           ('disp_freq', disp_freq), ('checkpoint_freq', checkpoint_freq)):
-            if value is not None:
-                fields[key] = value
-        from_conf = self.conf_net is not None
-        if epochs is not None and nb_epoch:
-            raise ConfigError("fit: give epochs (passes over numpy data) or nb_epoch (steps), "
-                              "not both")
-        job = self._job(fields)
+        put_device(fields, device, 'fit')
+        fields.update((key, value) for key, value in (
+            ('test_steps', test_steps), ('test_freq', test_freq), ('disp_freq', disp_freq),
+            ('checkpoint_freq', checkpoint_freq)) if value is not None)
+        data_or_x, y, validate_data = _fit_data(data_or_x, y, fields, validate_data,
+                                                validation_data, validation_split)
+        schedule.check_epochs(epochs, nb_epoch)
+        job = config.absolute_paths(self._job(fields), os.getcwd())
         fed = self.fed
-        if data_or_x is not None or not (from_conf or self.exist_datalayer('train')):
-            train = _as_data(data_or_x, y, kTrain, batch_size, 'fit', self._streams_folder())
-            self._check_input(train, 'fit')
-            self._put_data(train, kTrain)
-            self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
-        elif batch_size is not None:
-            self._set_batchsize(kTrain, batch_size)
-        per_pass = None
-        if epochs is not None:
-            if not isinstance(epochs, (int, np.integer)) or epochs <= 0:
-                raise ConfigError(f"fit: epochs (passes over the data) must be a positive int, "
-                                  f"got {epochs!r}")
-            per_pass = self._steps_per_pass()
-            nb_epoch = int(epochs) * per_pass
-        if not isinstance(nb_epoch, (int, np.integer)) or not 0 <= nb_epoch < 2**31 \
-                or (nb_epoch == 0 and not from_conf):
-            raise ConfigError(f"fit: nb_epoch (the number of training steps) must be a "
-                              f"positive int below 2^31, got {nb_epoch!r}")
-        for key, data, phase in (('validation_data', validate_data, kVal),
-                                 ('test_data', test_data, kTest)):
-            if data is not None:
-                own = _as_data(data, None, phase, batch_size, 'fit: ' + key,
-                               self._streams_folder())
-                self._check_input(own, 'fit: ' + key)
-                self._put_data(own, phase)
-        job.neuralnet.CopyFrom(self.build())
-        _check_loss(job)
-        if nb_epoch:
-            job.train_steps = int(nb_epoch)
-        every = per_pass or max(1, job.train_steps // 10)
-        if not from_conf and 'disp_freq' not in fields:
-            job.disp_freq = every
-        if validate_data is not None:
-            job.validate_freq = fields.get('validate_freq', every)
-            job.validate_steps = _whole_pass(job.neuralnet, kVal, 'validate_steps' in fields,
-                                             self._streams_folder())[0] \
-                or fields.get('validate_steps', 10)
-        has_test = any(in_phase(ly, kTest) and ly.type in session.STORE_INPUTS
-                       for ly in job.neuralnet.layer)
-        if with_test and has_test:
-            job.test_steps = _whole_pass(job.neuralnet, kTest, 'test_steps' in fields,
-                                         self._streams_folder())[0] \
-                or fields.get('test_steps', job.test_steps or 10)
-            job.test_freq = fields.get('test_freq', job.test_freq or every)
-        elif not from_conf:
-            job.test_steps = 0
-        for item in self.layers:
-            if item.is_datalayer and getattr(item, 'checkpoint', None) \
-                    and 'checkpoint_path' not in fields:
-                job.checkpoint_path.extend(_list(item.checkpoint))
-        if alg is not None:
-            job.train_one_batch.alg = enumAlgType(alg)
-        job.test_at_end = True      # the History ends with the test of the params returned
+        self._feed_fit(data_or_x, y, validate_data, test_data, batch_size)
+        self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg)
+        start = None if resume else continue_from(job, self.last_checkpoint_path,
+                                                  _same_data(fed, self.fed))
+        callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
+                                  if self.lr_schedule is not None else []) + list(callbacks), self)
+        callbacks.configure(job)
+        self.best_monitor = job.checkpoint_keep_best or None
         job = session.prepare(job)
-        if resume:
-            _check_steps_left(job)
-        elif self.last_checkpoint_path is not None:
-            resume = self._continue(job)
-            # other data than the last fit's are read from their start
-            job.new_data = resume and not (fed is not None and len(fed) == len(self.fed) and
-                                           all(a is b for a, b in zip(fed, self.fed)))
-        hearing = self._configure(callbacks, job)
-        history = session.train(session.prepare(job), resume, verbose, progress,
-                                self._on_event(hearing) if hearing else None,
+        snap = resume_point(job, resume, start, self.last_checkpoint_path)
+        history = session.train(job, snap or resume, verbose, progress, callbacks.begin(),
                                 self.zookeeper_host)
         if history.snapshots:
             self.last_checkpoint_path = history.snapshots[-1][1]
         self.result = history
-        for cb in callbacks:
-            cb.on_train_end(history)
+        callbacks.end(history)
         return history
 
-    def _configure(self, callbacks, job):
-        """Hand `callbacks` the model and the job's fields; those that hear events."""
-        if self.lr_schedule is not None:
-            callbacks = [LearningRateScheduler(self.lr_schedule)] + list(callbacks)
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise ConfigError(f"fit: callbacks must be singa.callbacks.Callback objects, got "
-                                  f"{type(cb).__name__}")
-            cb.model = self
-            cb.configure(job)
-        self.best_monitor = job.checkpoint_keep_best or None
-        hearing = [cb for cb in callbacks if cb.hears_events]
-        self.stop_training = False
-        for cb in callbacks:
-            cb.on_train_begin()
-        return hearing
+    def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size):
+        """The data fit was given as the model's train, validation and test data; the train
+        data remembered (`fed`). Without train data, its own (or none: an error) in batches
+        of `batch_size` when given."""
+        if data_or_x is not None or not (self.conf_net is not None
+                                         or self.exist_datalayer('train')):
+            self._feed(data_or_x, y, kTrain, batch_size, 'fit')
+            self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
+        elif batch_size is not None:
+            feed.set_batchsize(self._data_protos(), kTrain, batch_size)
+        for key, data, phase in (('validation_data', validate_data, kVal),
+                                 ('test_data', test_data, kTest)):
+            if data is not None:
+                self._feed(data, None, phase, batch_size, 'fit: ' + key)
 
-    def _on_event(self, hearing):
-        """What the job calls at each event: the callbacks; True once they stop training."""
-        def on_event(step, phase, values):
-            for cb in hearing:
-                if phase == 'train':
-                    cb.on_step_end(step, dict(values))
-                else:
-                    cb.on_test_end(step, phase, dict(values))
-            return self.stop_training
-        return on_event
+    def _schedule(self, job, fields, nb_epoch, epochs, with_test, validating, alg):
+        """Set `job` to train the model's net (`singa.api.schedule`), its Data layers'
+        checkpoints loaded (unless `fields` name a checkpoint_path), by `alg` if given."""
+        per_pass = None if epochs is None else feed.steps_per_pass(
+            [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
+        steps = schedule.train_steps(nb_epoch, epochs, per_pass, self.conf_net is not None)
+        job.neuralnet.CopyFrom(self.build())
+        schedule.check_loss(job)
+        schedule.plan(job, fields, steps, per_pass, with_test, validating,
+                      self.conf_net is not None, self._streams_folder())
+        if 'checkpoint_path' not in fields:
+            job.checkpoint_path.extend(p for item in self.layers if item.is_datalayer
+                                       for p in as_list(getattr(item, 'checkpoint', None) or []))
+        if alg is not None:
+            job.train_one_batch.alg = enumAlgType(alg)
 
     def evaluate(self, data=None, y=None, alg=None, checkpoint_path=None, execpath='',
                  device=None, show_acc=False, batch_size=None, verbose=1, **fields):
         """Test the params of `checkpoint_path` (files, "latest" or "best"; by default the
         newest snapshot `fit` wrote) on `data`: numpy samples with labels `y` or an iterable
         of (x, y) batches (every sample once, a last partial batch counted by its size;
-        batches of `batch_size`, default 64),
-        or a Data layer (`test_steps` batches, default 10, SINGA's meaning; numpy data too
-        when `test_steps` is given). Returns {metric: value}. `verbose`: 1 (default) prints
-        the result in one line, 0 nothing, 2 also SINGA's log lines (stderr)."""
+        batches of `batch_size`, default 64), or a Data layer (`test_steps` batches, default
+        10, SINGA's meaning; numpy data too when `test_steps` is given). Returns {metric:
+        value}. `verbose`: 1 (default) prints the result in one line, 0 nothing, 2 also
+        SINGA's log lines (stderr)."""
         if execpath:
             raise ConfigError("evaluate: execpath (a SINGA binary) is not used: the job runs "
                               "in this Python")
-        _put_device(fields, device, 'evaluate')
+        put_device(fields, device, 'evaluate')
         job = self._job(fields)
         if data is not None:
-            own = _as_data(data, y, kTest, batch_size, 'evaluate', self._streams_folder())
-            self._check_input(own, 'evaluate')
-            self._put_data(own, kTest)
+            self._feed(data, y, kTest, batch_size, 'evaluate')
         elif batch_size is not None:
-            self._set_batchsize(kTest, batch_size)
+            feed.set_batchsize(self._data_protos(), kTest, batch_size)
         self.accuracy = show_acc
         net = self.build()
-        whole, samples = _whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
-        job.neuralnet.CopyFrom(_net_of(net, kTest))
+        whole, samples = feed.whole_pass(net, kTest, 'test_steps' in fields, self._streams_folder())
+        job.neuralnet.CopyFrom(feed.net_of(net, kTest))
         job.test_steps = whole or fields.get('test_steps',
                                              job.test_steps if self.conf_net else 10) or 10
         job.train_steps = 0
         if alg is not None:
             job.train_one_batch.alg = enumAlgType(alg)
-        del job.checkpoint_path[:]
-        job.checkpoint_path.extend(self._params_from(checkpoint_path, 'evaluate'))
+        self._load_params(job, checkpoint_path, 'evaluate')
         tested = {}
         metrics = session.test(session.prepare(job), verbose == 2 or verbose is True,
                                lambda step, phase, values: tested.update(step=step))
@@ -446,10 +326,10 @@ class Model:
 
     def predict(self, x, checkpoint_path=None, device=None):
         """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined)
-        (probabilities for a softmax net), with
-        the params `fit` left or those of `checkpoint_path`; `x` gets the preprocessing of the
-        model's (test, else train) data layer, and is fed as it is when the model has none.
-        `device`: GPU ids, e.g. [0] (the net runs on the first)."""
+        (probabilities for a softmax net), with the params `fit` left or those of
+        `checkpoint_path`; `x` gets the preprocessing of the model's (test, else train) data
+        layer, and is fed as it is when the model has none. `device`: GPU ids, e.g. [0] (the
+        net runs on the first)."""
         if not isinstance(x, np.ndarray) and hasattr(x, '__iter__') and not isinstance(x, list):
             outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path,
                                  device) for item in x]
@@ -457,7 +337,7 @@ class Model:
                 raise ConfigError("predict: the iterable of batches gave no samples")
             return np.concatenate(outs)
         fields = {}
-        _put_device(fields, device, 'predict')
+        put_device(fields, device, 'predict')
         job = self._job(fields)
         if self.conf_net is None and not any(item.is_datalayer for item in self.layers):
             # the input layer of x's samples (predict feeds them in batches of its own)
@@ -469,18 +349,9 @@ class Model:
                 memory.release(self.layers.pop(0).layer.store_conf.path)
         else:
             net = self.build()
-        data = [ly for ly in net.layer if ly.type in session.STORE_INPUTS]
-        if not data:
-            raise ConfigError("predict: the model's net has no input layer reading a store")
-        tested = any(in_phase(ly, kTest) for ly in data)
-        job.neuralnet.CopyFrom(_net_of(net, kTest if tested else kTrain))
-        for ly in job.neuralnet.layer:      # x replaces their data: a conf's file may be gone
-            if ly.type in session.STORE_INPUTS:
-                ly.store_conf.backend, ly.store_conf.path = 'memory', 'memory://predict'
-                ly.type = job_pb2.kRecordInput
+        job.neuralnet.CopyFrom(feed.predict_net(net))
         job.train_steps, job.test_steps, job.validate_steps = 0, 0, 0
-        del job.checkpoint_path[:]
-        job.checkpoint_path.extend(self._params_from(checkpoint_path, 'predict'))
+        self._load_params(job, checkpoint_path, 'predict')
         return session.predict(session.prepare(job), x)
 
     # --- saving -------------------------------------------------------------------------------
@@ -492,34 +363,9 @@ class Model:
         `load_model(path)` gives the model back in any process."""
         if self.last_checkpoint_path is None:
             raise ConfigError("save: the model has no params yet: fit it first")
-        path = os.path.abspath(path)
         job = config.absolute_paths(session.copy_job(self.jobconf), os.getcwd())
         job.neuralnet.CopyFrom(self.build())
-        config.absolute_paths(job, os.getcwd())
-        try:
-            os.makedirs(path, exist_ok=True)
-            for old in os.listdir(path):
-                if checkpoint.parse_step_worker(old.removesuffix(checkpoint.META_SUFFIX)):
-                    os.unlink(os.path.join(path, old))
-            del job.checkpoint_path[:]
-            for src in checkpoint.files_of(self.last_checkpoint_path):
-                for f in (src, checkpoint.meta_path(src)):
-                    if os.path.exists(f):
-                        files.copy_atomic(f, os.path.join(path, os.path.basename(f)))
-                job.checkpoint_path.append(os.path.join(path, os.path.basename(src)))
-            for ly in job.neuralnet.layer:
-                sc = ly.store_conf
-                if sc.backend == 'memory':
-                    sc.path = SAVED_INPUT
-                for field in ('mean_file', 'std_file'):
-                    if sc.HasField(field):
-                        copied = os.path.join(path, f"{ly.name}-{field[:-5]}.bin")
-                        files.copy_atomic(getattr(sc, field), copied)
-                        setattr(sc, field, copied)
-            text = text_format.MessageToString(job)
-            files.write_atomic(os.path.join(path, 'job.conf'), lambda f: f.write(text.encode()))
-        except OSError as e:
-            raise ConfigError(f"save: cannot write {e.filename or path}: {e.strerror}") from None
+        saved.save(path, config.absolute_paths(job, os.getcwd()), self.last_checkpoint_path)
 
     # --- helpers ------------------------------------------------------------------------------
     def _job(self, fields):
@@ -535,171 +381,64 @@ class Model:
             setval(job, **{key: value})
         return job
 
-    def _continue(self, job):
-        """A second fit: the model's params are its final snapshot, which must be the newest
-        in the workspace; train `job.train_steps` more steps from it (True: resume). A model
-        moved to another workspace starts afresh there (False)."""
-        step = checkpoint.parse_step_worker(os.path.basename(self.last_checkpoint_path))[0]
-        folder = checkpoint.folder(job.cluster.workspace)
-        if os.path.dirname(os.path.abspath(self.last_checkpoint_path)) != folder:
-            return False
-        newest = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
-        if newest is None or newest.step != step:
-            found = "none" if newest is None else f"step {newest.step}"
-            raise ConfigError(f"fit: the model's params are those of step {step} "
-                              f"({self.last_checkpoint_path}), but the newest snapshot in "
-                              f"{folder} is {found}: fit(..., resume=True) continues from "
-                              f"the newest; a new model starts afresh")
-        job.train_steps += step
-        return True
-
-    def _steps_per_pass(self):
-        """The train steps of one pass over the train data given to fit."""
-        folder = self._streams_folder()
-        data = [item.layer for item in self.layers if item.is_datalayer
-                and in_phase(item.layer, kTrain) and _given(item.layer.store_conf, folder)]
-        if not data:
-            raise ConfigError("fit: epochs counts passes over data given to fit (numpy, or "
-                              "an iterable of batches); for a store give nb_epoch (steps)")
-        sc = data[0].store_conf
-        return evaluation.pass_steps(count_records(sc.backend, sc.path), sc.batchsize[0])
-
-    def _check_input(self, data, what):
-        """Numpy data that the model would read wrongly without a word: no labels for a
-        layer that compares with them, images channels-last for a convolution."""
-        if not hasattr(data, 'samples'):
-            return
-        shape, labelled = data.samples
+    def _feed(self, data, y, phase, batch_size, what):
+        """Make `data` (numpy samples with labels `y`, an iterable of (x, y) batches or a
+        Data layer: `feed.as_data`) the model's input of `phase`."""
+        own = feed.as_data(data, y, phase, batch_size, what, self._streams_folder())
         protos = [p for item in self.layers for p in (item.layer, getattr(item, 'mask', None))
                   if p is not None]
+        feed.check_input(own, protos if self.conf_net is None else self.conf_net.layer, what)
         if self.conf_net is not None:
-            protos = list(self.conf_net.layer)
-        needs = [p.name for p in protos if p.type in LABELLED]
-        if not labelled and needs:
-            raise ConfigError(f"{what}: layer '{needs[0]}' compares the outputs with labels: "
-                              f"give y (without it every sample would count as label 0)")
-        if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3) \
-                and any(p.type in CONVOLUTIONS for p in protos):
-            raise ConfigError(f"{what}: images are (N, C, H, W), and samples of shape {shape} "
-                              f"look channels-last (H, W, C): give x.transpose(0, 3, 1, 2)")
+            self.conf_net = feed.put_conf_data(self.conf_net, own, phase)
+        else:
+            self.layers = feed.put_data(self.layers, own, phase)
+
+    def _data_protos(self):
+        """The LayerProtos of the model's data layers (a conf's: every layer)."""
+        if self.conf_net is not None:
+            return self.conf_net.layer
+        return [item.layer for item in self.layers if item.is_datalayer]
 
     def _streams_folder(self):
         """Where iterables of batches are written as kvfiles: `<workspace>/data`."""
         if not self.jobconf.cluster.workspace:
             raise ConfigError("compile the model with a Cluster (its workspace) first")
-        return os.path.join(os.path.abspath(self.jobconf.cluster.workspace), 'data')
+        return feed.streams_folder(self.jobconf.cluster.workspace)
 
-    def _put_data(self, data, phase):
-        """Make `data` (a Data layer of `phase` only, ours to change) the model's data layer of
-        `phase`, first (as SINGA inserts it), replacing those it had, and named as its data
-        layers of the other phases: a net's layers read one input name whatever the phase."""
-        if self.conf_net is not None:
-            self._put_conf_data(data, phase)
-            return
-        mine = [ly.layer for ly in self.layers if ly.is_datalayer]
-        template = next((ly for ly in mine if in_phase(ly, phase)), mine[0] if mine else None)
-        if getattr(data, 'from_numpy', False) and template is not None:
-            _take_preprocessing(data.layer.store_conf, template.store_conf)
-        self.layers = [ly for ly in self.layers
-                       if not (ly.is_datalayer and in_phase(ly.layer, phase))]
-        others = [ly for ly in self.layers if ly.is_datalayer]
-        if others:
-            data.layer.name = others[0].layer.name
-        elif getattr(data, 'generated_name', False):
-            data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
-        self.layers.insert(0, data)
-
-    def _put_conf_data(self, data, phase):
-        """Read numpy `data` (a Data layer) in `phase` through the conf's input layer of that
-        phase (else of another): its name and preprocessing (shape, mean, std) kept, its store
-        the numpy data's; the conf's inputs of `phase` give way (excluded, or removed when
-        they serve only `phase`)."""
-        inputs = [ly for ly in self.conf_net.layer if ly.type in session.STORE_INPUTS]
-        if not inputs:
-            raise ConfigError("the conf's net has no input layer reading a store (kRecordInput, "
-                              "kCSVInput) to read numpy data through")
-        template = next((ly for ly in inputs if in_phase(ly, phase)), inputs[0])
-        given = data.layer.store_conf
-        own = job_pb2.LayerProto()
-        own.CopyFrom(template)
-        own.type = data.layer.type
-        own.ClearField('include')
-        own.ClearField('exclude')
-        own.include.append(phase)
-        sc = own.store_conf
-        if int(np.prod(given.shape)) != int(np.prod(sc.shape)):
-            raise ConfigError(f"data: samples of shape {tuple(given.shape)} do not fit input "
-                              f"layer '{own.name}' of shape {tuple(sc.shape)}")
-        sc.backend, sc.path, sc.random_skip = given.backend, given.path, given.random_skip
-        del sc.batchsize[:]
-        sc.batchsize.extend(given.batchsize)
-        sc.ClearField('whole_pass')
-        if not getattr(data, 'from_numpy', False):      # a Data layer's own preprocessing
-            _take_preprocessing(sc, given, shape=False)
-        layers = []
-        for ly in self.conf_net.layer:
-            if ly in inputs and in_phase(ly, phase):
-                if list(ly.include) == [phase]:
-                    continue
-                ly.exclude.append(phase)
-            layers.append(ly)
-        net = job_pb2.NetProto()
-        net.layer.add().CopyFrom(own)
-        for ly in layers:
-            net.layer.add().CopyFrom(ly)
-        self.conf_net = net
-
-    def _set_batchsize(self, phase, batch_size):
-        """Set the batch size of the model's data layers of `phase`."""
-        layers = self.conf_net.layer if self.conf_net is not None else \
-            [item.layer for item in self.layers if item.is_datalayer]
-        for ly in layers:
-            if ly.type in session.STORE_INPUTS and in_phase(ly, phase):
-                del ly.store_conf.batchsize[:]
-                setval(ly.store_conf, batchsize=batch_size)
-
-    def _params_from(self, checkpoint_path, what):
-        """The checkpoint files to load: `checkpoint_path`'s ("best" ranked by the last fit's
-        monitor, when it had one), else the final snapshot of the last fit."""
+    def _load_params(self, job, checkpoint_path, what):
+        """Set `job` to load the params of `checkpoint_path` ("best" ranked by the last fit's
+        monitor, when it had one), else of the last fit's final snapshot (or those a conf
+        made to test names)."""
         if checkpoint_path is not None:
-            entries = _list(checkpoint_path)
-            if 'best' not in entries or not self.best_monitor:
-                return entries
-            folder = checkpoint.folder(os.path.abspath(self.jobconf.cluster.workspace))
-            snap = checkpoint.best_snapshot(folder, self.best_monitor)
-            if snap is None:
-                raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot in "
-                                  f"{folder} records {self.best_monitor}")
-            best = [snap.files[w] for w in sorted(snap.files)]
-            return [f for e in entries for f in (best if e == 'best' else [e])]
-        if self.last_checkpoint_path is None:
-            if self.conf_net is not None and self.jobconf.checkpoint_path:
-                return list(self.jobconf.checkpoint_path)     # what a conf made to test names
+            files = as_list(checkpoint_path)
+            if 'best' in files and self.best_monitor:
+                folder = checkpoint.folder(os.path.abspath(self.jobconf.cluster.workspace))
+                snap = checkpoint.best_snapshot(folder, self.best_monitor)
+                if snap is None:
+                    raise ConfigError(f"{what}: checkpoint_path 'best': no complete snapshot "
+                                      f"in {folder} records {self.best_monitor}")
+                best = [snap.files[w] for w in sorted(snap.files)]
+                files = [f for e in files for f in (best if e == 'best' else [e])]
+        elif self.last_checkpoint_path is not None:
+            files = checkpoint.files_of(self.last_checkpoint_path)
+        elif self.conf_net is not None and self.jobconf.checkpoint_path:
+            files = list(self.jobconf.checkpoint_path)
+        else:
             raise ConfigError(f"{what}: no params: fit the model first or give checkpoint_path")
-        return checkpoint.files_of(self.last_checkpoint_path)
+        del job.checkpoint_path[:]
+        job.checkpoint_path.extend(files)
 
 
 def load_model(path, workspace=None):
     """The model `Model.save` wrote to the folder `path`: it predicts, evaluates (numpy data
     through its saved preprocessing) and fits on, with the saved params; its workspace is
     `workspace`, by default `<path>/workspace`."""
-    conf = os.path.join(path, 'job.conf')
-    if not os.path.isfile(conf):
-        raise ConfigError(f"load_model: {conf}: no such file (a folder Model.save wrote)")
+    conf, params = saved.load(path)
     m = Model.from_conf(conf)
-    saved = sorted((checkpoint.parse_step_worker(f)[1], os.path.join(os.path.abspath(path), f))
-                   for f in os.listdir(path) if checkpoint.parse_step_worker(f)
-                   and f.endswith(checkpoint.SUFFIX))
-    if not saved:
-        raise ConfigError(f"load_model: {path} holds no params (step<N>-worker<W>.bin)")
     del m.jobconf.checkpoint_path[:]
-    m.jobconf.checkpoint_path.extend(f for _, f in saved)
+    m.jobconf.checkpoint_path.extend(params)
     m.jobconf.cluster.workspace = os.path.abspath(workspace or os.path.join(path, 'workspace'))
     return m
-
-
-#: the store path of a saved model's numpy input: it reads the data given to evaluate or fit
-SAVED_INPUT = 'memory://saved-model-input'
 
 
 class Energy(Model):
@@ -757,341 +496,57 @@ class Sequential(Model):
                                          activation=layer.activation))
 
 
-class Store:
-    """StoreProto fields (path, backend, batchsize, shape, mean_value, ...)."""
-
-    def __init__(self, **kwargs):
-        self.proto = job_pb2.StoreProto()
-        setval(self.proto, **kwargs)
-
-
-class Algorithm:
-    """train_one_batch: `type` an AlgType (kBP by default; kCD takes cd_conf fields)."""
-
-    def __init__(self, type=job_pb2.kBP, **kwargs):
-        self.proto = job_pb2.AlgProto(alg=type)
-        if type == job_pb2.kCD:
-            setval(self.proto.cd_conf, **kwargs)
-
-
-class Updater:
-    """UpdaterProto of `upd_type` with base learning rate `lr`; `lr_type` None/'fixed' →
-    kFixed, 'step' → kStep (change_freq 60, gamma 0.997), 'manual' → kFixedStep(step,
-    step_lr), 'linear' → kLinear (change_freq 10, final_lr 0.1), as SINGA's. A function `lr`
-    of the step gives each step's rate (fit writes it into the job as LearningRateScheduler
-    does)."""
-
-    def __init__(self, upd_type, lr, lr_type, decay, momentum, step, step_lr, **fields):
-        upd = job_pb2.UpdaterProto(type=upd_type)
-        setval(upd, **fields)
-        self.schedule = lr if callable(lr) else None
-        if self.schedule is not None:
-            if lr_type is not None:
-                raise ConfigError(f"{type(self).__name__}: a function lr gives every step's rate; "
-                                  f"drop lr_type {lr_type!r}")
-            lr = 0.0    # the table fit writes replaces it
-        upd.learning_rate.base_lr = lr
-        if decay > 0:
-            upd.weight_decay = decay
-        if momentum > 0:
-            upd.momentum = momentum
-        lr_conf = upd.learning_rate
-        if lr_type in (None, 'fixed'):
-            lr_conf.type = job_pb2.kFixed
-        elif lr_type == 'step':
-            lr_conf.type = job_pb2.kStep
-            lr_conf.step_conf.change_freq, lr_conf.step_conf.gamma = 60, 0.997
-        elif lr_type == 'manual':
-            lr_conf.type = job_pb2.kFixedStep
-            lr_conf.fixedstep_conf.step.extend(_list(step))
-            lr_conf.fixedstep_conf.step_lr.extend(_list(step_lr))
-        elif lr_type == 'linear':
-            lr_conf.type = job_pb2.kLinear
-            lr_conf.linear_conf.change_freq, lr_conf.linear_conf.final_lr = 10, 0.1
-        else:
-            raise ConfigError(f"{type(self).__name__}: lr_type {lr_type!r} is not known (None, "
-                              f"'fixed', 'step', 'manual' or 'linear')")
-        self.proto = upd
-        self.singaupdater = None
-
-    def Update(self, step, layer):
-        """Update `layer`'s params with their gradients at `step` (the interactive API)."""
-        if self.singaupdater is None:
-            self.singaupdater = LayerUpdater(self.proto)
-        self.singaupdater.update(step, layer)
+def _loss_layer(last, loss, topk):
+    """compile's `loss` ('categorical_crossentropy' or 'mean_squared_error') after the model's
+    last layer `last`: its softmax (or its activation's) turned into the loss layer (None),
+    else the Loss layer to add."""
+    ly = last.mask if getattr(last, 'mask', None) is not None else last.layer
+    if ly.type != job_pb2.kSoftmax:
+        return Loss('softmaxloss', topk=topk) if loss == 'categorical_crossentropy' \
+            else Loss('euclideanloss')
+    if loss == 'categorical_crossentropy':
+        ly.type = job_pb2.kSoftmaxLoss
+        ly.softmaxloss_conf.topk = topk
+    else:
+        ly.type = job_pb2.kEuclideanLoss
+    return None
 
 
-class SGD(Updater):
-    def __init__(self, lr=0.01, lr_type=None, decay=0, momentum=0, step=(0,), step_lr=(0.01,),
-                 **fields):
-        super().__init__(job_pb2.kSGD, lr, lr_type, decay, momentum, step, step_lr, **fields)
+def _add_accuracy(net, top, data):
+    """evaluate's show_acc: a softmax over layer `top` and an Accuracy layer against the labels
+    of layer `data`, in the test phase of NetProto `net`."""
+    sm = net.layer.add()
+    sm.CopyFrom(Layer(name='softmax', type=job_pb2.kSoftmax).layer)
+    sm.include.append(kTest)
+    sm.srclayers.append(top)
+    acc = net.layer.add()
+    acc.CopyFrom(Accuracy().layer)
+    acc.include.append(kTest)
+    acc.srclayers.extend(['softmax', data])
 
 
-class AdaGrad(Updater):
-    def __init__(self, lr=0.01, lr_type=None, decay=0, momentum=0, step=(0,), step_lr=(0.01,),
-                 **fields):
-        super().__init__(job_pb2.kAdaGrad, lr, lr_type, decay, momentum, step, step_lr, **fields)
+def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_split):
+    """fit's (x, y to train, data to validate): SINGA's `data=` keyword (in `fields`) for the
+    first argument, validation_data alias validate_data, or Keras' validation_split."""
+    if 'data' in fields:        # SINGA's name of the first argument
+        if data_or_x is not None:
+            raise ConfigError("fit: give the data once (data_or_x or data=)")
+        data_or_x = fields.pop('data')
+    if validation_data is not None:
+        if validate_data is not None:
+            raise ConfigError("fit: give validation_data or validate_data, not both")
+        validate_data = validation_data
+    if validation_split is not None:
+        if validate_data is not None:
+            raise ConfigError("fit: give validation_split or validation_data, not both")
+        data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
+    return data_or_x, y, validate_data
 
 
-class Nesterov(Updater):
-    """kNesterov: SGD with Nesterov momentum (`momentum`, default 0.9)."""
-
-    def __init__(self, lr=0.01, lr_type=None, decay=0, momentum=0.9, step=(0,),
-                 step_lr=(0.01,), **fields):
-        super().__init__(job_pb2.kNesterov, lr, lr_type, decay, momentum, step, step_lr, **fields)
-
-
-class RMSProp(Updater):
-    """kRMSProp: running mean of g² with factor `rho` (default 0.9), as Keras' RMSprop."""
-
-    def __init__(self, lr=0.001, rho=0.9, lr_type=None, decay=0, step=(0,), step_lr=(0.01,),
-                 **fields):
-        super().__init__(job_pb2.kRMSProp, lr, lr_type, decay, 0, step, step_lr,
-                         rmsprop_conf=job_pb2.RMSPropProto(rho=rho), **fields)
-
-
-class AdaDelta(Updater):
-    """kAdaDelta: running means of g² and of the update², factor `rho` (default 0.95, Keras')."""
-
-    def __init__(self, lr=1.0, rho=0.95, lr_type=None, decay=0, step=(0,), step_lr=(0.01,),
-                 **fields):
-        super().__init__(job_pb2.kAdaDelta, lr, lr_type, decay, 0, step, step_lr,
-                         adadelta_conf=job_pb2.AdaDeltaProto(rho=rho), **fields)
-
-
-class Adam(Updater):
-    """kAdam: moment factors `beta1`, `beta2` (defaults 0.9, 0.999)."""
-
-    def __init__(self, lr=0.001, beta1=0.9, beta2=0.999, lr_type=None, decay=0, step=(0,),
-                 step_lr=(0.01,), **fields):
-        super().__init__(job_pb2.kAdam, lr, lr_type, decay, 0, step, step_lr,
-                         adam_conf=job_pb2.AdamProto(beta1=beta1, beta2=beta2), **fields)
-
-
-class AdamMax(Updater):
-    """kAdamMax: Adam's infinity-norm variant, factors `beta1`, `beta2`."""
-
-    def __init__(self, lr=0.002, beta1=0.9, beta2=0.999, lr_type=None, decay=0, step=(0,),
-                 step_lr=(0.01,), **fields):
-        super().__init__(job_pb2.kAdamMax, lr, lr_type, decay, 0, step, step_lr,
-                         adammax_conf=job_pb2.AdamMaxProto(beta1=beta1, beta2=beta2), **fields)
-
-
-#: compile's optimizer names
-OPTIMIZERS = {'sgd': SGD, 'adagrad': AdaGrad, 'nesterov': Nesterov, 'rmsprop': RMSProp,
-              'adadelta': AdaDelta, 'adam': Adam, 'adamax': AdamMax}
-#: Keras' loss names for compile's two
-LOSSES = {'sparse_categorical_crossentropy': 'categorical_crossentropy',
-          'mse': 'mean_squared_error'}
-
-
-class Cluster:
-    """ClusterProto: the `workspace` (required), the topology and its other fields; a job of
-    several processes is launched with the ZooKeeper at `zookeeper_host` ("host:port"; by
-    default conf/singa.conf's). `gpu`: the job's GPU ids, given to each process's workers in
-    order (the workers beyond them run on the CPU)."""
-
-    def __init__(self, workspace=None, nworker_groups=1, nserver_groups=1, nworkers_per_group=1,
-                 nservers_per_group=1, nworkers_per_procs=1, nservers_per_procs=1,
-                 zookeeper_host=None, gpu=(), **fields):
-        if not workspace:
-            raise ConfigError("Cluster: workspace is required")
-        ids = {}
-        _put_device(ids, gpu, 'Cluster')
-        self.gpu = ids.get('gpu', [])
-        unknown = [k for k in fields if k not in job_pb2.ClusterProto.DESCRIPTOR.fields_by_name]
-        if unknown:
-            raise ConfigError(f"Cluster: {unknown[0]!r} is no ClusterProto field")
-        self.zookeeper_host = zookeeper_host
-        self.proto = job_pb2.ClusterProto(
-            workspace=workspace, nworker_groups=nworker_groups, nserver_groups=nserver_groups,
-            nworkers_per_group=nworkers_per_group, nservers_per_group=nservers_per_group,
-            nworkers_per_procs=nworkers_per_procs, nservers_per_procs=nservers_per_procs)
-        setval(self.proto, **fields)
-
-
-#: layers whose metrics compare outputs with labels
-LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
-LOSSES_OF_BP = LABELLED[:2] + (job_pb2.kEuclideanLoss,)
-CONVOLUTIONS = (job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
-
-
-def _check_loss(job):
-    """A net trained by back-propagation needs a loss layer (or a user layer that may be one)."""
-    if job.train_one_batch.alg == job_pb2.kCD:
-        return
-    if not any(ly.type in LOSSES_OF_BP or ly.type == job_pb2.kUserLayer
-               or ly.HasField('user_type') for ly in job.neuralnet.layer):
-        raise ConfigError(f"fit: model '{job.name}' has no loss layer, so training would change "
-                          f"nothing: compile(loss='categorical_crossentropy' or "
-                          f"'mean_squared_error', ...), or add a Loss layer")
-
-
-def _check_steps_left(job):
-    """fit(resume=True) must have steps to train beyond the newest snapshot."""
-    newest = checkpoint.latest_snapshot(checkpoint.folder(job.cluster.workspace),
-                                        job.cluster.nworkers_per_group)
-    if newest is not None and newest.step >= job.train_steps:
-        raise ConfigError(f"fit(resume=True): the newest snapshot is at step {newest.step}, "
-                          f"and nb_epoch {job.train_steps} (the step to reach) leaves nothing "
-                          f"to train: give nb_epoch > {newest.step}")
-
-
-def _whole_pass(net, phase, explicit, streams):
-    """Mark the inputs of `phase` alone in NetProto `net` that read data given to fit or
-    evaluate (numpy: memory stores; iterables: kvfiles in `streams`) to read every sample once
-    per test (store_conf.whole_pass); (the steps of that pass, its samples), or (0, 0) (none,
-    or steps `explicit`ly asked for, SINGA's way)."""
-    if explicit:
-        return 0, 0
-    steps = samples = 0
-    for ly in net.layer:
-        sc = ly.store_conf
-        if ly.type in session.STORE_INPUTS and _given(sc, streams) \
-                and list(ly.include) == [phase]:
-            sc.whole_pass = True
-            samples = count_records(sc.backend, sc.path)
-            steps = max(steps, evaluation.pass_steps(samples, sc.batchsize[0]))
-    return steps, samples
-
-
-def _given(sc, streams):
-    """Whether StoreProto `sc` reads data handed to the API (numpy, or an iterable written to
-    the folder `streams`), not a store a conf or Data layer names."""
-    return sc.backend == 'memory' or os.path.dirname(sc.path) == streams
-
-
-def _split(x, y, fraction):
-    """Keras' validation_split: (x, y to train, (x, y) to validate), the last `fraction` of
-    the samples validating."""
-    if isinstance(x, tuple) and len(x) == 2 and y is None:
-        x, y = x
-    if not isinstance(x, np.ndarray):
-        raise ConfigError("fit: validation_split splits numpy x (and y); for a Data layer give "
-                          "validation_data")
-    if not (isinstance(fraction, (float, int)) and 0 < fraction < 1):
-        raise ConfigError(f"fit: validation_split must be a fraction in (0, 1), got "
-                          f"{fraction!r}")
-    at = int(len(x) * (1 - fraction))
-    if at in (0, len(x)):
-        raise ConfigError(f"fit: validation_split {fraction} of {len(x)} samples leaves no "
-                          f"sample to {'train' if at == 0 else 'validate'}")
-    y = None if y is None else np.asarray(y)
-    return x[:at], None if y is None else y[:at], (x[at:], None if y is None else y[at:])
-
-
-def _as_data(data, y, phase, batch_size, what, folder):
-    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`), from an
-    iterable of (x, y) batches (written first as a kvfile in `folder`, see `_streamed`) or
-    from a Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps
-    its default phase 'train' when given as test or validation data), the caller's
-    untouched."""
-    if data is None:
-        raise ConfigError(f"{what}: no data given")
-    if isinstance(data, tuple) and len(data) == 2 and y is None:
-        data, y = data
-    name = job_pb2.Phase.Name(phase)[1:].lower()
-    if isinstance(data, list) and y is not None:
-        data = np.asarray(data)
-    if isinstance(data, np.ndarray):
-        own = Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
-        own.from_numpy = True   # preprocessed as the model's data layer (_take_preprocessing)
-        x, y = memory.arrays(own.layer.store_conf.path)
-        own.samples = (x.shape[1:], y is not None)
-        return own
-    if not getattr(data, 'is_datalayer', False):
-        if y is None and hasattr(data, '__iter__'):
-            return _streamed(data, name, batch_size, what, folder)
-        raise ConfigError(f"{what}: data must be numpy samples, an iterable of (x, y) "
-                          f"batches or a Data layer, got {type(data).__name__}")
-    own = _copy_data(data)
-    own.layer.ClearField('include')
-    own.layer.ClearField('exclude')
-    own.layer.include.append(phase)
-    if batch_size is not None:
-        del own.layer.store_conf.batchsize[:]
-        setval(own.layer.store_conf, batchsize=batch_size)
-    return own
-
-
-def _streamed(batches, phase, batch_size, what, folder):
-    """A Data layer of `phase` reading the (x, y) batches (or x alone, labels 0) of the
-    iterable `batches`, written chunk by chunk as the kvfile `<folder>/<phase>-stream.bin`
-    first: data larger than memory, read like any store, by every process of the job."""
-    seen = {}
-
-    def chunks():
-        for item in batches:
-            x, y = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
-            x = np.asarray(x)
-            if seen.setdefault('shape', x.shape[1:]) != x.shape[1:]:
-                raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
-                                  f"samples of shape {seen['shape']}")
-            seen['labelled'] = seen.get('labelled', True) and y is not None
-            yield x, y
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"{what}: cannot make {folder}: {e.strerror}") from None
-    path = os.path.join(folder, f"{phase}-stream.bin")
-    if not write_records(path, chunks()):
-        raise ConfigError(f"{what}: the iterable of batches gave no samples")
-    own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
-               shape=list(seen['shape']), batchsize=batch_size or 64)
-    own.from_numpy, own.streamed = True, True
-    own.samples = (seen['shape'], seen['labelled'])
-    return own
-
-
-def _take_preprocessing(dst, src, shape=True):
-    """StoreProto `dst` preprocesses as `src` does (mean, std: values or files), and takes its
-    sample shape when the sizes agree."""
-    for field in ('mean_value', 'std_value', 'mean_file', 'std_file'):
-        dst.ClearField(field)
-        if src.HasField(field):
-            setattr(dst, field, getattr(src, field))
-    if shape and src.shape and int(np.prod(src.shape)) == int(np.prod(dst.shape)):
-        del dst.shape[:]
-        dst.shape.extend(src.shape)
-
-
-def _copy_data(data):
-    """A copy of Data layer `data` with a LayerProto of its own."""
-    own = copy.copy(data)
-    own.layer = job_pb2.LayerProto()
-    own.layer.CopyFrom(data.layer)
-    return own
-
-
-def _net_of(net, phase):
-    """The layers of NetProto `net` in `phase`, as a net for every phase (no include/exclude)."""
-    out = job_pb2.NetProto()
-    for ly in net.layer:
-        if in_phase(ly, phase):
-            new = out.layer.add()
-            new.CopyFrom(ly)
-            new.ClearField('include')
-            new.ClearField('exclude')
-    return out
+def _same_data(fed, now):
+    """Whether a fit was given the very objects (x, y) the fit before it had."""
+    return fed is not None and len(fed) == len(now) and all(a is b for a, b in zip(fed, now))
 
 
 def _phase(name):
     return {'train': kTrain, 'val': kVal, 'validation': kVal, 'test': kTest}.get(name, name)
-
-
-
-
-def _list(value):
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _put_device(fields, device, what):
-    """SINGA's `device` (GPU ids: [0], or 0) as the job's `gpu` field: worker i runs on GPU
-    device[i], the workers beyond them on the CPU."""
-    if device is None:
-        return
-    ids = [device] if isinstance(device, int) else device
-    if isinstance(ids, (str, bytes)) or not hasattr(ids, '__iter__') or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ConfigError(f"{what}: device must list GPU ids, e.g. [0]; got {device!r}")
-    fields['gpu'] = list(ids)

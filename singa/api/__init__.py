@@ -1,1 +1,2 @@
-"""The Python API's machinery: the session that runs a JobProto in-process."""
+"""The Python API's machinery: the session that runs a JobProto in-process, SINGA's proto
+builders, data feeding."""

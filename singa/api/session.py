@@ -29,15 +29,14 @@ from google.protobuf import text_format
 from singa import checkpoint, files
 from singa import log as singa_log
 import singa
+from singa.api.resume import check_resumable, newest_snapshot
 from singa.cluster.cluster_rt import SPClusterRuntime
 from singa.device import host
 from singa.driver import Driver, Stopped
-from singa.errors import CheckpointError, ClusterError, ConfigError
+from singa.errors import ClusterError, ConfigError
 from singa.io import memory
 from singa.io.records import write_records
 from singa.job import config, topology, workspace
-from singa.naming import unrolled
-from singa.net.neuralnet import NeuralNet
 from singa.net.phase import in_phase
 from singa.proto import job_pb2
 from singa.train import evaluation
@@ -66,12 +65,16 @@ def prepare(job, base=None):
 def train(job, resume=False, verbose=False, progress=True, on_event=None,
           zookeeper_host=None):
     """Train the prepared `job` (testing and validating as it says); returns its History.
-    `on_event(step, phase, metrics)` hears each display, test and validation (in the worker's
-    thread; for a job of several processes, from its metrics.csv in this one); once it returns
-    True the job stops a step or two later, after a snapshot. A job of several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
-    snap = check_resumable(job) if resume else None
+    `resume`: continue from the newest snapshot of its workspace: True (found and checked
+    here), or that Snapshot as the caller found and checked it (`singa.api.resume`: nothing
+    is read again). `on_event(step, phase, metrics)` hears each display, test and validation
+    (in the worker's thread; for a job of several processes, from its metrics.csv in this
+    one); once it returns True the job stops a step or two later, after a snapshot. A job of
+    several processes uses the ZooKeeper at `zookeeper_host` (default: conf/singa.conf's)."""
+    snap = resume if isinstance(resume, checkpoint.Snapshot) else \
+        check_resumable(job, newest_snapshot(job)) if resume else None
     if topology.nprocs(job.cluster) > 1:
-        return _launch(job, resume, verbose, zookeeper_host, on_event)
+        return _launch(job, bool(resume), verbose, zookeeper_host, on_event)
     write_conf(job)
     history = History()
     bar = _progress(job, progress, snap.step if snap is not None else 0)
@@ -91,33 +94,6 @@ def train(job, resume=False, verbose=False, progress=True, on_event=None,
     finally:
         bar.close()
     return history
-
-
-def check_resumable(job):
-    """The snapshot a resume of `job` starts from, its files parsed: the newest complete one
-    of its workspace (resume's own rule), or None. It must hold every param
-    of the job's net, else the job would start afresh under the "Resume" line and write over
-    it (a net whose params are named otherwise: another model, or one whose generated names
-    differ): CheckpointError naming the missing params."""
-    folder = checkpoint.folder(job.cluster.workspace)
-    if not os.path.isdir(folder):
-        return None
-    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
-    if snap is None:
-        return None
-    stored = snap.names()
-    stored |= {unrolled(name) for name in stored if "#" not in name}     # SINGA 0.1's names
-    net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0))
-    missing = [p.name for p in net.owner_params if p.name not in stored]
-    if missing:
-        shown = ", ".join(missing[:4]) + (", ..." if len(missing) > 4 else "")
-        raise CheckpointError(
-            f"resume: the newest snapshot {checkpoint.snapshot_file(folder, snap.step, 0)} "
-            f"(step {snap.step}) "
-            f"lacks {len(missing)} of the {len(net.owner_params)} params of '{job.name}' "
-            f"({shown}): it is another net's; resume in this net's workspace, or train "
-            f"without resume (which writes over it)")
-    return snap
 
 
 def test(job, verbose=False, listener=None):

@@ -104,3 +104,36 @@ def test_load_params_shape_mismatch_names_param_shapes_and_file():
     assert "\n" not in msg
     for part in ("0#weight1", "(64, 784)", "(32, 784)", "run-1worker/step100-worker0"):
         assert part in msg
+
+
+def test_a_continued_and_a_resumed_fit_read_their_snapshot_once(tmp_path, monkeypatch):
+    """A second fit (from the params the first left) and fit(resume=True) of a new model each
+    find and verify the newest snapshot once, check its params against a net set up on SHAPES
+    (nothing allocated), and the workers load from those parsed files, reading none again."""
+    from singa.api import resume
+    from singa.device.footprint import SHAPES
+    from singa.model import SGD, Cluster, Dense, Sequential
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 6)).astype(np.float32), rng.integers(0, 3, 64)
+
+    def model():
+        m = Sequential('mlp')
+        m.add(Dense(8, activation='tanh'))
+        m.add(Dense(3, activation='softmax'))
+        m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.1),
+                  cluster=Cluster(str(tmp_path / "ws")))
+        return m
+    m = model()
+    m.fit(x, y, nb_epoch=10, progress=False)
+    loads, devices = [], []
+    load = ckpt_format._load
+    monkeypatch.setattr(ckpt_format, "_load", lambda path: loads.append(path) or load(path))
+    net = resume.NeuralNet
+    monkeypatch.setattr(resume, "NeuralNet",
+                        lambda *a, **kw: devices.append(kw.get("device")) or net(*a, **kw))
+    folder = tmp_path / "ws" / "checkpoint"
+    assert m.fit(x, y, nb_epoch=5, progress=False).snapshots[-1][0] == 15
+    assert loads == [str(folder / "step10-worker0.bin")]
+    assert model().fit(x, y, nb_epoch=20, resume=True, progress=False).snapshots[-1][0] == 20
+    assert loads == [str(folder / "step10-worker0.bin"), str(folder / "step15-worker0.bin")]
+    assert devices == [SHAPES, SHAPES]

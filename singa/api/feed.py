@@ -1,0 +1,282 @@
+"""Data feeding of the Python API: numpy samples, iterables of (x, y) batches and Data layers
+given to `fit`, `evaluate` and `predict` as the model's data layers of a phase (numpy data as
+memory stores, iterables written once as kvfiles in `<workspace>/data`), the conf's input
+layers reading them for a model of a conf, and the checks that numpy data would not be read
+wrongly without a word."""
+import copy
+import os
+
+import numpy as np
+
+from singa.api.session import STORE_INPUTS
+from singa.errors import ConfigError
+from singa.io import memory
+from singa.io.records import write_records
+from singa.io.store import count_records
+from singa.layer import Data, setval
+from singa.net.phase import in_phase
+from singa.proto import job_pb2
+from singa.train import evaluation
+
+__all__ = ["LABELLED", "CONVOLUTIONS", "as_data", "check_input", "copy_data", "net_of",
+           "predict_net", "put_conf_data", "put_data", "set_batchsize", "split",
+           "steps_per_pass", "streams_folder", "whole_pass"]
+
+#: layers whose metrics compare outputs with labels
+LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
+CONVOLUTIONS = (job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
+
+
+def as_data(data, y, phase, batch_size, what, folder):
+    """A Data layer of `phase` (and no other) from numpy samples (with labels `y`), from an
+    iterable of (x, y) batches (written first as a kvfile in `folder`, see `_streamed`) or
+    from a Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps
+    its default phase 'train' when given as test or validation data), the caller's
+    untouched."""
+    if data is None:
+        raise ConfigError(f"{what}: no data given")
+    if isinstance(data, tuple) and len(data) == 2 and y is None:
+        data, y = data
+    name = job_pb2.Phase.Name(phase)[1:].lower()
+    if isinstance(data, list) and y is not None:
+        data = np.asarray(data)
+    if isinstance(data, np.ndarray):
+        own = Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
+        own.from_numpy = True   # preprocessed as the model's data layer (_take_preprocessing)
+        x, y = memory.arrays(own.layer.store_conf.path)
+        own.samples = (x.shape[1:], y is not None)
+        return own
+    if not getattr(data, 'is_datalayer', False):
+        if y is None and hasattr(data, '__iter__'):
+            return _streamed(data, name, batch_size, what, folder)
+        raise ConfigError(f"{what}: data must be numpy samples, an iterable of (x, y) "
+                          f"batches or a Data layer, got {type(data).__name__}")
+    own = copy_data(data)
+    own.layer.ClearField('include')
+    own.layer.ClearField('exclude')
+    own.layer.include.append(phase)
+    if batch_size is not None:
+        del own.layer.store_conf.batchsize[:]
+        setval(own.layer.store_conf, batchsize=batch_size)
+    return own
+
+
+def copy_data(data):
+    """A copy of Data layer `data` with a LayerProto of its own."""
+    own = copy.copy(data)
+    own.layer = job_pb2.LayerProto()
+    own.layer.CopyFrom(data.layer)
+    return own
+
+
+def split(x, y, fraction):
+    """Keras' validation_split: (x, y to train, (x, y) to validate), the last `fraction` of
+    the samples validating."""
+    if isinstance(x, tuple) and len(x) == 2 and y is None:
+        x, y = x
+    if not isinstance(x, np.ndarray):
+        raise ConfigError("fit: validation_split splits numpy x (and y); for a Data layer give "
+                          "validation_data")
+    if not (isinstance(fraction, (float, int)) and 0 < fraction < 1):
+        raise ConfigError(f"fit: validation_split must be a fraction in (0, 1), got "
+                          f"{fraction!r}")
+    at = int(len(x) * (1 - fraction))
+    if at in (0, len(x)):
+        raise ConfigError(f"fit: validation_split {fraction} of {len(x)} samples leaves no "
+                          f"sample to {'train' if at == 0 else 'validate'}")
+    y = None if y is None else np.asarray(y)
+    return x[:at], None if y is None else y[:at], (x[at:], None if y is None else y[at:])
+
+
+def check_input(data, protos, what):
+    """Numpy data (`data`, a Data layer from `as_data`) that a net of the LayerProtos `protos`
+    would read wrongly without a word: no labels for a layer that compares with them, images
+    channels-last for a convolution."""
+    if not hasattr(data, 'samples'):
+        return
+    shape, labelled = data.samples
+    needs = [p.name for p in protos if p.type in LABELLED]
+    if not labelled and needs:
+        raise ConfigError(f"{what}: layer '{needs[0]}' compares the outputs with labels: "
+                          f"give y (without it every sample would count as label 0)")
+    if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3) \
+            and any(p.type in CONVOLUTIONS for p in protos):
+        raise ConfigError(f"{what}: images are (N, C, H, W), and samples of shape {shape} "
+                          f"look channels-last (H, W, C): give x.transpose(0, 3, 1, 2)")
+
+
+def put_data(layers, data, phase):
+    """The layers (singa.layer objects) of a built model with `data` (a Data layer of `phase`
+    only, ours to change) as its data layer of `phase`, first (as SINGA inserts it), in place
+    of those it had, and named as its data layers of the other phases: a net's layers read one
+    input name whatever the phase."""
+    mine = [ly.layer for ly in layers if ly.is_datalayer]
+    template = next((ly for ly in mine if in_phase(ly, phase)), mine[0] if mine else None)
+    if getattr(data, 'from_numpy', False) and template is not None:
+        _take_preprocessing(data.layer.store_conf, template.store_conf)
+    layers = [ly for ly in layers if not (ly.is_datalayer and in_phase(ly.layer, phase))]
+    others = [ly for ly in layers if ly.is_datalayer]
+    if others:
+        data.layer.name = others[0].layer.name
+    elif getattr(data, 'generated_name', False):
+        data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
+    return [data] + layers
+
+
+def put_conf_data(conf_net, data, phase):
+    """NetProto `conf_net` (a conf's) reading `data` (a Data layer) in `phase` through its
+    input layer of that phase (else of another): its name and preprocessing (shape, mean,
+    std) kept, its store the data's; the conf's inputs of `phase` give way (excluded, or
+    removed when they serve only `phase`)."""
+    inputs = [ly for ly in conf_net.layer if ly.type in STORE_INPUTS]
+    if not inputs:
+        raise ConfigError("the conf's net has no input layer reading a store (kRecordInput, "
+                          "kCSVInput) to read numpy data through")
+    template = next((ly for ly in inputs if in_phase(ly, phase)), inputs[0])
+    given = data.layer.store_conf
+    own = job_pb2.LayerProto()
+    own.CopyFrom(template)
+    own.type = data.layer.type
+    own.ClearField('include')
+    own.ClearField('exclude')
+    own.include.append(phase)
+    sc = own.store_conf
+    if int(np.prod(given.shape)) != int(np.prod(sc.shape)):
+        raise ConfigError(f"data: samples of shape {tuple(given.shape)} do not fit input "
+                          f"layer '{own.name}' of shape {tuple(sc.shape)}")
+    sc.backend, sc.path, sc.random_skip = given.backend, given.path, given.random_skip
+    del sc.batchsize[:]
+    sc.batchsize.extend(given.batchsize)
+    sc.ClearField('whole_pass')
+    if not getattr(data, 'from_numpy', False):      # a Data layer's own preprocessing
+        _take_preprocessing(sc, given, shape=False)
+    layers = []
+    for ly in conf_net.layer:
+        if ly in inputs and in_phase(ly, phase):
+            if list(ly.include) == [phase]:
+                continue
+            ly.exclude.append(phase)
+        layers.append(ly)
+    net = job_pb2.NetProto()
+    net.layer.add().CopyFrom(own)
+    for ly in layers:
+        net.layer.add().CopyFrom(ly)
+    return net
+
+
+def set_batchsize(protos, phase, batch_size):
+    """Set the batch size of the input layers of `phase` among the LayerProtos `protos`."""
+    for ly in protos:
+        if ly.type in STORE_INPUTS and in_phase(ly, phase):
+            del ly.store_conf.batchsize[:]
+            setval(ly.store_conf, batchsize=batch_size)
+
+
+def predict_net(net):
+    """The net predict runs of NetProto `net` (a model's, built): the layers of its test
+    phase (else of its train phase, when no input of the test phase reads a store), every
+    input layer reading the samples predict feeds (the store a conf names may be gone)."""
+    data = [ly for ly in net.layer if ly.type in STORE_INPUTS]
+    if not data:
+        raise ConfigError("predict: the model's net has no input layer reading a store")
+    tested = any(in_phase(ly, job_pb2.kTest) for ly in data)
+    out = net_of(net, job_pb2.kTest if tested else job_pb2.kTrain)
+    for ly in out.layer:
+        if ly.type in STORE_INPUTS:
+            ly.store_conf.backend, ly.store_conf.path = 'memory', 'memory://predict'
+            ly.type = job_pb2.kRecordInput
+    return out
+
+
+def net_of(net, phase):
+    """The layers of NetProto `net` in `phase`, as a net for every phase (no include/exclude):
+    the net evaluate tests."""
+    out = job_pb2.NetProto()
+    for ly in net.layer:
+        if in_phase(ly, phase):
+            new = out.layer.add()
+            new.CopyFrom(ly)
+            new.ClearField('include')
+            new.ClearField('exclude')
+    return out
+
+
+def steps_per_pass(protos, streams):
+    """The train steps of one pass over the train data given to fit, read by one of the data
+    LayerProtos `protos` (iterables: kvfiles in `streams`)."""
+    data = [p for p in protos if in_phase(p, job_pb2.kTrain) and _given(p.store_conf, streams)]
+    if not data:
+        raise ConfigError("fit: epochs counts passes over data given to fit (numpy, or "
+                          "an iterable of batches); for a store give nb_epoch (steps)")
+    sc = data[0].store_conf
+    return evaluation.pass_steps(count_records(sc.backend, sc.path), sc.batchsize[0])
+
+
+def whole_pass(net, phase, explicit, streams):
+    """Mark the inputs of `phase` alone in NetProto `net` that read data given to fit or
+    evaluate (numpy: memory stores; iterables: kvfiles in `streams`) to read every sample once
+    per test (store_conf.whole_pass); (the steps of that pass, its samples), or (0, 0) (none,
+    or steps `explicit`ly asked for, SINGA's way)."""
+    if explicit:
+        return 0, 0
+    steps = samples = 0
+    for ly in net.layer:
+        sc = ly.store_conf
+        if ly.type in STORE_INPUTS and _given(sc, streams) \
+                and list(ly.include) == [phase]:
+            sc.whole_pass = True
+            samples = count_records(sc.backend, sc.path)
+            steps = max(steps, evaluation.pass_steps(samples, sc.batchsize[0]))
+    return steps, samples
+
+
+def streams_folder(workspace):
+    """Where iterables of batches are written as kvfiles: `<workspace>/data`."""
+    return os.path.join(os.path.abspath(workspace), 'data')
+
+
+def _given(sc, streams):
+    """Whether StoreProto `sc` reads data handed to the API (numpy, or an iterable written to
+    the folder `streams`), not a store a conf or Data layer names."""
+    return sc.backend == 'memory' or os.path.dirname(sc.path) == streams
+
+
+def _streamed(batches, phase, batch_size, what, folder):
+    """A Data layer of `phase` reading the (x, y) batches (or x alone, labels 0) of the
+    iterable `batches`, written chunk by chunk as the kvfile `<folder>/<phase>-stream.bin`
+    first: data larger than memory, read like any store, by every process of the job."""
+    seen = {}
+
+    def chunks():
+        for item in batches:
+            x, y = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
+            x = np.asarray(x)
+            if seen.setdefault('shape', x.shape[1:]) != x.shape[1:]:
+                raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
+                                  f"samples of shape {seen['shape']}")
+            seen['labelled'] = seen.get('labelled', True) and y is not None
+            yield x, y
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot make {folder}: {e.strerror}") from None
+    path = os.path.join(folder, f"{phase}-stream.bin")
+    if not write_records(path, chunks()):
+        raise ConfigError(f"{what}: the iterable of batches gave no samples")
+    own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
+               shape=list(seen['shape']), batchsize=batch_size or 64)
+    own.from_numpy, own.streamed = True, True
+    own.samples = (seen['shape'], seen['labelled'])
+    return own
+
+
+def _take_preprocessing(dst, src, shape=True):
+    """StoreProto `dst` preprocesses as `src` does (mean, std: values or files), and takes its
+    sample shape when the sizes agree."""
+    for field in ('mean_value', 'std_value', 'mean_file', 'std_file'):
+        dst.ClearField(field)
+        if src.HasField(field):
+            setattr(dst, field, getattr(src, field))
+    if shape and src.shape and int(np.prod(src.shape)) == int(np.prod(dst.shape)):
+        del dst.shape[:]
+        dst.shape.extend(src.shape)
