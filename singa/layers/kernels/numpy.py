@@ -2,12 +2,15 @@
 (`kernels.numba`, `kernels.cuda`): convolution's copies and direct loops, chosen on the CPU
 where numba is not used (one numpy call per kernel tap where numba makes one pass); pooling,
 the activations, SoftmaxLoss's gradient and LRN, the CPU's always. Each works on the chunk
-of samples it is given; a padded input is copied into a buffer made per call
-(`ops.pad_buffer`), its border 0 (-inf for MAX pooling).
+of samples it is given; a padded input is copied into the interior of a buffer whose border
+is 0 (-inf for MAX pooling). Working arrays are made at a shape's first call and kept by the
+calling thread (`_kept`), as a layer keeps its blobs: no allocation on the hot path.
 
 numba's loops and our CUDA kernels add in these functions' orders: the same float32 bits
 (tests/unit/test_kernels.py, test_cuda_kernels.py).
 """
+import threading
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -23,6 +26,10 @@ COMPILED = False
 
 #: the activations' cases, the same in every kernel module
 RELU, SIGMOID, TANH, STANH = range(4)
+
+#: working arrays a thread keeps at the most (shapes beyond are made afresh: all are dropped)
+MAX_KEPT = 256
+_local = threading.local()
 
 
 def taps(kh, kw, sh, sw, oh, ow):
@@ -62,7 +69,7 @@ def group_conv(x, w, bias, ph, pw, sh, sw, y):
     b, _, oh, ow = y.shape
     xp = _padded(x, ph, pw)
     y5, x5 = y.reshape(b, ng, m, oh, ow), xp.reshape(b, ng, cg, *xp.shape[2:])
-    tmp = np.empty_like(y5)
+    tmp = _buf("tmp", y5.shape)
     for c in range(cg):
         for i, j, r, s in taps(kh, kw, sh, sw, oh, ow):
             first = c == 0 and i == j == 0
@@ -83,7 +90,7 @@ def group_conv_wgrad(x, gy, ph, pw, sh, sw, acc):
     ng = xp.shape[1] // cg
     g5, x5 = gy.reshape(b, ng, f // ng, oh, ow), xp.reshape(b, ng, cg, *xp.shape[2:])
     a = acc.reshape(ng, f // ng, *acc.shape[1:])
-    tmp = np.empty(g5.shape[1:], np.float32)
+    tmp = _buf("tmp", g5.shape[1:])
     for c in range(cg):
         for i, j, r, s in taps(kh, kw, sh, sw, oh, ow):
             dst = a[:, :, c, i, j]
@@ -102,7 +109,7 @@ def group_conv_xgrad(gy, w, ph, pw, sh, sw, gx):
     b, _, oh, ow = gy.shape
     gp = _padding(gx, ph, pw)
     g5, p5 = gy.reshape(b, ng, m, oh, ow), gp.reshape(b, ng, cg, *gp.shape[2:])
-    tmp = np.empty((b, ng, oh, ow), np.float32)
+    tmp = _buf("tmp", (b, ng, oh, ow))
     gp[...] = 0
     for c in range(cg):
         for i, j, r, s in taps(kh, kw, sh, sw, oh, ow):
@@ -124,7 +131,7 @@ def max_pool(x, kh, kw, ph, pw, sh, sw, y, argmax, train):
     tap i·kw + j. The taps are copied into one (kh·kw, ·) array, reduced over its first axis."""
     xp = _pool_padded(x, kh, kw, ph, pw, sh, sw, y.shape[2:], -np.inf)
     tp = taps(kh, kw, sh, sw, *y.shape[2:])
-    win = np.empty((len(tp),) + y.shape, np.float32)
+    win = _buf("win", (len(tp),) + y.shape)
     for t, (_, _, r, c) in enumerate(tp):
         np.copyto(win[t], xp[:, :, r, c])
     np.max(win, axis=0, out=y)
@@ -132,7 +139,8 @@ def max_pool(x, kh, kw, ph, pw, sh, sw, y, argmax, train):
         return
     # Taps in reverse scan order, so the first maximum's index is written last (Caffe);
     # argmax += hit·(t − argmax) in wrapping unsigned ints has no data-dependent branch.
-    step, hit, last = np.empty_like(argmax), np.empty(y.shape, bool), len(tp) - 1
+    step, hit = _buf("step", argmax.shape, argmax.dtype), _buf("hit", y.shape, bool)
+    last = len(tp) - 1
     np.equal(win[last], y, out=hit)
     np.multiply(hit, argmax.dtype.type(last), out=argmax)
     for t in range(last - 1, -1, -1):
@@ -148,7 +156,7 @@ def avg_pool(x, kh, kw, ph, pw, sh, sw, size, y):
     oh, ow = y.shape[2:]
     xp = _pool_padded(x, kh, kw, ph, pw, sh, sw, (oh, ow), 0)
     rows, cols = _pool_slices(kh, kw, sh, sw, oh, ow)
-    part = np.empty(y.shape[:3] + xp.shape[3:], np.float32)
+    part = _buf("part", y.shape[:3] + xp.shape[3:])
     np.copyto(part, xp[:, :, rows[0]])
     for r in rows[1:]:
         part += xp[:, :, r]
@@ -166,10 +174,13 @@ def max_pool_backward(gy, argmax, kh, kw, ph, pw, sh, sw, gx):
     gp = _pool_padding(gx, hp, wp)
     gp[...] = 0
     # flat indices of the argmaxes in the padded chunk (its first sample at 0)
-    planes = np.arange(gy.shape[0] * gy.shape[1]).reshape(gy.shape[:2] + (1, 1)) * (hp * wp)
-    base = planes + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw
-    offsets = np.array([i * wp + j for i, j, _, _ in taps(kh, kw, sh, sw, oh, ow)], np.intp)
-    index = argmax.astype(np.intp)
+    base = _kept(("base", gy.shape, hp, wp, sh, sw), lambda: (
+        np.arange(gy.shape[0] * gy.shape[1]).reshape(gy.shape[:2] + (1, 1)) * (hp * wp)
+        + (np.arange(oh) * sh * wp)[:, None] + np.arange(ow) * sw))
+    offsets = _kept(("offsets", kh, kw, wp), lambda: np.array(
+        [i * wp + j for i, j, _, _ in taps(kh, kw, sh, sw, oh, ow)], np.intp))
+    index = _buf("index", argmax.shape, np.intp)
+    np.copyto(index, argmax)
     np.take(offsets, index, out=index)    # out is buffered (mode "raise")
     index += base
     np.add.at(gp.reshape(-1), index.reshape(-1), gy.reshape(-1))
@@ -184,8 +195,9 @@ def avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx):
     gp = _pool_padding(gx, hp, wp)
     gp[...] = 0
     rows, cols = _pool_slices(kh, kw, sh, sw, oh, ow)
-    tmp = np.divide(gy, size)
-    part = np.zeros(gy.shape[:3] + (wp,), np.float32)
+    tmp = np.divide(gy, size, out=_buf("tmp", gy.shape))
+    part = _buf("part", gy.shape[:3] + (wp,))
+    part[...] = 0
     for c in cols:
         part[:, :, :, c] += tmp
     for r in rows:
@@ -211,7 +223,7 @@ def activation(f, x, y, a=0.0, b=0.0):
 def activation_grad(f, y, g, gx, a=0.0, b=0.0):
     """gx = g·f'(y) elementwise, f' computed from y: RELU [y > 0], SIGMOID (1 − y)·y, TANH
     1 − y², STANH y²·a + b; gx may be g."""
-    d = np.empty_like(y)
+    d = _buf("d", y.shape)
     if f == RELU:
         np.greater(y, 0, out=d)
     elif f == SIGMOID:
@@ -273,8 +285,8 @@ def _lrn_padded(shape, size, within):
     """(buf, inner) of `pad_buffer`: zeros around the channels (or rows and columns) so that
     every window is a slice."""
     half = size // 2
-    return pad_buffer(shape, ((0, 0), (0, 0), (half, half), (half, half)) if within
-                      else ((0, 0), (half, half)))
+    return _pad_buffer(shape, ((0, 0), (0, 0), (half, half), (half, half)) if within
+                       else ((0, 0), (half, half)))
 
 
 def _window_sum(p, size, within, out):
@@ -284,7 +296,7 @@ def _window_sum(p, size, within, out):
         np.copyto(out, p)
     elif within:
         h, w = out.shape[2:]
-        rows = np.empty(out.shape[:3] + (p.shape[3],), np.float32)
+        rows = _buf("rows", out.shape[:3] + (p.shape[3],))
         _sum(p, size, rows, 2, h)
         _sum(rows, size, out, 3, w)
     else:
@@ -315,8 +327,8 @@ def _pool_padded(x, kh, kw, ph, pw, sh, sw, ohw, fill):
     hp, wp = _pool_size((h, w), kh, kw, ph, pw, sh, sw, ohw)
     if (hp, wp) == (h, w):
         return x
-    buf, inner = pad_buffer(x.shape, ((0, 0), (0, 0), (ph, hp - h - ph), (pw, wp - w - pw)),
-                            fill)
+    buf, inner = _pad_buffer(x.shape, ((0, 0), (0, 0), (ph, hp - h - ph), (pw, wp - w - pw)),
+                             fill)
     inner[...] = x
     return buf
 
@@ -325,7 +337,7 @@ def _pool_padding(gx, hp, wp):
     """Where a scatter into gx adds: gx itself, or a (·, ·, hp, wp) array (_unpadded)."""
     if gx.shape[2:] == (hp, wp):
         return gx
-    return np.empty(gx.shape[:2] + (hp, wp), np.float32)
+    return _buf("gpad", gx.shape[:2] + (hp, wp))
 
 
 def _pool_slices(kh, kw, sh, sw, oh, ow):
@@ -339,7 +351,7 @@ def _padded(x, ph, pw):
     none)."""
     if not (ph or pw):
         return x
-    buf, inner = pad_buffer(x.shape, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    buf, inner = _pad_buffer(x.shape, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     inner[...] = x
     return buf
 
@@ -348,7 +360,7 @@ def _padding(gx, ph, pw):
     """Where a scatter into gx (·, ·, H, W) adds: gx itself, or a padded array (_unpadded)."""
     if not (ph or pw):
         return gx
-    return np.empty(gx.shape[:2] + (gx.shape[2] + 2 * ph, gx.shape[3] + 2 * pw), np.float32)
+    return _buf("gpad", gx.shape[:2] + (gx.shape[2] + 2 * ph, gx.shape[3] + 2 * pw))
 
 
 def _unpadded(gp, gx, ph, pw):
@@ -356,3 +368,28 @@ def _unpadded(gp, gx, ph, pw):
     if gp is not gx:
         gx[...] = gp[:, :, ph:ph + gx.shape[2], pw:pw + gx.shape[3]]
     return gx
+
+
+def _kept(key, make):
+    """This thread's array for `key`, made by make() at the key's first call and kept (at
+    most MAX_KEPT of them): a compute thread works on one chunk at a time, so no two users
+    of a key overlap."""
+    kept = _local.__dict__.setdefault("kept", {})
+    a = kept.get(key)
+    if a is None:
+        if len(kept) >= MAX_KEPT:
+            kept.clear()
+        a = kept[key] = make()
+    return a
+
+
+def _buf(name, shape, dtype=np.float32):
+    """A kept working array of `shape` (its cells whatever the last user left)."""
+    return _kept((name, tuple(shape), np.dtype(dtype)), lambda: np.empty(shape, dtype))
+
+
+def _pad_buffer(shape, pads, fill=0):
+    """A kept `ops.pad_buffer` (buf, inner): its border = fill since it was made, as callers
+    write only the interior."""
+    return _kept(("pad", tuple(shape), tuple(pads), float(fill)),
+                 lambda: pad_buffer(shape, pads, fill))
