@@ -28,7 +28,8 @@ from singa.layers.base import create_layer, set_up
 from singa.log import format_metrics
 from singa.naming import *  # noqa: F401,F403  (SINGA's `from singa.layer import *` gave them)
 from singa.naming import __all__ as _naming_names
-from singa.naming import enumLayerType, enumPhase, generate_name, setval, unrolled
+from singa.naming import (enumLayerType, enumPhase, generate_name, is_unrolled, setval,
+                          unrolled)
 from singa.parameter import Parameter, set_param_field
 from singa.proto import job_pb2
 from singa.train.updater import create_updater
@@ -547,7 +548,7 @@ def _stored_params(neuralnet, what):
             continue
         ly._ran(what)
         for p in ly.params:
-            name = p.name if '#' in p.name else unrolled(p.name)
+            name = p.name if is_unrolled(p.name) else unrolled(p.name)
             if name in params:
                 raise ConfigError(f"{what}: two params named '{p.name}' (layer "
                                   f"'{ly.layer.name}' and an earlier one)")

@@ -26,6 +26,16 @@ def unrolled(name, index=0):
     return f"{index}#{name}"
 
 
+def is_unrolled(name):
+    """Whether `name` has the prefix `<index>#` of `unrolled` (SINGA 0.1's names have none)."""
+    return "#" in name
+
+
+def plain(name):
+    """`name` without the prefix of `unrolled`: `0#w1` → `w1` (a name without one as it is)."""
+    return name.partition("#")[2] or name
+
+
 def generate_name(label, option=0, withnumber=True):
     """`<label><n>` (just `label` unless `withnumber`), SINGA's rule: n is the layer counter,
     the param counter for label 'param'; option 1 first advances that counter; option 2 gives

@@ -9,7 +9,7 @@ import numpy as np
 from singa import checkpoint
 from singa.device.footprint import SHAPES
 from singa.errors import CheckpointError, ConfigError
-from singa.naming import unrolled
+from singa.naming import is_unrolled, unrolled
 from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
@@ -68,7 +68,7 @@ def check_resumable(job, snap):
     if snap is None:
         return None
     stored = snap.names()
-    stored |= {unrolled(name) for name in stored if "#" not in name}     # SINGA 0.1's names
+    stored |= {unrolled(name) for name in stored if not is_unrolled(name)}     # SINGA 0.1's names
     net = NeuralNet(job.neuralnet, job_pb2.kTrain, np.random.default_rng(0), device=SHAPES)
     missing = [p.name for p in net.owner_params if p.name not in stored]
     if missing:

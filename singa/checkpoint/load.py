@@ -17,7 +17,7 @@ from singa.device import assign, is_host
 from singa.errors import CheckpointError
 from singa.layers.param import cut, joined_shape
 from singa.log import SHOWN
-from singa.naming import unrolled
+from singa.naming import is_unrolled, unrolled
 from singa.proto import job_pb2
 
 
@@ -147,7 +147,7 @@ def _entries(source, params):
         stored = set(r.names)
         for name in r.names:
             target = name
-            if name not in params and "#" not in name and unrolled(name) not in stored:
+            if name not in params and not is_unrolled(name) and unrolled(name) not in stored:
                 target = unrolled(name)
             if target in params:
                 out.setdefault(target, []).append((r, name))

@@ -22,6 +22,7 @@ from singa.checkpoint.snapshots import latest_snapshot, snapshot_at
 from singa.errors import CheckpointError, ConfigError
 from singa.job import config
 from singa.layers.base import type_name
+from singa.naming import plain
 from singa.net.neuralnet import NeuralNet
 from singa.net.phase import in_phase
 from singa.proto import job_pb2
@@ -184,7 +185,7 @@ def _no_equivalent(conf_path, conf, target):
 
 
 def _short(name):
-    return name.partition("#")[2] or name
+    return plain(name)
 
 
 def _op(net, layer, alias, conf_path, target):

@@ -13,7 +13,7 @@ from singa.device import CPU, is_host
 from singa.device.footprint import BeyondMemory
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class, set_up
-from singa.naming import unrolled
+from singa.naming import plain, unrolled
 from singa.net import graph, partition  # noqa: F401  (layers: registers every layer type)
 from singa.net.numerics import rng_state, set_rng_state
 from singa.net.phase import in_phase
@@ -147,8 +147,8 @@ class NeuralNet:
 
     def last_unroll_layer(self, layer):
         """The unrolled copy of `layer` with the highest unroll_index (SINGA's NeuralNet::last_unroll_layer)."""
-        name = layer.name.partition("#")[2]
-        return max((x for x in self.layers if x.name.partition("#")[2] == name),
+        name = plain(layer.name)
+        return max((x for x in self.layers if plain(x.name) == name),
                    key=lambda x: x.unroll_index)
 
     def share_params_from(self, other):

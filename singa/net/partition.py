@@ -10,6 +10,7 @@ source, other layers their own; an edge between partitions goes through
 """
 from singa.errors import ConfigError
 from singa.layers.base import layer_class, type_name
+from singa.naming import plain
 from singa.proto import job_pb2
 
 
@@ -23,7 +24,7 @@ def add_connection_layers(confs, nparts):
     for c in confs:
         cls = layer_class(c)
         if c.partition_dim == 1 and not getattr(cls, "feature_parts", False):
-            raise ConfigError(f"layer '{c.name.partition('#')[2]}' ({type_name(c)}) cannot "
+            raise ConfigError(f"layer '{plain(c.name)}' ({type_name(c)}) cannot "
                               f"compute on a part of its features (partition_dim 1 over "
                               f"{nparts} workers); give it partition_dim: 0")
         for k, s in enumerate(c.srclayers):

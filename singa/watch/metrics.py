@@ -25,6 +25,7 @@ import time
 
 from singa.checkpoint.snapshots import lower_is_better
 from singa.log import format_duration, format_metrics
+from singa.naming import plain
 from singa.watch.tensorboard import EventWriter
 
 FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
@@ -143,7 +144,7 @@ def unrolled_mean(metrics):
     (SINGA sums them)."""
     copies = {}
     for name, values in metrics.items():
-        copies.setdefault(name.partition("#")[2], []).append(values)
+        copies.setdefault(plain(name), []).append(values)
     return [{k: sum(v[k] for v in values) / len(values) for k in values[0]}
             for values in copies.values()]
 

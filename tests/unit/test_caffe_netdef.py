@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 
 import singa
-from singa.interop.caffe.netdef import TEST, TRAIN, in_phase, read_net
+from singa.interop.caffe.netdef import TEST, TRAIN, in_net_state, read_net
 from singa.errors import ConfigError
 from singa.proto import caffe_pb2
 
@@ -69,12 +69,12 @@ def test_input_shape_header(tmp_path):
 
 def test_phase_rules_are_caffes():
     layer = caffe_pb2.LayerParameter(include=[caffe_pb2.NetStateRule(phase=TEST)])
-    assert in_phase(layer, TEST) and not in_phase(layer, TRAIN)
+    assert in_net_state(layer, TEST) and not in_net_state(layer, TRAIN)
     layer = caffe_pb2.LayerParameter(exclude=[caffe_pb2.NetStateRule(phase=TEST)])
-    assert in_phase(layer, TRAIN) and not in_phase(layer, TEST)
+    assert in_net_state(layer, TRAIN) and not in_net_state(layer, TEST)
     staged = caffe_pb2.LayerParameter(include=[caffe_pb2.NetStateRule(stage=["deploy"])])
-    assert not in_phase(staged, TEST)
-    assert in_phase(caffe_pb2.LayerParameter(), TRAIN)
+    assert not in_net_state(staged, TEST)
+    assert in_net_state(caffe_pb2.LayerParameter(), TRAIN)
 
 
 def test_text_mistakes_are_one_line_with_file_and_line(tmp_path):

@@ -10,7 +10,7 @@ from singa.errors import ConfigError
 from singa.io.caffe_blobs import CaffeFile
 from singa.proto import caffe_pb2
 
-__all__ = ["read_net", "read_text", "upgrade", "in_phase", "relative_to", "copy_set", "TRAIN",
+__all__ = ["read_net", "read_text", "upgrade", "in_net_state", "relative_to", "copy_set", "TRAIN",
            "TEST"]
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
@@ -63,7 +63,7 @@ def upgrade(net, path):
     return out
 
 
-def in_phase(layer, phase):
+def in_net_state(layer, phase):
     """Caffe's Net::FilterNet for NetState{phase, level 0, no stage}: include rules (any
     met) and exclude rules (none met)."""
     def meets(rule):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.interop.caffe.netdef import TEST, TRAIN, copy_set, in_phase, relative_to
+from singa.interop.caffe.netdef import TEST, TRAIN, copy_set, in_net_state, relative_to
 from singa.io.caffe_blobs import read_blob_file
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.layers.norm import sums_scale
@@ -109,7 +109,7 @@ class _Translator:
             self.fold_scale = set()  # indices of Scale layers folded with their BatchNorm
             per_phase[phase] = []
             for self.at, layer in enumerate(layers):        # self.at: where readers() looks
-                per_phase[phase].append(self._layer(layer) if in_phase(layer, phase) else None)
+                per_phase[phase].append(self._layer(layer) if in_net_state(layer, phase) else None)
         out = []
         for train, test in zip(per_phase[TRAIN], per_phase.get(TEST, per_phase[TRAIN])):
             if train is not None and test is not None and \
@@ -177,7 +177,7 @@ class _Translator:
         out = []
         for i in range(at + 1, len(self.net.layer)):
             later = self.net.layer[i]
-            if in_phase(later, self.phase):
+            if in_net_state(later, self.phase):
                 if blob in later.bottom:
                     out.append(i)
                 if blob in later.top:
@@ -705,7 +705,7 @@ def _accuracy(t, layer):
     if p.HasField("ignore_label") or p.axis != 1:
         t.refuse(layer, "has ignore_label or an axis other than 1 (not supported)")
     loss = next((l for l in t.net.layer if l.type == "SoftmaxWithLoss" and
-                 list(l.bottom) == list(layer.bottom) and in_phase(l, t.phase)), None)
+                 list(l.bottom) == list(layer.bottom) and in_net_state(l, t.phase)), None)
     if loss is not None:
         # SINGA's softmax loss reports the accuracy of its scores itself
         if p.top_k != 1:
@@ -801,7 +801,7 @@ def _fold(t, layer):
     with it. Records the fold in t.folds (values: Translator.fold_values); a note says why
     a BatchNorm is kept."""
     p = layer.batch_norm_param
-    src = next((i for i in range(t.at - 1, -1, -1) if in_phase(t.net.layer[i], t.phase)
+    src = next((i for i in range(t.at - 1, -1, -1) if in_net_state(t.net.layer[i], t.phase)
                 and layer.bottom[0] in t.net.layer[i].top), None)
     conv = t.net.layer[src] if src is not None else None
     if not (p.use_global_stats if p.HasField("use_global_stats") else not t.has_loss):
