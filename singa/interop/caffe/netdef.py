@@ -10,10 +10,16 @@ from singa.errors import ConfigError
 from singa.io.caffe_blobs import CaffeFile
 from singa.proto import caffe_pb2
 
-__all__ = ["read_net", "read_text", "upgrade", "in_net_state", "relative_to", "copy_set", "TRAIN",
-           "TEST"]
+__all__ = ["Refused", "read_net", "read_text", "upgrade", "in_net_state", "relative_to", "copy_set",
+           "strip_legacy", "TRAIN", "TEST"]
 
 TRAIN, TEST = caffe_pb2.TRAIN, caffe_pb2.TEST
+
+
+class Refused(ConfigError):
+    """A Caffe net or setting without an exact SINGA equivalent."""
+
+
 _TEXT_BYTES = 64 << 20      # a text net or solver larger than this is no definition
 
 
@@ -216,3 +222,10 @@ def relative_to(path, name):
     """`name` as Caffe would open it from the folder of `path` (absolute names unchanged)."""
     return name if os.path.isabs(name) else os.path.join(os.path.dirname(path) or ".", name)
 
+
+def strip_legacy(shape, ndim):
+    """A legacy num/channels/height/width shape padded at the front with 1s, cut to `ndim`."""
+    shape = tuple(shape)
+    while len(shape) > ndim and shape[0] == 1:
+        shape = shape[1:]
+    return shape

@@ -18,7 +18,7 @@ import numpy as np
 
 from singa.checkpoint import SnapshotState
 from singa.errors import DataError
-from singa.interop.caffe.translate import Refused
+from singa.interop.caffe.netdef import Refused
 from singa.proto import caffe_pb2, job_pb2
 
 __all__ = ["job_fields", "snapshot_state", "DATA_POSITION_NOTE"]

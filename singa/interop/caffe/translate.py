@@ -15,26 +15,22 @@ never approximated. Params are named `<layer>_weight` and `<layer>_bias` (BatchN
 `_mean`, `_variance`, `_factor`; Scale's `_scale`, `_bias`).
 """
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from singa.errors import ConfigError
-from singa.interop.caffe.netdef import TEST, TRAIN, copy_set, in_net_state, relative_to
-from singa.io.caffe_blobs import read_blob_file
+from singa.interop.caffe.batchnorm import batch_norm, fold_values, scale_layer
+from singa.interop.caffe.data import data_layer, hdf5_data, image_data, input_layer
+from singa.interop.caffe.netdef import (TEST, TRAIN, Refused, copy_set, in_net_state,
+                                        strip_legacy)
 from singa.layers.neuron import STANH_A, STANH_B
-from singa.layers.norm import sums_scale
 from singa.naming import unrolled
-from singa.proto import caffe_pb2, common_pb2, job_pb2
+from singa.proto import caffe_pb2, job_pb2
 
 __all__ = ["Refused", "Param", "Translation", "translate"]
 
 C = caffe_pb2
-
-
-class Refused(ConfigError):
-    """A Caffe net or setting without an exact SINGA equivalent."""
 
 
 @dataclass
@@ -79,7 +75,6 @@ def translate(net, net_path, weights=None, weights_path=None, data_dir="data",
     return t.run((TRAIN, TEST) if test else (TRAIN,))
 
 
-_POW2 = {2.0 ** k for k in range(-60, 61)}
 
 
 class _Translator:
@@ -122,7 +117,7 @@ class _Translator:
                     out.append(c)
         self._check_unused_weights()
         if self.folds:
-            self.fold_values()
+            fold_values(self)
         params = [self.params[n] for n in self.order] + \
             [p for n, p in self.params.items() if n not in self.order]
         return Translation(out, params, self.notes, self.files)
@@ -238,7 +233,7 @@ class _Translator:
                     ok = not isinstance(want, str)
                 else:
                     want = shape
-                    ok = (_strip_legacy(b.shape, len(want)) if b.legacy else b.shape) == want
+                    ok = (strip_legacy(b.shape, len(want)) if b.legacy else b.shape) == want
                 if not ok:
                     raise ConfigError(
                         f"{self.weights_path}: layer '{layer.name}' blob {index} has shape "
@@ -251,47 +246,22 @@ class _Translator:
                 if self.phase == TRAIN:
                     self.order.append(name)
 
-    def fold_values(self):
-        """The folded Convolutions' weight and bias values (see translate), made in float64
-        from the weights of each Convolution, BatchNorm and Scale; values that are not finite
-        (a variance below -eps, beyond float32) stop the import."""
-        for bn, (conv, scale, eps) in self.folds.items():
-            if conv not in self.weights:
-                raise ConfigError(f"{self.weights_path}: no weights for layer '{conv}', which "
-                                  f"-fold-bn would fold BatchNorm '{bn}' into")
-            w, b = self.params[f"{conv}_weight"], self.params[f"{conv}_bias"]
-            f = w.shape[0]
-            mean, var, factor = self.blob_values(bn, "BatchNorm", [f, f, 1])
-            s = sums_scale(factor[0])
-            with np.errstate(all="ignore"):
-                k = 1 / np.sqrt(var * s + eps)
-                beta = 0
-                if scale is not None:
-                    gamma, *bias = self.blob_values(scale, "Scale", [f], [f, f])
-                    k, beta = k * gamma, (bias[0] if bias else 0)
-                bias = b.values if b.blob is None else self.weights[conv][1].values
-                w.values = (self.weights[conv][0].values.reshape(f, -1) * k[:, None]) \
-                    .astype(np.float32).reshape(w.shape)
-                b.values = ((bias - mean * s) * k + beta).astype(np.float32)
-            if not (np.isfinite(w.values).all() and np.isfinite(b.values).all()):
-                raise ConfigError(f"{self.weights_path}: folding BatchNorm '{bn}' into '{conv}' "
-                                  f"gives values that are not finite (a variance below -eps, or "
-                                  f"beyond float32)")
-            w.blob = b.blob = None
-        self.notes.append(f"-fold-bn: {len(self.folds)} BatchNorm layers folded into the "
-                          f"Convolution before them ("
-                          f"{sum(s is not None for _, s, _ in self.folds.values())} with "
-                          f"their Scale); the job computes inference statistics only")
-
-    def blob_values(self, name, kind, *wants):
-        """Layer `name`'s blobs as float64 vectors whose sizes are one of `wants`, or a
-        one-line ConfigError."""
-        sizes = [b.values.size for b in self.weights.get(name, [])]
-        if sizes not in wants:
-            raise ConfigError(f"{self.weights_path}: layer '{name}' has blobs of {sizes} "
-                              f"values, the folded {kind} needs "
-                              f"{' or '.join(map(str, wants))}")
-        return [b.values.astype(np.float64) for b in self.weights[name]]
+    def rename(self, layer):
+        """Split, a Flatten that only softmaxes read (see _flatten) and a folded BatchNorm or
+        Scale (see _fold): the top is the bottom's layer under another name (SINGA adds split
+        layers itself)."""
+        (src,) = self.src(layer, 1)
+        for top in layer.top:
+            self.tops[top] = src
+            if layer.type == "Split" and layer.bottom[0] in self.shapes:
+                self.shapes[top] = self.shapes[layer.bottom[0]]
+            else:
+                self.shapes.pop(top, None)
+            if layer.type == "Flatten" or layer.bottom[0] in self.flat:
+                self.flat.add(top)
+            else:
+                self.flat.discard(top)
+        return []
 
     def _check_unused_weights(self):
         if self.weights is None:
@@ -303,195 +273,7 @@ class _Translator:
                 self.notes.append(f"{self.weights_path}: layer '{name}' is not in the net; its "
                                   f"{len(blobs)} blobs are not imported (as Caffe ignores them)")
 
-    # --- data -----------------------------------------------------------------------------
-    def data_path(self, layer):
-        """The kvfile a data layer reads: one per phase for Data/HDF5Data, one for Input."""
-        if layer.type == "Input":
-            return f"{self.data_dir}/{layer.name}.kvfile"
-        phase = "train" if self.phase == TRAIN else "test"
-        return f"{self.data_dir}/{layer.name}-{phase}.kvfile"
-
-    def data_shape(self, layer, mean_shape, store=None):
-        if self.input_shape:
-            return tuple(self.input_shape)
-        if mean_shape:
-            return tuple(mean_shape)
-        if store is not None and os.path.exists(store.path):
-            return caffe_store_shape(store)
-        # the first InnerProduct that reads the blob flattens it: its weights give the size
-        first = next((l for l in self.net.layer if l.type == "InnerProduct" and
-                      layer.top[0] in l.bottom), None)
-        blobs = self.blobs(first) if first is not None else None
-        if blobs:
-            w = blobs[0]
-            shape = _strip_legacy(w.shape, 2) if w.legacy else w.shape
-            return (shape[0] if first.inner_product_param.transpose else shape[-1],)
-        self.refuse(layer, "reads records whose shape is not in the prototxt; give "
-                    "-input_shape C,H,W")
-
-    def store_input(self, layer, batch, source, skip=0, store=None):
-        """kRecordInput over the kvfile the user provides, or over Caffe's data as it is
-        (`store`: a StoreProto of a Caffe backend), with Caffe's transform_param."""
-        tops = list(layer.top)
-        if not 1 <= len(tops) <= 2:
-            self.refuse(layer, f"has {len(tops)} tops, expected data and label")
-        t = layer.transform_param
-        for f in ("force_color", "force_gray"):
-            if getattr(t, f):
-                self.refuse(layer, f"sets transform_param.{f} (not supported)")
-        conf = self.new(layer, job_pb2.kRecordInput, [])
-        sc = conf.store_conf
-        if store is not None:
-            sc.CopyFrom(store)
-        else:
-            sc.backend, sc.path = "kvfile", self.data_path(layer)
-        sc.batchsize.append(batch)
-        if skip:
-            sc.random_skip = skip
-        mean = None
-        if t.HasField("mean_file"):
-            if t.mean_value:
-                self.refuse(layer, "sets both mean_file and mean_value")
-            mean = self.mean_file(layer, t.mean_file)
-        shape = self.data_shape(layer, None if mean is None else mean.shape, store)
-        sc.shape.extend(shape)
-        if mean is not None:
-            if mean.shape != shape:
-                self.refuse(layer, f"has a mean of shape {mean.shape} for records of shape {shape}")
-            sc.mean_file = self.write_mean(mean)
-        elif len(t.mean_value) == 1:
-            sc.mean_value = t.mean_value[0]
-        elif t.mean_value:
-            if len(shape) != 3 or shape[0] != len(t.mean_value):
-                self.refuse(layer, f"has {len(t.mean_value)} mean_value for records of shape "
-                            f"{shape}")
-            sc.mean_file = self.write_mean(np.broadcast_to(
-                np.array(t.mean_value, np.float32)[:, None, None], shape))
-        scale = t.scale
-        preprocess = None
-        if t.crop_size or t.mirror or (scale != 1 and scale not in _POW2):
-            if self.phase == TEST and t.mirror:
-                self.refuse(layer, "mirrors in TEST: Caffe mirrors at random there, SINGA's "
-                            "kImagePreprocess only in training")
-            preprocess = self.new(layer, job_pb2.kImagePreprocess, [conf.name],
-                                  name=f"{layer.name}_transform")
-            rc = preprocess.rgbimage_conf
-            rc.scale, rc.cropsize, rc.mirror = scale, t.crop_size, t.mirror
-            if t.crop_size and self.phase == TEST:
-                rc.center_crop = True       # Caffe's TEST crop
-        elif scale != 1:
-            sc.std_value = 1 / scale     # a power of two: x / (1/s) == x·s exactly
-        if store is not None:
-            self.notes.append(f"layer '{layer.name}' ({layer.type}) reads the {sc.backend} "
-                              f"{sc.path} as it is, records of shape {list(shape)}")
-        else:
-            self.notes.append(f"layer '{layer.name}' ({layer.type}, {source}) reads the kvfile "
-                              f"{sc.path}: write it with RecordProto records of shape "
-                              f"{list(shape)} (pixel bytes or float data) and their labels")
-        self.tops[tops[0]] = (preprocess or conf).name
-        crop = t.crop_size and len(shape) == 3
-        self.shapes[tops[0]] = shape[:1] + (t.crop_size,) * 2 if crop else shape
-        if len(shape) == 1:
-            self.flat.add(tops[0])
-        if len(tops) == 2:
-            self.tops[tops[1]] = conf.name
-            self.labels[tops[1]] = conf.name
-        return [conf] + ([preprocess] if preprocess else [])
-
-    def mean_file(self, layer, name):
-        """The mean image of `name`: beside the prototxt, else from the current directory
-        (Caffe opens it from where it runs)."""
-        path = relative_to(self.path, name)
-        if not os.path.exists(path) and os.path.exists(name):
-            path = name
-        blob = read_blob_file(path)
-        shape = blob.shape
-        while len(shape) > 3 and shape[0] == 1:
-            shape = shape[1:]
-        return blob.values.reshape(shape)
-
-    def write_mean(self, mean):
-        path = f"{self.data_dir}/mean.kvfile"
-        rec = common_pb2.RecordProto(shape=mean.shape, data=np.ravel(mean).tolist())
-        old = self.files.get(path)
-        if old is not None and old[0][1] != rec.SerializeToString():
-            path = f"{self.data_dir}/mean{len(self.files)}.kvfile"
-        self.files[path] = [(b"mean", rec.SerializeToString())]
-        return path
-
-
 # --- the layer types ------------------------------------------------------------------------
-
-def _input(t, layer):
-    if len(layer.top) != 1 or len(layer.input_param.shape) > 1:
-        t.refuse(layer, "has several tops; one input is supported")
-    dims = list(layer.input_param.shape[0].dim) if layer.input_param.shape else []
-    if len(dims) < 2:
-        t.refuse(layer, "has no shape (N, ...) of its input")
-    conf = t.new(layer, job_pb2.kRecordInput, [])
-    sc = conf.store_conf
-    sc.backend, sc.path = "kvfile", t.data_path(layer)
-    sc.batchsize.append(dims[0])
-    sc.shape.extend(dims[1:])
-    t.notes.append(f"layer '{layer.name}' (Input) reads the kvfile {sc.path}: write it with "
-                   f"RecordProto records of shape {dims[1:]} (or use the Python API's predict)")
-    out = t.one_top(layer, conf, flat=len(dims) == 2)
-    t.shapes[layer.top[0]] = tuple(dims[1:])
-    return out
-
-
-def _data(t, layer):
-    p = layer.data_param
-    if p.backend not in (C.DataParameter.LMDB, C.DataParameter.LEVELDB):
-        t.refuse(layer, "has an unknown backend")
-    store = None
-    if p.backend == C.DataParameter.LMDB:       # read as it is; LevelDB: a kvfile you write
-        store = job_pb2.StoreProto(backend="lmdb", path=caffe_path(t.path, p.source))
-    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip, store)
-
-
-def _image_data(t, layer):
-    """Caffe's ImageData: the "imagelist" store over its list of images as it is."""
-    p = layer.image_data_param
-    if bool(p.new_height) != bool(p.new_width):
-        t.refuse(layer, "sets one of new_height and new_width (Caffe needs both or neither)")
-    store = job_pb2.StoreProto(backend="imagelist", path=caffe_path(t.path, p.source),
-                               new_height=p.new_height, new_width=p.new_width,
-                               is_color=p.is_color, shuffle=p.shuffle)
-    if p.root_folder:
-        store.root_folder = caffe_path(t.path, p.root_folder)
-    else:           # Caffe opens the list's paths from where it runs: the prototxt's folder
-        store.root_folder = os.path.dirname(os.path.abspath(t.path))
-    return t.store_input(layer, p.batch_size, f"source {p.source}", p.rand_skip, store)
-
-
-def caffe_path(net_path, name):
-    """The absolute path of a file a Caffe prototxt names: beside the prototxt if it is there,
-    else from the current directory (Caffe opens it from where it runs)."""
-    path = relative_to(net_path, name)
-    if not os.path.exists(path) and os.path.exists(name):
-        path = name
-    return os.path.abspath(path)
-
-
-def caffe_store_shape(store):
-    """The (C, H, W) of the first record of Caffe's data at `store` (a StoreProto)."""
-    from singa.io.records import parse_record
-    from singa.io.store import open_store
-    with open_store(store.backend, store.path, "read", store) as s:
-        kv = s.read()
-    if kv is None:
-        raise Refused(f"{store.path}: the {store.backend} store is empty")
-    return tuple(parse_record(kv[1], kv[0]).shape)
-
-
-def _hdf5(t, layer):
-    p = layer.hdf5_data_param
-    if p.shuffle:
-        t.notes.append(f"layer '{layer.name}': Caffe shuffles its HDF5 files; SINGA reads the "
-                       f"kvfile in order")
-    return t.store_input(layer, p.batch_size, f"source {p.source}")
-
 
 def _conv(t, layer):
     """Convolution (weight (F, C/group·kh·kw), Caffe's bytes) and Deconvolution (weight
@@ -537,7 +319,7 @@ def _inner_product(t, layer):
         conf.innerproduct_conf.transpose = True
 
     def weight(shape):
-        s = _strip_legacy(shape, 2)
+        s = strip_legacy(shape, 2)
         if len(s) != 2 or s[1 if p.transpose else 0] != n:
             return f"Kx{n} (transpose)" if p.transpose else f"{n}xK"
         return tuple(s)
@@ -742,24 +524,6 @@ def _concat(t, layer):
     return t.one_top(layer, conf)
 
 
-def _rename(t, layer):
-    """Split, a Flatten that only softmaxes read (see _flatten) and a folded BatchNorm or
-    Scale (see _fold): the top is the bottom's layer under another name (SINGA adds split
-    layers itself)."""
-    (src,) = t.src(layer, 1)
-    for top in layer.top:
-        t.tops[top] = src
-        if layer.type == "Split" and layer.bottom[0] in t.shapes:
-            t.shapes[top] = t.shapes[layer.bottom[0]]
-        else:
-            t.shapes.pop(top, None)
-        if layer.type == "Flatten" or layer.bottom[0] in t.flat:
-            t.flat.add(top)
-        else:
-            t.flat.discard(top)
-    return []
-
-
 #: Caffe layers that SINGA computes over each sample's values (flattened) when they read
 #: (N, D) scores
 _READS_FLAT = ("Softmax", "SoftmaxWithLoss", "Accuracy")
@@ -773,74 +537,10 @@ def _flatten(t, layer):
     whole = fp.axis == 1 and fp.end_axis == -1
     readers = t.readers(layer.top[0], t.at) if len(layer.top) == 1 else []
     if whole and readers and all(t.net.layer[i].type in _READS_FLAT for i in readers):
-        return _rename(t, layer)
+        return t.rename(layer)
     conf = t.new(layer, job_pb2.kFlatten, t.src(layer, 1))
     copy_set(fp, conf.flatten_conf, ("axis", "end_axis"))
     return t.one_top(layer, conf, flat=whole or None)
-
-
-def _batch_norm(t, layer):
-    """kCaffeBatchNorm, Caffe's three blobs (the running sums of the mean and the variance,
-    the factor) as params `_mean`, `_variance`, `_factor`; with -fold-bn folded into the
-    Convolution before it where _fold can."""
-    if t.fold_bn and _fold(t, layer):
-        return _rename(t, layer)
-    p = layer.batch_norm_param
-    conf = t.new(layer, job_pb2.kCaffeBatchNorm, t.src(layer, 1))
-    copy_set(p, conf.batch_norm_conf, ("use_global_stats", "moving_average_fraction", "eps"))
-    zero = C.FillerParameter()      # Caffe starts the sums at 0
-    t.add_params(layer, conf, [("mean", _vector, 0, zero), ("variance", _vector, 1, zero),
-                               ("factor", (1,), 2, zero)])
-    return t.one_top(layer, conf)
-
-
-def _fold(t, layer):
-    """Whether BatchNorm `layer` folds: it has global statistics (use_global_stats true, or
-    unset in a net without a loss, which nothing trains) and alone reads the top of a
-    Convolution. A per-channel Scale (axis 1, num_axes 1) that alone reads its top folds
-    with it. Records the fold in t.folds (values: Translator.fold_values); a note says why
-    a BatchNorm is kept."""
-    p = layer.batch_norm_param
-    src = next((i for i in range(t.at - 1, -1, -1) if in_net_state(t.net.layer[i], t.phase)
-                and layer.bottom[0] in t.net.layer[i].top), None)
-    conv = t.net.layer[src] if src is not None else None
-    if not (p.use_global_stats if p.HasField("use_global_stats") else not t.has_loss):
-        why = "it normalises by batch statistics in training"
-    elif conv is None or conv.type != "Convolution" or len(layer.bottom) != 1:
-        why = "it does not read a Convolution's top"
-    elif t.readers(layer.bottom[0], src) != [t.at]:
-        why = f"another layer reads the top of Convolution '{conv.name}'"
-    else:
-        readers = t.readers(layer.top[0], t.at) if len(layer.top) == 1 else []
-        scale = t.net.layer[readers[0]] if len(readers) == 1 else None
-        if scale is None or scale.type != "Scale" or len(scale.bottom) != 1 or \
-                scale.scale_param.axis != 1 or scale.scale_param.num_axes != 1:
-            scale = None
-        else:
-            t.fold_scale.add(readers[0])
-        t.folds[layer.name] = (conv.name, scale and scale.name, p.eps)
-        return True
-    t.notes.append(f"-fold-bn: BatchNorm '{layer.name}' is kept: {why}")
-    return False
-
-
-def _scale(t, layer):
-    """kScale (axis, num_axes, bias_term): params `_scale` (Caffe's filler default: 1) and
-    `_bias`; a Scale folded with its BatchNorm (_fold) is renamed."""
-    if t.at in t.fold_scale:
-        return _rename(t, layer)
-    p = layer.scale_param
-    if len(layer.bottom) != 1:
-        t.refuse(layer, "takes its scale from a second bottom (not supported)")
-    conf = t.new(layer, job_pb2.kScale, t.src(layer, 1))
-    copy_set(p, conf.scale_conf, ("axis", "num_axes"))
-    shapes = [("scale", _any_shape, 0, p.filler if p.HasField("filler") else
-               C.FillerParameter(type="constant", value=1))]
-    if p.bias_term:
-        conf.scale_conf.bias_term = True
-        shapes.append(("bias", _any_shape, 1, p.bias_filler))
-    t.add_params(layer, conf, shapes)
-    return t.one_top(layer, conf)
 
 
 def _eltwise(t, layer):
@@ -869,13 +569,13 @@ def _silence(t, layer):
 
 
 _HANDLERS = {
-    "Input": _input, "Data": _data, "ImageData": _image_data, "HDF5Data": _hdf5,
+    "Input": input_layer, "Data": data_layer, "ImageData": image_data, "HDF5Data": hdf5_data,
     "Convolution": _conv,
     "InnerProduct": _inner_product, "Pooling": _pooling, "LRN": _lrn, "ReLU": _relu,
     "Sigmoid": _sigmoid, "TanH": _tanh, "Dropout": _dropout, "Softmax": _softmax,
     "SoftmaxWithLoss": _softmax_loss, "Accuracy": _accuracy, "Concat": _concat,
-    "Flatten": _flatten, "Split": _rename, "Silence": _silence, "Power": _power,
-    "BatchNorm": _batch_norm, "Scale": _scale, "Eltwise": _eltwise,
+    "Flatten": _flatten, "Split": _Translator.rename, "Silence": _silence, "Power": _power,
+    "BatchNorm": batch_norm, "Scale": scale_layer, "Eltwise": _eltwise,
     "Deconvolution": _conv, "Crop": _crop,
 }
 
@@ -904,25 +604,6 @@ def _window(c, kh, kw, ph, pw, sh, sw):
         else:
             setattr(c, f"{name}_y", y)
             setattr(c, f"{name}_x", x)
-
-
-def _vector(shape):
-    """A (C,) blob's SINGA shape (legacy 1x1x1xC too)."""
-    s = _strip_legacy(shape, 1)
-    return s if len(s) == 1 else "C"
-
-
-def _any_shape(shape):
-    """A Scale blob's SINGA shape: Caffe's, () (one number) as (1,)."""
-    return tuple(shape) or (1,)
-
-
-def _strip_legacy(shape, ndim):
-    """A legacy num/channels/height/width shape padded at the front with 1s, cut to `ndim`."""
-    shape = tuple(shape)
-    while len(shape) > ndim and shape[0] == 1:
-        shape = shape[1:]
-    return shape
 
 
 def _init(gen, filler, layer, t):
