@@ -232,7 +232,7 @@ class Driver:
         with threads.limit(job.num_openblas_threads), numerics.quiet_float_warnings():
             held = workspace.hold(self.workspace, self.job_id)
             try:
-                for sub in ("checkpoint", "visualization"):
+                for sub in (workspace.CHECKPOINT, workspace.VISUALIZATION):
                     os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
                 if test:
                     self.register(f"{self.host}:0")
@@ -282,7 +282,8 @@ class Driver:
         self.process = process
         del resume      # the workers hold the snapshot's parsed files only until they load them
         if process.train_graph is not None:
-            with open(os.path.join(self.workspace, "visualization", "train_net.json"), "w") as f:
+            path = os.path.join(self.workspace, workspace.VISUALIZATION, "train_net.json")
+            with open(path, "w") as f:
                 f.write(process.train_graph.to_json())
         # the local servers stop once every local server group has lost its workers (each
         # server group alone stops on its workers' farewells, or with them in one process),
@@ -368,7 +369,8 @@ class Driver:
         if job.test_steps <= 0:
             raise ConfigError(f"{job.name}: -test needs test_steps > 0")
         net, files = evaluation.loaded_test_net(job, "-test")
-        with open(os.path.join(self.workspace, "visualization", "test_net.json"), "w") as f:
+        path = os.path.join(self.workspace, workspace.VISUALIZATION, "test_net.json")
+        with open(path, "w") as f:
             f.write(net.to_json())
         step = files[-1].step
         step = job.step if step is None else step

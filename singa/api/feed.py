@@ -13,6 +13,7 @@ from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.records import write_records
 from singa.io.store import count_records
+from singa.job.workspace import DATA
 from singa.layer import Data, setval
 from singa.net.phase import in_phase
 from singa.proto import job_pb2
@@ -232,7 +233,7 @@ def whole_pass(net, phase, explicit, streams):
 
 def streams_folder(workspace):
     """Where iterables of batches are written as kvfiles: `<workspace>/data`."""
-    return os.path.join(os.path.abspath(workspace), 'data')
+    return os.path.join(os.path.abspath(workspace), DATA)
 
 
 def _given(sc, streams):

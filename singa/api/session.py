@@ -302,7 +302,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
                 print(line, end="", file=sys.stderr)
     reader = threading.Thread(target=read, daemon=True, name="launcher-output")
     reader.start()
-    metrics_csv = os.path.join(ws, "metrics.csv")
+    metrics_csv = os.path.join(ws, workspace.METRICS)
     heard, asked = 0, False
     try:
         while True:
@@ -328,7 +328,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
         last = next((s for s in reversed(lines) if s.strip()), "")
         raise ClusterError(f"job {job_id if job_id is not None else '?'} ({conf}) failed with "
                            f"exit {rc}: {last}")
-    history = History.from_rows(read_rows(os.path.join(ws, "metrics.csv"), job_id))
+    history = History.from_rows(read_rows(os.path.join(ws, workspace.METRICS), job_id))
     folder = checkpoint.folder(ws)
     for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
@@ -386,7 +386,7 @@ def with_kvfiles(job, folder, prefix=""):
 def write_conf(job):
     """`<workspace>/run.conf`: the text of the job that runs (numpy data appear as memory://
     paths of this process), written whole or not at all; returns its path."""
-    path = os.path.join(job.cluster.workspace, "run.conf")
+    path = os.path.join(job.cluster.workspace, workspace.RUN_CONF)
     text = text_format.MessageToString(job).encode()
     files.write_atomic(path, lambda f: f.write(text))
     return path

@@ -15,7 +15,7 @@ from singa.checkpoint.load import (Joined, joined_shape, load_checkpoint_path, l
 from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, read_meta
 from singa.checkpoint.snapshots import (Snapshot, best_of, best_snapshot, files_of,
                                         latest_snapshot, list_snapshots, lower_is_better,
-                                        parse_monitor, prune, ranked, recorded,
+                                        prune, ranked, recorded,
                                         remove_stale_temporaries)
 from singa.checkpoint.state import SnapshotState
 
@@ -23,6 +23,6 @@ __all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "joined_shape", "lo
            "MAX_FILE_BYTES", "MAX_STEP", "META_SUFFIX", "SUFFIX", "Snapshot", "SnapshotState",
            "best_of", "best_snapshot", "existing_file", "files_of", "folder", "latest_snapshot",
            "list_snapshots", "load_owned", "load_params", "loaded_line", "lower_is_better",
-           "meta_path", "open_checkpoint_path", "parse_monitor", "parse_step_worker", "prune",
+           "meta_path", "open_checkpoint_path", "parse_step_worker", "prune",
            "ranked", "read_meta", "recorded", "remove_stale_temporaries", "snapshot_file",
            "sources", "updater_state", "write_file"]

@@ -37,6 +37,7 @@ from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, meta_text, rea
 from singa.errors import CheckpointError
 from singa.files import fsync_dir, replaceable
 from singa.io.protowire import FIXED32, floats, key
+from singa.job.workspace import CHECKPOINT
 from singa.proto import common_pb2
 
 #: Larger files are refused before reading (SINGA itself cannot read more than 512 MiB).
@@ -51,7 +52,7 @@ def folder(workspace):
     """`<workspace>/checkpoint`, where a job's snapshots are (the caller resolves a relative
     workspace: the conf's against the SINGA home, the Python API's and a command's argument
     against the current directory)."""
-    return os.path.join(workspace, "checkpoint")
+    return os.path.join(workspace, CHECKPOINT)
 
 
 def snapshot_file(folder, step, worker):

@@ -7,6 +7,7 @@ from singa.checkpoint.format import (MAX_STEP, CheckpointReader, parse_step_work
                                      snapshot_file, tmp_writer)
 from singa.checkpoint.meta import SUFFIX, meta_path
 from singa.errors import CheckpointError
+from singa.job.config import parse_monitor
 
 
 @dataclasses.dataclass
@@ -171,13 +172,6 @@ def lower_is_better(metric):
 
 #: what ranks snapshots when no monitor is named: the first that a snapshot records
 DEFAULT_MONITORS = ("test/accuracy", "test/loss", "validation/accuracy", "validation/loss")
-
-
-def parse_monitor(name):
-    """(phase, metric) of a `checkpoint_keep_best` value "[test/|validation/]<metric>": the
-    phase is "test" when none is given; both lower-cased."""
-    phase, sep, metric = name.rpartition("/")
-    return (phase.lower() if sep else "test"), metric.lower()
 
 
 def recorded(snap, monitor):

@@ -20,6 +20,7 @@ from singa.comm.trust import ENV, JobTrust, new_secret
 from singa.errors import SingaError
 from singa.job.config import load_job, load_plain, load_singa_conf
 from singa.job.topology import elastic_procs, nprocs
+from singa.job.workspace import METRICS
 from singa.log import format_metrics
 from singa.watch import metrics
 
@@ -220,7 +221,7 @@ def progress(job_id, log_dir):
         return [f"job {job_id}: no job information in {os.path.join(log_dir, 'job-info')}"]
     job = load_plain(infos[-1])
     train_steps = job.train_steps
-    path = os.path.join(singa.resolve(job.cluster.workspace), metrics.FILE)
+    path = os.path.join(singa.resolve(job.cluster.workspace), METRICS)
     last = {}
     for row in metrics.read_rows(path, job_id):
         if row["group"] == 0:

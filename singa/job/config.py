@@ -77,6 +77,13 @@ _MINIMUM = {
 _FLOATS = (_descriptor.FieldDescriptor.TYPE_FLOAT, _descriptor.FieldDescriptor.TYPE_DOUBLE)
 
 
+def parse_monitor(name):
+    """(phase, metric) of a `checkpoint_keep_best` value "[test/|validation/]<metric>": the
+    phase is "test" when none is given; both lower-cased."""
+    phase, sep, metric = name.rpartition("/")
+    return (phase.lower() if sep else "test"), metric.lower()
+
+
 def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=(),
              test=False):
     """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
@@ -280,7 +287,6 @@ def _check_monitor(conf, job, check_layers):
             conf.fail(conf.line("checkpoint_on_improvement"), "checkpoint_on_improvement needs "
                       "checkpoint_keep_best, the metric it monitors (e.g. \"accuracy\")")
         return
-    from singa.checkpoint.snapshots import parse_monitor
     name = job.checkpoint_keep_best
     line = conf.line("checkpoint_keep_best")
     phase, metric = parse_monitor(name)

@@ -1,4 +1,5 @@
-"""A job's hold on its workspace: an OS lock (flock) that ends with the process holding it.
+"""A job's workspace: its layout (what a job keeps under it, named here alone), and the job's
+hold on it, an OS lock (flock) that ends with the process holding it.
 
 Every process of a job holds `<workspace>/.singa-job` shared; its content names the job that
 claimed it (`job <id> pid <pid> host <host>`). A process of another job finds it held and is
@@ -12,6 +13,14 @@ import time
 
 from singa.errors import ConfigError
 
+# The layout (bin/singa-cleanup.sh and the examples' .gitignore spell some of these names too)
+CHECKPOINT = "checkpoint"          # snapshots: step<N>-worker<W>.bin and their .meta
+VISUALIZATION = "visualization"    # SINGA's train_net.json and test_net.json
+METRICS = "metrics.csv"            # a row per metric of each display, test and validation
+TENSORBOARD = "tensorboard"        # TensorBoard's event files, a folder per run
+DATA = "data"                      # the Python API's data, written as kvfiles
+RUN_CONF = "run.conf"              # the job conf a Python session ran
+CURVES = "curves.png"              # bin/singa-plot.sh's figure, unless told another
 MUTEX = ".singa-lock"
 HOLDER = ".singa-job"
 

@@ -7,8 +7,9 @@ as `best/<phase>/<metric>`; a run resumed from it goes on as the unbroken run wo
 """
 import numpy as np
 
-from singa.checkpoint import lower_is_better, parse_monitor
+from singa.checkpoint import lower_is_better
 from singa.errors import ConfigError
+from singa.job.config import parse_monitor
 
 __all__ = ["Monitor"]
 

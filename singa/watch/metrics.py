@@ -24,12 +24,12 @@ import threading
 import time
 
 from singa.checkpoint.snapshots import lower_is_better
+from singa.job.workspace import METRICS
 from singa.log import format_duration, format_metrics
 from singa.naming import plain
 from singa.watch.tensorboard import EventWriter
 
 FIELDS = ("job", "group", "step", "phase", "metric", "value", "wall_time")
-FILE = "metrics.csv"
 PHASES = ("train", "validation", "test")
 
 
@@ -40,7 +40,7 @@ class Reporter:
 
     def __init__(self, workspace, job_id, listener=None, on_snapshot=None):
         self.workspace = workspace
-        self.path = os.path.join(workspace, FILE)
+        self.path = os.path.join(workspace, METRICS)
         self.job_id = job_id
         self.listener, self.on_snapshot = listener, on_snapshot
         self.lock = threading.Lock()

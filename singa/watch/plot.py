@@ -20,6 +20,7 @@ import numpy as np
 
 from singa.errors import ArgumentParser, SingaError
 from singa.files import write_atomic
+from singa.job import workspace
 from singa.watch import metrics
 from singa.watch.tensorboard import pip_install
 
@@ -94,7 +95,7 @@ def main(argv=None):
                        "(default: the newest run and the runs it resumed)")
     try:
         args = ap.parse_args(argv)
-        path = os.path.join(args.workspace, metrics.FILE)
+        path = os.path.join(args.workspace, workspace.METRICS)
         if not os.path.isfile(path):
             raise SingaError(f"{path}: no metrics file (a job writes it in its workspace)")
         try:
@@ -121,7 +122,7 @@ def main(argv=None):
             import matplotlib  # noqa: F401
         except ImportError:
             raise SingaError(f"singa-plot needs matplotlib: {pip_install('plot')}") from None
-        out = args.out or os.path.join(args.workspace, "curves.png")
+        out = args.out or os.path.join(args.workspace, workspace.CURVES)
         title = os.path.abspath(args.workspace) + (f" (job {args.job})" if of_job else "")
         fig = figure(rows, title)
         try:

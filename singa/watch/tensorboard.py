@@ -10,8 +10,8 @@ import os
 import time
 
 import singa
+from singa.job.workspace import TENSORBOARD
 
-FOLDER = "tensorboard"
 
 
 def hint():
@@ -46,7 +46,7 @@ class EventWriter:
         except ImportError:
             log(hint())
             return None
-        logdir = os.path.join(workspace, FOLDER, run)
+        logdir = os.path.join(workspace, TENSORBOARD, run)
         try:
             # made here: tensorboardX's own check-then-make races with the other processes of
             # the job (each worker group's first worker writes its rows into the same run)
