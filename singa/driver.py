@@ -24,9 +24,9 @@ import signal
 import sys
 import threading
 
+import singa
 from singa import checkpoint
 from singa import log as singa_log
-import singa
 from singa.cluster import launch
 from singa.cluster.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
 from singa.cluster.job_manager import JobManager

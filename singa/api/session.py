@@ -26,9 +26,9 @@ import time
 import numpy as np
 from google.protobuf import text_format
 
+import singa
 from singa import checkpoint, files
 from singa import log as singa_log
-import singa
 from singa.api.resume import check_resumable, newest_snapshot
 from singa.cluster.cluster_rt import SPClusterRuntime
 from singa.device import host

@@ -9,8 +9,8 @@ import lmdb
 import numpy as np
 import pytest
 
-from singa import checkpoint
 import singa
+from singa import checkpoint
 from singa.api import session
 from singa.io import memory
 from singa.io.caffe_blobs import CaffeFile

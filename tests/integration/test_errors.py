@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from singa import checkpoint
 import singa
+from singa import checkpoint
 from singa.comm.trust import ENV, new_secret
 from conftest import PYTHON
 

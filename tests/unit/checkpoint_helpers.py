@@ -6,8 +6,8 @@ import sys
 
 import numpy as np
 
-from singa import checkpoint as ckpt
 import singa
+from singa import checkpoint as ckpt
 from singa.net.numerics import rng_state
 
 FIX = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from singa import naming
 import singa
+from singa import naming
 from singa.errors import ConfigError
 from singa.job import config
 from singa.model import (RBM, SGD, AdaGrad, Autoencoder, Cluster, Data, Dense, Dropout, Energy,

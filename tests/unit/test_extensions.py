@@ -4,8 +4,8 @@ import pathlib
 
 import pytest
 
-from singa import extensions
 import singa
+from singa import extensions
 from singa.errors import ConfigError
 from singa.job import config
 from singa.layers.base import unavailable
