@@ -199,7 +199,7 @@ def _logging(job, verbose):
     handlers, level and propagation afterwards."""
     logger = singa_log.LOGGER
     saved = logger.handlers[:], logger.level, logger.propagate
-    path = os.path.join(job.cluster.workspace, f"{job.name}.log")
+    path = os.path.join(job.cluster.workspace, workspace.LOG.format(name=job.name))
     try:
         to_file = logging.FileHandler(path)
     except OSError as e:
@@ -359,7 +359,7 @@ def _conf_folder(ws, zookeeper_host):
     home = os.environ.get("SINGA_CONF") or os.path.join(singa.HOME, "conf")
     conf = config.load_singa_conf(os.path.join(home, "singa.conf"))
     conf.zookeeper_host = zookeeper_host
-    folder = os.path.join(ws, "conf")
+    folder = os.path.join(ws, workspace.CONF)
     os.makedirs(folder, exist_ok=True)
     text = text_format.MessageToString(conf).encode()
     files.write_atomic(os.path.join(folder, "singa.conf"), lambda f: f.write(text))

@@ -27,7 +27,7 @@ from singa.interop.caffe.solverstate import DATA_POSITION_NOTE, job_fields, snap
 from singa.interop.caffe.translate import translate
 from singa.io.caffe_blobs import CaffeFile
 from singa.io.kvfile import pack
-from singa.job import config
+from singa.job import config, workspace
 from singa.proto import caffe_pb2, job_pb2
 from singa.train.updater import create_lr_generator
 
@@ -97,14 +97,14 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         blobs = None
         if model is not None:
             _, blobs = model.net()
-        t = translate(net_msg, net_path, blobs, weights, os.path.join(out, "data"), input_shape,
-                      fold_bn, test=solver_msg is None or bool(solver_msg.test_iter))
+        t = translate(net_msg, net_path, blobs, weights, os.path.join(out, workspace.DATA),
+                      input_shape, fold_bn, test=solver_msg is None or bool(solver_msg.test_iter))
         job = _job(net_msg, t, out, solver_msg, solver_path)
         step = state.iter if state is not None else 0
         if model is not None:
             job.checkpoint_path.append(snapshot_file(checkpoint_folder(out), step, 0))
         text = text_format.MessageToString(job)
-        config.parse_job(text, os.path.join(out, "job.conf"), check_paths=False)
+        config.parse_job(text, os.path.join(out, workspace.JOB_CONF), check_paths=False)
         launch.check_memory(job, net_path)
         snap = SnapshotState(step=step, nworkers=1)
         if state is not None:
@@ -121,7 +121,7 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
             if job.updater.type == job_pb2.kSGD and job.updater.momentum == 0:
                 snap.param_state = {}
         # everything is checked: now the files, each whole or not at all
-        os.makedirs(os.path.join(out, "data"), exist_ok=True)
+        os.makedirs(os.path.join(out, workspace.DATA), exist_ok=True)
         for path, tuples in t.files.items():
             write_atomic(path, lambda f: f.write(b"".join(pack(k, v) for k, v in tuples)))
         if model is not None:
@@ -129,7 +129,7 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         head = (f"# imported from Caffe by bin/singa-import.sh: {net_path}"
                 f"{' + ' + weights if weights else ''}"
                 f"{' + ' + solverstate if solverstate else ''}\n")
-        conf_path = os.path.join(out, "job.conf")
+        conf_path = os.path.join(out, workspace.JOB_CONF)
         write_atomic(conf_path, lambda f: f.write((head + text).encode()))
     except OSError as e:
         raise DataError(f"cannot write {e.filename or out}: {e.strerror}") from None

@@ -24,6 +24,7 @@ from singa.interop.caffe.batchnorm import batch_norm, fold_values, scale_layer
 from singa.interop.caffe.data import data_layer, hdf5_data, image_data, input_layer
 from singa.interop.caffe.netdef import (TEST, TRAIN, Refused, copy_set, in_net_state,
                                         strip_legacy)
+from singa.job import workspace
 from singa.layers.neuron import STANH_A, STANH_B
 from singa.naming import unrolled
 from singa.proto import caffe_pb2, job_pb2
@@ -59,7 +60,7 @@ class Translation:
     files: dict = field(default_factory=dict)    # path -> kvfile tuples (key, value) to write
 
 
-def translate(net, net_path, weights=None, weights_path=None, data_dir="data",
+def translate(net, net_path, weights=None, weights_path=None, data_dir=workspace.DATA,
               input_shape=None, fold_bn=False, test=True):
     """The Translation of NetParameter `net` (V2 layers, see netdef.upgrade) read from
     `net_path`; `weights` = {layer name: [Blob]} of `weights_path`; `data_dir`: where data
