@@ -8,16 +8,17 @@ and set up layers, number params. Test and validation nets share the train net's
 import collections
 import json
 
-from singa import layers
+from singa import layers  # noqa: F401  (registers every layer type)
 from singa.device import CPU, is_host
 from singa.device.footprint import BeyondMemory
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class, set_up
 from singa.naming import plain, unrolled
-from singa.net import graph, partition  # noqa: F401  (layers: registers every layer type)
+from singa.net import graph, partition
 from singa.net.numerics import rng_state, set_rng_state
 from singa.net.phase import in_phase
 from singa.proto import job_pb2
+
 
 class NeuralNet:
     """Layers of one phase in topological order, with their params.
