@@ -163,6 +163,9 @@ class Driver:
 
     #: how the user continues a run, as its warnings name it
     resume_hint = "-resume"
+    #: signals that stop the job after a snapshot, as SIGUSR1 does (a Python fit: SIGINT and
+    #: SIGTERM, so that the model keeps what it trained); a repeat stops it at once
+    snapshot_signals = ()
 
     def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
                  trust=None, procs_id=None, rejoin=False):
@@ -196,13 +199,20 @@ class Driver:
     def on_signal(self, signum, frame=None):
         """SIGINT/SIGTERM/SIGHUP: the stub stops the executors (at their next message). SIGUSR1 (and
         SIGTERM inside a Slurm allocation, its preemption and time limit): every worker of
-        the job stops a step or two later, group 0 after writing a snapshot there. Before the
-        executors exist, the driver leaves at once. Repeats change nothing."""
+        the job stops a step or two later, group 0 after writing a snapshot there (so do
+        `snapshot_signals`). Before the executors exist, the driver leaves at once. Repeats
+        change nothing, but that of a `snapshot_signals` one stops the executors at once."""
         if self.signal:
+            if self.signal in self.snapshot_signals and signum in self.snapshot_signals \
+                    and self.process is not None:
+                log.warning("%s again: stopping without waiting for the snapshot",
+                            signal.Signals(signum).name)
+                self.snapshot = False
+                self.process.stub.stop()
             return
         self.signal = signum
-        self.snapshot = signum == signal.SIGUSR1 or (signum == signal.SIGTERM and
-                                                     "SLURM_JOB_ID" in os.environ)
+        self.snapshot = signum == signal.SIGUSR1 or signum in self.snapshot_signals or (
+            signum == signal.SIGTERM and "SLURM_JOB_ID" in os.environ)
         name = signal.Signals(signum).name
         if self.process is None:
             log.warning("%s: stopping", name)

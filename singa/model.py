@@ -15,6 +15,8 @@ trains (and with `with_test=True` tests as it goes), keeps a `checkpoint_freq` i
 and returns metrics as floats; `evaluate` tests the params `fit` left (or `checkpoint_path`).
 """
 import os
+import signal
+import sys
 
 import numpy as np
 from google.protobuf import text_format
@@ -253,6 +255,9 @@ class Model:
             self.last_checkpoint_path = history.snapshots[-1][1]
         self.result = history
         callbacks.end(history)
+        if history.stopped_by:
+            _say_stopped(history)
+            session.deliver(history.stopped_by)
         return history
 
     def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size):
@@ -541,6 +546,18 @@ def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_s
             raise ConfigError("fit: give validation_split or validation_data, not both")
         data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
     return data_or_x, y, validate_data
+
+
+def _say_stopped(history):
+    """The line of a fit a signal stopped: where, and that the model keeps those params."""
+    name = signal.Signals(history.stopped_by).name
+    if history.snapshots:
+        step = history.snapshots[-1][0]
+        print(f"singa: fit stopped by {name} at step {step}: the model holds the params of "
+              f"step {step}, and fit(...) again continues from them", file=sys.stderr)
+    else:
+        print(f"singa: fit stopped by {name} before its first snapshot: the model holds no "
+              f"new params", file=sys.stderr)
 
 
 def _same_data(fed, now):

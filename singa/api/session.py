@@ -4,9 +4,10 @@ A job of one process runs in the calling process with the in-process cluster run
 (`cluster_rt.SPClusterRuntime`: no ZooKeeper), through the same Driver, Process and executors
 as `singa-run.sh`. While it runs, the `singa` logger writes to `<workspace>/<job name>.log`
 (and to stderr: warnings as plain `singa: ...` lines, or SINGA's log lines when `verbose`),
-SIGINT and SIGTERM stop the executors cleanly, and a progress bar shows steps/s and the
-latest metrics; afterwards the caller's handlers and logging are back, and a signal that
-stopped the job is delivered to the caller's own handler (SIGINT: KeyboardInterrupt). Every
+SIGINT and SIGTERM stop a training job after a snapshot a step or two later (a second one
+at once; a test at once), and a progress bar shows steps/s and the latest metrics;
+afterwards the caller's handlers and logging are back, and a signal that stopped the job is
+delivered to the caller's own handler (`deliver`; SIGINT: KeyboardInterrupt). Every
 training run writes the job it runs to `<workspace>/run.conf` (beside the log; a workspace's
 own job.conf stays untouched). A job of several processes (numpy data written as kvfiles
 beside it) is launched from there with `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its
@@ -85,10 +86,10 @@ def train(job, resume=False, verbose=False, progress=True, on_event=None,
             bar.update(step + 1 - bar.n)
             bar.set_postfix(values, refresh=False)
     try:
-        _run_here(job, False, snap or resume, verbose, listener, history.add_snapshot,
-                  on_event)
+        _, history.stopped_by = _run_here(job, False, snap or resume, verbose, listener,
+                                          history.add_snapshot, on_event)
         # retention may have deleted some; the last is where training ended (a callback's
-        # stop may come before train_steps)
+        # stop or a signal's may come before train_steps)
         history.snapshots = [(s, p) for s, p in history.snapshots if os.path.exists(p)]
         bar.update((history.snapshots[-1][0] if history.snapshots else job.train_steps) - bar.n)
     finally:
@@ -101,7 +102,17 @@ def test(job, verbose=False, listener=None):
     of its numpy data); {metric: value}. `listener(step, "test", metrics)` hears the result."""
     if not job.test_steps:
         raise ConfigError(f"{job.name}: testing needs test_steps > 0")
-    return _run_here(job, True, False, verbose, listener, None)
+    result, stopped_by = _run_here(job, True, False, verbose, listener, None)
+    deliver(stopped_by)
+    return result
+
+
+def deliver(signum):
+    """Hand the signal that stopped a job (None: none did) to the caller's own handler, as it
+    would have had it: SIGINT's default raises KeyboardInterrupt. A fit calls this once it
+    has kept what the job trained (`History.stopped_by`)."""
+    if signum:
+        signal.raise_signal(signum)
 
 
 def predict(job, x):
@@ -167,6 +178,8 @@ def _output(net):
 
 
 def _run_here(job, test, resume, verbose, listener, on_snapshot, on_event=None):
+    """Run `job` in this process; (the test's metrics or None, the signal that stopped it or
+    None). SIGINT and SIGTERM stop a training job after a snapshot (a second one at once)."""
     rt = SPClusterRuntime(-os.getpid())   # never a ZooKeeper job id
 
     def hear(step, phase, values):
@@ -177,6 +190,8 @@ def _run_here(job, test, resume, verbose, listener, on_snapshot, on_event=None):
     reporter = Reporter(job.cluster.workspace, rt.job_id, hear, on_snapshot)
     driver = Driver(job, rt, "localhost", resume, reporter)
     driver.resume_hint = "fit(..., resume=True)"
+    if not test:
+        driver.snapshot_signals = (signal.SIGINT, signal.SIGTERM)
     result = None
     with _logging(job, verbose), _signals(driver.on_signal):
         try:
@@ -187,9 +202,7 @@ def _run_here(job, test, resume, verbose, listener, on_snapshot, on_event=None):
                     log.info("%s", line)
         except Stopped:
             pass
-    if driver.signal:   # the caller's own handler now: KeyboardInterrupt for SIGINT
-        signal.raise_signal(driver.signal)
-    return result
+    return result, driver.signal
 
 
 @contextlib.contextmanager
@@ -230,7 +243,9 @@ def _signals(handler):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # a signal the caller ignores (a background job's SIGINT) stays ignored
+    saved = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+             if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:
@@ -272,10 +287,11 @@ class _NoBar:
 def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     """Run `job` through `bin/singa-run.sh` (ZooKeeper, conf/hostfile); its History from
     metrics.csv, whose rows `on_event` hears as they come (every LAUNCH_POLL s; True stops the
-    job after a snapshot: SIGUSR1 to the launcher). With `zookeeper_host` the launcher reads a conf folder of its own,
-    `<workspace>/conf` (singa.conf naming that ZooKeeper, the hostfile copied). What the
-    launcher says of a ZooKeeper it leaves running is shown. Ctrl-C stops the job
-    (singa-run.sh stops every process) and is re-raised."""
+    job after a snapshot: SIGUSR1 to the launcher). With `zookeeper_host` the launcher reads
+    a conf folder of its own, `<workspace>/conf` (singa.conf naming that ZooKeeper, the
+    hostfile copied). What the launcher says of a ZooKeeper it leaves running is shown.
+    Ctrl-C stops the job after a snapshot (the History's `stopped_by`); a second one at once
+    (singa-run.sh stops every process), re-raised."""
     launcher = os.path.join(singa.HOME, "bin", "singa-run.sh")
     if not os.path.isfile(launcher):
         raise ConfigError(f"a job of {topology.nprocs(job.cluster)} processes is launched by "
@@ -288,8 +304,9 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     env = None
     if zookeeper_host:
         env = dict(os.environ, SINGA_CONF=_conf_folder(ws, zookeeper_host))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+    # a process group of its own: a Ctrl-C reaches this process, which has the job snapshot
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, process_group=0)
     lines, found = [], {}
 
     def read():
@@ -303,7 +320,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     reader = threading.Thread(target=read, daemon=True, name="launcher-output")
     reader.start()
     metrics_csv = os.path.join(ws, workspace.METRICS)
-    heard, asked = 0, False
+    heard, asked, stopped_by = 0, False, None
     try:
         while True:
             try:
@@ -311,13 +328,18 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
                 break
             except subprocess.TimeoutExpired:
                 pass
+            except KeyboardInterrupt:   # as SIGINT stops a job of this process: a snapshot
+                log.warning("SIGINT: a snapshot in a step or two, then the job stops")
+                proc.send_signal(signal.SIGUSR1)
+                asked, stopped_by = True, signal.SIGINT
+                continue
             if on_event is not None and "job" in found and not asked:
                 heard, stop = _hear(metrics_csv, found["job"], heard, on_event)
                 if stop:    # singa-run.sh: a snapshot a step or two later, then exit 138
                     proc.send_signal(signal.SIGUSR1)
                     asked = True
         reader.join()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:   # a second one: singa-run.sh stops every process at once
         proc.send_signal(signal.SIGINT)
         proc.wait()
         raise
@@ -333,6 +355,7 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
             history.add_snapshot(snap.step, snap.files[0])
+    history.stopped_by = stopped_by
     return history
 
 

@@ -217,12 +217,14 @@ class History:
     `history[phase]` is [(step, {metric: value})] in step order (phase: "train", "validation",
     "test"; another is a KeyError); `history.history` the same as Keras' {name: [values]};
     `snapshots` is [(step, path of worker 0's file)]; `last(phase)` the newest
-    metrics of a phase ({} if none).
+    metrics of a phase ({} if none); `stopped_by` the signal that stopped the run (after a
+    snapshot) before its last step, or None.
     """
 
     def __init__(self):
         self.events = {phase: [] for phase in PHASES}
         self.snapshots = []
+        self.stopped_by = None      # the signal (its number) that stopped the run early
 
     def add(self, step, phase, values):
         self.events.setdefault(phase, []).append((step, dict(values)))

@@ -238,16 +238,16 @@ INTERRUPTED = textwrap.dedent("""
     m.add(Dense(10, init='uniform', activation='softmax'))
     m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.01), cluster=Cluster('ws'))
     h = m.fit(x, y, nb_epoch=10**6, batch_size=50, checkpoint_freq=20, progress=False)
-    print("STOPPED", got[0], h['train'][-1][0] if h['train'] else None, flush=True)
+    print("STOPPED", got[0], h.snapshots[-1][0], flush=True)
     print("HANDLERS", signal.getsignal(signal.SIGINT) is on_int,
           signal.getsignal(signal.SIGTERM) is on_term, flush=True)
 """)
 
 
 def test_sigint_during_fit_stops_it_in_seconds_and_restores_both_handlers(tmp_path):
-    """The caller's own SIGINT handler gets the signal once fit has stopped (fit then
-    returns); both of the caller's handlers are back; the stop takes a second or two (the
-    bound asserted is loose: the machine is shared)."""
+    """The caller's own SIGINT handler gets the signal once fit has stopped after a snapshot
+    (fit then returns, saying so in a line); both of the caller's handlers are back; the stop
+    takes a second or two (the bound asserted is loose: the machine is shared)."""
     proc = subprocess.Popen([PYTHON, "-c", INTERRUPTED], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV)
     deadline = time.monotonic() + 120
@@ -263,10 +263,59 @@ def test_sigint_during_fit_stops_it_in_seconds_and_restores_both_handlers(tmp_pa
     print(f"SIGINT to stopped: {latency:.2f} s")
     assert 0 <= latency < 10, out
     assert "HANDLERS True True" in out.splitlines()
-    assert "singa: SIGINT: stopping" in err.splitlines()
-    assert not GLOG_LINE.search(err), err
+    assert "singa: SIGINT: a snapshot in a step or two, then the job stops" in err.splitlines()
     snap = checkpoint.latest_snapshot(str(tmp_path / "ws" / "checkpoint"))
-    assert snap.complete and snap.step >= 40
+    assert snap.complete and snap.step >= 40 and snap.step == int(stopped[2])
+    assert (f"singa: fit stopped by SIGINT at step {snap.step}: the model holds the params of "
+            f"step {snap.step}, and fit(...) again continues from them") in err.splitlines()
+    assert not GLOG_LINE.search(err), err
+
+
+CTRL_C = textwrap.dedent("""
+    import numpy as np
+    from singa import checkpoint
+    from singa.model import *
+    rng = np.random.default_rng(0)
+    x = rng.random((500, 784), dtype=np.float32)
+    y = rng.integers(0, 10, 500).astype(np.int32)
+    m = Sequential('long')
+    m.add(Dense(64, init='uniform', activation='tanh'))
+    m.add(Dense(10, init='uniform', activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.01), cluster=Cluster('ws'))
+    print("READY", flush=True)
+    try:
+        m.fit(x, y, nb_epoch=10**6, batch_size=50, checkpoint_freq=0, disp_freq=50,
+              progress=False)
+    except KeyboardInterrupt:
+        print("INTERRUPTED", flush=True)
+    print("KEPT", m.last_checkpoint_path, flush=True)
+    print("PREDICT", m.predict(x[:3]).shape, flush=True)
+    h = m.fit(x, y, nb_epoch=10, batch_size=50, progress=False, disp_freq=1)
+    print("AGAIN", h['train'][0][0], h['train'][-1][0], flush=True)
+""")
+
+
+def test_ctrl_c_in_fit_keeps_the_params_it_trained_and_a_second_fit_continues(tmp_path):
+    """Keras keeps the weights a KeyboardInterrupt leaves: fit snapshots the step it stops
+    at, raises KeyboardInterrupt, and the model predicts with those params; a plain fit then
+    continues from that step (not step 0, over the interrupted run's snapshots)."""
+    proc = subprocess.Popen([PYTHON, "-c", CTRL_C], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=ENV)
+    log = tmp_path / "ws" / "long.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and "Train @ step 100 " in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    assert "INTERRUPTED" in lines, out
+    kept = next(line.split()[1] for line in lines if line.startswith("KEPT"))
+    step = checkpoint.parse_step_worker(os.path.basename(kept))[0]
+    assert step >= 100 and os.path.isfile(kept), out
+    assert "PREDICT (3, 10)" in lines
+    assert f"AGAIN {step} {step + 9}" in lines, out
 
 
 def test_warnings_reach_stderr_as_plain_lines_not_glog(tmp_path, train, capfd):

@@ -107,8 +107,10 @@ INTERRUPTED = textwrap.dedent("""
     logging.getLogger("singa").addHandler(mine)
     job = config.parse_job(open(sys.argv[1]).read(), sys.argv[1])
     print("READY", flush=True)
+    h = session.train(session.prepare(job), progress=False)
+    print("STOPPED_BY", h.stopped_by, h.snapshots[-1][0], flush=True)
     try:
-        session.train(session.prepare(job), progress=False)
+        session.deliver(h.stopped_by)
         print("NOT INTERRUPTED")
     except KeyboardInterrupt:
         print("INTERRUPTED", flush=True)
@@ -118,11 +120,11 @@ INTERRUPTED = textwrap.dedent("""
     print("SNAPSHOT", snap.step, snap.complete)
     job.train_steps = snap.step + 20
     h = session.train(session.prepare(job), resume=True, progress=False)
-    print("AGAIN", h["train"][-1][0], flush=True)
+    print("AGAIN", h["train"][0][0], flush=True)
 """)
 
 
-def test_sigint_stops_training_keeps_the_snapshot_and_the_callers_handlers(tmp_path):
+def test_sigint_stops_training_after_a_snapshot_and_keeps_the_callers_handlers(tmp_path):
     job = fixture_proto(tmp_path / "ws", train_steps=100000, checkpoint_freq=20, test_steps=0)
     conf = tmp_path / "job.conf"
     conf.write_text(text_format.MessageToString(job))
@@ -140,9 +142,11 @@ def test_sigint_stops_training_keeps_the_snapshot_and_the_callers_handlers(tmp_p
     assert "INTERRUPTED" in lines and "NOT INTERRUPTED" not in lines, out
     assert "HANDLER True" in lines and "LOGGING True" in lines
     step, complete = next(line.split()[1:] for line in lines if line.startswith("SNAPSHOT"))
-    assert complete == "True" and int(step) >= 20
-    assert f"AGAIN {step}" in lines         # resumed at the snapshot; displays every 20 steps
-    assert "SIGINT: stopping" in err       # warnings still reach stderr
+    assert complete == "True" and int(step) >= 40
+    assert f"STOPPED_BY {int(signal.SIGINT)} {step}" in lines   # a snapshot where it stopped
+    # resumed at the snapshot; displays every 20 steps
+    assert f"AGAIN {-(-int(step) // 20) * 20}" in lines, out
+    assert "SIGINT: a snapshot in a step or two, then the job stops" in err  # warnings too
 
 
 def test_the_job_log_goes_to_the_workspace_and_info_stays_off_the_console(tmp_path, capsys):
