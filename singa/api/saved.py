@@ -3,12 +3,14 @@ the folder `Model.save` writes and `load_model` reads: `job.conf` (the model's j
 layers' preprocessing kept: numpy inputs as layers without data, mean and std files copied
 beside it) and the params of its last fit (the final snapshot's files)."""
 import os
+import shutil
 
 from google.protobuf import text_format
 
 from singa import checkpoint, files
 from singa.api.session import with_kvfiles
 from singa.errors import ConfigError
+from singa.proto import job_pb2
 
 #: the store path of a saved model's numpy input: it reads the data given to evaluate or fit
 SAVED_INPUT = 'memory://saved-model-input'
@@ -36,20 +38,24 @@ def conf_text(job, path=None):
 
 
 def save(path, job, params):
-    """Write the folder `path` (made if missing; what it holds of an earlier save is
-    replaced): `job` (its paths absolute) as `job.conf`, its `checkpoint_path` the copies of
-    the snapshot whose worker 0's file is `params`."""
+    """Write the folder `path` (made if missing): `job` (its paths absolute) as `job.conf`,
+    its `checkpoint_path` the copies of the snapshot whose worker 0's file is `params`. What
+    an earlier save left there is replaced only once the new model is whole: the files are
+    copied into a staging folder inside `path` first (a full disk leaves the earlier model as
+    it was, and a new `path` not made at all), moved in, `job.conf` last, then the earlier
+    model's other files removed; what else the folder holds is left alone."""
     path = os.path.abspath(path)
+    made = not os.path.isdir(path)
+    stage = os.path.join(path, f".saving{os.getpid()}")
     try:
         os.makedirs(path, exist_ok=True)
-        for old in os.listdir(path):
-            if checkpoint.parse_step_worker(old.removesuffix(checkpoint.META_SUFFIX)):
-                os.unlink(os.path.join(path, old))
+        shutil.rmtree(stage, ignore_errors=True)
+        os.mkdir(stage)
         del job.checkpoint_path[:]
         for src in checkpoint.files_of(params):
             for f in (src, checkpoint.meta_path(src)):
                 if os.path.exists(f):
-                    files.copy_atomic(f, os.path.join(path, os.path.basename(f)))
+                    files.copy_atomic(f, os.path.join(stage, os.path.basename(f)))
             job.checkpoint_path.append(os.path.join(path, os.path.basename(src)))
         for ly in job.neuralnet.layer:
             sc = ly.store_conf
@@ -57,13 +63,41 @@ def save(path, job, params):
                 sc.path = SAVED_INPUT
             for field in ('mean_file', 'std_file'):
                 if sc.HasField(field):
-                    copied = os.path.join(path, f"{ly.name}-{field[:-5]}.bin")
-                    files.copy_atomic(getattr(sc, field), copied)
-                    setattr(sc, field, copied)
+                    name = f"{ly.name}-{field[:-5]}.bin"
+                    files.copy_atomic(getattr(sc, field), os.path.join(stage, name))
+                    setattr(sc, field, os.path.join(path, name))
         text = text_format.MessageToString(job)
-        files.write_atomic(os.path.join(path, 'job.conf'), lambda f: f.write(text.encode()))
+        files.write_atomic(os.path.join(stage, 'job.conf'), lambda f: f.write(text.encode()))
+        earlier = _model_files(path)
+        new = sorted(os.listdir(stage), key=lambda f: f == 'job.conf')     # job.conf last
+        for f in new:
+            os.replace(os.path.join(stage, f), os.path.join(path, f))
+        files.fsync_dir(path)
+        for f in earlier - set(new):
+            os.unlink(os.path.join(path, f))
+        os.rmdir(stage)
     except OSError as e:
-        raise ConfigError(f"save: cannot write {e.filename or path}: {e.strerror}") from None
+        shutil.rmtree(stage, ignore_errors=True)
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
+        kept = "" if made else " (what the folder held is kept)"
+        raise ConfigError(f"save: cannot write {e.filename or path}: {e.strerror}{kept}") \
+            from None
+
+
+def _model_files(path):
+    """The files of a model `save` wrote in the folder `path`: job.conf, the snapshot's files
+    and the copied mean and std files its job.conf names."""
+    out = {f for f in os.listdir(path) if f == 'job.conf'
+           or checkpoint.parse_step_worker(f.removesuffix(checkpoint.META_SUFFIX))}
+    try:
+        with open(os.path.join(path, 'job.conf')) as f:
+            job = text_format.Parse(f.read(), job_pb2.JobProto())
+    except (OSError, UnicodeDecodeError, text_format.ParseError):
+        return out
+    return out | {os.path.basename(p) for ly in job.neuralnet.layer
+                  for p in (ly.store_conf.mean_file, ly.store_conf.std_file)
+                  if p and os.path.dirname(p) == path and os.path.isfile(p)}
 
 
 def load(path):

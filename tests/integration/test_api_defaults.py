@@ -364,6 +364,42 @@ def test_a_saved_model_predicts_and_evaluates_in_a_new_process(tmp_path, train, 
                            verbose=0) == pytest.approx(here, rel=1e-6)
 
 
+def test_a_failed_save_keeps_the_earlier_model_and_leaves_no_new_folder(tmp_path, trained,
+                                                                        train, test,
+                                                                        monkeypatch):
+    """A save that fails part way (a full disk) over an earlier model leaves that model whole
+    (load_model predicts as before); into a new folder it leaves no folder; a save that
+    succeeds replaces the earlier model's files."""
+    folder = tmp_path / "saved"
+    trained.save(str(folder))
+    before = load_model(str(folder)).predict(test[0])
+    other = mlp(tmp_path / "other")
+    other.fit(*train, nb_epoch=7, batch_size=50, seed=4, progress=False)
+    real, calls = singa.files.copy_atomic, []
+
+    def full_disk(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device", dst)
+        return real(src, dst)
+    monkeypatch.setattr(singa.files, "copy_atomic", full_disk)
+    with pytest.raises(ConfigError, match="No space left on device"):
+        other.save(str(folder))
+    assert np.array_equal(load_model(str(folder)).predict(test[0]), before)
+    # (load_model's workspace is the folder's own)
+    assert sorted(os.listdir(folder)) == ["job.conf", "step30-worker0.bin",
+                                          "step30-worker0.meta", "workspace"]
+    calls.clear()
+    with pytest.raises(ConfigError, match="No space left on device"):
+        other.save(str(tmp_path / "new"))
+    assert not (tmp_path / "new").exists()
+    monkeypatch.setattr(singa.files, "copy_atomic", real)
+    other.save(str(folder))
+    assert sorted(os.listdir(folder)) == ["job.conf", "step7-worker0.bin",
+                                          "step7-worker0.meta", "workspace"]
+    assert np.array_equal(load_model(str(folder)).predict(test[0]), other.predict(test[0]))
+
+
 def test_a_conf_made_for_testing_predicts_with_its_checkpoint_path(tmp_path, trained, test):
     """As singa-import.sh prints: Model.from_conf(job.conf).predict(x) loads the conf's
     checkpoint_path and reads x, not the conf's data file (gone here)."""
