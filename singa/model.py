@@ -14,6 +14,7 @@ as SINGA's did. Relative paths resolve against the current directory. Unlike SIN
 trains (and with `with_test=True` tests as it goes), keeps a `checkpoint_freq` it is given,
 and returns metrics as floats; `evaluate` tests the params `fit` left (or `checkpoint_path`).
 """
+import itertools
 import os
 import signal
 import sys
@@ -198,12 +199,17 @@ class Model:
             test_steps=None, test_freq=None, disp_freq=None, checkpoint_freq=None,
             resume=False, *, alg=None, test_data=None, validate_data=None,
             validation_data=None, validation_split=None, epochs=None, callbacks=(),
-            verbose=False, progress=True, execpath='', device=None, **fields):
+            verbose=False, progress=True, execpath='', device=None, steps_per_epoch=None,
+            validation_steps=None, **fields):
         """Train for `nb_epoch` steps (SINGA's meaning: train steps, not passes over the
         data), or `epochs` passes over the data given, on `data_or_x`: a Data layer, numpy
         samples with labels `y`, (x, y), or an iterable of (x, y) batches (data larger than
         memory: written once as a kvfile in `<workspace>/data`, then read as a store) (SINGA's
-        keyword `data=` too). Returns a History.
+        keyword `data=` too). Returns a History. `steps_per_epoch` (Keras'): an epoch is that
+        many steps, and of an iterable (an endless generator too) fit takes that many batches
+        for each epoch, in order (a generator's augmentation stays per epoch); with nb_epoch
+        (steps) it takes at most nb_epoch batches. `validation_steps`: the batches of each
+        validation (of an iterable: its first ones, taken once).
 
         A second `fit` of the model continues from the params the first one left (its final
         snapshot, bit-exact) for `nb_epoch` (or `epochs`) more steps; a new model starts
@@ -237,10 +243,18 @@ class Model:
         data_or_x, y, validate_data = _fit_data(data_or_x, y, fields, validate_data,
                                                 validation_data, validation_split)
         schedule.check_epochs(epochs, nb_epoch)
+        schedule.check_count('fit', 'steps_per_epoch', steps_per_epoch)
+        schedule.check_count('fit', 'validation_steps', validation_steps)
+        if steps_per_epoch is not None and epochs is None and not nb_epoch:
+            epochs = 1      # Keras' default
+        if validation_steps is not None:
+            fields['validate_steps'] = validation_steps
         job = config.absolute_paths(self._job(fields), os.getcwd())
         fed = self.fed
-        self._feed_fit(data_or_x, y, validate_data, test_data, batch_size)
-        self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg)
+        self._feed_fit(data_or_x, y, validate_data, test_data, batch_size,
+                       schedule.pulls(nb_epoch, epochs, steps_per_epoch), validation_steps)
+        self._schedule(job, fields, nb_epoch, epochs, with_test, validate_data is not None, alg,
+                       steps_per_epoch)
         start = None if resume else continue_from(job, self.last_checkpoint_path,
                                                   _same_data(fed, self.fed))
         callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
@@ -260,25 +274,30 @@ class Model:
             session.deliver(history.stopped_by)
         return history
 
-    def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size):
+    def _feed_fit(self, data_or_x, y, validate_data, test_data, batch_size, pulls,
+                  validation_steps):
         """The data fit was given as the model's train, validation and test data; the train
         data remembered (`fed`). Without train data, its own (or none: an error) in batches
-        of `batch_size` when given."""
+        of `batch_size` when given. `pulls`: (the batches to take of an iterable of train
+        batches, whether exactly: `schedule.pulls`); `validation_steps` those of validation."""
         if data_or_x is not None or not (self.conf_net is not None
                                          or self.exist_datalayer('train')):
-            self._feed(data_or_x, y, kTrain, batch_size, 'fit')
+            self._feed(data_or_x, y, kTrain, batch_size, 'fit', *pulls)
             self.fed = data_or_x if isinstance(data_or_x, tuple) else (data_or_x, y)
         elif batch_size is not None:
             feed.set_batchsize(self._data_protos(), kTrain, batch_size)
-        for key, data, phase in (('validation_data', validate_data, kVal),
-                                 ('test_data', test_data, kTest)):
+        for key, data, phase, steps in (('validation_data', validate_data, kVal,
+                                         validation_steps),
+                                        ('test_data', test_data, kTest, None)):
             if data is not None:
-                self._feed(data, None, phase, batch_size, 'fit: ' + key)
+                self._feed(data, None, phase, batch_size, 'fit: ' + key, steps,
+                           steps is not None)
 
-    def _schedule(self, job, fields, nb_epoch, epochs, with_test, validating, alg):
+    def _schedule(self, job, fields, nb_epoch, epochs, with_test, validating, alg,
+                  steps_per_epoch=None):
         """Set `job` to train the model's net (`singa.api.schedule`), its Data layers'
         checkpoints loaded (unless `fields` name a checkpoint_path), by `alg` if given."""
-        per_pass = None if epochs is None else feed.steps_per_pass(
+        per_pass = None if epochs is None else steps_per_epoch or feed.steps_per_pass(
             [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
         steps = schedule.train_steps(nb_epoch, epochs, per_pass, self.conf_net is not None)
         job.neuralnet.CopyFrom(self.build())
@@ -292,21 +311,25 @@ class Model:
             job.train_one_batch.alg = enumAlgType(alg)
 
     def evaluate(self, data=None, y=None, alg=None, checkpoint_path=None, execpath='',
-                 device=None, show_acc=False, batch_size=None, verbose=1, **fields):
+                 device=None, show_acc=False, batch_size=None, verbose=1, steps=None,
+                 **fields):
         """Test the params of `checkpoint_path` (files, "latest" or "best"; by default the
         newest snapshot `fit` wrote) on `data`: numpy samples with labels `y` or an iterable
         of (x, y) batches (every sample once, a last partial batch counted by its size;
         batches of `batch_size`, default 64), or a Data layer (`test_steps` batches, default
-        10, SINGA's meaning; numpy data too when `test_steps` is given). Returns {metric:
-        value}. `verbose`: 1 (default) prints the result in one line, 0 nothing, 2 also
+        10, SINGA's meaning; numpy data too when `test_steps` is given). `steps` (Keras'):
+        that many batches (of an iterable, its first ones). Returns {metric: value}. `verbose`: 1 (default) prints the result in one line, 0 nothing, 2 also
         SINGA's log lines (stderr)."""
         if execpath:
             raise ConfigError("evaluate: execpath (a SINGA binary) is not used: the job runs "
                               "in this Python")
         put_device(fields, device, 'evaluate')
+        schedule.check_count('evaluate', 'steps', steps)
+        if steps is not None:
+            fields.setdefault('test_steps', steps)
         job = self._job(fields)
         if data is not None:
-            self._feed(data, y, kTest, batch_size, 'evaluate')
+            self._feed(data, y, kTest, batch_size, 'evaluate', steps, steps is not None)
         elif batch_size is not None:
             feed.set_batchsize(self._data_protos(), kTest, batch_size)
         self.accuracy = show_acc
@@ -329,15 +352,17 @@ class Model:
         self.result = metrics
         return metrics
 
-    def predict(self, x, checkpoint_path=None, device=None):
-        """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined)
-        (probabilities for a softmax net), with the params `fit` left or those of
+    def predict(self, x, checkpoint_path=None, device=None, steps=None):
+        """The net's outputs for the numpy samples `x` (or each batch of an iterable, joined:
+        its first `steps` batches when given) (probabilities for a softmax net), with the
+        params `fit` left or those of
         `checkpoint_path`; `x` gets the preprocessing of the model's (test, else train) data
         layer, and is fed as it is when the model has none. `device`: GPU ids, e.g. [0] (the
         net runs on the first)."""
+        schedule.check_count('predict', 'steps', steps)
         if not isinstance(x, np.ndarray) and hasattr(x, '__iter__') and not isinstance(x, list):
             outs = [self.predict(item[0] if isinstance(item, tuple) else item, checkpoint_path,
-                                 device) for item in x]
+                                 device) for item in itertools.islice(x, steps)]
             if not outs:
                 raise ConfigError("predict: the iterable of batches gave no samples")
             return np.concatenate(outs)
@@ -386,10 +411,12 @@ class Model:
             setval(job, **{key: value})
         return job
 
-    def _feed(self, data, y, phase, batch_size, what):
-        """Make `data` (numpy samples with labels `y`, an iterable of (x, y) batches or a
-        Data layer: `feed.as_data`) the model's input of `phase`."""
-        own = feed.as_data(data, y, phase, batch_size, what, self._streams_folder())
+    def _feed(self, data, y, phase, batch_size, what, steps=None, exact=False):
+        """Make `data` (numpy samples with labels `y`, an iterable of (x, y) batches, `steps`
+        of them at most or `exact`ly, or a Data layer: `feed.as_data`) the model's input of
+        `phase`."""
+        own = feed.as_data(data, y, phase, batch_size, what, self._streams_folder(), steps,
+                           exact)
         protos = [p for item in self.layers for p in (item.layer, getattr(item, 'mask', None))
                   if p is not None]
         feed.check_input(own, protos if self.conf_net is None else self.conf_net.layer, what)

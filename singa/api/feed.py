@@ -5,6 +5,7 @@ layers reading them for a model of a conf, and the checks that numpy data would 
 wrongly without a word."""
 import copy
 import os
+import shutil
 
 import numpy as np
 
@@ -19,21 +20,24 @@ from singa.net.phase import in_phase
 from singa.proto import job_pb2
 from singa.train import evaluation
 
-__all__ = ["LABELLED", "CONVOLUTIONS", "as_data", "check_input", "copy_data", "net_of",
-           "predict_net", "put_conf_data", "put_data", "set_batchsize", "split",
-           "steps_per_pass", "streams_folder", "whole_pass"]
+__all__ = ["LABELLED", "CONVOLUTIONS", "STREAM_RESERVE", "as_data", "check_finite",
+           "check_input", "copy_data", "net_of", "predict_net", "put_conf_data", "put_data",
+           "set_batchsize", "split", "steps_per_pass", "streams_folder", "whole_pass"]
 
 #: layers whose metrics compare outputs with labels
 LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
 CONVOLUTIONS = (job_pb2.kConvolution, job_pb2.kCConvolution, job_pb2.kCudnnConv)
+#: bytes of free disk an iterable of batches written without a bound must leave
+STREAM_RESERVE = 1 << 30
+_END = object()
 
 
-def as_data(data, y, phase, batch_size, what, folder):
+def as_data(data, y, phase, batch_size, what, folder, steps=None, exact=False):
     """A Data layer of `phase` (and no other) from numpy samples (with labels `y`), from an
-    iterable of (x, y) batches (written first as a kvfile in `folder`, see `_streamed`) or
-    from a Data layer: a copy of it, whatever phase it was made for (a `Data(x=...)` keeps
-    its default phase 'train' when given as test or validation data), the caller's
-    untouched."""
+    iterable of (x, y) batches (at most, or with `exact` exactly, its first `steps` batches,
+    else all, written first as a kvfile in `folder`, see `_streamed`) or from a Data layer: a copy of it, whatever phase it
+    was made for (a `Data(x=...)` keeps its default phase 'train' when given as test or
+    validation data), the caller's untouched. Samples that are not finite are refused."""
     if data is None:
         raise ConfigError(f"{what}: no data given")
     if isinstance(data, tuple) and len(data) == 2 and y is None:
@@ -42,6 +46,7 @@ def as_data(data, y, phase, batch_size, what, folder):
     if isinstance(data, list) and y is not None:
         data = np.asarray(data)
     if isinstance(data, np.ndarray):
+        check_finite(data, what)
         own = Data(x=data, y=y, phase=name, batch_size=batch_size or 64)
         own.from_numpy = True   # preprocessed as the model's data layer (_take_preprocessing)
         x, y = memory.arrays(own.layer.store_conf.path)
@@ -49,7 +54,7 @@ def as_data(data, y, phase, batch_size, what, folder):
         return own
     if not getattr(data, 'is_datalayer', False):
         if y is None and hasattr(data, '__iter__'):
-            return _streamed(data, name, batch_size, what, folder)
+            return _streamed(data, name, batch_size, what, folder, steps, exact)
         raise ConfigError(f"{what}: data must be numpy samples, an iterable of (x, y) "
                           f"batches or a Data layer, got {type(data).__name__}")
     own = copy_data(data)
@@ -60,6 +65,15 @@ def as_data(data, y, phase, batch_size, what, folder):
         del own.layer.store_conf.batchsize[:]
         setval(own.layer.store_conf, batchsize=batch_size)
     return own
+
+
+def check_finite(x, what, first=0):
+    """Refuse numpy samples `x` holding NaN or an infinity (their metrics would be nonsense:
+    a NaN row scores as class 0), naming the first such sample (counted from `first`)."""
+    x = np.asarray(x)
+    if x.dtype.kind in 'fc' and not np.isfinite(x).all():
+        bad = first + int(np.argmin(np.isfinite(x.reshape(len(x), -1)).all(axis=1)))
+        raise ConfigError(f"{what}: sample {bad} of x is not finite (NaN or infinite values)")
 
 
 def copy_data(data):
@@ -242,21 +256,43 @@ def _given(sc, streams):
     return sc.backend == 'memory' or os.path.dirname(sc.path) == streams
 
 
-def _streamed(batches, phase, batch_size, what, folder):
+def _streamed(batches, phase, batch_size, what, folder, steps=None, exact=False):
     """A Data layer of `phase` reading the (x, y) batches (or x alone, labels 0) of the
     iterable `batches`, written chunk by chunk as the kvfile `<folder>/<phase>-stream.bin`
-    first: data larger than memory, read like any store, by every process of the job."""
+    first: data larger than memory, read in order like any store, by every process of the
+    job. Its first `steps` batches (with `exact`, an iterable that ends before them is
+    refused), else every batch until it ends, while the disk keeps STREAM_RESERVE free (an endless generator
+    given without steps is refused then, not drained into a full disk). A batch is
+    `batch_size` samples, by default the first batch's size."""
     seen = {}
 
     def chunks():
-        for item in batches:
+        taken, pulled = 0, iter(batches)
+        while steps is None or taken < steps:     # no batch pulled beyond those taken
+            item = next(pulled, _END)
+            if item is _END:
+                break
             x, y = item if isinstance(item, tuple) and len(item) == 2 else (item, None)
             x = np.asarray(x)
             if seen.setdefault('shape', x.shape[1:]) != x.shape[1:]:
                 raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
                                   f"samples of shape {seen['shape']}")
+            check_finite(x, what, seen.get('samples', 0))
+            seen.setdefault('batch', len(x))
+            seen['samples'] = seen.get('samples', 0) + len(x)
             seen['labelled'] = seen.get('labelled', True) and y is not None
+            if steps is None and shutil.disk_usage(folder).free < STREAM_RESERVE:
+                raise ConfigError(
+                    f"{what}: the iterable of batches has not ended after {taken} batches "
+                    f"({seen['samples']} samples written to {folder}), and the disk has less "
+                    f"than {STREAM_RESERVE >> 20} MiB left: an endless generator? give "
+                    f"steps_per_epoch (validation_steps, steps): the batches to take")
+            taken += 1
             yield x, y
+        if exact and taken < steps:
+            raise ConfigError(f"{what}: the iterable of batches ended after {taken} batches, "
+                              f"and {steps} are asked for (steps_per_epoch x epochs, "
+                              f"validation_steps or steps)")
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
@@ -265,7 +301,7 @@ def _streamed(batches, phase, batch_size, what, folder):
     if not write_records(path, chunks()):
         raise ConfigError(f"{what}: the iterable of batches gave no samples")
     own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
-               shape=list(seen['shape']), batchsize=batch_size or 64)
+               shape=list(seen['shape']), batchsize=batch_size or seen['batch'])
     own.from_numpy, own.streamed = True, True
     own.samples = (seen['shape'], seen['labelled'])
     return own

@@ -26,6 +26,23 @@ def check_epochs(epochs, nb_epoch):
                           f"got {epochs!r}")
 
 
+def check_count(what, name, value):
+    """A count of batches (`steps_per_epoch`, `validation_steps`, `steps`): None or a
+    positive int."""
+    if value is not None and (not isinstance(value, (int, np.integer)) or value <= 0):
+        raise ConfigError(f"{what}: {name} (a number of batches) must be a positive int, got "
+                          f"{value!r}")
+
+
+def pulls(nb_epoch, epochs, steps_per_epoch):
+    """(the batches fit takes of an iterable of train batches, whether exactly): Keras'
+    `steps_per_epoch` batches for each of the `epochs` (each pass its own batches: a
+    generator's augmentation stays per epoch), else at most `nb_epoch` (steps), else all."""
+    if steps_per_epoch is not None:
+        return steps_per_epoch * (epochs or 1) if not nb_epoch else nb_epoch, True
+    return (nb_epoch or None), False
+
+
 def train_steps(nb_epoch, epochs, per_pass, from_conf):
     """The train steps fit asks for: `epochs` passes of `per_pass` steps, else `nb_epoch` (0:
     the train_steps of a model's conf, `from_conf`)."""

@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import textwrap
 
@@ -427,14 +428,81 @@ def test_iterables_of_batches_train_evaluate_and_predict_as_the_arrays_do(tmp_pa
     a, b = mlp(tmp_path / "a"), mlp(tmp_path / "b")
     ha = a.fit(batches(*train), epochs=2, validation_data=batches(*test), seed=3,
                progress=False)
-    hb = b.fit(*train, epochs=2, validation_data=test, seed=3, progress=False)
+    hb = b.fit(*train, epochs=2, validation_data=test, batch_size=128, seed=3,
+               progress=False)      # an iterable's batch is its own (Keras')
     assert ha["train"] == hb["train"] and ha["validation"] == hb["validation"]
     assert params(a.last_checkpoint_path) == params(b.last_checkpoint_path)
     assert os.path.isfile(tmp_path / "a" / "data" / "train-stream.bin")
-    assert a.evaluate(batches(*test), verbose=0) == b.evaluate(*test, verbose=0)
+    assert a.evaluate(batches(*test), verbose=0) == b.evaluate(*test, batch_size=128,
+                                                               verbose=0)
     assert np.array_equal(a.predict(x for x, _ in batches(*test)),
                           np.concatenate([b.predict(x) for x, _ in batches(*test)]))
     assert not open_files(tmp_path / "a"), "the stream files stay open"
+
+
+def test_an_endless_generator_gives_steps_per_epoch_batches_to_each_epoch(tmp_path, train,
+                                                                          test):
+    """Keras' `while True: yield` generator: fit pulls steps_per_epoch batches for each epoch
+    and no more (each epoch its own batches, so per-epoch augmentation stays), and
+    validation_steps batches of validation; a generator that ends too soon is one line."""
+    pulled = {"train": 0, "val": 0}
+
+    def endless(x, y, key, k=50):
+        while True:
+            for i in range(0, len(x), k):
+                pulled[key] += 1
+                yield x[i:i + k] + np.float32(pulled[key] // 7), y[i:i + k]
+    m = mlp(tmp_path / "ws")
+    h = m.fit(endless(*train, "train"), epochs=3, steps_per_epoch=7,
+              validation_data=endless(*test, "val"), validation_steps=2, seed=1,
+              progress=False)
+    assert pulled == {"train": 21, "val": 2}
+    assert h.snapshots[-1][0] == 21
+    records = KVFile(str(tmp_path / "ws" / "data" / "train-stream.bin")).read_many(10**4)
+    assert len(records) == 21 * 50
+    x = decode_batch([v for _, v in records], 784)[0]
+    assert [round(float(x[j * 350:(j + 1) * 350].max() - x[:350].max()), 4)
+            for j in range(3)] == [0, 1, 2]     # each epoch its own (augmented) batches
+    assert [s for s, _ in h["validation"]][-1] == 21
+    with pytest.raises(ConfigError, match=r"ended after 3 batches, and 10 are asked for"):
+        m.fit(iter([train] * 3), steps_per_epoch=10, progress=False)
+
+
+def test_an_endless_generator_without_a_bound_is_refused_before_the_disk_fills(
+        tmp_path, train, monkeypatch):
+    from singa.api import feed
+    free = shutil.disk_usage(tmp_path).free
+    monkeypatch.setattr(feed, "STREAM_RESERVE", free - (8 << 20))   # 8 MiB to fill
+
+    def endless(x, y):
+        while True:
+            yield x[:100], y[:100]
+    with pytest.raises(ConfigError, match=r"has not ended after \d+ batches .* an endless "
+                                          r"generator\? give steps_per_epoch"):
+        mlp(tmp_path / "ws").fit(endless(*train), epochs=1, progress=False)
+    assert not list((tmp_path / "ws" / "data").iterdir())   # no half-written stream
+
+
+def test_samples_that_are_not_finite_are_refused_in_evaluate_and_validation(tmp_path,
+                                                                             trained, train,
+                                                                             test):
+    """NaN samples would score as class 0 (accuracy 1.0 on all-NaN input): refused as fit
+    refuses them, naming the sample."""
+    x = test[0].copy()
+    x[3, 5] = np.nan
+    with pytest.raises(ConfigError, match=r"^evaluate: sample 3 of x is not finite"):
+        trained.evaluate(x, test[1], verbose=0)
+    later = test[0].copy()
+    later[103, 0] = np.nan
+    with pytest.raises(ConfigError, match=r"^evaluate: sample 103 of x is not finite"):
+        trained.evaluate(iter([(later[:100], test[1][:100]), (later[100:], test[1][100:])]),
+                         verbose=0)
+    with pytest.raises(ConfigError, match=r"^fit: validation_data: sample 3 of x is not"):
+        mlp(tmp_path / "ws").fit(*train, nb_epoch=5, validation_data=(x, test[1]),
+                                 progress=False)
+    x[:] = np.inf
+    with pytest.raises(ConfigError, match=r"^fit: sample 0 of x is not finite"):
+        mlp(tmp_path / "ws").fit(x, test[1], nb_epoch=5, progress=False)
 
 
 def open_files(folder):
