@@ -268,9 +268,11 @@ class Driver:
                                                 os.listdir(self.folder)) if sw})
             if steps:
                 log.warning("%s holds snapshots of an earlier run (steps %d to %d): this run "
-                            "writes over those of the steps it reaches (%s continues from "
-                            "the newest instead)", self.folder, steps[0], steps[-1],
-                            self.resume_hint)
+                            "writes over those of the steps it reaches, and once it has one "
+                            "a resume continues this run (%s continues from the newest "
+                            "instead)", self.folder, steps[0], steps[-1], self.resume_hint)
+            if not self.rejoin:     # a restarted process of a running job: its run goes on
+                checkpoint.start_run(self.folder)
         cl, rt = self.job.cluster, self.cluster_rt
         transport, process = Transport(self.trust, self.job_id), None
         try:

@@ -37,7 +37,7 @@ def resume_point(job, resume, start=None, params=None):
     if not resume and start is None:
         return None
     folder = checkpoint.folder(job.cluster.workspace)
-    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
+    snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, this_run=True)
     if resume and snap is not None and snap.step >= job.train_steps:
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {snap.step}, "
                           f"and nb_epoch {job.train_steps} (the step to reach) leaves "
@@ -56,7 +56,7 @@ def newest_snapshot(job):
     folder = checkpoint.folder(job.cluster.workspace)
     if not os.path.isdir(folder):
         return None
-    return checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group)
+    return checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, this_run=True)
 
 
 def check_resumable(job, snap):

@@ -7,7 +7,11 @@ from singa.checkpoint.format import (MAX_STEP, CheckpointReader, parse_step_work
                                      snapshot_file, tmp_writer)
 from singa.checkpoint.meta import SUFFIX, meta_path
 from singa.errors import CheckpointError
+from singa.files import write_atomic
 from singa.job.config import parse_monitor
+
+#: the snapshot files of earlier runs in a checkpoint folder (`start_run`)
+EARLIER = "earlier-runs"
 
 
 @dataclasses.dataclass
@@ -143,13 +147,59 @@ def snapshot_at(folder, step):
     return snap
 
 
-def latest_snapshot(folder, nworkers=None, log=None):
+def start_run(folder):
+    """A run starts afresh in `folder`: the snapshot files there now are an earlier run's,
+    recorded in EARLIER by name, inode and mtime (a file the new run writes over is its own
+    then: a new inode). A resume continues the newest run that has snapshots
+    (`latest_snapshot(..., this_run=True)`), never an earlier run's snapshot of a step the
+    new one has not reached."""
+    lines = []
+    for name in sorted(os.listdir(folder)):
+        if parse_step_worker(name):
+            st = os.stat(os.path.join(folder, name))
+            lines.append(f"{name}\t{st.st_ino}\t{st.st_mtime_ns}\n")
+    marker = os.path.join(folder, EARLIER)
+    if lines:
+        write_atomic(marker, lambda f: f.write("".join(lines).encode()))
+    elif os.path.exists(marker):
+        os.unlink(marker)
+
+
+def _of_earlier_runs(folder, by_step):
+    """`by_step` (`_files_by_step`'s) without the files of runs before the newest one that
+    wrote a snapshot file (`start_run`); as it is when that run wrote none yet (a fresh run
+    stopped before its first snapshot leaves the earlier run resumable)."""
+    try:
+        with open(os.path.join(folder, EARLIER), "rb") as f:   # one line a file: bounded
+            text = f.read(1 << 24).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return by_step
+    except OSError as e:
+        raise CheckpointError(f"cannot read {os.path.join(folder, EARLIER)}: {e.strerror}") \
+            from None
+    earlier = {tuple(line.split("\t")) for line in text.splitlines()}
+
+    def is_earlier(path):
+        st = os.stat(path)
+        return (os.path.basename(path), str(st.st_ino), str(st.st_mtime_ns)) in earlier
+    own = {step: {w: p for w, p in files.items() if not is_earlier(p)}
+           for step, files in by_step.items()}
+    if not any(own.values()):
+        return by_step
+    return {step: files for step, files in own.items() if files}
+
+
+def latest_snapshot(folder, nworkers=None, log=None, this_run=False):
     """The newest complete snapshot (or None); each newer broken one, and each file beyond the
-    job's `nworkers`, is reported to `log`.
+    job's `nworkers`, is reported to `log`. `this_run` (a resume): of the newest run that
+    wrote snapshots (`start_run`).
 
     Steps are verified newest first, up to the first complete one, whose `readers` hold its
     parsed files."""
-    for step, files in sorted(_files_by_step(folder, nworkers, log).items(), reverse=True):
+    by_step = _files_by_step(folder, nworkers, log)
+    if this_run:
+        by_step = _of_earlier_runs(folder, by_step)
+    for step, files in sorted(by_step.items(), reverse=True):
         snap = _snapshot(folder, step, files, nworkers)
         if snap.complete:
             return snap

@@ -40,7 +40,8 @@ def resume_from(job, folder, snap=None):
     Snapshot, its files parsed (the workers load from it, not from checkpoint_path), or None
     when there is none (a fresh start)."""
     if snap is None:
-        snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning)
+        snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, log.warning,
+                                          this_run=True)
     if snap is None:
         log.info("No complete checkpoint in %s; starting from step 0", folder)
         return None

@@ -330,3 +330,14 @@ def test_warnings_reach_stderr_as_plain_lines_not_glog(tmp_path, train, capfd):
     assert len(lines) == 1 and lines[0].startswith(f"singa: {tmp_path / 'ws' / 'checkpoint'} "
                                                    f"holds snapshots of an earlier run"), err
     assert GLOG_LINE.search((tmp_path / "ws" / "mlp.log").read_text())
+
+
+def test_a_resume_continues_the_newest_run_of_the_workspace(tmp_path, train):
+    """The notebook's second "Run All": a fresh fit to step 20 over an earlier run's snapshots
+    up to step 50; fit(resume=True) continues the fresh run at 20, not the earlier one's 50
+    (which left "nothing to train")."""
+    mlp(tmp_path / "ws").fit(*train, nb_epoch=50, checkpoint_freq=10, progress=False)
+    mlp(tmp_path / "ws").fit(*train, nb_epoch=20, checkpoint_freq=10, progress=False)
+    h = mlp(tmp_path / "ws").fit(*train, nb_epoch=40, disp_freq=10, resume=True,
+                                 progress=False)
+    assert [s for s, _ in h["train"]] == [20, 30]

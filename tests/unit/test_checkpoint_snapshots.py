@@ -209,3 +209,22 @@ def test_a_step_beyond_the_last_a_job_can_reach_is_one_problem_line(tmp_path):
     assert "step99999999999  worker ids [0]  INCOMPLETE\n    step99999999999: a step beyond 2147483647, " \
            "the last a job can reach\n" in out.stdout
     assert "latest: step100\n" in out.stdout
+
+
+def test_a_resume_continues_the_newest_run_not_an_earlier_runs_later_step(tmp_path):
+    """A fresh run over snapshots of steps 100..500 writes 100..300: a resume continues it at
+    300, not at the earlier run's 500; until the new run writes one, the earlier run is the
+    newest and stays resumable."""
+    folder = str(tmp_path)
+    for step in (100, 200, 300, 400, 500):
+        ckpt.write_file(ckpt.snapshot_file(folder, step, 0), params(), state(step))
+    ckpt.start_run(folder)
+    assert ckpt.latest_snapshot(folder, this_run=True).step == 500
+    for step in (100, 200, 300):
+        ckpt.write_file(ckpt.snapshot_file(folder, step, 0), params(), state(step))
+    assert ckpt.latest_snapshot(folder, this_run=True).step == 300
+    assert ckpt.latest_snapshot(folder).step == 500
+    ckpt.start_run(folder)      # a third run: every file is earlier again
+    assert ckpt.latest_snapshot(folder, this_run=True).step == 500
+    ckpt.write_file(ckpt.snapshot_file(folder, 100, 0), params(), state(100))
+    assert ckpt.latest_snapshot(folder, this_run=True).step == 100
