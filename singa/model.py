@@ -70,6 +70,7 @@ class Model:
         self.cudnn = False
         self.accuracy = False
         self.conf_net = None      # the NetProto of a model loaded by from_conf
+        self.loaded = False       # loaded by load_model: a model (not a conf) with params
         self.best_monitor = None  # what ranks the snapshots of the last fit ('best')
         self.zookeeper_host = None    # of a job of several processes (Cluster's)
         self.lr_schedule = None       # a function of the step given as the updater's lr
@@ -299,11 +300,12 @@ class Model:
         checkpoints loaded (unless `fields` name a checkpoint_path), by `alg` if given."""
         per_pass = None if epochs is None else steps_per_epoch or feed.steps_per_pass(
             [item.layer for item in self.layers if item.is_datalayer], self._streams_folder())
-        steps = schedule.train_steps(nb_epoch, epochs, per_pass, self.conf_net is not None)
+        as_conf = self.conf_net is not None and not self.loaded
+        steps = schedule.train_steps(nb_epoch, epochs, per_pass, as_conf)
         job.neuralnet.CopyFrom(self.build())
         schedule.check_loss(job)
-        schedule.plan(job, fields, steps, per_pass, with_test, validating,
-                      self.conf_net is not None, self._streams_folder())
+        schedule.plan(job, fields, steps, per_pass, with_test, validating, as_conf,
+                      self._streams_folder())
         if 'checkpoint_path' not in fields:
             job.checkpoint_path.extend(p for item in self.layers if item.is_datalayer
                                        for p in as_list(getattr(item, 'checkpoint', None) or []))
@@ -463,13 +465,15 @@ class Model:
 
 def load_model(path, workspace=None):
     """The model `Model.save` wrote to the folder `path`: it predicts, evaluates (numpy data
-    through its saved preprocessing) and fits on, with the saved params; its workspace is
-    `workspace`, by default `<path>/workspace`."""
+    through its saved preprocessing) and fits on, as Keras' does: from the saved params,
+    step and optimizer state (the snapshot's), with the displays and callbacks of a model's
+    fit; its workspace is `workspace`, by default `<path>/workspace`."""
     conf, params = saved.load(path)
     m = Model.from_conf(conf)
     del m.jobconf.checkpoint_path[:]
     m.jobconf.checkpoint_path.extend(params)
     m.jobconf.cluster.workspace = os.path.abspath(workspace or os.path.join(path, 'workspace'))
+    m.loaded, m.last_checkpoint_path = True, params[0]
     return m
 
 

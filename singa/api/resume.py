@@ -15,12 +15,11 @@ from singa.proto import job_pb2
 
 
 def continue_from(job, params, same_data):
-    """A second fit of a model whose params (the last fit's) are the checkpoint file `params`:
-    when they lie in `job`'s workspace, `job` trains its train_steps more from their step
-    (returned), reading data other than the last fit's (not `same_data`) from their start;
-    else None (a model moved to another workspace starts afresh there)."""
-    if params is None or checkpoint.folder(job.cluster.workspace) != \
-            os.path.dirname(os.path.abspath(params)):
+    """A next fit of a model whose params (its last fit's, or those `load_model` read) are the
+    checkpoint file `params` (None: afresh): `job` trains its train_steps more from their
+    step (returned), reading data other than the last fit's (not `same_data`) from their
+    start."""
+    if params is None:
         return None
     start = checkpoint.parse_step_worker(os.path.basename(params))[0]
     job.train_steps += start
@@ -31,12 +30,16 @@ def continue_from(job, params, same_data):
 def resume_point(job, resume, start=None, params=None):
     """The snapshot the prepared `job` continues from, checked, or None: with `resume`, the
     newest in its workspace (None: a fresh start), which must leave steps to train; else, for
-    a second fit whose params are those of step `start` (`continue_from`), the checkpoint
-    file `params`, that snapshot, which must be the newest. A workspace without a checkpoint
-    folder is a CheckpointError here, as fit has always had it (`newest_snapshot`: none)."""
+    a next fit whose params are those of step `start` (`continue_from`), the checkpoint
+    file `params`, that snapshot: in the workspace it must be the newest; elsewhere (a saved
+    model's folder) it is read there. A workspace without a checkpoint folder is a
+    CheckpointError here, as fit has always had it (`newest_snapshot`: none)."""
     if not resume and start is None:
         return None
     folder = checkpoint.folder(job.cluster.workspace)
+    if start is not None and os.path.dirname(os.path.abspath(params)) != folder:
+        return check_resumable(job, checkpoint.snapshot_at(
+            os.path.dirname(os.path.abspath(params)), start))
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, this_run=True)
     if resume and snap is not None and snap.step >= job.train_steps:
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {snap.step}, "

@@ -16,7 +16,7 @@ from singa.checkpoint.meta import META_SUFFIX, SUFFIX, meta_path, read_meta
 from singa.checkpoint.snapshots import (Snapshot, best_of, best_snapshot, files_of,
                                         latest_snapshot, list_snapshots, lower_is_better,
                                         prune, ranked, recorded,
-                                        remove_stale_temporaries, start_run)
+                                        remove_stale_temporaries, snapshot_at, start_run)
 from singa.checkpoint.state import SnapshotState
 
 __all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "joined_shape", "load_checkpoint_path",
@@ -24,5 +24,5 @@ __all__ = ["CheckpointReader", "CheckpointWriter", "Joined", "joined_shape", "lo
            "best_of", "best_snapshot", "existing_file", "files_of", "folder", "latest_snapshot",
            "list_snapshots", "load_owned", "load_params", "loaded_line", "lower_is_better",
            "meta_path", "open_checkpoint_path", "parse_step_worker", "prune",
-           "ranked", "read_meta", "recorded", "remove_stale_temporaries", "snapshot_file",
-           "sources", "start_run", "updater_state", "write_file"]
+           "ranked", "read_meta", "recorded", "remove_stale_temporaries", "snapshot_at",
+           "snapshot_file", "sources", "start_run", "updater_state", "write_file"]

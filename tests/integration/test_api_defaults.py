@@ -401,6 +401,24 @@ def test_a_failed_save_keeps_the_earlier_model_and_leaves_no_new_folder(tmp_path
     assert np.array_equal(load_model(str(folder)).predict(test[0]), other.predict(test[0]))
 
 
+def test_a_loaded_model_fits_on_from_its_step_and_optimizer_state(tmp_path, train):
+    """Keras' load_model restores the optimizer: the loaded model's fit continues at the saved
+    step, bit-exactly as the saved model's own next fit (on data read from their start), and
+    its callbacks and History hear the train metrics."""
+    x, y = train
+    m = mlp(tmp_path / "ws", optimizer=SGD(lr=0.05, momentum=0.9))
+    m.fit(x, y, nb_epoch=12, batch_size=50, seed=5, progress=False)
+    m.save(str(tmp_path / "saved"))
+    heard = []
+    loaded = load_model(str(tmp_path / "saved"))
+    h = loaded.fit(x, y, nb_epoch=10, batch_size=50, disp_freq=5, progress=False,
+                   callbacks=[LambdaCallback(on_step_end=lambda step, _: heard.append(step))])
+    assert heard == [15, 20] and [s for s, _ in h["train"]] == [15, 20]
+    assert h.snapshots[-1][0] == 22
+    m.fit(x.copy(), y, nb_epoch=10, batch_size=50, progress=False)   # other data: from start
+    assert params(loaded.last_checkpoint_path) == params(m.last_checkpoint_path)
+
+
 def test_a_conf_made_for_testing_predicts_with_its_checkpoint_path(tmp_path, trained, test):
     """As singa-import.sh prints: Model.from_conf(job.conf).predict(x) loads the conf's
     checkpoint_path and reads x, not the conf's data file (gone here)."""
