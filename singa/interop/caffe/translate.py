@@ -124,8 +124,8 @@ class _Translator:
             for self.at, layer in enumerate(layers):        # self.at: where readers() looks
                 per_phase[phase].append(self._layer(layer) if in_net_state(layer, phase) else None)
         out = []
-        train_net = per_phase.get(TRAIN, per_phase.get(TEST))
-        for train, test in zip(train_net, per_phase.get(TEST, train_net)):
+        first = per_phase.get(TRAIN, per_phase.get(TEST))     # one phase: compared with itself
+        for train, test in zip(first, per_phase.get(TEST, first)):
             if train is not None and test is not None and \
                     [c.SerializeToString() for c in train] == [c.SerializeToString() for c in test]:
                 out += train
