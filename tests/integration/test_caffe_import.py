@@ -8,10 +8,12 @@ import subprocess
 import lmdb
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 import singa
 from singa import checkpoint
 from singa.api import session
+from singa.interop.caffe import importer, netdef
 from singa.io import memory
 from singa.io.caffe_blobs import CaffeFile
 from singa.io.kvfile import KVFile
@@ -185,6 +187,68 @@ def test_test_reproduces_caffe_test(tmp_path, name, weights, accuracy, loss):
     assert metrics["loss"] == pytest.approx(loss, abs=1e-5)
 
 
+def one_phase(net, out, phase):
+    """Caffe's net `net` written to `out` without the layers only the other phase has (the
+    other phase's data layer): the net of a user who runs only `phase`."""
+    msg = netdef.read_net(str(net))
+    keep = [layer for layer in msg.layer if netdef.in_net_state(layer, phase)]
+    del msg.layer[:]
+    msg.layer.extend(keep)
+    with open(out, "w") as f:
+        f.write(text_format.MessageToString(msg))
+
+
+def solver_of_test_net(tmp_path, name):
+    """solver(name) beside a copy of its net without the TRAIN data layer."""
+    src = tmp_path / f"{name}-src"
+    if name == "mlp":
+        src.mkdir()
+        shutil.copy(fx("mlp", "mlp_solver.prototxt"), src)
+    else:
+        solver(tmp_path, name)
+    one_phase(fx(name, f"{name}_train_test.prototxt"), src / f"{name}_train_test.prototxt",
+              netdef.TEST)
+    return src / f"{name}_solver.prototxt"
+
+
+@pytest.mark.parametrize("name, weights, accuracy, loss", [
+    ("mlp", "mlp/mlp_iter_40.caffemodel", 0.75, 0.925811),
+    ("convnet", "convnet/convnet_iter_60.caffemodel", 0.83125, 1.62963),
+])
+def test_test_only_net_reproduces_caffe_test(tmp_path, name, weights, accuracy, loss):
+    """The train_test net without its TRAIN data layer, all `caffe test` needs: a test-only
+    job (train_steps 0, test_iter batches) whose -test gives `caffe test`'s figures."""
+    out = imported(tmp_path / "out", solver_of_test_net(tmp_path, name), fx(weights))
+    assert "no TRAIN net (layer " in out and "test-only net: job.conf has train_steps 0 and " \
+        "tests 4 batches; run bin/singa-run.sh -conf " in out
+    if name == "mlp":
+        feed(str(tmp_path / "out"), name, ("test",))
+    job = config.load_job(str(tmp_path / "out" / "job.conf"), check_paths=False)
+    assert (job.train_steps, job.test_steps) == (0, 4)
+    assert not any(layer.include for layer in job.neuralnet.layer)
+    metrics = session.test(job)
+    print(f"test-only {name}: {metrics}")
+    assert metrics["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+    assert metrics["loss"] == pytest.approx(loss, abs=1e-5)
+
+
+def test_test_only_net_alone_tests_caffe_tests_default_iterations(tmp_path, run_driver):
+    """No solver: `caffe test -model NET -weights W` runs 50 iterations, cycling the 4 test
+    batches (HDF5Data starts its file again); the job's -test, as a user runs it, gives the
+    mean of Caffe's own per-batch figures over those 50 batches."""
+    one_phase(fx("mlp", "mlp_train_test.prototxt"), tmp_path / "net.prototxt", netdef.TEST)
+    out = imported(tmp_path / "out", tmp_path / "net.prototxt", fx("mlp", "mlp_iter_40.caffemodel"))
+    assert "tests 50 batches" in out
+    feed(str(tmp_path / "out"), "mlp", ("test",))
+    job = config.load_job(str(tmp_path / "out" / "job.conf"))
+    assert (job.train_steps, job.test_steps) == (0, importer.CAFFE_TEST_ITERATIONS)
+    batches = np.loadtxt(fx("mlp", "test_batches.txt"))[:, 1:]
+    accuracy, loss = batches[np.arange(importer.CAFFE_TEST_ITERATIONS) % len(batches)].mean(0)
+    r = run_driver(tmp_path / "out" / "job.conf", "-test")
+    assert r.returncode == 0, r.stderr
+    assert f"Loss = {loss:.6f}, accuracy = {accuracy:.6f}" in r.stderr
+
+
 def test_driver_test_flag_prints_caffe_tests_figures(tmp_path, run_driver):
     """The job as a user runs it: `singa -conf DIR/job.conf -test` (ZooKeeper, the driver
     process) loads the imported snapshot and prints Caffe's figures."""
@@ -225,16 +289,25 @@ def curve(path):
     return {int(k): (float(lr), float(loss)) for _, k, lr, loss in rows}
 
 
-def test_resume_from_solverstate_continues_like_caffe(tmp_path):
+@pytest.mark.parametrize("train_only", [False, True])
+def test_resume_from_solverstate_continues_like_caffe(tmp_path, train_only):
     """mlp_iter_20.solverstate (+ its learned_net): -resume starts at step 20 with Caffe's
     momentum history and rate; like `caffe train -snapshot` it reads the data from the start,
-    so every loss of 20…39 and the final weights are those of Caffe's own resume."""
-    out = imported(tmp_path, fx("mlp", "mlp_solver.prototxt"), "-solverstate",
-                   fx("mlp", "mlp_iter_20.solverstate"))
+    so every loss of 20…39 and the final weights are those of Caffe's own resume. The net
+    without its TEST data layer (`train_only`) is the TRAIN net alone: the same training."""
+    solver_path = fx("mlp", "mlp_solver.prototxt")
+    if train_only:
+        (tmp_path / "src").mkdir()
+        solver_path = shutil.copy(solver_path, tmp_path / "src")
+        one_phase(fx("mlp", "mlp_train_test.prototxt"),
+                  tmp_path / "src" / "mlp_train_test.prototxt", netdef.TRAIN)
+    out = imported(tmp_path, solver_path, "-solverstate", fx("mlp", "mlp_iter_20.solverstate"))
     assert "data layers' positions" in out
+    assert ("no TEST net (layer 'ip1' reads blob 'data'" in out) == train_only
     assert os.path.isfile(tmp_path / "checkpoint" / "step20-worker0.meta")
     feed(str(tmp_path), "mlp")
     job = config.load_job(str(tmp_path / "job.conf"))
+    assert job.test_steps == (0 if train_only else 4)
     history = session.train(job, resume=True, progress=False)
     losses = dict((step, m["loss"]) for step, m in history["train"])
     caffe = curve(fx("mlp", "train_resumed_curve.txt"))
@@ -263,6 +336,29 @@ def test_refusal_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr == f"{net}: layer 'p' of type PReLU has no SINGA equivalent\n"
     assert not os.path.exists(tmp_path / "out" / "job.conf")
+
+
+def test_a_net_without_data_in_any_phase_is_one_line_exit_2(tmp_path):
+    """The mlp without both data layers; and a test-only net with a solver state, which
+    continues a training the net cannot do."""
+    msg = netdef.read_net(fx("mlp", "mlp_train_test.prototxt"))
+    keep = [layer for layer in msg.layer if layer.type != "HDF5Data"]
+    del msg.layer[:]
+    msg.layer.extend(keep)
+    net = tmp_path / "nodata.prototxt"
+    net.write_text(text_format.MessageToString(msg))
+    r = run_import(net, fx("mlp", "mlp_iter_40.caffemodel"), "-o", tmp_path / "out")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"{net}: layer 'ip1' of type InnerProduct reads blob 'data', which no "
+                        f"earlier layer writes in any phase\n")
+    state = fx("mlp", "mlp_iter_20.solverstate")
+    r = run_import(solver_of_test_net(tmp_path, "mlp"), "-solverstate", state,
+                   "-o", tmp_path / "out")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (f"{state}: a solver state continues a training, but "
+                        f"{tmp_path}/mlp-src/mlp_train_test.prototxt has no TRAIN net (see its "
+                        f"data layers)\n")
+    assert not os.path.exists(tmp_path / "out")
 
 
 @pytest.mark.parametrize("top, layer, what", [

@@ -58,6 +58,51 @@ def test_train_test_net_merges_phases_and_feeds_the_loss_labels():
                                                                pytest.approx(0.1))
 
 
+@pytest.mark.parametrize("left_out, kept", [(caffe_pb2.TRAIN, caffe_pb2.TEST),
+                                             (caffe_pb2.TEST, caffe_pb2.TRAIN)])
+def test_a_phase_caffe_cannot_build_is_left_out_and_the_other_is_the_net(left_out, kept):
+    """The mlp's train_test net without its TRAIN data layer (the net `caffe test` runs), or
+    without its TEST one: the phase that builds alone, without include rules, and a note
+    saying why the other is left out."""
+    net = read_net(os.path.join(FX, "mlp", "mlp_train_test.prototxt"))
+    keep = [layer for layer in net.layer
+            if not (layer.type == "HDF5Data" and layer.include[0].phase == left_out)]
+    del net.layer[:]
+    net.layer.extend(keep)
+    t = translate(net, "n", data_dir="/d", input_shape=(1, 8, 8))
+    assert t.phases == (kept,)
+    assert not any(layer.include for layer in t.layers)
+    data = layers(t)["data"]
+    phase = caffe_pb2.Phase.Name(kept).lower()
+    assert (data.store_conf.batchsize[0], data.store_conf.path) == (
+        50 if kept == caffe_pb2.TEST else 32, f"/d/data-{phase}.kvfile")
+    assert layers(t)["loss"].srclayers == ["ip2", "data"]
+    gone = caffe_pb2.Phase.Name(left_out)
+    assert (f"n: no {gone} net (layer 'ip1' reads blob 'data', which no earlier {gone} layer "
+            f"writes): the job is the {caffe_pb2.Phase.Name(kept)} net alone") in t.notes
+    assert [p.name for p in t.params] == ["ip1_weight", "ip1_bias", "ip2_weight", "ip2_bias"]
+
+
+def test_a_net_that_no_phase_builds_is_one_line():
+    """No input in any phase: Caffe's first unknown bottom blob, said to be missing in all;
+    phases missing different blobs: the TRAIN net's."""
+    net = upgrade(text_format.Parse(
+        'layer { name: "ip" type: "InnerProduct" bottom: "data" top: "ip" '
+        'inner_product_param { num_output: 2 } }', caffe_pb2.NetParameter()), "n")
+    with pytest.raises(Refused) as e:
+        translate(net, "n.prototxt")
+    assert str(e.value) == ("n.prototxt: layer 'ip' of type InnerProduct reads blob 'data', "
+                            "which no earlier layer writes in any phase")
+    net = upgrade(text_format.Parse(
+        'layer { name: "a" type: "ReLU" bottom: "x" top: "a" include { phase: TRAIN } }\n'
+        'layer { name: "b" type: "ReLU" bottom: "y" top: "b" include { phase: TEST } }',
+        caffe_pb2.NetParameter()), "n")
+    with pytest.raises(Refused) as e:
+        translate(net, "n.prototxt")
+    assert str(e.value) == ("n.prototxt: layer 'a' of type ReLU reads blob 'x', which no "
+                            "earlier layer writes")
+
+
 def test_param_shapes_from_the_weights():
     w = {"c": [Blob(np.zeros(6 * 2 * 9, np.float32), (6, 2, 3, 3), False),
                Blob(np.zeros(6, np.float32), (6,), False)],

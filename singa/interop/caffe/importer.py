@@ -7,8 +7,10 @@ NET may be the solver itself (its `net` names the net, relative to the solver's 
 Writes DIR/job.conf and, with weights, DIR/checkpoint/step<iter>-worker0.bin and its .meta
 (iter from the solver state, else 0); data files DIR/data/*.kvfile (the mean image; the
 records themselves the user writes there). -fold-bn folds BatchNorm layers of global
-statistics (and their Scale) into the Convolution before them (translate.translate). Exit 2
-with one line for anything refused.
+statistics (and their Scale) into the Convolution before them (translate.translate). A net
+whose TRAIN net Caffe cannot build (its only data layer `include { phase: TEST }`) is a
+test-only job: train_steps 0 and test_steps the solver's test_iter, else `caffe test`'s
+default -iterations, for `singa-run.sh -test`. Exit 2 with one line for anything refused.
 """
 import argparse
 import os
@@ -31,7 +33,10 @@ from singa.job import config, workspace
 from singa.proto import caffe_pb2, job_pb2
 from singa.train.updater import create_lr_generator
 
-__all__ = ["main", "import_caffe"]
+__all__ = ["main", "import_caffe", "CAFFE_TEST_ITERATIONS"]
+
+#: `caffe test`'s default -iterations: the batches a test-only job without a solver tests
+CAFFE_TEST_ITERATIONS = 50
 
 
 def main(argv=None):
@@ -99,6 +104,10 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
             _, blobs = model.net()
         t = translate(net_msg, net_path, blobs, weights, os.path.join(out, workspace.DATA),
                       input_shape, fold_bn, test=solver_msg is None or bool(solver_msg.test_iter))
+        test_only = netdef.TRAIN not in t.phases
+        if test_only and state is not None:
+            raise ConfigError(f"{solverstate}: a solver state continues a training, but "
+                              f"{net_path} has no TRAIN net (see its data layers)")
         job = _job(net_msg, t, out, solver_msg, solver_path)
         step = state.iter if state is not None else 0
         if model is not None:
@@ -142,7 +151,10 @@ def import_caffe(net, out, weights=None, solver=None, solverstate=None, input_sh
         print(line)
     if state is not None:
         print(DATA_POSITION_NOTE)
-    if solver_msg is None:
+    if test_only:
+        print(f"test-only net: job.conf has train_steps 0 and tests {job.test_steps} batches; "
+              f"run bin/singa-run.sh -conf {conf_path} -test")
+    elif solver_msg is None:
         print("no solver: job.conf has no updater and train_steps 0; add them to train "
               "(or import with -solver)")
     print(f"wrote {conf_path}" + (f" and {job.checkpoint_path[0]}" if model else ""))
@@ -186,6 +198,12 @@ def _job(net, t, out, solver, solver_path):
         job_fields(job, solver, solver_path)
     else:
         job.train_steps = 0
+    if netdef.TRAIN not in t.phases:       # what `caffe test` runs: test_iter, else its default
+        job.train_steps, job.test_freq = 0, 0
+        job.test_steps = solver.test_iter[0] if solver is not None and solver.test_iter \
+            else CAFFE_TEST_ITERATIONS
+    elif netdef.TEST not in t.phases:
+        job.test_steps, job.test_freq = 0, 0
     return job
 
 

@@ -6,7 +6,10 @@ layers, one output each: every Caffe layer becomes a SINGA layer of its name who
 are the layers that last wrote its bottoms, so Caffe's blob `conv1` after the in-place relu1
 is SINGA's layer `relu1`. Each phase (TRAIN, TEST) is translated on its own, as Caffe filters
 the net per phase, and the two are merged: a layer the same in both has no `include`, others
-have `include: kTrain` / `include: kTest`.
+have `include: kTrain` / `include: kTest`. A phase whose net Caffe cannot build (a layer reads
+a blob no earlier layer of the phase writes, e.g. the TRAIN net of a net whose only data layer
+is `include { phase: TEST }`, which `caffe test` runs) is left out, and the one phase left has
+no `include`.
 
 Only exact equivalents are translated (Power only where our exporter writes it: kSTanh as
 Power, TanH, Power, and kImagePreprocess's scale); a Caffe layer or setting that SINGA would
@@ -56,6 +59,7 @@ class Param:
 class Translation:
     layers: list                                 # LayerProto, in Caffe's order
     params: list                                 # Param, in the TRAIN net's learnable order
+    phases: tuple = (TRAIN, TEST)                # the phases translated (Caffe's enum)
     notes: list = field(default_factory=list)    # lines for the user
     files: dict = field(default_factory=dict)    # path -> kvfile tuples (key, value) to write
 
@@ -94,6 +98,19 @@ class _Translator:
         layers = self.net.layer
         if not layers:
             raise Refused(f"{self.path}: the net has no layers")
+        gaps = {phase: self._gap(phase) for phase in phases}
+        if all(gaps.values()):
+            layer, blob = gaps[phases[0]]
+            same = len(phases) > 1 and all(g[0] is layer and g[1] == blob for g in gaps.values())
+            anywhere = " in any phase" if same else ""
+            self.refuse(layer, f"reads blob '{blob}', which no earlier layer writes{anywhere}")
+        for phase, gap in gaps.items():
+            if gap is not None:
+                name = C.Phase.Name(phase)
+                self.notes.append(f"{self.path}: no {name} net (layer '{gap[0].name}' reads blob "
+                                  f"'{gap[1]}', which no earlier {name} layer writes): the job "
+                                  f"is the {C.Phase.Name(TEST + TRAIN - phase)} net alone")
+        phases = tuple(phase for phase in phases if gaps[phase] is None)
         per_phase = {}
         for phase in phases:
             self.phase = phase
@@ -107,7 +124,8 @@ class _Translator:
             for self.at, layer in enumerate(layers):        # self.at: where readers() looks
                 per_phase[phase].append(self._layer(layer) if in_net_state(layer, phase) else None)
         out = []
-        for train, test in zip(per_phase[TRAIN], per_phase.get(TEST, per_phase[TRAIN])):
+        first = per_phase.get(TRAIN, per_phase.get(TEST))     # one phase: compared with itself
+        for train, test in zip(first, per_phase.get(TEST, first)):
             if train is not None and test is not None and \
                     [c.SerializeToString() for c in train] == [c.SerializeToString() for c in test]:
                 out += train
@@ -121,7 +139,19 @@ class _Translator:
             fold_values(self)
         params = [self.params[n] for n in self.order] + \
             [p for n, p in self.params.items() if n not in self.order]
-        return Translation(out, params, self.notes, self.files)
+        return Translation(out, params, phases, self.notes, self.files)
+
+    def _gap(self, phase):
+        """(layer, blob) of the first bottom in `phase`'s net that no earlier layer of it
+        writes (where Caffe's Net::Init stops: "Unknown bottom blob"), None if there is none."""
+        written = set()
+        for layer in self.net.layer:
+            if in_net_state(layer, phase):
+                missing = next((b for b in layer.bottom if b not in written), None)
+                if missing is not None:
+                    return layer, missing
+                written.update(layer.top)
+        return None
 
     # --- one Caffe layer ----------------------------------------------------------------------
     def _layer(self, layer):
