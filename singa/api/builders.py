@@ -6,8 +6,8 @@ from singa.layer import LayerUpdater, setval
 from singa.proto import job_pb2
 
 __all__ = ["Store", "Algorithm", "Updater", "SGD", "AdaGrad", "Nesterov", "RMSProp", "AdaDelta",
-           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "COMPUTED", "LOSSES", "updater_of", "loss_of", "as_list",
-           "put_device"]
+           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "COMPUTED", "LOSSES", "updater_of",
+           "loss_of", "as_list", "put_device"]
 
 
 class Store:

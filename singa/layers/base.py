@@ -225,7 +225,8 @@ class Layer:
 
     def make_mirror(self, device, host_read):
         """Give this host layer's `data`, `aux_data` (and `targets`) GPU copies on `device`,
-        `mirror`, `aux_mirror` (and `targets_mirror`), for the layers there that read it; `host_read`: host layers read it too."""
+        `mirror`, `aux_mirror` (and `targets_mirror`), for the layers there that read it;
+        `host_read`: host layers read it too."""
         self.mirror = device.xp.zeros(self.data.shape, self.data.dtype)
         if self.aux_data is not None:
             self.aux_mirror = device.xp.zeros(self.aux_data.shape, self.aux_data.dtype)

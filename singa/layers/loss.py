@@ -1,4 +1,4 @@
-"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/), and ours, MSELoss (Keras' mean squared error); their loss (and accuracy, mae) are metrics."""
+"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/) and ours, MSELoss (Keras' mean squared error); their loss (and accuracy, mae) are metrics."""
 import numpy as np
 
 from singa.device import is_host
