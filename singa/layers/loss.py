@@ -30,6 +30,9 @@ class SoftmaxLossLayer(Layer):
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
+        if srclayers[1].targets is not None:
+            raise ConfigError(f"layer '{self.name}': source '{srclayers[1].name}' gives "
+                              f"regression targets (store_conf.target_dim), not class labels")
         n = src.shape[0]
         self.data = self.xp.zeros((n, src.size // n), np.float32)
         self.topk = self.conf.softmaxloss_conf.topk

@@ -72,6 +72,12 @@ def test_softmax_loss_rejects_a_label_outside_the_classes():
         layer.compute_feature(FORWARD, srcs)
 
 
+def test_softmax_loss_refuses_a_source_of_regression_targets():
+    srcs = [Source(np.zeros((2, 3))), Source(np.zeros((2, 1)), labels=[0, 1], grad=False)]
+    srcs[1].targets = np.zeros((2, 1), np.float32)
+    with pytest.raises(ConfigError, match="source 'src' gives regression targets"):
+        make_layer('name: "loss" type: kSoftmaxLoss', srcs)
+
 def test_cudnn_softmax_loss_shows_only_the_loss_and_ignores_scale():
     scores = np.log(np.array([[0.5, 0.5]], np.float32))
     layer, srcs = softmax_loss(scores, [0], "softmaxloss_conf { scale: 3 }", "kCudnnSoftmaxLoss")
