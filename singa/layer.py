@@ -236,8 +236,9 @@ class Data(Layer):
     kRecordInput layer over the "memory" store of `singa.io.memory.register(x, y)`, shape
     x.shape[1:] unless `shape` is given; random_skip, mean_value, std_value as keywords. A
     batch_size beyond the samples is their number (Keras's rule: a batch never repeats one).
-    `y` of a float dtype, (N,) or (N, k), are regression targets (store_conf.target_dim k, for
-    a kMSELoss); other `y` are class labels.
+    `y` of floats not all integers, (N,) or (N, k), are regression targets
+    (store_conf.target_dim k, for a kMSELoss); other `y` are class labels (a model of Keras'
+    mean squared error reads them as targets too).
     """
 
     def __init__(self, load=None, phase='train', checkpoint=None, conf=None, x=None, y=None,

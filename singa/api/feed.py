@@ -303,8 +303,8 @@ def _streamed(batches, phase, batch_size, what, folder):
                 raise ConfigError(f"{what}: a batch of samples of shape {x.shape[1:]} after "
                                   f"samples of shape {seen['shape']}")
             seen['labelled'] = seen.get('labelled', True) and y is not None
-            if holds_targets(y):
-                seen['targets'] = int(np.prod(np.shape(y)[1:], dtype=int))
+            if y is not None and 'targets' not in seen:     # as write_records: the first y
+                seen['targets'] = holds_targets(y) and int(np.prod(np.shape(y)[1:], dtype=int))
             yield x, y
     try:
         os.makedirs(folder, exist_ok=True)
@@ -315,7 +315,7 @@ def _streamed(batches, phase, batch_size, what, folder):
         raise ConfigError(f"{what}: the iterable of batches gave no samples")
     own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
                shape=list(seen['shape']), batchsize=batch_size or 64,
-               **({'target_dim': seen['targets']} if 'targets' in seen else {}))
+               **({'target_dim': seen['targets']} if seen.get('targets') else {}))
     own.from_numpy, own.streamed = True, True
     own.samples = (seen['shape'], seen['labelled'])
     return own

@@ -27,8 +27,8 @@ _NUMBERS = itertools.count()
 
 
 def register(x, y=None):
-    """Keep `x` (and `y`: class labels, or regression targets of a float dtype, each checked
-    as such) for the memory store; returns their store path."""
+    """Keep `x` (and `y`: class labels, or regression targets (`records.holds_targets`), each
+    checked as such) for the memory store; returns their store path."""
     x = np.asarray(x)
     if x.ndim < 1 or len(x) == 0:
         raise ConfigError(f"numpy data: x must hold at least one sample, got shape {x.shape}")

@@ -2,9 +2,10 @@
 and write numpy samples as a kvfile of RecordProto, as SINGA's create_data does.
 
 What a sample is compared with rides in its record: a class label in `label` (SINGA's field,
-an int), or regression targets (numpy y of a float dtype: Keras' targets of a mean squared
-error) as the floats of `target`, a field of ours (300) that SINGA 0.3 skips as unknown; such a
-record leaves `label` unset (SINGA reads 0). An input layer whose store_conf.target_dim is k
+an int), or regression targets (numpy y of a float dtype holding other than integers, or any y
+a mean squared error reads: Keras' targets) as the floats of `target`, a field of ours (300)
+that SINGA 0.3 skips as unknown; such a record leaves `label` unset (SINGA reads 0). Float y
+holding integers only (Keras' one-hot rows of to_categorical) stay class labels unless asked. An input layer whose store_conf.target_dim is k
 reads k targets from every record (`decode_batch`'s targets_out).
 """
 import numpy as np
@@ -129,8 +130,12 @@ def _text(key):
 
 
 def holds_targets(y):
-    """Whether labels `y` are regression targets (a float dtype) rather than class labels."""
-    return y is not None and np.asarray(y).dtype.kind == "f"
+    """Whether `y` are regression targets rather than class labels, unless told: floats that
+    are not all integers (integral floats, such as Keras' one-hot rows, are labels)."""
+    if y is None:
+        return False
+    y = np.asarray(y)
+    return y.dtype.kind == "f" and not np.array_equal(y, np.round(y))
 
 
 def targets_of(y, n):
@@ -190,20 +195,23 @@ def encode_record(x, label, target=None):
 def write_records(path, x, y=None, target_dim=None):
     """Write numpy samples as the kvfile `path` (keys `%05d` counting from 0, SINGA's
     create_data; labels 0 when `y` is None) and return the number written. `x` is an array
-    (N, ...) with labels `y` (N,: class indices, or one-hot rows; a float dtype: regression
-    targets (N,) or (N, k), written as each record's `target`), or an iterable of (x, y)
-    chunks, so data larger than memory are written chunk by chunk. `target_dim` k > 0 writes
-    `y` as k targets whatever its dtype (0 targets without y), 0 as class labels; None: as its
-    dtype says. The file appears whole or not at all (`singa.files.write_atomic`); an error
+    (N, ...) with labels `y` (N,: class indices, or one-hot rows; floats not all integers:
+    regression targets (N,) or (N, k), written as each record's `target`), or an iterable of
+    (x, y) chunks, so data larger than memory are written chunk by chunk. `target_dim` k > 0
+    writes `y` as k targets whatever they hold (0 targets without y), 0 as class labels; None:
+    as the first chunk's y say (`holds_targets`). The file appears whole or not at all (`singa.files.write_atomic`); an error
     names `path`."""
     chunks = [(x, y)] if isinstance(x, np.ndarray) else x
     written = 0
+    decided = None if target_dim is None else target_dim > 0
 
     def fill(f):
-        nonlocal written
+        nonlocal written, decided
         for cx, cy in chunks:
             cx = np.asarray(cx)
-            targets = holds_targets(cy) if target_dim is None else target_dim > 0
+            if decided is None and cy is not None:   # the first y decide for every chunk
+                decided = holds_targets(cy)
+            targets = bool(decided)
             if targets:
                 cy = np.zeros((len(cx), target_dim), np.float32) if cy is None \
                     else targets_of(cy, len(cx))

@@ -154,10 +154,10 @@ def test_float_targets_ride_in_the_target_field_singa_skips(tmp_path):
     np.testing.assert_array_equal(targets, y.astype(np.float32))
 
 
-def test_targets_of_n_become_one_per_record_and_ints_are_labels_unless_asked(tmp_path):
+def test_targets_of_n_become_one_per_record_and_integers_are_labels_unless_asked(tmp_path):
     x = np.zeros((2, 2), np.uint8)
     write_records(str(tmp_path / "a.bin"), x, np.array([1.5, 2.5]))
-    write_records(str(tmp_path / "b.bin"), x, np.array([3, 4]))
+    write_records(str(tmp_path / "b.bin"), x, np.array([3.0, 4.0]))    # integral: labels
     write_records(str(tmp_path / "c.bin"), x, np.array([3, 4]), target_dim=1)
     recs = {}
     for name in "abc":
@@ -181,4 +181,5 @@ def test_bad_targets_are_one_line():
     with pytest.raises(ConfigError, match="target nan of sample 1 is no finite number"):
         targets_of(np.array([0.0, np.nan]), 2)
     assert targets_of(np.array([1, 2]), 2).tolist() == [[1.0], [2.0]]
-    assert holds_targets(np.zeros(2)) and not holds_targets(np.zeros(2, int))
+    assert holds_targets(np.array([0.5, 1])) and not holds_targets(np.array([0.5, 1]) * 2)
+    assert not holds_targets(np.eye(3)[[0, 2]]) and not holds_targets(np.zeros(2, int))
