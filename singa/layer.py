@@ -23,6 +23,7 @@ import numpy as np
 from singa import checkpoint
 from singa.errors import ConfigError
 from singa.initializations import get_init_values
+from singa.io.records import holds_targets
 import singa.layers  # noqa: F401  (registers every layer type)
 from singa.layers.base import create_layer, set_up
 from singa.log import format_metrics
@@ -235,6 +236,9 @@ class Data(Layer):
     kRecordInput layer over the "memory" store of `singa.io.memory.register(x, y)`, shape
     x.shape[1:] unless `shape` is given; random_skip, mean_value, std_value as keywords. A
     batch_size beyond the samples is their number (Keras's rule: a batch never repeats one).
+    `y` of floats not all integers, (N,) or (N, k), are regression targets
+    (store_conf.target_dim k, for a kMSELoss); other `y` are class labels (a model of Keras'
+    mean squared error reads them as targets too).
     """
 
     def __init__(self, load=None, phase='train', checkpoint=None, conf=None, x=None, y=None,
@@ -264,6 +268,8 @@ class Data(Layer):
             from singa.io import memory
             self.layer.store_conf.backend = 'memory'
             self.layer.store_conf.path = memory.register(x, y)
+            if holds_targets(y):
+                self.layer.store_conf.target_dim = int(np.prod(np.shape(y)[1:], dtype=int))
         if conf is None:
             setval(self.layer.store_conf, **kwargs)
         else:
@@ -326,8 +332,8 @@ class LRN2D(Layer):
 
 
 class Loss(Layer):
-    """A loss layer of type `lossname` ('softmaxloss', 'euclideanloss'); softmaxloss counts a
-    hit when the label is among the `topk` scores."""
+    """A loss layer of type `lossname` ('softmaxloss', 'euclideanloss', 'mseloss'); softmaxloss
+    counts a hit when the label is among the `topk` scores."""
 
     def __init__(self, lossname, topk=1, **kwargs):
         super().__init__(**{'name': generate_name(lossname), **kwargs},

@@ -96,9 +96,15 @@ class Model:
         'adagrad', 'rmsprop', 'nesterov', 'adadelta', 'adam', 'adamax', with their defaults)
         and `cluster` (a Cluster with the workspace); `loss` 'categorical_crossentropy' (alias
         'sparse_categorical_crossentropy': labels are class indices, or one-hot rows) turns a
-        last softmax into kSoftmaxLoss (or adds one), 'mean_squared_error' ('mse') into
-        kEuclideanLoss. `metrics`: what the loss layer computes, ['accuracy'] of a softmax
-        loss (it is always computed); others are refused."""
+        last softmax into kSoftmaxLoss (or adds one); 'mean_squared_error' (alias 'mse') adds
+        Keras' mean squared error against y (kMSELoss: float y, (N,) or (N, k), are regression
+        targets, and so are integer y given to it), unless the model's data have no y (fit(x)
+        alone, or a store of SINGA's records, as SINGA's Autoencoder scripts train): then it is
+        SINGA's reconstruction of the input; the first data the model has decide, for good;
+        'reconstruction' (alias 'euclidean') is always SINGA's (kEuclideanLoss against x; a
+        last softmax turned into it). `metrics`: what the loss layer computes, ['accuracy'] of
+        a softmax loss, ['mae'] of the mean squared error (they are always computed); others
+        are refused."""
         if cluster is None:
             raise ConfigError("compile: cluster (a Cluster with a workspace) is required")
         optimizer = updater_of(optimizer)
@@ -116,6 +122,7 @@ class Model:
         added = _loss_layer(self.layers[-1], loss, topk)
         if added is not None:
             self.add(added)
+            feed.match_loss(self.layers)
 
     def build(self):
         """The NetProto: layers chained in order (data layers are sources only), each
@@ -533,9 +540,14 @@ class Sequential(Model):
 
 
 def _loss_layer(last, loss, topk):
-    """compile's `loss` ('categorical_crossentropy' or 'mean_squared_error') after the model's
-    last layer `last`: its softmax (or its activation's) turned into the loss layer (None),
-    else the Loss layer to add."""
+    """compile's `loss` ('categorical_crossentropy', 'mean_squared_error' or 'reconstruction')
+    after the model's last layer `last`: its softmax (or its activation's) turned into the loss
+    layer (None), else the Loss layer to add; that of 'mean_squared_error' is SINGA's
+    reconstruction until the model's data decide (`keras_mse`, `feed.match_loss`)."""
+    if loss == 'mean_squared_error':
+        added = Loss('euclideanloss')
+        added.keras_mse = True
+        return added
     ly = last.mask if getattr(last, 'mask', None) is not None else last.layer
     if ly.type != job_pb2.kSoftmax:
         return Loss('softmaxloss', topk=topk) if loss == 'categorical_crossentropy' \

@@ -6,8 +6,8 @@ from singa.layer import LayerUpdater, setval
 from singa.proto import job_pb2
 
 __all__ = ["Store", "Algorithm", "Updater", "SGD", "AdaGrad", "Nesterov", "RMSProp", "AdaDelta",
-           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "LOSSES", "updater_of", "loss_of", "as_list",
-           "put_device"]
+           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "COMPUTED", "LOSSES", "updater_of",
+           "loss_of", "as_list", "put_device"]
 
 
 class Store:
@@ -133,9 +133,14 @@ class AdamMax(Updater):
 #: compile's optimizer names
 OPTIMIZERS = {'sgd': SGD, 'adagrad': AdaGrad, 'nesterov': Nesterov, 'rmsprop': RMSProp,
               'adadelta': AdaDelta, 'adam': Adam, 'adamax': AdamMax}
-#: Keras' loss names for compile's two
+#: compile's loss names, each with the metrics its layers compute (the loss first)
+COMPUTED = {'categorical_crossentropy': ('loss', 'accuracy', 'acc'),
+            'mean_squared_error': ('loss', 'mae', 'mse'),
+            'reconstruction': ('loss',)}
+#: aliases of compile's loss names (Keras' and SINGA's)
 LOSSES = {'sparse_categorical_crossentropy': 'categorical_crossentropy',
-          'mse': 'mean_squared_error'}
+          'mse': 'mean_squared_error', 'euclidean': 'reconstruction',
+          'euclideanloss': 'reconstruction'}
 
 
 def updater_of(optimizer):
@@ -154,20 +159,19 @@ def updater_of(optimizer):
 
 
 def loss_of(loss, metrics):
-    """compile's `loss` by its own name ('categorical_crossentropy', 'mean_squared_error' or
-    None; LOSSES' aliases resolved), once every one of `metrics` is one its layers compute."""
+    """compile's `loss` by its own name (one of COMPUTED, or None; LOSSES' aliases resolved),
+    once every one of `metrics` is one its layers compute."""
     loss = LOSSES.get(loss, loss)
-    if loss is not None and loss not in ('categorical_crossentropy', 'mean_squared_error'):
-        raise ConfigError(f"compile: loss {loss!r} is not known ('categorical_crossentropy' "
-                          f"or 'mean_squared_error', or their aliases "
+    if loss is not None and loss not in COMPUTED:
+        raise ConfigError(f"compile: loss {loss!r} is not known "
+                          f"({', '.join(map(repr, COMPUTED))}, or their aliases "
                           f"{', '.join(map(repr, LOSSES))})")
-    computed = {None: (), 'categorical_crossentropy': ('accuracy', 'acc', 'loss'),
-                'mean_squared_error': ('loss', 'mse')}[loss]
+    computed = COMPUTED.get(loss, ())
     for name in as_list(metrics) if metrics is not None else ():
         if name not in computed:
             raise ConfigError(f"compile: metric {name!r} is not computed by the "
                               f"{loss or 'model'}'s layers (they give "
-                              f"{', '.join(computed[:1] + computed[2:]) or 'none'})")
+                              f"{', '.join(computed[:2]) or 'none'})")
     return loss
 
 

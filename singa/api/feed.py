@@ -2,7 +2,13 @@
 given to `fit`, `evaluate` and `predict` as the model's data layers of a phase (numpy data as
 memory stores, iterables written once as kvfiles in `<workspace>/data`), the conf's input
 layers reading them for a model of a conf, and the checks that numpy data would not be read
-wrongly without a word."""
+wrongly without a word.
+
+compile's 'mean_squared_error' is Keras' (kMSELoss against y) or, for a model whose data have
+no y, SINGA's (kEuclideanLoss reconstructing x, as SINGA's Autoencoder scripts use it): the
+first data the model has decide (`match_loss`). Numpy y are then read as the loss compares
+them: regression targets (store_conf.target_dim) for a kMSELoss, integers too, as Keras'; class
+labels for a softmax loss, floats only when they hold integers (others would be truncated)."""
 import copy
 import os
 import shutil
@@ -12,7 +18,7 @@ import numpy as np
 from singa.api.session import STORE_INPUTS
 from singa.errors import ConfigError
 from singa.io import memory
-from singa.io.records import write_records
+from singa.io.records import class_indices, holds_targets, write_records
 from singa.io.store import count_records
 from singa.job.workspace import DATA
 from singa.layer import Data, setval
@@ -21,8 +27,9 @@ from singa.proto import job_pb2
 from singa.train import evaluation
 
 __all__ = ["LABELLED", "CONVOLUTIONS", "STREAM_RESERVE", "as_data", "check_finite",
-           "check_input", "copy_data", "net_of", "predict_net", "put_conf_data", "put_data",
-           "set_batchsize", "split", "steps_per_pass", "streams_folder", "whole_pass"]
+           "check_input", "copy_data", "match_loss", "net_of", "predict_net", "put_conf_data",
+           "put_data", "set_batchsize", "split", "steps_per_pass", "streams_folder",
+           "whole_pass"]
 
 #: layers whose metrics compare outputs with labels
 LABELLED = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kAccuracy)
@@ -105,15 +112,29 @@ def split(x, y, fraction):
 
 def check_input(data, protos, what):
     """Numpy data (`data`, a Data layer from `as_data`) that a net of the LayerProtos `protos`
-    would read wrongly without a word: no labels for a layer that compares with them, images
-    channels-last for a convolution."""
+    would read wrongly without a word: no labels (or targets) for a layer that compares with
+    them, float y that are no class labels, images channels-last for a convolution. Float y
+    holding class labels are read as such."""
     if not hasattr(data, 'samples'):
         return
     shape, labelled = data.samples
     needs = [p.name for p in protos if p.type in LABELLED]
-    if not labelled and needs:
-        raise ConfigError(f"{what}: layer '{needs[0]}' compares the outputs with labels: "
-                          f"give y (without it every sample would count as label 0)")
+    regress = [p.name for p in protos if p.type == job_pb2.kMSELoss]
+    if not labelled and (needs or regress):
+        raise ConfigError(f"{what}: layer '{(needs or regress)[0]}' compares the outputs with "
+                          + ("labels: give y (without it every sample would count as label 0)"
+                             if needs else "targets: give y (without it every target would "
+                                           "be 0)"))
+    sc = data.layer.store_conf
+    if needs and sc.target_dim and sc.backend == 'memory':
+        y = memory.arrays(sc.path)[1]
+        if not np.array_equal(y, np.round(y)):
+            raise ConfigError(f"{what}: y holds floats such as {y[y != np.round(y)][0]}, but "
+                              f"layer '{needs[0]}' compares the outputs with class labels: give "
+                              f"class indices (ints; floats would be truncated), or compile "
+                              f"with loss='mse' for regression targets")
+        class_indices(y, len(y))
+        sc.target_dim = 0
     if len(shape) == 3 and shape[-1] in (1, 3) and shape[0] not in (1, 3) \
             and any(p.type in CONVOLUTIONS for p in protos):
         raise ConfigError(f"{what}: images are (N, C, H, W), and samples of shape {shape} "
@@ -135,7 +156,34 @@ def put_data(layers, data, phase):
         data.layer.name = others[0].layer.name
     elif getattr(data, 'generated_name', False):
         data.layer.name = 'data0'   # as made first, before any layer: SINGA's scripts' name
-    return [data] + layers
+    layers = [data] + layers
+    match_loss(layers)
+    return layers
+
+
+def match_loss(layers):
+    """The loss of compile's 'mean_squared_error' among `layers` (singa.layer objects of a
+    model, its data layers first), `keras_mse` until data decide it: once the model has a data
+    layer, the first one's y decide, for good: with y (numpy y, or a store of targets:
+    store_conf.target_dim) Keras' kMSELoss, without SINGA's reconstruction of x
+    (kEuclideanLoss). Then, for a kMSELoss, numpy y of any number type are read as targets."""
+    data = [ly for ly in layers if ly.is_datalayer]
+    for ly in layers:
+        if getattr(ly, 'keras_mse', False) and data:
+            sc = data[0].layer.store_conf
+            targets = sc.target_dim > 0 or (sc.backend == 'memory'
+                                            and memory.arrays(sc.path)[1] is not None)
+            ly.keras_mse = False
+            if targets:     # named as a Loss('mseloss') of the same number
+                ly.layer.type = job_pb2.kMSELoss
+                ly.layer.name = ly.layer.name.replace('euclideanloss', 'mseloss', 1)
+    if not any(ly.layer.type == job_pb2.kMSELoss for ly in layers):
+        return
+    for ly in data:
+        sc = ly.layer.store_conf
+        y = memory.arrays(sc.path)[1] if sc.backend == 'memory' else None
+        if y is not None and not sc.target_dim:
+            sc.target_dim = int(np.prod(y.shape[1:], dtype=int))
 
 
 def put_conf_data(conf_net, data, phase):
@@ -281,6 +329,8 @@ def _streamed(batches, phase, batch_size, what, folder, steps=None, exact=False)
             seen.setdefault('batch', len(x))
             seen['samples'] = seen.get('samples', 0) + len(x)
             seen['labelled'] = seen.get('labelled', True) and y is not None
+            if y is not None and 'targets' not in seen:     # as write_records: the first y
+                seen['targets'] = holds_targets(y) and int(np.prod(np.shape(y)[1:], dtype=int))
             if steps is None and shutil.disk_usage(folder).free < STREAM_RESERVE:
                 raise ConfigError(
                     f"{what}: the iterable of batches has not ended after {taken} batches "
@@ -301,7 +351,8 @@ def _streamed(batches, phase, batch_size, what, folder, steps=None, exact=False)
     if not write_records(path, chunks()):
         raise ConfigError(f"{what}: the iterable of batches gave no samples")
     own = Data(load='recordinput', phase=phase, path=path, backend='kvfile',
-               shape=list(seen['shape']), batchsize=batch_size or seen['batch'])
+               shape=list(seen['shape']), batchsize=batch_size or seen['batch'],
+               **({'target_dim': seen['targets']} if seen.get('targets') else {}))
     own.from_numpy, own.streamed = True, True
     own.samples = (seen['shape'], seen['labelled'])
     return own

@@ -10,7 +10,8 @@ from singa.net.phase import in_phase
 from singa.proto import job_pb2
 
 #: the loss layers of a net trained by back-propagation
-LOSSES_OF_BP = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss)
+LOSSES_OF_BP = (job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss,
+                job_pb2.kMSELoss)
 
 
 def check_epochs(epochs, nb_epoch):

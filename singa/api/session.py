@@ -118,7 +118,8 @@ def deliver(signum):
 def predict(job, x):
     """The outputs of `job`'s test net for the numpy samples `x`, its params read from the
     checkpoint files `job.checkpoint_path` names: per sample, the probabilities of a softmax loss layer, the
-    reconstruction of a Euclidean loss layer, else the data of the net's last layer. `x` is
+    reconstruction of a Euclidean loss layer, the prediction of a mean squared error (kMSELoss),
+    else the data of the net's last layer. `x` is
     fed through the net's input layer, so its preprocessing applies (mean, std, crop)."""
     x = np.asarray(x)
     inputs = [layer for layer in job.neuralnet.layer if layer.type in STORE_INPUTS
@@ -168,11 +169,12 @@ def predict(job, x):
 
 def _output(net):
     losses = [layer for layer in net.layers if layer.conf.type in (
-        job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss)]
+        job_pb2.kSoftmaxLoss, job_pb2.kCudnnSoftmaxLoss, job_pb2.kEuclideanLoss,
+        job_pb2.kMSELoss)]
     if not losses:
         return net.layers[-1].data
     last = losses[-1]
-    if last.conf.type == job_pb2.kEuclideanLoss:
+    if last.conf.type in (job_pb2.kEuclideanLoss, job_pb2.kMSELoss):
         return net.srclayers[last.name][0].data
     return last.data
 
@@ -401,7 +403,7 @@ def with_kvfiles(job, folder, prefix=""):
         if sc.backend == "memory":
             x, y = memory.arrays(sc.path)
             shard = os.path.join(folder, f"{prefix}{layer.name}-{_phase_name(layer)}.bin")
-            write_records(shard, x, y)
+            write_records(shard, x, y, sc.target_dim)
             sc.backend, sc.path = "kvfile", shard
     return job
 

@@ -1,11 +1,15 @@
 """The "memory" store backend: numpy arrays handed to the Python API, read like a kvfile.
 
 `register(x, y)` keeps N samples `x` (any shape (N, ...); uint8 become RecordProto `pixel`
-bytes, other dtypes float `data`) and N integer labels `y` (None: label 0) under a path
-`memory://<n>`; `open_store("memory", path)` reads them as (key, RecordProto bytes) tuples in
-order, so the input layers batch, skip and preprocess them exactly as a kvfile of the same
-records. Positions (`tell`/`seek`) are record indices. Arrays live in this process only: a
-job of several processes reads numpy data from a kvfile (`records.write_records`).
+bytes, other dtypes float `data`) and what they are compared with, `y` (None: label 0), under
+a path `memory://<n>`; `open_store("memory", path, conf=store_conf)` reads them as (key,
+RecordProto bytes) tuples in order, so the input layers batch, skip and preprocess them
+exactly as a kvfile of the same records. The layer's store_conf says what `y` is: with
+target_dim k, regression targets (k floats per sample, the records' `target`); without, class
+labels (`records.class_indices`: indices or one-hot rows). `y` is kept as given, so a model
+may read the same y either way (Keras' mean squared error takes integer y as targets).
+Positions (`tell`/`seek`) are record indices. Arrays live in this process only: a job of
+several processes reads numpy data from a kvfile (`records.write_records`).
 """
 import itertools
 import threading
@@ -14,7 +18,7 @@ import numpy as np
 
 from singa.errors import ConfigError, DataError
 from singa.io.base import ReadOnly
-from singa.io.records import class_indices, encode_record
+from singa.io.records import class_indices, encode_record, holds_targets, targets_of
 
 PREFIX = "memory://"
 _ARRAYS = {}        # path -> (x, y)
@@ -23,14 +27,16 @@ _NUMBERS = itertools.count()
 
 
 def register(x, y=None):
-    """Keep `x` (and labels `y`) for the memory store; returns their store path."""
+    """Keep `x` (and `y`: class labels, or regression targets (`records.holds_targets`), each
+    checked as such) for the memory store; returns their store path."""
     x = np.asarray(x)
     if x.ndim < 1 or len(x) == 0:
         raise ConfigError(f"numpy data: x must hold at least one sample, got shape {x.shape}")
     if not (x.dtype == np.uint8 or np.issubdtype(x.dtype, np.number)):
         raise ConfigError(f"numpy data: x must be numbers, got dtype {x.dtype}")
     if y is not None:
-        y = class_indices(y, len(x))
+        y = np.asarray(y)
+        (targets_of if holds_targets(y) else class_indices)(y, len(x))
     with _LOCK:
         path = f"{PREFIX}{next(_NUMBERS)}"
         _ARRAYS[path] = (x, y)
@@ -44,7 +50,7 @@ def release(path):
 
 
 def arrays(path):
-    """(x, y) registered under `path`; DataError if none are."""
+    """(x, y) registered under `path`, y as given (or None); DataError if none are."""
     with _LOCK:
         found = _ARRAYS.get(path)
     if found is None:
@@ -54,23 +60,44 @@ def arrays(path):
 
 
 class MemoryStore(ReadOnly):
-    """A read-only store over registered arrays (see `singa.io.store.open_store`)."""
+    """A read-only store over registered arrays (see `singa.io.store.open_store`); `conf`,
+    the reading layer's StoreProto, says whether y are targets (its target_dim)."""
 
     backend = "memory"
 
-    def __init__(self, path, mode="read"):
+    def __init__(self, path, mode="read", conf=None):
         if mode != "read":
             raise DataError(f"{path}: the memory store is read-only")
         self.path = path
         self.x, self.y = arrays(path)
+        self.target_dim = conf.target_dim if conf is not None else 0
+        self._rows = None       # per sample: its label, or its targets; made at the first read
         self.pos = 0
 
     def read(self):
         if self.pos >= len(self.x):
             return None
+        if self._rows is None:
+            self._rows = self._compared()
         i = self.pos
         self.pos += 1
-        return f"{i:05d}".encode(), encode_record(self.x[i], 0 if self.y is None else self.y[i])
+        if self.target_dim:
+            return f"{i:05d}".encode(), encode_record(self.x[i], 0, self._rows[i])
+        return f"{i:05d}".encode(), encode_record(self.x[i], self._rows[i])
+
+    def _compared(self):
+        """What the samples are compared with: (N, target_dim) targets (0 without y), or (N,)
+        class labels (0 without y)."""
+        n, k = len(self.x), self.target_dim
+        if not k:
+            return np.zeros(n, np.int64) if self.y is None else class_indices(self.y, n)
+        if self.y is None:
+            return np.zeros((n, k), np.float32)
+        t = targets_of(self.y, n)
+        if t.shape[1] != k:
+            raise DataError(f"{self.path}: y holds {t.shape[1]} targets per sample, the input "
+                            f"layer reads {k} (store_conf.target_dim)")
+        return t
 
     def seek_to_first(self):
         self.pos = 0
@@ -82,4 +109,3 @@ class MemoryStore(ReadOnly):
         if not 0 <= offset <= len(self.x):
             raise DataError(f"{self.path}: position {offset} is beyond its {len(self.x)} records")
         self.pos = offset
-

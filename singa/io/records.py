@@ -1,5 +1,13 @@
 """Store values: decode RecordProto (0.2/0.3) and 0.1 Record{image} into float32 (src/io/),
-and write numpy samples as a kvfile of RecordProto, as SINGA's create_data does."""
+and write numpy samples as a kvfile of RecordProto, as SINGA's create_data does.
+
+What a sample is compared with rides in its record: a class label in `label` (SINGA's field,
+an int), or regression targets (numpy y of a float dtype holding other than integers, or any y
+a mean squared error reads: Keras' targets) as the floats of `target`, a field of ours (300)
+that SINGA 0.3 skips as unknown; such a record leaves `label` unset (SINGA reads 0). Float y
+holding integers only (Keras' one-hot rows of to_categorical) stay class labels unless asked. An input layer whose store_conf.target_dim is k
+reads k targets from every record (`decode_batch`'s targets_out).
+"""
 import numpy as np
 from google.protobuf.message import DecodeError
 
@@ -9,7 +17,7 @@ from singa.io.kvfile import KVFile, pack
 from singa.proto import common_pb2
 
 __all__ = ["record_values", "decode_batch", "uniform_pixels", "parse_record", "class_indices",
-           "encode_record", "write_records", "read_mean"]
+           "holds_targets", "targets_of", "encode_record", "write_records", "read_mean"]
 
 
 def record_values(value, shape, key=b""):
@@ -25,18 +33,22 @@ def record_values(value, shape, key=b""):
     return x, int(labels[0])
 
 
-def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None):
+def decode_batch(values, dim, keys=None, out=None, labels_out=None, shape=None,
+                 targets_out=None):
     """(x float32 (N, dim), labels int32 (N,)) from N store values.
 
-    `out` / `labels_out` are filled in place when given (the input layer's preallocated blobs).
-    `keys` and `shape` only make error messages precise.
+    `out` / `labels_out` are filled in place when given (the input layer's preallocated blobs);
+    `targets_out` (N, k) float32, when given, with each record's k `target` floats (DataError
+    for a record holding another number of them). `keys` and `shape` only make error messages
+    precise.
     """
     n = len(values)
     x = np.empty((n, dim), np.float32) if out is None else out
     labels = np.empty(n, np.int32) if labels_out is None else labels_out
-    pixels = uniform_pixels(values, dim, labels)
+    pixels = None if targets_out is not None else uniform_pixels(values, dim, labels)
     if pixels is None:
-        _decode_each(values, dim, [b""] * n if keys is None else keys, x, labels, shape)
+        _decode_each(values, dim, [b""] * n if keys is None else keys, x, labels, shape,
+                     targets_out)
     else:
         x[...] = pixels
     return x, labels
@@ -71,8 +83,9 @@ def uniform_pixels(values, dim, labels):
     return rows[:, head.shape[1]:]
 
 
-def _decode_each(values, dim, keys, x, labels, shape):
-    """Fill x and labels record by record, naming the first bad one; pixels converted at once."""
+def _decode_each(values, dim, keys, x, labels, shape, targets=None):
+    """Fill x and labels (and targets) record by record, naming the first bad one; pixels
+    converted at once."""
     pixel_rows, pixels = [], []
     for i, (key, value) in enumerate(zip(keys, values)):
         rec = parse_record(value, key)
@@ -86,6 +99,11 @@ def _decode_each(values, dim, keys, x, labels, shape):
         else:
             x[i] = row
         labels[i] = rec.label
+        if targets is not None:
+            if len(rec.target) != targets.shape[1]:
+                raise DataError(f"record {_text(key)!r} has {len(rec.target)} targets, expected "
+                                f"{targets.shape[1]} (store_conf.target_dim)")
+            targets[i] = rec.target
     if pixels:
         x[pixel_rows] = np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), dim)
 
@@ -111,6 +129,32 @@ def _text(key):
     return key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key)
 
 
+def holds_targets(y):
+    """Whether `y` are regression targets rather than class labels, unless told: floats that
+    are not all integers (integral floats, such as Keras' one-hot rows, are labels)."""
+    if y is None:
+        return False
+    y = np.asarray(y)
+    return y.dtype.kind == "f" and not np.array_equal(y, np.round(y))
+
+
+def targets_of(y, n):
+    """The (n, k) float32 regression targets of `y` (shape (n,) or (n, k)); ConfigError
+    otherwise."""
+    y = np.asarray(y)
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool) or y.ndim == 0:
+        raise ConfigError(f"numpy data: targets y must be numbers of shape ({n},) or ({n}, k), "
+                          f"got dtype {y.dtype} and shape {y.shape}")
+    if len(y) != n:
+        raise ConfigError(f"numpy data: {len(y)} targets for {n} samples (targets y are of "
+                          f"shape ({n},) or ({n}, k))")
+    t = y.reshape(n, -1).astype(np.float32)
+    if not np.isfinite(t).all():
+        raise ConfigError(f"numpy data: target {t[~np.isfinite(t)][0]} of sample "
+                          f"{np.argmax(~np.isfinite(t).all(axis=1))} is no finite number")
+    return t
+
+
 def class_indices(y, n):
     """The (n,) int64 class indices of labels `y`: class indices, or one-hot rows (n, C) as
     Keras' categorical labels (each row's one 1 gives the class); ConfigError otherwise."""
@@ -121,7 +165,8 @@ def class_indices(y, n):
     if y.ndim == 2 and y.shape[0] == n and y.shape[1] > 1:
         if not (np.isin(y, (0, 1)).all() and (y.sum(axis=1) == 1).all()):
             raise ConfigError(f"numpy data: labels y of shape {y.shape} are not one-hot rows "
-                              f"(one 1 per row); give class indices of shape ({n},)")
+                              f"(one 1 per row); give class indices of shape ({n},), or "
+                              f"floats for regression targets")
         return np.argmax(y, axis=1).astype(np.int64)
     y = y.reshape(-1)
     if len(y) != n:
@@ -132,10 +177,14 @@ def class_indices(y, n):
     return y.astype(np.int64)
 
 
-def encode_record(x, label):
+def encode_record(x, label, target=None):
     """The RecordProto bytes of one sample, as SINGA's create_data writes them: uint8 `x` as
-    `pixel` bytes, other numbers as float `data`."""
-    rec = common_pb2.RecordProto(label=int(label))
+    `pixel` bytes, other numbers as float `data`; with `target` (floats) those in `target`
+    instead of a `label`."""
+    if target is None:
+        rec = common_pb2.RecordProto(label=int(label))
+    else:
+        rec = common_pb2.RecordProto(target=np.asarray(target, np.float32).reshape(-1).tolist())
     if x.dtype == np.uint8:
         rec.pixel = x.tobytes()
     else:
@@ -143,22 +192,37 @@ def encode_record(x, label):
     return rec.SerializeToString()
 
 
-def write_records(path, x, y=None):
+def write_records(path, x, y=None, target_dim=None):
     """Write numpy samples as the kvfile `path` (keys `%05d` counting from 0, SINGA's
     create_data; labels 0 when `y` is None) and return the number written. `x` is an array
-    (N, ...) with labels `y` (N,: class indices, or one-hot rows), or an iterable of (x, y)
-    chunks, so data larger than memory are written chunk by chunk. The file appears whole or
-    not at all (`singa.files.write_atomic`); an error names `path`."""
+    (N, ...) with labels `y` (N,: class indices, or one-hot rows; floats not all integers:
+    regression targets (N,) or (N, k), written as each record's `target`), or an iterable of
+    (x, y) chunks, so data larger than memory are written chunk by chunk. `target_dim` k > 0
+    writes `y` as k targets whatever they hold (0 targets without y), 0 as class labels; None:
+    as the first chunk's y say (`holds_targets`). The file appears whole or not at all (`singa.files.write_atomic`); an error
+    names `path`."""
     chunks = [(x, y)] if isinstance(x, np.ndarray) else x
     written = 0
+    decided = None if target_dim is None else target_dim > 0
 
     def fill(f):
-        nonlocal written
+        nonlocal written, decided
         for cx, cy in chunks:
             cx = np.asarray(cx)
-            cy = np.zeros(len(cx), np.int64) if cy is None else class_indices(cy, len(cx))
-            f.write(b"".join(pack(b"%05d" % (written + i), encode_record(cx[i], cy[i]))
-                             for i in range(len(cx))))
+            if decided is None and cy is not None:   # the first y decide for every chunk
+                decided = holds_targets(cy)
+            targets = bool(decided)
+            if targets:
+                cy = np.zeros((len(cx), target_dim), np.float32) if cy is None \
+                    else targets_of(cy, len(cx))
+                if target_dim and cy.shape[1] != target_dim:
+                    raise ConfigError(f"numpy data: {cy.shape[1]} targets per sample, "
+                                      f"store_conf.target_dim {target_dim}")
+                records = (encode_record(cx[i], 0, cy[i]) for i in range(len(cx)))
+            else:
+                cy = np.zeros(len(cx), np.int64) if cy is None else class_indices(cy, len(cx))
+                records = (encode_record(cx[i], cy[i]) for i in range(len(cx)))
+            f.write(b"".join(pack(b"%05d" % (written + i), r) for i, r in enumerate(records)))
             written += len(cx)
     try:
         write_atomic(path, fill)

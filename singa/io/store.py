@@ -29,7 +29,8 @@ CAFFE_BACKENDS = ("lmdb", "imagelist")
 
 def open_store(backend, path, mode="read", conf=None):
     """A store of `backend` (see BACKENDS) opened on `path` in mode read/create/append; `conf`:
-    the layer's StoreProto, for the backends that read more of it (CAFFE_BACKENDS).
+    the layer's StoreProto, for the backends that read more of it (CAFFE_BACKENDS; "memory":
+    its target_dim).
 
     Every store has read() -> (key, value) | None, seek_to_first(), tell(), seek(offset),
     write(key, value), flush() and close(), and is a context manager. A store whose order is
@@ -38,7 +39,7 @@ def open_store(backend, path, mode="read", conf=None):
     if backend not in BACKENDS:
         raise DataError(f"{path}: store backend {backend!r} not recognized "
                         f"(known: {', '.join(sorted(BACKENDS))})")
-    if backend in CAFFE_BACKENDS:
+    if backend in CAFFE_BACKENDS or backend == "memory":
         return BACKENDS[backend](path, mode, conf)
     return BACKENDS[backend](path, mode)
 

@@ -6,7 +6,8 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
     in the order of the conf's `param` entries). Blobs that only the backward pass touches
     are made by `xp.zeros` (the OS's zero pages, not written: `zeros_like` writes them) or at
     the first backward pass, so that a net that only runs forward keeps none of them.
-  * `compute_feature(flag, srclayers)` fills `data` (and `aux_data` for input layers).
+  * `compute_feature(flag, srclayers)` fills `data` (and `aux_data` for input layers, and
+    `targets`, (N, k) float32 regression targets, for those whose store_conf has target_dim).
   * `compute_gradient(flag, srclayers)` reads `grad` (dL/d data, written by the
     destinations), fills each param's `grad`, and writes dL/d src into `src.grad_for(self)`
     (skipped when that is None). Gradients are written, not accumulated, unless `flag`
@@ -149,6 +150,9 @@ class Layer:
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
     #: docstring)
     mirror = aux_mirror = None
+    #: regression targets (N, k) float32 of an input layer (store_conf.target_dim), and their
+    #: GPU copy; None for a layer that gives none
+    targets = targets_mirror = None
 
     def __init__(self, conf):
         self.conf = conf
@@ -202,6 +206,10 @@ class Layer:
         """The labels `aux_data` where `dst` computes (its GPU copy for a layer on the GPU)."""
         return _where(dst, self.aux_data, self.aux_mirror)
 
+    def targets_for(self, dst):
+        """The regression `targets` where `dst` computes (its GPU copy for a layer on the GPU)."""
+        return _where(dst, self.targets, self.targets_mirror)
+
     def draw(self, out, method="random"):
         """Fill `out` with float32 draws of `rng` (`random`: U[0, 1); `standard_normal`), made
         on the host in the same order on either device, so a GPU run draws a CPU run's numbers."""
@@ -216,19 +224,24 @@ class Layer:
         """Release what the layer holds open (a store, a reading thread): its net is done."""
 
     def make_mirror(self, device, host_read):
-        """Give this host layer's `data` and `aux_data` GPU copies on `device`, `mirror` and
-        `aux_mirror`, for the layers there that read it; `host_read`: host layers read it too."""
+        """Give this host layer's `data`, `aux_data` (and `targets`) GPU copies on `device`,
+        `mirror`, `aux_mirror` (and `targets_mirror`), for the layers there that read it;
+        `host_read`: host layers read it too."""
         self.mirror = device.xp.zeros(self.data.shape, self.data.dtype)
         if self.aux_data is not None:
             self.aux_mirror = device.xp.zeros(self.aux_data.shape, self.aux_data.dtype)
+        if self.targets is not None:
+            self.targets_mirror = device.xp.zeros(self.targets.shape, self.targets.dtype)
 
     def publish(self):
-        """Copy `data` and `aux_data` to their GPU mirrors (if any): the end of a host layer's
-        compute_feature."""
+        """Copy `data`, `aux_data` and `targets` to their GPU mirrors (if any): the end of a
+        host layer's compute_feature."""
         if self.mirror is not None:
             self.uploads(self.mirror, self.data)
         if self.aux_mirror is not None:
             self.uploads(self.aux_mirror, self.aux_data)
+        if self.targets_mirror is not None:
+            self.uploads(self.targets_mirror, self.targets)
 
     def grad_for(self, dst):
         return self.grad

@@ -9,7 +9,7 @@ from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch, parse_record, read_mean, uniform_pixels
 from singa.io.store import CAFFE_BACKENDS, open_store, read_batch
 from singa.layers import kernels
-from singa.layers.base import Layer, register
+from singa.layers.base import Layer, register, type_name
 from singa.proto import job_pb2
 
 __all__ = ["RecordInputLayer", "CSVInputLayer", "ImagePreprocessLayer", "crop_and_mirror"]
@@ -18,7 +18,9 @@ __all__ = ["RecordInputLayer", "CSVInputLayer", "ImagePreprocessLayer", "crop_an
 class StoreInputLayer(Layer):
     """Reads `batchsize` tuples per call from store_conf's store, wrapping around at its end.
 
-    data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels. On the first
+    data (N, *shape) float32 = (x − mean) / std; aux_data (N,) int32 labels; with
+    store_conf.target_dim k, `targets` (N, k) float32 (the records' regression targets; a
+    layer of ours that reads them, RecordInput: `reads_targets`). On the first
     read a shuffling store draws its order from `rng`, then U{0..random_skip} tuples are
     skipped (also drawn from `rng`). Caffe's stores (lmdb, imagelist) may leave `shape` unset:
     their first record gives it. `position` / `seek` save
@@ -37,6 +39,8 @@ class StoreInputLayer(Layer):
     one_to_many = True
     sources = (0, 0)
     default_backend = None
+    #: whether the layer reads regression targets (store_conf.target_dim)
+    reads_targets = False
     #: (device pixels (N, dim) uint8, mean, std, the kernels) where the device decodes
     on_device = None
     #: the next batch being read ahead (a Future of `_read`'s), and the reading thread
@@ -59,6 +63,12 @@ class StoreInputLayer(Layer):
         self.dim = int(np.prod(self.shape))
         self.data = self.xp.zeros((n,) + self.shape, np.float32)
         self.aux_data = self.xp.zeros(n, np.int32)
+        if sc.target_dim:
+            if not self.reads_targets or sc.target_dim < 0:
+                raise ConfigError(f"layer '{self.name}': store_conf.target_dim {sc.target_dim}: "
+                                  f"{type_name(self.conf)} reads no targets (kRecordInput "
+                                  f"reads k > 0)")
+            self.targets = self.xp.zeros((n, sc.target_dim), np.float32)
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
         self.random_skip = sc.random_skip
@@ -236,16 +246,21 @@ def batchsize(conf):
 
 @register(job_pb2.kRecordInput)
 class RecordInputLayer(StoreInputLayer):
-    """Values are RecordProto: `data` floats if present, else `pixel` bytes; label → aux_data."""
+    """Values are RecordProto: `data` floats if present, else `pixel` bytes; label → aux_data,
+    `target` → targets (store_conf.target_dim)."""
+
+    reads_targets = True
 
     def parse(self, keys, values, flag, x):
         try:
-            decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)
+            decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape,
+                         targets_out=self.targets)
         except DataError as e:
             raise DataError(f"{self.path}: {e}") from None
 
     def pixels(self, values, labels):
-        return uniform_pixels(values, self.dim, labels)
+        # targets are read record by record (parse), with the pixels
+        return None if self.targets is not None else uniform_pixels(values, self.dim, labels)
 
     def parse_vector(self, path, kv):
         x, _ = decode_batch([kv[1]], self.dim, [kv[0]], shape=self.shape)

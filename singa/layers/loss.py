@@ -1,4 +1,4 @@
-"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/); their loss (and accuracy) are metrics."""
+"""Loss layers: SoftmaxLoss and EuclideanLoss (src/neuralnet/loss_layer/) and ours, MSELoss (Keras' mean squared error); their loss (and accuracy, mae) are metrics."""
 import numpy as np
 
 from singa.device import is_host
@@ -8,7 +8,7 @@ from singa.layers.base import Layer, register
 from singa.layers.ops import softmax
 from singa.proto import job_pb2
 
-__all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer"]
+__all__ = ["SoftmaxLossLayer", "CudnnSoftmaxLossLayer", "EuclideanLossLayer", "MSELossLayer"]
 
 FLT_MIN = np.finfo(np.float32).tiny
 
@@ -30,6 +30,9 @@ class SoftmaxLossLayer(Layer):
 
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
+        if srclayers[1].targets is not None:
+            raise ConfigError(f"layer '{self.name}': source '{srclayers[1].name}' gives "
+                              f"regression targets (store_conf.target_dim), not class labels")
         n = src.shape[0]
         self.data = self.xp.zeros((n, src.size // n), np.float32)
         self.topk = self.conf.softmaxloss_conf.topk
@@ -149,3 +152,51 @@ class EuclideanLossLayer(Layer):
         if gsrc is not None:
             d = self._diff
             np.divide(d, np.float32(d.shape[0]), out=gsrc.reshape(d.shape))
+
+
+@register(job_pb2.kMSELoss)
+class MSELossLayer(Layer):
+    """Keras' mean squared error of predictions p against regression targets t, both (N, K):
+    loss = mean_n mean_k (p − t)²; mae = mean_n mean_k |p − t|; gp = 2(p − t)/(N·K).
+
+    Sources: [prediction p, target provider (its `targets`: an input layer's store_conf has
+    target_dim K)]. kEuclideanLoss is SINGA's reconstruction instead: Σ_k over the outputs, the
+    input itself as the target, and the gradient of half of it. On a GPU its metrics are summed
+    on the device (`keep_metrics_on_device`).
+    """
+    METRICS = ("loss", "mae")
+
+    capturable = True
+
+    sources = (2, 2)
+
+    def setup(self, srclayers):
+        p, provider = srclayers[0].data_for(self), srclayers[1]
+        if provider.targets is None:
+            raise ConfigError(f"layer '{self.name}': source '{provider.name}' gives no "
+                              f"regression targets (store_conf.target_dim): give y (floats), or "
+                              f"compile with loss='reconstruction' to compare with the input")
+        n = p.shape[0]
+        if provider.targets.shape != (n, p.size // n):
+            raise ConfigError(f"layer '{self.name}': prediction '{srclayers[0].name}' has shape "
+                              f"{p.shape} but source '{provider.name}' gives targets of shape "
+                              f"{provider.targets.shape}")
+        self._diff = self.xp.empty(provider.targets.shape, np.float32)
+        self._abs = self.xp.empty(provider.targets.shape, np.float32)
+        if not is_host(self._diff):
+            self.keep_metrics_on_device(("Loss", "mae"))
+
+    def compute_feature(self, flag, srclayers):
+        d = self._diff
+        np.subtract(srclayers[0].data_for(self).reshape(d.shape),
+                    srclayers[1].targets_for(self), out=d)
+        flat = d.ravel()
+        np.abs(flat, out=self._abs.ravel())
+        self.add_metrics({"Loss": np.dot(flat, flat).astype(np.float64) / d.size,
+                          "mae": self._abs.sum(dtype=np.float64) / d.size})
+
+    def compute_gradient(self, flag, srclayers):
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is not None:
+            d = self._diff
+            np.multiply(d, np.float32(2 / d.size), out=gsrc.reshape(d.shape))

@@ -165,9 +165,9 @@ def test_compile_takes_keras_names_and_refuses_what_it_cannot_do(tmp_path, train
     assert RMSProp(rho=0.8).proto.rmsprop_conf.rho == pytest.approx(0.8)
     with pytest.raises(ConfigError, match="optimizer 'sgdd' is not known"):
         mlp(tmp_path / "ws", optimizer='sgdd')
-    with pytest.raises(ConfigError, match="metric 'mae' is not computed"):
+    with pytest.raises(ConfigError, match="metric 'accuracy' is not computed"):
         Sequential('m').compile(optimizer='sgd', cluster=Cluster(str(tmp_path)),
-                                loss='mse', metrics=['mae'])
+                                loss='mse', metrics=['accuracy'])
     with pytest.raises(TypeError, match="metric"):
         Sequential('m').compile(optimizer='sgd', cluster=Cluster(str(tmp_path)), metric=['acc'])
 

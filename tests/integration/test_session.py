@@ -18,7 +18,7 @@ from singa.api import session
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.io.kvfile import KVFile
-from singa.io.records import decode_batch
+from singa.io.records import class_indices, decode_batch
 
 FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
 PYTHON = os.path.join(singa.HOME, ".venv", "bin", "python")
@@ -164,8 +164,10 @@ def test_the_job_log_goes_to_the_workspace_and_info_stays_off_the_console(tmp_pa
 def test_bad_numpy_data_is_one_line():
     with pytest.raises(ConfigError, match="3 labels for 2 samples"):
         memory.register(np.zeros((2, 4)), [1, 2, 3])
+    with pytest.raises(ConfigError, match="3 targets for 2 samples"):
+        memory.register(np.zeros((2, 4)), [0.5, 1, 2])     # floats: regression targets
     with pytest.raises(ConfigError, match="labels y must be integers"):
-        memory.register(np.zeros((2, 4)), [0.5, 1])
+        class_indices(np.array([0.5, 1]), 2)
 
 
 def test_a_python_script_runs_under_singa_run_exec(tmp_path):

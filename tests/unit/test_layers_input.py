@@ -306,3 +306,40 @@ def test_csv_label_that_is_not_an_int_is_a_data_error(tmp_path, label):
                        f'shape: 2 }}', [])
     with pytest.raises(DataError, match=rf"^{path}: label [^ ]+ in the batch from line 0 is not an int$"):
         layer.compute_feature(TRAIN, [])
+
+
+def test_record_input_gives_the_records_targets_with_target_dim(tmp_path):
+    from singa.io.records import write_records as write_numpy
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    y = np.arange(12, dtype=np.float64).reshape(4, 3) / 4
+    path = str(tmp_path / "t.bin")
+    write_numpy(path, x, y)
+    layer = record_input(path, 'backend: "kvfile" batchsize: 3 shape: 2 target_dim: 3')
+    assert layer.targets.shape == (3, 3)
+    layer.compute_feature(TRAIN, [])
+    layer.compute_feature(TRAIN, [])
+    np.testing.assert_array_equal(layer.targets, y[[3, 0, 1]].astype(np.float32))
+    np.testing.assert_array_equal(layer.data, x[[3, 0, 1]])
+    assert record_input(path, 'backend: "kvfile" batchsize: 3 shape: 2').targets is None
+    with pytest.raises(DataError, match="has 3 targets, expected 2"):
+        record_input(path, 'backend: "kvfile" batchsize: 3 shape: 2 target_dim: 2'
+                     ).compute_feature(TRAIN, [])
+
+
+def test_memory_store_gives_y_as_targets_or_labels_as_the_layer_reads_them():
+    from singa.io import memory
+    path = memory.register(np.zeros((3, 2), np.float32), np.array([0, 2, 1]))
+    as_targets = record_input(path, 'backend: "memory" batchsize: 3 shape: 2 target_dim: 1')
+    as_labels = record_input(path, 'backend: "memory" batchsize: 3 shape: 2')
+    for layer in (as_targets, as_labels):
+        layer.compute_feature(TRAIN, [])
+    assert as_targets.targets.tolist() == [[0.0], [2.0], [1.0]]
+    assert as_labels.aux_data.tolist() == [0, 2, 1] and as_labels.targets is None
+    memory.release(path)
+
+
+def test_csv_input_reads_no_targets(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("1,2,3\n")
+    with pytest.raises(ConfigError, match="store_conf.target_dim 1: kCSVInput reads no targets"):
+        record_input(str(path), 'batchsize: 1 shape: 2 target_dim: 1', layer_type="kCSVInput")

@@ -1,4 +1,4 @@
-"""SoftmaxLoss and EuclideanLoss: metrics, gradients; SINGA's own checkpoints
+"""SoftmaxLoss, EuclideanLoss and MSELoss: metrics, gradients; SINGA's own checkpoints
 (MLP and cnn fixtures) reproduce the test lines SINGA logged."""
 import os
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gradcheck import FORWARD, Source, check_gradients, make_layer
-from singa.errors import DataError
+from singa.errors import ConfigError, DataError
 from singa.proto import common_pb2, job_pb2
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
@@ -72,6 +72,12 @@ def test_softmax_loss_rejects_a_label_outside_the_classes():
         layer.compute_feature(FORWARD, srcs)
 
 
+def test_softmax_loss_refuses_a_source_of_regression_targets():
+    srcs = [Source(np.zeros((2, 3))), Source(np.zeros((2, 1)), labels=[0, 1], grad=False)]
+    srcs[1].targets = np.zeros((2, 1), np.float32)
+    with pytest.raises(ConfigError, match="source 'src' gives regression targets"):
+        make_layer('name: "loss" type: kSoftmaxLoss', srcs)
+
 def test_cudnn_softmax_loss_shows_only_the_loss_and_ignores_scale():
     scores = np.log(np.array([[0.5, 0.5]], np.float32))
     layer, srcs = softmax_loss(scores, [0], "softmaxloss_conf { scale: 3 }", "kCudnnSoftmaxLoss")
@@ -99,6 +105,50 @@ def test_euclidean_loss_gradient_is_that_of_half_the_loss():
         return layer.metrics(FORWARD)["Loss"] / 2
     assert check_gradients(layer, srcs, objective=half_loss) == 12
     np.testing.assert_allclose(srcs[0].grad, (srcs[0].data - srcs[1].data) / 3, rtol=1e-6)
+
+
+def mse(p, t):
+    provider = Source(np.zeros((len(p), 1)), grad=False, name="data")
+    provider.targets = None if t is None else np.asarray(t, np.float32)
+    srcs = [Source(p, name="p"), provider]
+    return make_layer('name: "loss" type: kMSELoss', srcs), srcs
+
+
+def test_mse_loss_is_keras_mean_over_batch_and_outputs_with_mae():
+    rng = np.random.default_rng(1)
+    p, t = rng.standard_normal((5, 3)), rng.standard_normal((5, 3))
+    layer, srcs = mse(p, t)
+    layer.compute_feature(FORWARD, srcs)
+    d = srcs[0].data.astype(np.float64) - srcs[1].targets
+    assert layer.metrics(FORWARD) == pytest.approx({"Loss": np.mean(d ** 2),
+                                                    "mae": np.mean(np.abs(d))}, rel=1e-6)
+    assert layer.metrics(FORWARD) == {}
+
+
+def test_mse_loss_gradient_is_two_differences_over_n_times_k():
+    rng = np.random.default_rng(2)
+    layer, srcs = mse(rng.standard_normal((4, 3)), rng.standard_normal((4, 3)))
+
+    def loss():
+        return layer.metrics(FORWARD)["Loss"]
+    assert check_gradients(layer, srcs, objective=loss) == 12
+    np.testing.assert_allclose(srcs[0].grad, 2 * (srcs[0].data - srcs[1].targets) / 12,
+                               rtol=1e-6)
+
+
+def test_mse_loss_of_one_output_takes_targets_of_shape_n_1():
+    layer, srcs = mse(np.array([[1.0], [3.0]]), [[0.0], [1.0]])
+    layer.compute_feature(FORWARD, srcs)
+    assert layer.metrics(FORWARD) == pytest.approx({"Loss": (1 + 4) / 2, "mae": 1.5})
+
+
+def test_mse_loss_refuses_a_source_without_targets_or_of_another_width():
+    with pytest.raises(ConfigError, match="source 'data' gives no regression targets .*"
+                                          "loss='reconstruction'"):
+        mse(np.zeros((2, 1)), None)
+    with pytest.raises(ConfigError, match=r"prediction 'p' has shape \(2, 3\) but source "
+                                          r"'data' gives targets of shape \(2, 1\)"):
+        mse(np.zeros((2, 3)), np.zeros((2, 1)))
 
 
 def load_checkpoint(path):

@@ -63,8 +63,9 @@ def test_additions_stay_outside_singa_extension_ranges():
                                 "test_at_end": 331},
              job_pb2.ConvolutionProto: {"group": 300}, job_pb2.PoolingProto: {"ceil_mode": 300},
              job_pb2.StoreProto: {"whole_pass": 300, "root_folder": 301, "new_height": 302,
-                                  "new_width": 303, "is_color": 304, "shuffle": 305},
-             job_pb2.RGBImageProto: {"center_crop": 300}}
+                                  "new_width": 303, "is_color": 304, "shuffle": 305,
+                                  "target_dim": 306},
+             job_pb2.RGBImageProto: {"center_crop": 300}, common_pb2.RecordProto: {"target": 300}}
     for msg, fields in added.items():
         for name, number in fields.items():
             assert _field(msg, name).number == number
@@ -98,7 +99,8 @@ def _singa_protos():
 # our fields and values start here
 ADDED = {"BlobProtos": 300, "JobProto": 300, "MsgType": 300, "ClusterProto": 300,
          "ConvolutionProto": 300, "PoolingProto": 300, "StoreProto": 300, "LRNProto": 300,
-         "SoftmaxProto": 300, "RGBImageProto": 300, "LayerType": 700, "LayerProto": 700}
+         "SoftmaxProto": 300, "RGBImageProto": 300, "RecordProto": 300, "LayerType": 700,
+         "LayerProto": 700}
 
 
 def _label(f):

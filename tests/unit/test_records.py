@@ -1,11 +1,13 @@
-"""Record decoding: RecordProto data/pixel, 0.1 Record wrapper, SINGA's shards, count checks."""
+"""Record decoding: RecordProto data/pixel, 0.1 Record wrapper, SINGA's shards, count checks;
+regression targets in the records we write."""
 import os
 import numpy as np
 import pytest
 
-from singa.errors import DataError
+from singa.errors import ConfigError, DataError
 from singa.io.kvfile import KVFile
-from singa.io.records import decode_batch, encode_record, parse_record, record_values
+from singa.io.records import (decode_batch, encode_record, holds_targets, parse_record,
+                              record_values, targets_of, write_records)
 from singa.proto import common_pb2
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
@@ -134,3 +136,50 @@ def test_a_bad_record_of_the_batchs_byte_length_names_its_key(bad, msg):
     assert len(good) == len(bad)
     with pytest.raises(DataError, match=rf"^record 'b' {msg}$"):
         decode_batch([good, bad], 4, [b"a", b"b"])
+
+
+def test_float_targets_ride_in_the_target_field_singa_skips(tmp_path):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    y = np.array([[0.5, -1.25], [2.0, 0.0], [1e-3, 7.0]])
+    path = str(tmp_path / "t.bin")
+    assert write_records(path, x, y) == 3
+    with KVFile(path, "read") as f:
+        pairs = list(iter(f.read, None))
+    # SINGA's RecordProto (fields 1-4) reads the sample and label 0; field 300 is unknown to it
+    singa = common_pb2.RecordProto.FromString(pairs[0][1])
+    assert list(singa.data) == [0, 1] and not singa.HasField("label")
+    targets = np.full((3, 2), np.nan, np.float32)
+    got, _ = decode_batch([v for _, v in pairs], 2, targets_out=targets)
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(targets, y.astype(np.float32))
+
+
+def test_targets_of_n_become_one_per_record_and_integers_are_labels_unless_asked(tmp_path):
+    x = np.zeros((2, 2), np.uint8)
+    write_records(str(tmp_path / "a.bin"), x, np.array([1.5, 2.5]))
+    write_records(str(tmp_path / "b.bin"), x, np.array([3.0, 4.0]))    # integral: labels
+    write_records(str(tmp_path / "c.bin"), x, np.array([3, 4]), target_dim=1)
+    recs = {}
+    for name in "abc":
+        with KVFile(str(tmp_path / f"{name}.bin"), "read") as f:
+            recs[name] = [common_pb2.RecordProto.FromString(v) for _, v in iter(f.read, None)]
+    assert [list(r.target) for r in recs["a"]] == [[1.5], [2.5]]
+    assert [(r.label, list(r.target)) for r in recs["b"]] == [(3, []), (4, [])]
+    assert [list(r.target) for r in recs["c"]] == [[3.0], [4.0]]
+
+
+def test_a_record_without_the_targets_asked_for_names_its_key():
+    with pytest.raises(DataError, match=r"^record 'k1' has 0 targets, expected 2 "
+                                        r"\(store_conf.target_dim\)$"):
+        decode_batch([_rec(data=[1.0], label=3)], 1, [b"k1"],
+                     targets_out=np.zeros((1, 2), np.float32))
+
+
+def test_bad_targets_are_one_line():
+    with pytest.raises(ConfigError, match=r"3 targets for 2 samples"):
+        targets_of(np.zeros(3), 2)
+    with pytest.raises(ConfigError, match="target nan of sample 1 is no finite number"):
+        targets_of(np.array([0.0, np.nan]), 2)
+    assert targets_of(np.array([1, 2]), 2).tolist() == [[1.0], [2.0]]
+    assert holds_targets(np.array([0.5, 1])) and not holds_targets(np.array([0.5, 1]) * 2)
+    assert not holds_targets(np.eye(3)[[0, 2]]) and not holds_targets(np.zeros(2, int))
