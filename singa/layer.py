@@ -3,7 +3,11 @@
 Builders make the LayerProto `layer` SINGA's helper made from the same arguments (names from
 `singa.naming.generate_name`); `singa.model` chains them into a NetProto. Dense and
 Convolution2D built with `activation=` carry the activation's LayerProto as `mask`; RBM carries
-its hidden layer as `bidirect`.
+its hidden layer as `bidirect`. A keyword no builder takes is a ConfigError (SINGA's skipped
+it). Keras' spellings with a SINGA meaning are taken too (Conv2D, Flatten, Input,
+`kernel_size`, `use_bias`, `kernel_initializer`, `input_shape`, ...: docs/python.md); a builder
+given `input_shape` (or Input) records the sample shape it expects, which `check_input_shape`
+compares with the data.
 
 The interactive API: `ComputeFeature(*srclayers)` creates and sets up the engine layer
 (`singa.layers.base.create_layer`; params drawn from their `init`) on first use, then runs it
@@ -12,6 +16,7 @@ and its mask forward in training mode; `ComputeGradient()` runs them backward;
 `Dummy` / `ImageInput` / `LabelInput` feed numpy batches; `save_model_parameter` /
 `load_model_parameter` write and read SINGA checkpoint files.
 """
+import inspect
 import logging
 import math
 import numbers
@@ -35,11 +40,11 @@ from singa.parameter import Parameter, set_param_field
 from singa.proto import job_pb2
 from singa.train.updater import create_updater
 
-__all__ = ["Layer", "Data", "Convolution2D", "MaxPooling2D", "AvgPooling2D", "LRN2D", "Loss",
-           "Activation", "Dropout", "Accuracy", "RGB", "Dense", "Autoencoder", "RBM", "Dummy",
-           "ImageInput", "LabelInput", "LayerUpdater", "save_model_parameter",
-           "load_model_parameter", "Parameter", "set_param_field", "get_init_values",
-           *_naming_names]
+__all__ = ["Layer", "Data", "Convolution2D", "Conv2D", "MaxPooling2D", "AvgPooling2D", "LRN2D",
+           "Loss", "Activation", "Dropout", "Accuracy", "RGB", "Dense", "Flatten", "Input",
+           "Autoencoder", "RBM", "Dummy", "ImageInput", "LabelInput", "LayerUpdater",
+           "check_input_shape", "save_model_parameter", "load_model_parameter", "Parameter",
+           "set_param_field", "get_init_values", *_naming_names]
 
 log = logging.getLogger("singa")
 
@@ -55,22 +60,56 @@ ACTIVATIONS = {
     'tanh': (job_pb2.kActivation, job_pb2.TANH),
 }
 
+#: Keras' initializers that are fixed distributions, as ParamGenProto fields
+FIXED_INITIALIZERS = {
+    'zeros': dict(type=job_pb2.kConstant, value=0),
+    'ones': dict(type=job_pb2.kConstant, value=1),
+    'random_normal': dict(type=job_pb2.kGaussian, mean=0, std=0.05),
+    'random_uniform': dict(type=job_pb2.kUniform, low=-0.05, high=0.05),
+}
+#: Keras' variance-scaling initializers: name -> (s, n, distribution): std sqrt(s/n), or
+#: U(±sqrt(3s/n)), n = fan_in or fan_avg = (fan_in + fan_out)/2 (Keras' normal ones are
+#: truncated, then rescaled to that std; ours draw a plain normal of that std)
+SCALED_INITIALIZERS = {
+    'glorot_uniform': (1, 'fan_avg', 'uniform'), 'glorot_normal': (1, 'fan_avg', 'normal'),
+    'he_uniform': (2, 'fan_in', 'uniform'), 'he_normal': (2, 'fan_in', 'normal'),
+    'lecun_uniform': (1, 'fan_in', 'uniform'), 'lecun_normal': (1, 'fan_in', 'normal'),
+}
+#: (n, distribution) -> (the engine's init type drawing it from the param's shape (rows, cols)
+#: = (fan_out, fan_in), m): with ±sqrt(m·s) (uniform) or std sqrt(m·s) (normal) it draws the
+#: formula above (singa.layers.param.fill); fan_avg normal has none
+FAN_INITS = {('fan_in', 'normal'): (job_pb2.kGaussianSqrtFanIn, 1),
+             ('fan_in', 'uniform'): (job_pb2.kUniformSqrtFanIn, 1),
+             ('fan_avg', 'uniform'): (job_pb2.kUniformSqrtFanInOut, 6)}
+
+_LAYER_FIELDS = frozenset(job_pb2.LayerProto.DESCRIPTOR.fields_by_name)
+_INIT_FIELDS = tuple(job_pb2.ParamGenProto.DESCRIPTOR.fields_by_name)
+
 
 class Layer:
     """A LayerProto `layer` set from keyword fields (named `layer<n>` unless `name` is given)
     and, once it has run, the engine layers behind it.
 
-    Keywords that are no LayerProto field are skipped (builders pass their shortcuts on).
+    Keywords besides the LayerProto fields: the params' shortcuts w_lr, w_wd, b_lr, b_wd,
+    w_<init field>, b_<init field> (set_param_field's), a builder's `keywords`, and:
     `seed` seeds the generator the layer's params and its randomness (dropout) are drawn
     from; by default the CRC-32 of the layer's name, so runs are reproducible. `src` (a list
-    of layers) fixes the sources ComputeFeature reads, whatever it is given.
+    of layers) fixes the sources ComputeFeature reads, whatever it is given. `input_shape`
+    (Keras'): the shape of the samples it reads, a tuple kept as `input_shape` (None if not
+    given). Any other keyword is a ConfigError naming the known ones.
     """
 
-    def __init__(self, **kwargs):
+    #: keywords the builder takes besides its parameters, LayerProto fields and shortcuts
+    keywords = ()
+
+    def __init__(self, input_shape=None, **kwargs):
+        _check_keywords(self, kwargs)
         self.layer = job_pb2.LayerProto()
         setval(self.layer, **kwargs)
         if 'name' not in kwargs:
             self.layer.name = generate_name('layer', 1)
+        self.input_shape = None if input_shape is None else \
+            _sample_shape(type(self).__name__, 'input_shape', input_shape)
         self.is_datalayer = False
         self.srclayers = []
         self.src = kwargs.get('src')
@@ -241,6 +280,8 @@ class Data(Layer):
     mean squared error reads them as targets too).
     """
 
+    keywords = tuple(job_pb2.StoreProto.DESCRIPTOR.fields_by_name)
+
     def __init__(self, load=None, phase='train', checkpoint=None, conf=None, x=None, y=None,
                  batch_size=64, **kwargs):
         if (load is None) == (x is None):
@@ -278,31 +319,83 @@ class Data(Layer):
 
 
 class Convolution2D(Layer):
-    """kCConvolution: `nb_filter` filters of `kernel` (int or (x, y)), `stride`, `pad`; weight
-    Gaussian(0, 0.01) and bias constant 0 unless `init` or w_param/b_param; shortcuts
-    w_lr, w_wd, b_lr, b_wd, w_<init field>, b_<init field>; `activation` → `mask`."""
+    """kCConvolution: `nb_filter` filters of `kernel` (int or (x, y)), `stride` (default 1),
+    `pad` (default 0); weight Gaussian(0, 0.01) and bias constant 0 unless `init` or
+    w_param/b_param; shortcuts w_lr, w_wd, b_lr, b_wd, w_<init field>, b_<init field>;
+    `activation` → `mask` ('linear' or None: none).
 
-    def __init__(self, nb_filter=0, kernel=0, stride=1, pad=0, init=None, w_param=None,
-                 b_param=None, activation=None, **kwargs):
-        _check_positive('Convolution2D', 'nb_filter', nb_filter)
+    Keras' spellings: `kernel_size` and `strides` (int or (rows, cols): y first, the reverse
+    of kernel's pair), `padding` 'valid' (pad 0) or 'same' (pad k//2: odd kernels only; with
+    strides > 1 Keras pads one pixel less before than after), `use_bias=False` (the weight
+    alone), `kernel_initializer` / `bias_initializer` (a name of FIXED_INITIALIZERS or, for
+    the weight, SCALED_INITIALIZERS: glorot_* need the input channels C from `input_shape`
+    (C, H, W), or (H, W) for C = 1).
+    """
+
+    def __init__(self, nb_filter=0, kernel=None, stride=None, pad=None, init=None, w_param=None,
+                 b_param=None, activation=None, kernel_size=None, strides=None, padding=None,
+                 use_bias=True, kernel_initializer=None, bias_initializer=None, **kwargs):
+        name = type(self).__name__
+        _check_positive(name, 'nb_filter', nb_filter)
+        kernel = _alias(name, 'kernel', kernel, 'kernel_size', _yx(kernel_size), 0)
+        stride = _alias(name, 'stride', stride, 'strides', _yx(strides), 1)
         super().__init__(**{'name': generate_name('conv', 1), **kwargs}, type=job_pb2.kCConvolution)
         conf = self.layer.convolution_conf
         conf.num_filters = nb_filter
         _set_xy(conf, 'kernel', kernel)
         _set_xy(conf, 'stride', stride)
+        pad = _alias(name, 'pad', pad, 'padding', _padding(name, padding, kernel), 0)
         _set_xy(conf, 'pad', pad, low=0)
-        self.layer.param.add().CopyFrom(_take(w_param, 'w', True, init or 'gaussian', **kwargs))
-        self.layer.param.add().CopyFrom(_take(b_param, 'b', True, init or 'constant', **kwargs))
-        if activation:
-            self.mask = Activation(activation=activation).layer
+        fans = None
+        if self.input_shape is not None:
+            if len(self.input_shape) not in (2, 3):
+                raise ConfigError(f"{name}: input_shape must be (C, H, W) or (H, W), got "
+                                  f"{self.input_shape}")
+            taps = conf.kernel ** 2 if conf.HasField('kernel') else conf.kernel_x * conf.kernel_y
+            channels = self.input_shape[0] if len(self.input_shape) == 3 else 1
+            fans = (channels * taps, nb_filter * taps)
+        exact = (job_pb2.kGaussianSqrtFanIn, job_pb2.kUniformSqrtFanIn)
+        _add_params(self, True, init, w_param, b_param, use_bias, kernel_initializer,
+                    bias_initializer, fans, exact, kwargs)
+        mask = _mask(activation)
+        if mask is not None:
+            self.mask = mask
+
+
+class Conv2D(Convolution2D):
+    """Keras' Conv2D(filters, kernel_size, strides=1, padding='valid', activation=None,
+    use_bias=True, kernel_initializer=None, bias_initializer=None): Convolution2D by Keras'
+    spellings (its defaults SINGA's: weight Gaussian(0, 0.01), bias 0)."""
+
+    def __init__(self, filters=0, kernel_size=None, strides=None, padding=None, activation=None,
+                 use_bias=True, kernel_initializer=None, bias_initializer=None, **kwargs):
+        super().__init__(filters, kernel_size=kernel_size, strides=strides, padding=padding,
+                         activation=activation, use_bias=use_bias,
+                         kernel_initializer=kernel_initializer,
+                         bias_initializer=bias_initializer, **kwargs)
 
 
 class MaxPooling2D(Layer):
-    """kCPooling MAX over square `pool_size` windows, `stride`; pad 0 (ignore_border) or 1."""
+    """kCPooling MAX over square `pool_size` windows (int or (k, k)), `stride`; pad 0
+    (ignore_border) or 1.
+
+    The default stride: SINGA's 1 when pool_size is given by position, Keras' pool_size when
+    it is given by keyword (`MaxPooling2D(2)`: stride 1; `MaxPooling2D(pool_size=2)`: stride
+    2). Keras' spellings: `strides` (int or (k, k)) and `padding='valid'` (pad 0).
+    """
     method = job_pb2.PoolingProto.MAX
 
-    def __init__(self, pool_size=None, stride=1, ignore_border=True, **kwargs):
+    def __init__(self, size=None, /, stride=None, ignore_border=True, *, pool_size=None,
+                 strides=None, padding=None, **kwargs):
         name = type(self).__name__
+        if size is not None and pool_size is not None:
+            raise ConfigError(f"{name}: give pool_size once (by position or by keyword)")
+        keras = pool_size is not None
+        pool_size = size if pool_size is None else pool_size
+        stride = _alias(name, 'stride', stride, 'strides', strides)
+        if padding not in (None, 'valid'):
+            raise ConfigError(f"{name}: padding must be 'valid' (pad 0; ignore_border=False pads "
+                              f"1), got {padding!r}")
         if isinstance(pool_size, numbers.Integral):
             pool_size = (pool_size, pool_size)
         if not (isinstance(pool_size, (tuple, list)) and len(pool_size) == 2
@@ -310,6 +403,10 @@ class MaxPooling2D(Layer):
             raise ConfigError(f"{name}: pool_size must be an int or a square (k, k), got "
                               f"{pool_size!r}")
         _check_positive(name, 'pool_size', pool_size[0])
+        if stride is None:
+            stride = pool_size[0] if keras else 1
+        if isinstance(stride, (tuple, list)) and len(stride) == 2 and stride[0] == stride[1]:
+            stride = stride[0]
         _check_positive(name, 'stride', stride)
         super().__init__(**{'name': generate_name('pool'), **kwargs}, type=job_pb2.kCPooling)
         setval(self.layer.pooling_conf, pool=self.method, kernel=pool_size[0], stride=stride,
@@ -317,12 +414,14 @@ class MaxPooling2D(Layer):
 
 
 class AvgPooling2D(MaxPooling2D):
-    """kCPooling AVG over square `pool_size` windows, `stride`; pad 0 (ignore_border) or 1."""
+    """kCPooling AVG over square `pool_size` windows, `stride`; pad 0 (ignore_border) or 1;
+    the default stride and Keras' spellings as MaxPooling2D's."""
     method = job_pb2.PoolingProto.AVG
 
 
 class LRN2D(Layer):
     """kLRN over `size` channels: alpha 1, beta 0.75, knorm 1 unless given."""
+    keywords = ('alpha', 'beta', 'knorm')
 
     def __init__(self, size=0, **kwargs):
         _check_positive('LRN2D', 'size', size)
@@ -385,21 +484,61 @@ class RGB(Layer):
 class Dense(Layer):
     """kInnerProduct of `output_dim` outputs: weight Gaussian(0, 0.01) and bias constant 0,
     or both of `init` ('uniform': U(-0.05, 0.05)), or w_param/b_param; shortcuts w_lr,
-    w_wd, b_lr, b_wd, w_<init field>, b_<init field>; `transpose`; `activation` → `mask`."""
+    w_wd, b_lr, b_wd, w_<init field>, b_<init field>; `transpose`; `activation` → `mask`
+    ('linear' or None: none).
 
-    def __init__(self, output_dim=0, activation=None, init=None, w_param=None, b_param=None,
-                 input_dim=None, **kwargs):
+    Keras' spellings: `units` (output_dim), `input_dim` (input_shape (input_dim,)),
+    `use_bias=False` (bias_term false, the weight alone), `kernel_initializer` /
+    `bias_initializer` (a name of FIXED_INITIALIZERS or, for the weight,
+    SCALED_INITIALIZERS: glorot_normal, and any with `transpose`, need `input_shape`).
+    """
+    keywords = ('transpose',)
+
+    def __init__(self, output_dim=None, activation=None, init=None, w_param=None, b_param=None,
+                 input_dim=None, units=None, use_bias=True, kernel_initializer=None,
+                 bias_initializer=None, **kwargs):
+        output_dim = _alias('Dense', 'output_dim', output_dim, 'units', units, 0)
         _check_positive('Dense', 'output_dim', output_dim)
+        if input_dim is not None:
+            kwargs['input_shape'] = _alias('Dense', 'input_shape', kwargs.get('input_shape'),
+                                           'input_dim', (input_dim,))
         # the counter advances even for a named layer: its params are numbered after it
         super().__init__(**{'name': generate_name('layer', 1), **kwargs},
                          type=job_pb2.kInnerProduct)
         self.layer.innerproduct_conf.num_output = output_dim
+        transpose = kwargs.get('transpose', False)
         if 'transpose' in kwargs:
-            self.layer.innerproduct_conf.transpose = kwargs['transpose']
-        self.layer.param.add().CopyFrom(_take(w_param, 'w', False, init or 'gaussian', **kwargs))
-        self.layer.param.add().CopyFrom(_take(b_param, 'b', False, init or 'constant', **kwargs))
-        if activation:
-            self.mask = Activation(activation=activation).layer
+            self.layer.innerproduct_conf.transpose = transpose
+        if not use_bias:
+            self.layer.innerproduct_conf.bias_term = False
+        fans = None if self.input_shape is None else (math.prod(self.input_shape), output_dim)
+        # the weight is (fan_out, fan_in), transposed (fan_in, fan_out)
+        exact = (job_pb2.kUniformSqrtFanInOut,) + (() if transpose else (
+            job_pb2.kGaussianSqrtFanIn, job_pb2.kUniformSqrtFanIn))
+        _add_params(self, False, init, w_param, b_param, use_bias, kernel_initializer,
+                    bias_initializer, fans, exact, kwargs)
+        mask = _mask(activation)
+        if mask is not None:
+            self.mask = mask
+
+
+class Flatten(Layer):
+    """kFlatten: each sample's axes as one, (N, C, H, W) → (N, C·H·W) (Keras' Flatten; a Dense
+    reads its source flattened anyway)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**{'name': generate_name('flatten'), **kwargs}, type=job_pb2.kFlatten)
+
+
+class Input:
+    """Keras' Input(shape=...): no layer, the shape of the samples the model reads, a tuple
+    `input_shape`; a model keeps it aside (`is_input`) for `check_input_shape`."""
+    is_input = True
+    is_datalayer = False
+
+    def __init__(self, shape=None, name='input'):
+        self.input_shape = _sample_shape('Input', 'shape', shape)
+        self.name = name
 
 
 class Autoencoder:
@@ -422,6 +561,9 @@ class RBM(Layer):
     LayerProto: weight w<L>_ shared from w<L>, bias b<L>2 (wd_scale 0); `sampling='gaussian'`
     makes the hidden units Gaussian.
     """
+
+    #: Parameter's keywords: they set both params (SINGA's)
+    keywords = ('lr', 'wd', 'scale', 'low', 'high', 'mean', 'std', 'value')
 
     def __init__(self, out_dim=None, w_param=None, b_param=None, sampling=None, **kwargs):
         self.out_dim = _dims('RBM', 'out_dim', out_dim)
@@ -450,6 +592,27 @@ class RBM(Layer):
             parb = Parameter(name=bname + '2', wd=0, init='constant')
             self.bidirect = RBM(self.out_dim, name='RBMHid', type=job_pb2.kRBMHid,
                                 w_param=parw, b_param=parb, sampling=sampling).layer
+
+
+def check_input_shape(layers, sample_shape, what):
+    """ConfigError when the first of `layers` (builders and Input objects; data layers are
+    skipped) was given an `input_shape` other than `sample_shape`, the shape of the samples
+    fed (an Input and the layer after it both count as first), or when a later layer was given
+    one: only the first layer's is the samples' shape."""
+    shape = tuple(int(d) for d in sample_shape)
+    first = True
+    for ly in layers:
+        if ly.is_datalayer:
+            continue
+        expected = getattr(ly, 'input_shape', None)
+        name = ly.name if getattr(ly, 'is_input', False) else ly.layer.name
+        if expected is not None and not first:
+            raise ConfigError(f"{what}: layer '{name}' has an input_shape {expected}, but it is "
+                              f"not the first layer: only the first one's is the samples' shape")
+        if expected is not None and expected != shape:
+            raise ConfigError(f"{what}: samples of shape {shape} do not match input_shape "
+                              f"{expected} of layer '{name}'")
+        first = getattr(ly, 'is_input', False)
 
 
 # --- updating, saving and loading the interactive layers ---------------------------------------
@@ -560,6 +723,126 @@ def _stored_params(neuralnet, what):
                                   f"'{ly.layer.name}' and an earlier one)")
             params[name] = p
     return params
+
+
+def _check_keywords(builder, kwargs):
+    """ConfigError naming the first of `kwargs` that the Layer `builder` does not take
+    (setval and set_param_field would skip it without a word)."""
+    for key in kwargs:
+        role, _, field = key.partition('_')
+        if key in _LAYER_FIELDS or key in ('seed', 'src') or key in builder.keywords or (
+                role in ('w', 'b') and field in ('lr', 'wd') + _INIT_FIELDS):
+            continue
+        params = inspect.signature(type(builder).__init__).parameters.values()
+        own = [p.name for p in params if p.name not in ('self', 'input_shape')
+               and p.kind not in (p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
+        raise ConfigError(f"{type(builder).__name__}: unknown keyword {key!r} (known: "
+                          f"{', '.join(own + list(builder.keywords) + ['input_shape'])}, seed, "
+                          f"src, w_/b_<lr|wd|{'|'.join(_INIT_FIELDS)}>, LayerProto fields)")
+
+
+def _alias(builder, name, value, keras_name, keras_value, default=None):
+    """SINGA's argument `name` or Keras' spelling `keras_name` of it, whichever is given (not
+    None): both is a ConfigError; neither gives `default`."""
+    if keras_value is None:
+        return default if value is None else value
+    if value is not None:
+        raise ConfigError(f"{builder}: give {name} or {keras_name}, not both")
+    return keras_value
+
+
+def _yx(value):
+    """Keras' (rows, cols) as SINGA's pair (x, y); anything else as it is."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return (value[1], value[0])
+    return value
+
+
+def _padding(builder, padding, kernel):
+    """Keras' `padding` as SINGA's pad for `kernel` (int or (x, y)): 'valid' 0, 'same' k//2
+    on each axis (odd k: the output is ceil(size/stride) as Keras'); None for None."""
+    if padding is None or padding == 'valid':
+        return None if padding is None else 0
+    if padding != 'same':
+        raise ConfigError(f"{builder}: padding must be 'valid' or 'same', got {padding!r}")
+    pair = (kernel, kernel) if isinstance(kernel, numbers.Integral) else kernel
+    if any(k % 2 == 0 for k in pair):
+        raise ConfigError(f"{builder}: padding 'same' needs an odd kernel (SINGA pads both "
+                          f"sides alike; Keras pads an even one unequally), got {kernel!r}")
+    return kernel // 2 if isinstance(kernel, numbers.Integral) else (pair[0] // 2, pair[1] // 2)
+
+
+def _sample_shape(builder, arg, value):
+    """`value` (an int or a sequence of positive ints) as a tuple."""
+    shape = (value,) if isinstance(value, numbers.Integral) else value
+    if not (isinstance(shape, (tuple, list)) and shape
+            and all(isinstance(d, numbers.Integral) and d > 0 for d in shape)):
+        raise ConfigError(f"{builder}: {arg} must be a tuple of positive ints (a sample's "
+                          f"shape, e.g. (784,)), got {value!r}")
+    return tuple(int(d) for d in shape)
+
+
+def _mask(activation):
+    """The activation LayerProto after a layer: none for None and Keras' 'linear'."""
+    if activation is None or activation == 'linear':
+        return None
+    return Activation(activation=activation).layer
+
+
+def _add_params(ly, changename, init, w_param, b_param, use_bias, kernel_initializer,
+                bias_initializer, fans, exact, kwargs):
+    """Append the weight and (with `use_bias`) the bias ParamProto to Dense or Convolution2D
+    `ly`: from w_param/b_param, Keras' initializers (`fans`, `exact`: _keras_param's) or
+    `init` (default: weight 'gaussian', bias 'constant'), with the shortcuts in `kwargs`."""
+    builder = type(ly).__name__
+    for par, keras_name, keras_value in ((w_param, 'kernel_initializer', kernel_initializer),
+                                         (b_param, 'bias_initializer', bias_initializer)):
+        for name, value in (('init', init), ('w_param' if par is w_param else 'b_param', par)):
+            if value is not None and keras_value is not None:
+                raise ConfigError(f"{builder}: give {name} or {keras_name}, not both")
+    w = _keras_param(builder, 'kernel_initializer', kernel_initializer, fans, exact) or w_param
+    ly.layer.param.add().CopyFrom(_take(w, 'w', changename, init or 'gaussian', **kwargs))
+    if not use_bias:
+        given = [k for k, v in (('b_param', b_param), ('bias_initializer', bias_initializer))
+                 if v is not None] + [k for k in kwargs if k.startswith('b_')]
+        if given:
+            raise ConfigError(f"{builder}: use_bias=False makes no bias; drop {given[0]}")
+        return
+    b = _keras_param(builder, 'bias_initializer', bias_initializer) or b_param
+    ly.layer.param.add().CopyFrom(_take(b, 'b', changename, init or 'constant', **kwargs))
+
+
+def _keras_param(builder, arg, name, fans=None, exact=None):
+    """A Parameter drawn as Keras' initializer `name` (None: None) for `arg`: FIXED_INITIALIZERS'
+    fields, or (a weight's: `exact` not None) a SCALED_INITIALIZERS formula by FAN_INITS' init
+    type where it is among `exact` (the types exact for this param's shape), else by bounds
+    from `fans` (fan_in, fan_out; None where unknown: a ConfigError)."""
+    if name is None:
+        return None
+    par = Parameter(init='none')
+    if name in FIXED_INITIALIZERS:
+        setval(par.param.init, **FIXED_INITIALIZERS[name])
+        return par
+    if name not in SCALED_INITIALIZERS or exact is None:
+        known = list(FIXED_INITIALIZERS) + (list(SCALED_INITIALIZERS) if exact is not None else [])
+        raise ConfigError(f"{builder}: {arg} must be one of {', '.join(known)}, got {name!r}")
+    s, n, distribution = SCALED_INITIALIZERS[name]
+    init_type, m = FAN_INITS.get((n, distribution), (None, 0))
+    if init_type in exact:
+        a = math.sqrt(m * s)
+        fields = dict(mean=0, std=a) if distribution == 'normal' else dict(low=-a, high=a)
+        setval(par.param.init, type=init_type, **fields)
+        return par
+    if fans is None:
+        raise ConfigError(f"{builder}: {arg} {name!r} needs the layer's fan_in and fan_out: give "
+                          f"input_shape (the shape of the samples it reads)")
+    count = fans[0] if n == 'fan_in' else (fans[0] + fans[1]) / 2
+    if distribution == 'normal':
+        setval(par.param.init, type=job_pb2.kGaussian, mean=0, std=math.sqrt(s / count))
+    else:
+        a = math.sqrt(3 * s / count)
+        setval(par.param.init, type=job_pb2.kUniform, low=-a, high=a)
+    return par
 
 
 def _check_positive(builder, arg, value):

@@ -6,8 +6,8 @@ from singa.layer import LayerUpdater, setval
 from singa.proto import job_pb2
 
 __all__ = ["Store", "Algorithm", "Updater", "SGD", "AdaGrad", "Nesterov", "RMSProp", "AdaDelta",
-           "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "COMPUTED", "LOSSES", "updater_of",
-           "loss_of", "as_list", "put_device"]
+           "RMSprop", "Adadelta", "Adam", "AdamMax", "Cluster", "OPTIMIZERS", "COMPUTED", "LOSSES",
+           "updater_of", "loss_of", "as_list", "put_device"]
 
 
 class Store:
@@ -110,6 +110,11 @@ class AdaDelta(Updater):
                  **fields):
         super().__init__(job_pb2.kAdaDelta, lr, lr_type, decay, 0, step, step_lr,
                          adadelta_conf=job_pb2.AdaDeltaProto(rho=rho), **fields)
+
+
+#: Keras' spellings
+RMSprop = RMSProp
+Adadelta = AdaDelta
 
 
 class Adam(Updater):

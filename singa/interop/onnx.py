@@ -135,11 +135,11 @@ def _four_d(b, op):
 
 def _convolution(b, op):
     kh, kw, ph, pw, sh, sw = window(op.conf.convolution_conf)
-    w, bias = op.params
+    w, *bias = op.params      # no bias: a conv without one (use_bias=False)
     f, group = w.shape[0], op.conf.convolution_conf.group
     c = op.in_shapes[0][1] if len(op.in_shapes[0]) == 4 else 1
-    names = [b.const(op.param_names[0], w.reshape(f, c // group, kh, kw)),
-             b.const(op.param_names[1], bias)]
+    names = [b.const(op.param_names[0], w.reshape(f, c // group, kh, kw))] + \
+        [b.const(name, a) for name, a in zip(op.param_names[1:], bias)]
     b.node("Conv", [_four_d(b, op)] + names, op.name, kernel_shape=[kh, kw],
            pads=[ph, pw, ph, pw], strides=[sh, sw], group=group)
 

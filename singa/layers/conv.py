@@ -113,6 +113,7 @@ class ConvolutionLayer(Layer):
     by (i, j), in (c, i, j) order; per tap, gW sums g·(x shifted) over the samples in order,
     then over the pixels (np.sum); gx adds W·g back per tap, in scan order (`group_conv*` of
     each kernel module, all adding in these orders: the same bits).
+    A conf that lists one param has W alone (Keras' use_bias=False): no b, y[n] = W·col(x[n]).
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
     channels get a zero gradient from it).
@@ -138,9 +139,12 @@ class ConvolutionLayer(Layer):
         oh, ow = out_size(self, h, kh, ph, sh), out_size(self, w, kw, pw, sw)
         self.chw, self.pad, self.kernel, self.stride = (c, h, w), (ph, pw), (kh, kw), (sh, sw)
         k = c * kh * kw
-        self.weight, self.bias = self.params = make_params(
-            self, {"weight": (f, k // g), "bias": (f,)})
-        mark_pieces(self, {self.weight: 0, self.bias: 0})
+        shapes = {"weight": (f, k // g)}
+        if len(self.conf.param) != 1:
+            shapes["bias"] = (f,)
+        self.params = make_params(self, shapes)
+        self.weight, self.bias = (self.params + [None])[:2]
+        mark_pieces(self, dict.fromkeys(self.params, 0))
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.kernels = kernels.choose(self.device)
@@ -155,6 +159,8 @@ class ConvolutionLayer(Layer):
         self.direct = (self.conf.convolution_conf.group > 1
                        and (c // g) * (f // g) <= DIRECT_GROUP)
         if self.direct:
+            # the direct kernels add a bias: zeros for a layer without one
+            self._zero_bias = self.xp.zeros(f, np.float32) if self.bias is None else None
             self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4, is_host(self.data))
             self._cols, self.transposed = None, False
             return
@@ -227,7 +233,8 @@ class ConvolutionLayer(Layer):
 
     def _direct_forward(self, x, i, slot):
         rows = self.chunks[i]
-        self.kernels.group_conv(self.xp.ascontiguousarray(x[rows]), self._w5(), self.bias.data,
+        self.kernels.group_conv(self.xp.ascontiguousarray(x[rows]), self._w5(),
+                                self._zero_bias if self.bias is None else self.bias.data,
                                 *self.pad, *self.stride, self.data[rows])
 
     def _forward(self, x, i, slot):
@@ -237,13 +244,17 @@ class ConvolutionLayer(Layer):
             b, f = y.shape[:2]
             np.matmul(self.weight.data, x[rows].reshape(b, self.chw[0], -1),
                       out=y.reshape(b, f, -1))
-            y += self.bias.data[:, None, None]
+            if self.bias is not None:
+                y += self.bias.data[:, None, None]
             return
         col = self._col(x, i, slot)
         f, b, g = self.data.shape[1], col.shape[3], self.group
         out = self._scratch[slot, b]["gt"]
         _matmul(self._gw(), col.reshape(g, self._k, -1), out.reshape(g, f // g, -1))
-        np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
+        if self.bias is None:
+            np.copyto(self.data[rows], out.transpose(1, 0, 2, 3))
+        else:
+            np.add(out.transpose(1, 0, 2, 3), self.bias.data[:, None, None], out=self.data[rows])
 
     def _col(self, x, i, slot):
         """Chunk i's col: im2col of its samples, padded, into its kept buffer or the thread's."""
@@ -256,10 +267,11 @@ class ConvolutionLayer(Layer):
 
     def compute_gradient(self, flag, srclayers):
         n, f = self.data.shape[:2]
-        if flag & job_pb2.kAggGrad:
-            self.bias.grad += self.grad.sum(axis=(0, 2, 3))
-        else:
-            np.sum(self.grad, axis=(0, 2, 3), out=self.bias.grad)
+        if self.bias is not None:
+            if flag & job_pb2.kAggGrad:
+                self.bias.grad += self.grad.sum(axis=(0, 2, 3))
+            else:
+                np.sum(self.grad, axis=(0, 2, 3), out=self.bias.grad)
         x = self._input(srclayers) if self._cols is None else None
         gsrc = srclayers[0].grad_for(self)
         gx = None

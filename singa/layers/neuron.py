@@ -47,8 +47,10 @@ def mark_pieces(layer, axes):
 class InnerProductLayer(Layer):
     """y = x·Wᵀ + b (y = x·W with transpose); gW = gᵀ·x (xᵀ·g); gb = Σ_n g; gx = g·W (g·Wᵀ).
 
-    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose. On
-    partition_dim 1 this partition computes its rows of M: W and b are pieces of the whole.
+    x is the source flattened to (N, D); W is (M, D), or (D, M) with transpose. Without
+    `bias_term` (SINGA ignored the field; Keras' use_bias=False) there is no b: y = x·Wᵀ and the
+    conf lists W alone. On partition_dim 1 this partition computes its rows of M: W and b are
+    pieces of the whole.
     """
 
     capturable = True
@@ -64,9 +66,12 @@ class InnerProductLayer(Layer):
         self.hdim = partitioned(self, self.conf.innerproduct_conf.num_output)
         self.transpose = self.conf.innerproduct_conf.transpose
         wshape = (self.vdim, self.hdim) if self.transpose else (self.hdim, self.vdim)
-        self.weight, self.bias = self.params = make_params(
-            self, {"weight": wshape, "bias": (self.hdim,)})
-        mark_pieces(self, {self.weight: int(self.transpose), self.bias: 0})
+        shapes = {"weight": wshape}
+        if self.conf.innerproduct_conf.bias_term:
+            shapes["bias"] = (self.hdim,)
+        self.params = make_params(self, shapes)
+        self.weight, self.bias = (self.params + [None])[:2]
+        mark_pieces(self, {p: axis for p, axis in zip(self.params, (int(self.transpose), 0))})
         self.data = self.xp.zeros((n, self.hdim), np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
 
@@ -74,7 +79,8 @@ class InnerProductLayer(Layer):
         x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
         w = self.weight.data
         threads.matmul(x, w if self.transpose else w.T, self.data)
-        self.data += self.bias.data
+        if self.bias is not None:
+            self.data += self.bias.data
 
     def compute_gradient(self, flag, srclayers):
         src = srclayers[0]
@@ -82,10 +88,12 @@ class InnerProductLayer(Layer):
         g, w = self.grad, self.weight.data
         if flag & job_pb2.kAggGrad:
             # BPTT: unrolled copies share one gradient, so each adds its part.
-            self.bias.grad += g.sum(axis=0)
+            if self.bias is not None:
+                self.bias.grad += g.sum(axis=0)
             self.weight.grad += np.dot(x.T, g) if self.transpose else np.dot(g.T, x)
         else:
-            np.sum(g, axis=0, out=self.bias.grad)
+            if self.bias is not None:
+                np.sum(g, axis=0, out=self.bias.grad)
             if self.transpose:
                 threads.matmul(x.T, g, self.weight.grad)
             else:

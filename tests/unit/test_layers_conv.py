@@ -154,6 +154,28 @@ def test_convolution_results_do_not_depend_on_the_thread_count(monkeypatch, chan
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("channels, filters, window, path", [
+    (2, 6, dict(kernel=3, pad=1), "col2im"),
+    (4, 2, dict(kernel=3, pad=1), "transposed"),
+    (2, 4, dict(kernel=1), "pointwise"),
+    (4, 4, dict(kernel=3, pad=1, group=4), "direct")])
+def test_a_convolution_with_one_param_has_no_bias(channels, filters, window, path):
+    side = 28 if path == "pointwise" else 5
+    src = Source(np.random.default_rng(0).standard_normal((2, channels, side, side)))
+    conf = conv_conf(num_filters=filters, **window).replace(' param { name: "b" }', '')
+    layer = make_layer(conf, [src])
+    assert len(layer.params) == 1 and layer.bias is None
+    assert {"col2im": not (layer.transposed or layer.pointwise or layer.direct),
+            "transposed": layer.transposed, "pointwise": layer.pointwise,
+            "direct": layer.direct}[path]
+    layer.compute_feature(FORWARD, [src])
+    if "group" not in window:
+        k, p = window["kernel"], window.get("pad", 0)
+        want = direct_conv(src.data, layer.params[0].data, 0, k, k, p, p, 1, 1)
+        np.testing.assert_allclose(layer.data, want, rtol=1e-4, atol=1e-4)
+    check_gradients(layer, [src])
+
+
 def test_convolution_treats_a_3d_input_as_one_channel():
     src = Source(np.random.default_rng(0).standard_normal((2, 5, 5)))
     layer = make_layer(conv_conf(kernel=3), [src])

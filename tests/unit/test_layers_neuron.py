@@ -57,6 +57,26 @@ def test_innerproduct_splits_outputs_over_partitions_on_dim_1():
     assert layer.data.shape == (2, 2) and layer.params[0].shape == (2, 6)
 
 
+@pytest.mark.parametrize("transpose", [False, True])
+def test_innerproduct_without_bias_term_has_w_alone(transpose):
+    src = Source(inputs((3, 2, 5)))
+    conf = ('name: "ip" type: kInnerProduct innerproduct_conf { num_output: 4 bias_term: false '
+            f'{"transpose: true" if transpose else ""} }} param {{ name: "w" }}')
+    layer = make_layer(conf, [src])
+    (w,) = layer.params
+    layer.compute_feature(FORWARD, [src])
+    x = src.data.reshape(3, 10)
+    np.testing.assert_allclose(layer.data, x @ (w.data if transpose else w.data.T),
+                               rtol=1e-5, atol=1e-6)
+    assert check_gradients(layer, [src]) == 30 + 40
+    layer.compute_gradient(BACKWARD | job_pb2.kAggGrad, [src])
+
+
+def test_innerproduct_without_bias_term_refuses_a_bias_param():
+    with pytest.raises(ConfigError, match="layer 'ip' .* has 1 param, but its conf lists 2"):
+        make_layer(IP.format(extra="bias_term: false"), [Source(inputs((2, 3)))])
+
+
 def test_innerproduct_without_params_names_the_layer():
     with pytest.raises(ConfigError, match="layer 'ip' needs 2 param entries"):
         make_layer('name: "ip" type: kInnerProduct innerproduct_conf { num_output: 4 }',

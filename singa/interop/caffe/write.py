@@ -124,14 +124,16 @@ def _convolution(op, model, batch, four_d):
     p = layer.convolution_param
     cc = op.conf.convolution_conf
     kh, kw = window(cc)[:2]
-    w, b = op.params
+    w, *b = op.params     # no b: a conv without a bias (use_bias=False)
     p.num_output = cc.num_filters
+    if not b:
+        p.bias_term = False
     if cc.group != 1:
         p.group = cc.group
     _window(p, cc, repeated=True)
     if op.type == "Convolution":
         w = w.reshape(w.shape[0], -1, kh, kw)
-    return [(layer, [w, b])]
+    return [(layer, [w] + b)]
 
 
 def _pooling(op, model, batch, four_d):
@@ -154,12 +156,14 @@ def _pooling(op, model, batch, four_d):
 
 def _inner_product(op, model, batch, four_d):
     layer = _layer(op, "InnerProduct")
-    w, b = op.params
+    w, *b = op.params     # no b: bias_term false
     transpose = op.conf.innerproduct_conf.transpose
     layer.inner_product_param.num_output = w.shape[1] if transpose else w.shape[0]
     if transpose:
         layer.inner_product_param.transpose = True
-    return [(layer, [w, b])]
+    if not b:
+        layer.inner_product_param.bias_term = False
+    return [(layer, [w] + b)]
 
 
 def _plain(kind):
