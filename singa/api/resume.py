@@ -17,13 +17,17 @@ from singa.proto import job_pb2
 def continue_from(job, params, same_data):
     """A second fit of a model whose params (the last fit's) are the checkpoint file `params`:
     when they lie in `job`'s workspace, `job` trains its train_steps more from their step
-    (returned), reading data other than the last fit's (not `same_data`) from their start;
-    else None (a model moved to another workspace starts afresh there)."""
+    (returned), its displays, validations and tests counted from there too (`*_after`: each
+    pass's end with epochs), reading data other than the last fit's (not `same_data`) from
+    their start; else None (a model moved to another workspace starts afresh there)."""
     if params is None or checkpoint.folder(job.cluster.workspace) != \
             os.path.dirname(os.path.abspath(params)):
         return None
     start = checkpoint.parse_step_worker(os.path.basename(params))[0]
     job.train_steps += start
+    job.disp_after += start
+    job.validate_after += start
+    job.test_after += start
     job.new_data = not same_data
     return start
 

@@ -118,7 +118,30 @@ def test_validation_split_holds_out_the_last_samples(tmp_path, train):
 
 def test_epochs_are_passes_over_numpy_data(tmp_path, train):
     h = mlp(tmp_path / "ws").fit(*train, epochs=2, batch_size=100, seed=1, progress=False)
-    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [0, 10]
+    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [9, 19]
+
+
+def test_epochs_log_each_pass_s_train_mean_and_its_end_s_validation(tmp_path, train, test):
+    """History.history with epochs= is Keras': per pass the mean of its steps' train metrics
+    (the steps' own losses: a run displaying every step) and the validation of the params at
+    its end, aligned; a second fit logs its own passes alike."""
+    m = mlp(tmp_path / "a")
+    h = m.fit(*train, epochs=3, batch_size=100, validation_data=test, seed=1, progress=False)
+    each = mlp(tmp_path / "b").fit(*train, epochs=3, batch_size=100, validation_data=test,
+                                   disp_freq=1, seed=1, progress=False)
+    losses = [v["loss"] for _, v in each["train"]]
+    assert len(losses) == 30
+    assert h.history["loss"] == pytest.approx([np.mean(losses[k:k + 10])
+                                               for k in (0, 10, 20)], rel=1e-9)
+    assert [s for s, _ in h["train"]] == [9, 19, 29]
+    assert [s for s, _ in h["validation"]] == [10, 20, 30]
+    assert h.history["val_loss"] == each.history["val_loss"]
+    assert h.history["val_loss"][-1] == pytest.approx(m.evaluate(*test, verbose=0)["loss"],
+                                                      rel=1e-6)
+    again = m.fit(*train, epochs=2, batch_size=100, validation_data=test, seed=1,
+                  progress=False)
+    assert [s for s, _ in again["train"]] == [39, 49]
+    assert [s for s, _ in again["validation"]] == [40, 50]
 
 
 def test_a_second_fit_continues_from_the_params_the_first_left(tmp_path, train):
