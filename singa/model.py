@@ -266,12 +266,13 @@ class Model:
         start = None if resume else continue_from(job, self.last_checkpoint_path,
                                                   _same_data(fed, self.fed))
         callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
-                                  if self.lr_schedule is not None else []) + list(callbacks), self)
+                                  if self.lr_schedule is not None else []) + list(callbacks), self,
+                                 epochs, start or 0)
         callbacks.configure(job)
         self.best_monitor = job.checkpoint_keep_best or None
         job = session.prepare(job)
         snap = resume_point(job, resume, start, self.last_checkpoint_path)
-        history = session.train(job, snap or resume, verbose, progress, callbacks.begin(),
+        history = session.train(job, snap or resume, verbose, progress, callbacks.begin(snap),
                                 self.zookeeper_host)
         if history.snapshots:
             self.last_checkpoint_path = history.snapshots[-1][1]

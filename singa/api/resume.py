@@ -17,12 +17,16 @@ from singa.proto import job_pb2
 def continue_from(job, params, same_data):
     """A next fit of a model whose params (its last fit's, or those `load_model` read) are the
     checkpoint file `params` (None: afresh): `job` trains its train_steps more from their
-    step (returned), reading data other than the last fit's (not `same_data`) from their
-    start."""
+    step (returned), its displays, validations and tests counted from there too (`*_after`:
+    each pass's end with epochs), reading data other than the last fit's (not `same_data`)
+    from their start."""
     if params is None:
         return None
     start = checkpoint.parse_step_worker(os.path.basename(params))[0]
     job.train_steps += start
+    job.disp_after += start
+    job.validate_after += start
+    job.test_after += start
     job.new_data = not same_data
     return start
 
@@ -31,25 +35,26 @@ def resume_point(job, resume, start=None, params=None):
     """The snapshot the prepared `job` continues from, checked, or None: with `resume`, the
     newest in its workspace (None: a fresh start), which must leave steps to train; else, for
     a next fit whose params are those of step `start` (`continue_from`), the checkpoint
-    file `params`, that snapshot: in the workspace it must be the newest; elsewhere (a saved
-    model's folder) it is read there. A workspace without a checkpoint folder is a
-    CheckpointError here, as fit has always had it (`newest_snapshot`: none)."""
+    file `params`, that snapshot, wherever it is (a saved model's folder; an older one of
+    the workspace, as EarlyStopping's restore_best_weights leaves: the run goes on from it as
+    a run of its own, `checkpoint.start_run`, so that a resume continues it). A workspace
+    without a checkpoint folder is a CheckpointError here, as fit has always had it
+    (`newest_snapshot`: none)."""
     if not resume and start is None:
         return None
     folder = checkpoint.folder(job.cluster.workspace)
-    if start is not None and os.path.dirname(os.path.abspath(params)) != folder:
-        return check_resumable(job, checkpoint.snapshot_at(
-            os.path.dirname(os.path.abspath(params)), start))
+    if start is not None:
+        where = os.path.dirname(os.path.abspath(params))
+        snap = checkpoint.snapshot_at(where, start)
+        if where == folder and any(sw[0] > start for sw in map(
+                checkpoint.parse_step_worker, os.listdir(folder)) if sw):
+            checkpoint.start_run(folder)
+        return check_resumable(job, snap)
     snap = checkpoint.latest_snapshot(folder, job.cluster.nworkers_per_group, this_run=True)
     if resume and snap is not None and snap.step >= job.train_steps:
         raise ConfigError(f"fit(resume=True): the newest snapshot is at step {snap.step}, "
                           f"and nb_epoch {job.train_steps} (the step to reach) leaves "
                           f"nothing to train: give nb_epoch > {snap.step}")
-    if start is not None and (snap is None or snap.step != start):
-        found = "none" if snap is None else f"step {snap.step}"
-        raise ConfigError(f"fit: the model's params are those of step {start} ({params}), but "
-                          f"the newest snapshot in {folder} is {found}: fit(..., resume=True) "
-                          f"continues from the newest; a new model starts afresh")
     return check_resumable(job, snap)
 
 

@@ -59,10 +59,10 @@ def train_steps(nb_epoch, epochs, per_pass, from_conf):
 def plan(job, fields, steps, per_pass, with_test, validating, from_conf, streams):
     """Set `job` (its net built) to train `steps` steps (0: as a conf's job says), displaying,
     validating (`validating`) and testing (`with_test`, when its net has test data) every pass
-    (`per_pass` steps) or every tenth of the steps, unless `fields` (the JobProto fields fit
-    was told) say otherwise: data given to fit (numpy, or iterables written in `streams`) are
-    tested and validated whole, unless steps are asked for. A model's conf (`from_conf`) keeps
-    its own display and tests."""
+    (`per_pass` steps: at its end, `pass_ends`) or every tenth of the steps, unless `fields`
+    (the JobProto fields fit was told) say otherwise: data given to fit (numpy, or iterables
+    written in `streams`) are tested and validated whole, unless steps are asked for. A
+    model's conf (`from_conf`) keeps its own display and tests."""
     if steps:
         job.train_steps = steps
     every = per_pass or max(1, job.train_steps // 10)
@@ -82,7 +82,19 @@ def plan(job, fields, steps, per_pass, with_test, validating, from_conf, streams
         job.test_freq = fields.get('test_freq', job.test_freq or every)
     elif not from_conf:
         job.test_steps = 0
+    if per_pass:
+        pass_ends(job, fields, per_pass)
     job.test_at_end = True      # the History ends with the test of the params returned
+
+
+def pass_ends(job, fields, per_pass):
+    """fit(epochs=...): what runs once a pass (`per_pass` steps) runs at its end, as Keras
+    logs an epoch: the display after the pass's last step (the mean over the pass: a display
+    averages the steps since the one before), the validation and the test before the next
+    pass's first step (the last pass's: test_at_end), unless `fields` give its `*_after`."""
+    for kind, after in (('disp', per_pass - 1), ('validate', per_pass), ('test', per_pass)):
+        if getattr(job, f'{kind}_freq') == per_pass and f'{kind}_after' not in fields:
+            setattr(job, f'{kind}_after', after)
 
 
 def check_loss(job):

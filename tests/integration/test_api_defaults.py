@@ -119,7 +119,30 @@ def test_validation_split_holds_out_the_last_samples(tmp_path, train):
 
 def test_epochs_are_passes_over_numpy_data(tmp_path, train):
     h = mlp(tmp_path / "ws").fit(*train, epochs=2, batch_size=100, seed=1, progress=False)
-    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [0, 10]
+    assert h.snapshots[-1][0] == 20 and [s for s, _ in h["train"]] == [9, 19]
+
+
+def test_epochs_log_each_pass_s_train_mean_and_its_end_s_validation(tmp_path, train, test):
+    """History.history with epochs= is Keras': per pass the mean of its steps' train metrics
+    (the steps' own losses: a run displaying every step) and the validation of the params at
+    its end, aligned; a second fit logs its own passes alike."""
+    m = mlp(tmp_path / "a")
+    h = m.fit(*train, epochs=3, batch_size=100, validation_data=test, seed=1, progress=False)
+    each = mlp(tmp_path / "b").fit(*train, epochs=3, batch_size=100, validation_data=test,
+                                   disp_freq=1, seed=1, progress=False)
+    losses = [v["loss"] for _, v in each["train"]]
+    assert len(losses) == 30
+    assert h.history["loss"] == pytest.approx([np.mean(losses[k:k + 10])
+                                               for k in (0, 10, 20)], rel=1e-9)
+    assert [s for s, _ in h["train"]] == [9, 19, 29]
+    assert [s for s, _ in h["validation"]] == [10, 20, 30]
+    assert h.history["val_loss"] == each.history["val_loss"]
+    assert h.history["val_loss"][-1] == pytest.approx(m.evaluate(*test, verbose=0)["loss"],
+                                                      rel=1e-6)
+    again = m.fit(*train, epochs=2, batch_size=100, validation_data=test, seed=1,
+                  progress=False)
+    assert [s for s, _ in again["train"]] == [39, 49]
+    assert [s for s, _ in again["validation"]] == [40, 50]
 
 
 def test_a_second_fit_continues_from_the_params_the_first_left(tmp_path, train):
@@ -310,6 +333,55 @@ def test_model_checkpoint_keeps_the_best_and_best_loads_it(tmp_path, train, test
         pytest.approx(best, abs=1e-12)
 
 
+def test_keras_epoch_hooks_see_what_the_history_logs_per_epoch(tmp_path, train, test):
+    logs = []
+    cb = LambdaCallback(on_epoch_end=lambda epoch, values: logs.append((epoch, values)))
+    h = mlp(tmp_path / "ws").fit(*train, epochs=3, batch_size=100, validation_data=test,
+                                 callbacks=[cb], seed=1, progress=False)
+    assert [e for e, _ in logs] == [0, 1, 2]
+    for name in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        assert [v[name] for _, v in logs] == h.history[name]
+    with pytest.raises(ConfigError, match=r"LambdaCallback.on_epoch_end needs fit\(epochs="):
+        mlp(tmp_path / "b").fit(*train, nb_epoch=10, callbacks=[cb], progress=False)
+
+
+def test_callbacks_that_could_never_act_are_one_line_before_training(tmp_path, train, test):
+    m = mlp(tmp_path / "ws")
+    for cb in (EarlyStopping('val_loss'), ModelCheckpoint('val_accuracy')):
+        with pytest.raises(ConfigError, match=f"{type(cb).__name__}: monitor "
+                                              f"'validation/.*' needs validation data"):
+            m.fit(*train, nb_epoch=10, callbacks=[cb], progress=False)
+    with pytest.raises(ConfigError, match="monitor 'test/loss' needs test data"):
+        m.fit(*train, nb_epoch=10, validation_data=test, callbacks=[EarlyStopping('test_loss')],
+              progress=False)
+    assert not os.path.exists(tmp_path / "ws" / "checkpoint")
+    m.fit(*train, nb_epoch=10, seed=1, progress=False)
+    for run in (lambda: m.evaluate(*test, checkpoint_path='best'),
+                lambda: m.predict(test[0], checkpoint_path='best')):
+        with pytest.raises(CheckpointError, match='"best": no complete snapshot recording a '
+                                                  'test or validation metric'):
+            run()
+
+
+def test_early_stopping_restores_the_params_of_its_best_validation(tmp_path, train, test):
+    """lr 0.5: the validation loss is best at step 20, worse at 30 and 40 (patience 1 used
+    up): after the stop the model's params are step 20's snapshot, which predict, evaluate,
+    save and a further fit use."""
+    stop = EarlyStopping('val_loss', patience=1, restore_best_weights=True)
+    m = mlp(tmp_path / "ws", optimizer=SGD(lr=0.5, momentum=0.9))
+    h = m.fit(*train, epochs=10, batch_size=100, validation_data=test, callbacks=[stop],
+              seed=1, progress=False)
+    best = min(v["loss"] for _, v in h["validation"])
+    assert (stop.best_step, stop.stopped_step) == (20, 40) and stop.best == best
+    assert h.snapshots[-1][0] > 40
+    assert checkpoint.parse_step_worker(os.path.basename(m.last_checkpoint_path)) == (20, 0)
+    assert m.evaluate(*test, verbose=0)["loss"] == pytest.approx(best, rel=1e-6)
+    assert m.evaluate(*test, checkpoint_path='best', verbose=0)["loss"] == \
+        pytest.approx(best, rel=1e-6)
+    again = m.fit(*train, epochs=1, batch_size=100, progress=False)   # Keras': from the best
+    assert [s for s, _ in again["train"]] == [29] and again.snapshots[-1][0] == 30
+
+
 def test_a_learning_rate_schedule_is_the_job_s_fixed_step_table(tmp_path, train):
     a = mlp(tmp_path / "a")
     a.fit(*train, nb_epoch=20, seed=6, progress=False,
@@ -413,7 +485,7 @@ def test_a_loaded_model_fits_on_from_its_step_and_optimizer_state(tmp_path, trai
     loaded = load_model(str(tmp_path / "saved"))
     h = loaded.fit(x, y, nb_epoch=10, batch_size=50, disp_freq=5, progress=False,
                    callbacks=[LambdaCallback(on_step_end=lambda step, _: heard.append(step))])
-    assert heard == [15, 20] and [s for s, _ in h["train"]] == [15, 20]
+    assert heard == [12, 17] and [s for s, _ in h["train"]] == [12, 17]
     assert h.snapshots[-1][0] == 22
     m.fit(x.copy(), y, nb_epoch=10, batch_size=50, progress=False)   # other data: from start
     assert params(loaded.last_checkpoint_path) == params(m.last_checkpoint_path)
