@@ -25,24 +25,27 @@ from google.protobuf import text_format
 from singa import checkpoint, naming
 from singa.api import feed, saved, schedule, session
 from singa.api.builders import (  # noqa: F401  (SINGA's names, re-exported)
-    LOSSES, OPTIMIZERS, SGD, AdaDelta, AdaGrad, Adam, AdamMax, Algorithm, Cluster, Nesterov,
-    RMSProp, Store, Updater)
+    LOSSES, OPTIMIZERS, SGD, AdaDelta, Adadelta, AdaGrad, Adam, AdamMax, Algorithm, Cluster,
+    Nesterov, RMSProp, RMSprop, Store, Updater)
 from singa.api.builders import as_list, loss_of, put_device, updater_of
 from singa.api.resume import continue_from, resume_point
+from singa.api.summary import summary_lines
 from singa.callbacks import CallbackList, LearningRateScheduler
 from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
 from singa.job import config
-from singa.layer import (Accuracy, Data, Dense, Layer, Loss, enumAlgType,
+from singa.layer import (Accuracy, Data, Dense, Layer, Loss, check_input_shape, enumAlgType,
                         generate_name, load_model_parameter, save_model_parameter, setval)
 from singa.layer import *  # noqa: F401,F403  (SINGA's `from singa.model import *` gives them)
 from singa.parameter import Parameter
 from singa.proto import job_pb2
 from singa.watch.metrics import History
 
-__all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD", "AdaGrad",
-           "Nesterov", "RMSProp", "AdaDelta", "Adam", "AdamMax", "Cluster", "History", "Parameter", "load_model_parameter", "save_model_parameter"]
+__all__ = ["Model", "load_model", "Sequential", "Energy", "Store", "Algorithm", "Updater", "SGD",
+           "AdaGrad", "Nesterov", "RMSProp", "RMSprop", "AdaDelta", "Adadelta", "Adam",
+           "AdamMax", "Cluster", "History", "Parameter", "load_model_parameter",
+           "save_model_parameter"]
 __all__ += [name for name in dir() if name[:1].isupper() and name not in __all__
             and isinstance(globals()[name], type) and globals()[name].__module__ == "singa.layer"]
 
@@ -63,6 +66,7 @@ class Model:
         self.jobconf = job_pb2.JobProto(name=name)
         self.jobconf.train_one_batch.alg = enumAlgType(self.default_alg)
         self.layers = []
+        self.inputs = []          # Keras' Input objects: a sample shape, no layer
         self.label = label
         self.argv = argv
         self.result = None
@@ -82,7 +86,11 @@ class Model:
     def add(self, layer):
         """Append `layer`; a Data layer whose name was generated is added as a copy named where
         it joins (`data<n>`, the model's counter), as SINGA's helper named it in a fresh
-        process, wherever the script made it: its reader position resumes by that name."""
+        process, wherever the script made it: its reader position resumes by that name. A
+        Keras `Input(shape=)` adds no layer: the samples fed are checked against its shape."""
+        if getattr(layer, 'is_input', False):
+            self.inputs.append(layer)
+            return
         if getattr(layer, 'generated_name', False):
             layer = feed.copy_data(layer)
             layer.layer.name = generate_name('data')
@@ -201,6 +209,24 @@ class Model:
     def display(self):
         """Print the JobProto as text."""
         print(text_format.MessageToString(self.jobconf))
+
+    def summary(self):
+        """Print Keras' summary of the net: each layer's output shape per sample and params,
+        and the totals. A model without a Data layer takes the sample shape of its `Input`
+        or first layer's `input_shape`."""
+        if self.conf_net is not None or any(item.is_datalayer for item in self.layers):
+            print("\n".join(summary_lines(self.build())))
+            return
+        shape = next((ly.input_shape for ly in self.inputs + self.layers
+                      if getattr(ly, 'input_shape', None)), None)
+        if shape is None:
+            raise ConfigError("summary: the model has no data yet: give its first layer "
+                              "input_shape=(...) or add Input(shape=(...))")
+        self.layers.insert(0, Data(x=np.zeros((1,) + tuple(shape), np.float32), batch_size=1))
+        try:
+            print("\n".join(summary_lines(self.build())))
+        finally:
+            memory.release(self.layers.pop(0).layer.store_conf.path)
 
     # --- running ------------------------------------------------------------------------------
     def fit(self, data_or_x=None, y=None, nb_epoch=0, batch_size=None, with_test=False,
@@ -430,6 +456,8 @@ class Model:
         protos = [p for item in self.layers for p in (item.layer, getattr(item, 'mask', None))
                   if p is not None]
         feed.check_input(own, protos if self.conf_net is None else self.conf_net.layer, what)
+        if hasattr(own, 'samples') and self.conf_net is None:
+            check_input_shape(self.inputs + self.layers, own.samples[0], what)
         if self.conf_net is not None:
             self.conf_net = feed.put_conf_data(self.conf_net, own, phase)
         else:
