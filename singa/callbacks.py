@@ -27,7 +27,7 @@ from singa.proto import job_pb2
 from singa.train.worker import every
 
 __all__ = ["Callback", "CallbackList", "LambdaCallback", "EarlyStopping", "ModelCheckpoint",
-           "LearningRateScheduler", "monitor_name"]
+           "LearningRateScheduler", "EpochLines", "StepLines", "monitor_name"]
 
 #: the most learning-rate changes a LearningRateScheduler writes into the job
 MAX_LR_CHANGES = 100000
@@ -435,3 +435,33 @@ class LearningRateScheduler(Callback):
         del conf.fixedstep_conf.step[:], conf.fixedstep_conf.step_lr[:]
         conf.fixedstep_conf.step.extend(steps)
         conf.fixedstep_conf.step_lr.extend(lrs)
+
+
+class EpochLines(Callback):
+    """fit(verbose=2) with epochs: Keras' line per epoch on stdout, "Epoch 2/5 - loss: 0.4121 -
+    accuracy: 0.8750 - val_loss: ..."."""
+
+    def __init__(self, epochs):
+        self.epochs = epochs
+
+    def on_epoch_end(self, epoch, logs):
+        print(f"Epoch {epoch + 1}/{self.epochs} - "
+              + " - ".join(f"{k}: {v:.4f}" for k, v in logs.items()), flush=True)
+
+
+class StepLines(Callback):
+    """fit(verbose=2) with nb_epoch (steps): a line per display and per test or validation on
+    stdout, "Step 200/1000 - loss: 0.4121 - accuracy: 0.8750"."""
+
+    def configure(self, job):
+        self.steps = job.train_steps
+
+    def on_step_end(self, step, metrics):
+        self._line(step + 1, "", metrics)
+
+    def on_test_end(self, step, phase, metrics):
+        self._line(step, LOG_PREFIX[phase], metrics)
+
+    def _line(self, step, prefix, metrics):
+        print(f"Step {step}/{self.steps} - "
+              + " - ".join(f"{prefix}{k}: {v:.4f}" for k, v in metrics.items()), flush=True)

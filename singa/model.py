@@ -30,7 +30,7 @@ from singa.api.builders import (  # noqa: F401  (SINGA's names, re-exported)
 from singa.api.builders import as_list, loss_of, put_device, updater_of
 from singa.api.resume import continue_from, resume_point
 from singa.api.summary import summary_lines
-from singa.callbacks import CallbackList, LearningRateScheduler
+from singa.callbacks import CallbackList, EpochLines, LearningRateScheduler, StepLines
 from singa.cluster import launch
 from singa.errors import ConfigError
 from singa.io import memory
@@ -263,8 +263,9 @@ class Model:
         of your own). `disp_freq`: train metrics every so many steps (default as test_freq);
         `checkpoint_freq`: a snapshot every so many steps (one is written at the end in any
         case). `alg`: 'bp' (default), 'bptt' or 'cd'. Other keywords set JobProto fields
-        (`seed`, `checkpoint_path`, ...). `verbose` logs SINGA's lines to stderr; `progress`
-        shows a progress bar. `device`: GPU ids, e.g. [0] (SINGA's helper's; the job's `gpu`).
+        (`seed`, `checkpoint_path`, ...). `verbose`: Keras' 0 (silent), 1 (a progress bar)
+        or 2 (a line per epoch on stdout), or SINGA's helper's True (its log lines on stderr)
+        and False (default: a progress bar, as `progress` says). `device`: GPU ids, e.g. [0] (SINGA's helper's; the job's `gpu`).
         A model loaded by `from_conf` trains as its conf says (nb_epoch 0: its train_steps;
         its tests) unless told otherwise."""
         if execpath:
@@ -291,9 +292,10 @@ class Model:
                        steps_per_epoch)
         start = None if resume else continue_from(job, self.last_checkpoint_path,
                                                   _same_data(fed, self.fed))
+        verbose, progress, lines = _verbosity(verbose, progress, epochs)
         callbacks = CallbackList(([LearningRateScheduler(self.lr_schedule)]
-                                  if self.lr_schedule is not None else []) + list(callbacks), self,
-                                 epochs, start or 0)
+                                  if self.lr_schedule is not None else []) + list(callbacks)
+                                 + lines, self, epochs, start or 0)
         callbacks.configure(job)
         self.best_monitor = job.checkpoint_keep_best or None
         job = session.prepare(job)
@@ -605,6 +607,10 @@ def _add_accuracy(net, top, data):
 def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_split):
     """fit's (x, y to train, data to validate): SINGA's `data=` keyword (in `fields`) for the
     first argument, validation_data alias validate_data, or Keras' validation_split."""
+    for key in ('class_weight', 'sample_weight'):
+        if key in fields:
+            raise ConfigError(f"fit: {key} (Keras') has no SINGA meaning: the loss layers "
+                              f"weigh every sample alike; repeat the samples to weigh")
     if 'data' in fields:        # SINGA's name of the first argument
         if data_or_x is not None:
             raise ConfigError("fit: give the data once (data_or_x or data=)")
@@ -618,6 +624,19 @@ def _fit_data(data_or_x, y, fields, validate_data, validation_data, validation_s
             raise ConfigError("fit: give validation_split or validation_data, not both")
         data_or_x, y, validate_data = feed.split(data_or_x, y, validation_split)
     return data_or_x, y, validate_data
+
+
+def _verbosity(verbose, progress, epochs):
+    """fit's (SINGA's log lines, a progress bar, callbacks printing lines) of its `verbose`:
+    True / False SINGA's helper's (its log lines on stderr, or not; the bar as `progress`
+    says), or Keras' 0 (silent), 1 (a bar), 2 (a line per epoch, or per display)."""
+    if isinstance(verbose, bool):
+        return verbose, progress, []
+    if verbose not in (0, 1, 2):
+        raise ConfigError(f"fit: verbose must be 0 (silent), 1 (a progress bar), 2 (a line "
+                          f"per epoch) or True (SINGA's log lines), got {verbose!r}")
+    lines = [] if verbose != 2 else [EpochLines(epochs) if epochs else StepLines()]
+    return False, progress and verbose == 1, lines
 
 
 def _say_stopped(history):

@@ -39,7 +39,9 @@ class TextConf:
         self.lines = {}
 
     def fail(self, line, what):
-        raise ConfigError(f"{self.path}:{line + self.line_offset}: {what}")
+        """A ConfigError naming the file and `line`; one line, not chained to an error being
+        handled (a user's mistake shows no traceback of ours)."""
+        raise ConfigError(f"{self.path}:{line + self.line_offset}: {what}") from None
 
     def parse(self, msg, allow_unknown_extension=False):
         """Parse into `msg`, then check required fields and what `check` checks."""

@@ -636,3 +636,21 @@ def test_a_second_fit_on_other_data_reads_them_from_their_start(tmp_path, train,
     assert h["train"][0][1]["loss"] == pytest.approx(loss, rel=1e-5)
     again = m.fit(iter([(x, y)]), nb_epoch=10, batch_size=50, disp_freq=10, progress=False)
     assert again.snapshots[-1][0] == 40
+
+
+def test_fit_verbose_as_keras_0_silent_1_bar_2_a_line_per_epoch(tmp_path, train, capfd):
+    x, y = train
+    m = mlp(tmp_path / "ws")
+    m.fit(x, y, epochs=2, batch_size=100, validation_split=0.2, verbose=2)
+    out, err = capfd.readouterr()
+    lines = out.splitlines()
+    assert [line.split(" - ")[0] for line in lines] == ["Epoch 1/2", "Epoch 2/2"], out
+    assert all(re.fullmatch(r"Epoch \d/2 - loss: [\d.]+ - accuracy: [\d.]+ - val_loss: "
+                            r"[\d.]+ - val_accuracy: [\d.]+", line) for line in lines), out
+    assert "it/s" not in err and "step/s" not in err     # no bar
+    m.fit(x, y, epochs=1, batch_size=100, verbose=0)
+    assert capfd.readouterr() == ("", "")
+    with pytest.raises(ConfigError, match="verbose must be 0 .* got 3"):
+        m.fit(x, y, epochs=1, verbose=3)
+    with pytest.raises(ConfigError, match="class_weight .* has no SINGA meaning"):
+        m.fit(x, y, epochs=1, class_weight={0: 2.0})

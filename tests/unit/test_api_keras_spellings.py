@@ -307,3 +307,57 @@ def _input(x):
     src = Dummy()
     src.Feed(x.shape, x, None)
     return src
+
+
+# --- the model's side: Input, input_shape, summary -----------------------------------------
+
+def conv_model(tmp_path):
+    from singa.model import Cluster, Flatten, Input, MaxPooling2D, Sequential
+    m = Sequential('keras-cnn')
+    m.add(Input(shape=(1, 28, 28)))
+    m.add(Conv2D(8, kernel_size=3, activation='relu'))
+    m.add(MaxPooling2D(pool_size=2))
+    m.add(Flatten())
+    m.add(Dense(10, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer='rmsprop',
+              cluster=Cluster(str(tmp_path / "ws")))
+    return m
+
+
+def test_model_summary_gives_keras_table_from_input_shape(tmp_path, capsys):
+    conv_model(tmp_path).summary()
+    out = capsys.readouterr().out
+    assert "(8, 26, 26)" in out and "(8, 13, 13)" in out and "(1352,)" in out
+    assert f"Total params: {8 * 9 + 8 + 1352 * 10 + 10:,}" in out
+
+
+def test_samples_that_do_not_match_input_shape_are_refused_before_training(tmp_path):
+    m = conv_model(tmp_path)
+    x = np.zeros((10, 784), np.float32)
+    with pytest.raises(ConfigError, match=r"^fit: samples of shape \(784,\) do not match "
+                                          r"input_shape \(1, 28, 28\)"):
+        m.fit(x, np.zeros(10, int), nb_epoch=1, progress=False)
+
+
+def test_a_model_without_data_or_input_shape_says_so_in_summary(tmp_path):
+    from singa.model import Cluster, Sequential
+    m = Sequential('bare')
+    m.add(Dense(10))
+    m.compile(optimizer='sgd', cluster=Cluster(str(tmp_path / "ws")))
+    with pytest.raises(ConfigError, match="summary: the model has no data yet"):
+        m.summary()
+
+
+def test_a_gpu_error_of_the_conf_check_is_not_chained(monkeypatch):
+    """device=[0] without CuPy: one ConfigError, not "During handling of the above
+    exception" over our own traceback."""
+    from singa import device
+    from singa.job import config
+
+    def no_gpu(ids):
+        raise ConfigError("training on a GPU needs CuPy")
+    monkeypatch.setattr(device, "check", no_gpu)
+    with pytest.raises(ConfigError, match="needs CuPy") as e:
+        config.parse_job('name: "j" neuralnet {} train_one_batch { alg: kBP } '
+                         'updater { type: kSGD } cluster { workspace: "/tmp/x" } gpu: 0', "j.conf")
+    assert e.value.__suppress_context__
