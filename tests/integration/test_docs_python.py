@@ -19,7 +19,9 @@ DOC = os.path.join(singa.HOME, "docs", "python.md")
 KEEP = {"stop.stopped_step": "h_callbacks = h",
         "checkpoint_path='best')": "best = _",
         "m.save('fashion-model')": "saved = m",
-        "k.evaluate(chunks(x_test, y_test))": "h_stream = h"}
+        "k.evaluate(chunks(x_test, y_test))": "h_stream = h",
+        "h['test'][-1]": "h_first = h",
+        "h.history['val_accuracy']": "h_keras = h"}
 
 #: run after the doc's cells, in its kernel: facts of the doc's own variables
 PROBE = """\
@@ -39,6 +41,10 @@ print(json.dumps({
     "stream_file": os.path.isfile("keras/data/train-stream.bin"),
     "stream_snapshot": h_stream.snapshots[-1][0],
     "records": count_records("kvfile", "fashion-train.bin"),
+    "first_test": h_first["test"][-1],
+    "keras_val_accuracy": h_keras.history["val_accuracy"],
+    "keras_validated_at": [s for s, _ in h_keras["validation"]],
+    "last_validation": validations[-1],
 }))
 """
 
@@ -80,13 +86,25 @@ def test_every_python_block_of_the_doc_runs_in_order_in_a_real_kernel(tmp_path, 
 
     # evaluate prints one line: 10 batches of a Data layer (SINGA's test_steps), every sample
     # of numpy data and of an iterable of batches
-    evaluated = re.findall(r"Test @ step (\d+) on (\d+) (batches|samples):  loss = [\d.]+, "
+    evaluated = re.findall(r"Test @ step (\d+) on (\d+) (batches|samples):  loss = ([\d.]+), "
                            r"accuracy = ([\d.]+)", streams)
     assert [e[:3] for e in evaluated] == [("30", "10", "batches"), ("300", "10000", "samples"),
                                           ("314", "10000", "samples"),
                                           (evaluated[3][0], "2000", "samples"),
                                           ("627", "10000", "samples")], evaluated
     assert all(float(acc) > 0.75 for *_, acc in evaluated[1:]), evaluated
+    # the figures the doc quotes in its comments are those the blocks print
+    with open(DOC) as f:
+        quoted = re.findall(r"# Test @ step (\d+) on (\d+) (batches|samples):  loss = "
+                            r"([\d.]+)\.\.\., accuracy = ([\d.]+)", f.read())
+    assert len(quoted) >= 4, quoted
+    printed = {e[:3]: e[3:] for e in evaluated}
+    for *key, loss, accuracy in quoted:
+        assert tuple(key) in printed, (key, evaluated)
+        got_loss, got_accuracy = printed[tuple(key)]
+        assert got_loss.startswith(loss), (key, loss, got_loss)
+        assert round(float(got_accuracy), len(accuracy) - 2) == float(accuracy), \
+            (key, accuracy, got_accuracy)
     assert re.search(r"Loss = [\d.]+, accuracy = [\d.]+", streams)   # the layers' display()
 
     facts = json.loads(text_of(nb.cells[-1].outputs[-1]))
@@ -96,6 +114,23 @@ def test_every_python_block_of_the_doc_runs_in_order_in_a_real_kernel(tmp_path, 
     # ModelCheckpoint kept the best snapshot, and evaluate(checkpoint_path='best') scored it
     assert facts["best_evaluated"] == pytest.approx(facts["best_accuracy"], abs=1e-12), facts
     assert int(evaluated[3][0]) in facts["best_steps"], (evaluated, facts)
+    # the doc's comments quote these
+    doc = open(DOC).read()
+    step, loss, acc = re.search(r"# \((\d+), \{'loss': ([\d.]+)\.\.\., 'accuracy': ([\d.]+)\}\)",
+                                doc).groups()
+    assert facts["first_test"][0] == int(step) and \
+        str(facts["first_test"][1]["loss"]).startswith(loss) and \
+        round(facts["first_test"][1]["accuracy"], len(acc) - 2) == float(acc), facts
+    accs, at = re.search(r"# \[([\d., ]+)\]: steps (\d+ and \d+)", doc).groups()
+    assert [round(a, 4) for a in facts["keras_val_accuracy"]] == \
+        [float(a) for a in accs.split(", ")], facts
+    assert facts["keras_validated_at"] == [int(a) for a in at.split(" and ")], facts
+    stopped, vstep, loss, acc = re.search(
+        r"# \((\d+), \((\d+), \{'loss': ([\d.]+)\.\.\., 'accuracy': ([\d.]+)\}\)\)", doc).groups()
+    assert facts["stopped_step"] == int(stopped) and facts["last_validation"][0] == int(vstep)
+    assert str(facts["last_validation"][1]["loss"]).startswith(loss) and \
+        round(facts["last_validation"][1]["accuracy"], len(acc) - 2) == float(acc), facts
+    assert f"(step {facts['last_snapshot']} above)" in doc, facts
     # load_model's predictions are those of the model saved
     assert facts["loaded_predicts_as_saved"]
     # the generator went to a kvfile once, and the second fit went on from step 314
