@@ -12,6 +12,15 @@ round the processes.
 `--load N` runs N CPU-burning processes during the whole measurement, and first a job that
 nobody kills for `--calm` s under that load: no process may report another lost (a false
 alarm). Needs Debian's zookeeper (bin/zk-service.sh) and writes under a temporary folder.
+
+    .venv/bin/python bench/bench_notice.py --rejoin [--kills 3] [--freeze 5]
+
+`--rejoin` (issue 46): the same job elastic (max_restarts 1, a snapshot every 1,000 steps), one
+worker process stopped cleanly per job, SIGTERM, then a freeze of `--freeze` s (SIGSTOP, then
+SIGCONT), the bench restarting it with -rejoin once it has exited (as bin/singa-run.sh does):
+seconds from the signal to the server process's `Process N rejoined the job` line, and the
+steps the job trained meanwhile without its group (its `leave at step` and `rejoined ... at
+step` lines); a process that does not rejoin within REJOIN_WAIT s is counted so.
 """
 import argparse
 import os
@@ -37,16 +46,31 @@ DRIVER = {"ours": "from singa.driver import main",
                             "from singa.driver import main"}
 REPORT = re.compile(r"^E(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*\] (process \d+ of job \d+ .*); stopping$",
                     re.M)
+LEFT = re.compile(r"^W\S+ \S+ .*\] process (\d+) of job .*: its worker groups leave at step (\d+)",
+                  re.M)
+REJOINED = re.compile(r"^I(\d{4} \d\d:\d\d:\d\d\.\d{6}) .*\] Process (\d+) rejoined the job at "
+                      r"step (\d+)", re.M)
+#: seconds a stopped process may take to rejoin (the survivors wait 60 s, then stop)
+REJOIN_WAIT = 75
 
 
-def job_conf(folder):
-    """The fixture MLP as a Downpour job of 3 processes that trains until it is killed."""
-    return fixture_job(folder, (("train_steps: 200", "train_steps: 10000000"),
+def job_conf(folder, elastic=False):
+    """The fixture MLP as a Downpour job of 3 processes that trains until it is killed;
+    `elastic`: its worker processes restart alone (max_restarts 1, a snapshot every 1,000
+    steps to resume from)."""
+    path = fixture_job(folder, (("train_steps: 200", "train_steps: 10000000"),
                                 ("test_freq: 100", "test_freq: 0"),
-                                ("checkpoint_freq: 100", "checkpoint_freq: 0"),
+                                ("checkpoint_freq: 100",
+                                 f"checkpoint_freq: {1000 if elastic else 0}"),
                                 ("disp_freq: 20", "disp_freq: 50"),
                                 ("cluster { nworker_groups: 1",
                                  "cluster { server_worker_separate: true nworker_groups: 2")))
+    if elastic:
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write("max_restarts: 1\n" + text)
+    return path
 
 
 def free_port():
@@ -84,13 +108,20 @@ class Job:
         env = dict(os.environ, **{ENV: secret})
         self.logs = [os.path.join(folder, f"job{self.id}-{i}.log") for i in range(3)]
         code = DRIVER[side] + "\nimport sys\nsys.exit(main(sys.argv[1:]))"
-        self.procs = []
-        for log in self.logs:
-            with open(log, "w") as out:
-                self.procs.append(subprocess.Popen(
-                    [sys.executable, "-c", code, "-conf", conf, "-singa_conf", singa_conf,
-                     "-singa_job", str(self.id)], cwd=HOME, env=env, stdout=out,
-                    stderr=subprocess.STDOUT))
+        self.command = [sys.executable, "-c", code, "-conf", conf, "-singa_conf", singa_conf,
+                        "-singa_job", str(self.id)]
+        self.env, self.procs = env, []
+        for i in range(3):
+            self.procs.append(self.start(i, self.command))
+
+    def start(self, i, command):
+        with open(self.logs[i], "a") as out:
+            return subprocess.Popen(command, cwd=HOME, env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+
+    def rejoin(self, i, pid):
+        """Restart process `pid` (started `i`-th) with -rejoin, its log after the old one's."""
+        self.procs[i] = self.start(i, self.command + ["-procs_id", str(pid), "-rejoin"])
 
     def texts(self):
         return [open(log).read() for log in self.logs]
@@ -148,6 +179,40 @@ def kill_one(side, victim, sig, conf, singa_conf, zk, folder):
     return max(noticed)
 
 
+def stop_one(how, freeze, victim, conf, singa_conf, zk, folder):
+    """Stop worker process `victim` of an elastic job (`how`: "TERM", or "STOP" for `freeze`
+    s), restart it with -rejoin once it has exited; (seconds from the signal to the server
+    process's line that it rejoined, steps the job trained without it), or None when it did
+    not rejoin within REJOIN_WAIT s."""
+    job = Job("ours", conf, singa_conf, zk, folder)
+    try:
+        index = job.wait_training()
+        time.sleep(0.5)
+        proc = job.procs[index[victim]]
+        if how == "STOP":
+            proc.send_signal(signal.SIGSTOP)
+            stopped = time.time()
+            time.sleep(freeze)
+            proc.send_signal(signal.SIGCONT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+            stopped = time.time()
+        server = index[2]
+        deadline, restarted = stopped + REJOIN_WAIT, False
+        while time.time() < deadline and job.procs[server].poll() is None:
+            if not restarted and proc.poll() is not None:    # exited: restart it alone
+                job.rejoin(index[victim], victim)
+                restarted = True
+            rejoined = REJOINED.search(job.texts()[server])
+            if rejoined:
+                left = LEFT.search(job.texts()[server])
+                return stamp(rejoined[1]) - stopped, int(rejoined[3]) - int(left[2])
+            time.sleep(0.1)
+        return None
+    finally:
+        job.close()
+
+
 def calm(seconds, conf, singa_conf, zk, folder):
     """Lines of a job nobody kills, after `seconds` of training, that report a loss."""
     job = Job("ours", conf, singa_conf, zk, folder)
@@ -171,7 +236,12 @@ def main():
                     help="seconds of an unkilled job under --load (false alarms)")
     ap.add_argument("--signal", default="KILL", choices=["KILL", "STOP"],
                     help="SIGKILL, or SIGSTOP (a frozen process)")
+    ap.add_argument("--rejoin", action="store_true",
+                    help="an elastic job: time to rejoin after SIGTERM and after a freeze")
+    ap.add_argument("--freeze", type=float, default=5.0, help="seconds of the --rejoin freeze")
     args = ap.parse_args()
+    if args.rejoin:
+        return rejoins(args.kills, args.freeze)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(args.load)]
     try:
@@ -203,6 +273,34 @@ def main():
     ours, zk = (statistics.median(t) for t in times.values())
     print(f"ours / ZooKeeper only (medians): {ours / zk:.2f}; target: ours within 5 s, max "
           f"{max(times['ours']):.2f} s")
+
+
+def rejoins(kills, freeze):
+    """`--rejoin`: `kills` jobs per way of stopping, the victim turning round the two worker
+    processes; a row per way."""
+    ways = {"SIGTERM": ("TERM", 0), f"SIGSTOP {freeze:g} s, SIGCONT": ("STOP", freeze)}
+    results = {way: [] for way in ways}
+    with tempfile.TemporaryDirectory() as folder, ZooKeeper(folder) as zk:
+        conf = job_conf(folder, elastic=True)
+        singa_conf = os.path.join(folder, "singa.conf")
+        with open(singa_conf, "w") as f:
+            f.write(f'zookeeper_host: "{zk.hosts}"\nlog_dir: "{folder}/log/"\n')
+        for i in range(kills):
+            for way, (how, seconds) in ways.items():
+                got = stop_one(how, seconds, i % 2, conf, singa_conf, zk, folder)
+                results[way].append(got)
+                print(f"{way} {i + 1:2d} to process {i % 2}: " + (
+                    f"rejoined after {got[0]:5.2f} s, {got[1]} steps without it" if got
+                    else f"not rejoined within {REJOIN_WAIT} s"), flush=True)
+    print(f"\n{os.cpu_count()} cpus, {kills} jobs per row, one worker process of each stopped")
+    print(f"{'stop to rejoin':26s} {'median s':>9s} {'max s':>7s} {'steps without it':>17s} "
+          f"{'not rejoined':>13s}")
+    for way, got in results.items():
+        ok = [g for g in got if g is not None]
+        times = f"{statistics.median(t for t, _ in ok):9.2f} {max(t for t, _ in ok):7.2f}" \
+            if ok else f"{'-':>9s} {'-':>7s}"
+        steps = f"{statistics.median(n for _, n in ok):17.0f}" if ok else f"{'-':>17s}"
+        print(f"{way:26s} {times} {steps} {len(got) - len(ok):13d}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,9 @@ class ClusterRuntime:
     """What a job's process asks of its cluster runtime; `job_id` names the job."""
 
     job_id = -1
+    #: this registration of the process, larger for each restart of a procs id in the job (set
+    #: by `register_proc`): a late message of an earlier one is told from it
+    incarnation = 0
 
     def reserve_proc(self, procs_id=None):
         """This process's procs id in the job (before it has an endpoint): `procs_id` when
@@ -208,12 +211,14 @@ class ZKClusterRuntime(ClusterRuntime):
                     time.monotonic() < deadline:
                 time.sleep(0.2)
         try:
-            zk.wait(zk.client.create_async(node, f"{endpoint}|{pid}".encode(), ephemeral=True,
-                                           acl=self.acl), "create proc node")
+            _, stat = zk.wait(zk.client.create_async(node, f"{endpoint}|{pid}".encode(),
+                                                     ephemeral=True, acl=self.acl,
+                                                     include_data=True), "create proc node")
         except NodeExistsError:
             raise ClusterError(f"procs id {procs_id} of job {self.job_id} is already registered "
                                f"in ZooKeeper at {zk.hosts}") from None
         self.procs_id = procs_id
+        self.incarnation = stat.czxid   # ZooKeeper's transaction ids only grow
         return procs_id
 
     def proc_endpoint(self, procs_id, timeout=None):

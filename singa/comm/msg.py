@@ -20,7 +20,7 @@ from singa.proto import common_pb2
 kGet, kPut, kUpdate, kStop = common_pb2.kGet, common_pb2.kPut, common_pb2.kUpdate, common_pb2.kStop
 kRGet, kRUpdate = common_pb2.kRGet, common_pb2.kRUpdate
 kRPut, kState, kRState = common_pb2.kRPut, common_pb2.kState, common_pb2.kRState
-kError, kSnapshot = common_pb2.kError, common_pb2.kSnapshot
+kError, kSnapshot, kConnect = common_pb2.kError, common_pb2.kSnapshot, common_pb2.kConnect
 kSyncRequest, kSyncResponse = common_pb2.kSyncRequest, common_pb2.kSyncResponse
 kData, kMetric = common_pb2.kData, common_pb2.kMetric
 kWorkerParam, kWorkerLayer = common_pb2.kWorkerParam, common_pb2.kWorkerLayer

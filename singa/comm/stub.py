@@ -10,6 +10,12 @@ local executor; `run` then returns it as (type name, message). A process on its 
 every other stub (`farewell`: a kStop from stub to stub, with its proc-done mark), so that its
 dropped connection is known for an end, not a loss, without ZooKeeper. Which processes are
 lost, ended or away (an elastic job) is the stub's `membership.Membership`.
+
+In a job of several processes a local worker joins its servers as the stub starts (kConnect)
+and says farewell (kStop) when it ends on its own (its last step, or a snapshot the job stops
+after), both with this process's `incarnation`; a worker the stub stops (a signal, a failure,
+a lost ZooKeeper session) did not finish and says none: its process may restart and rejoin,
+and its servers wait for it.
 """
 import logging
 import math
@@ -36,7 +42,7 @@ class Stub:
                  stop_servers_with_workers=True, farewells=None, nprocs=1, members=None):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
         the Peer connection to another process's stub (of `nprocs`); `farewells` maps a local
-        worker to the servers told (kStop from it) when it stops. `members`: the Membership
+        worker to the servers it joins and says farewell to. `members`: the Membership
         of the job's processes (elastic ones among them; None: none is)."""
         self.nprocs = nprocs
         self.members = members or Membership()
@@ -55,6 +61,8 @@ class Stub:
         self.poll_ms = poll_ms
         self.requests = queue.SimpleQueue()     # (what, arg[, procs id]) from other threads
         self.error = None
+        self.halted = False         # the stub stopped the executors: no farewell to the servers
+        self.incarnation = 0        # this registration of the process (the cluster runtime's)
         self.heard = time.monotonic()           # when the last message arrived
 
     def stop(self):
@@ -99,6 +107,7 @@ class Stub:
     def run(self):
         """Route until every local executor has stopped; the first failure, or None."""
         log.info("Stub in process starts")
+        self.tell_servers(m.kConnect)
         while self.workers > 0 or self.servers > 0:
             try:
                 msg = self.router.receive(self.poll_ms)
@@ -205,8 +214,8 @@ class Stub:
                 self.servers -= 1
             else:
                 self.workers -= 1
-                for server in self.farewells.get(msg.src, ()):
-                    self.send(m.Msg(msg.src, server, m.kStop))
+                if not self.halted:
+                    self.tell_servers(m.kStop, msg.src)
         elif t == m.kError:
             self.handle_error(msg)
         elif t in self.table.requests:
@@ -256,8 +265,18 @@ class Stub:
                 self.peers(pid).send(m.Msg(self.address(0), m.addr(0, pid, m.kStub),
                                            m.kSnapshot, 0, step))
 
+    def tell_servers(self, what, worker=None):
+        """The join (kConnect) or farewell (kStop) of local `worker` (None: every one) to its
+        servers, with this process's incarnation."""
+        for w, servers in sorted(self.farewells.items()):
+            if worker is None or w == worker:
+                for server in servers:
+                    self.send(m.Msg(w, server, what, 0, self.incarnation))
+
     def stop_local(self, entity):
-        """kStop to the running local executors of one kind (kServer) or of every kind."""
+        """kStop to the running local executors of one kind (kServer) or of every kind (the
+        workers then say no farewell)."""
+        self.halted = self.halted or entity is None
         for a in sorted(self.executors):
             if entity is None or m.addr_type(a) == entity:
                 self.router.send(m.Msg(m.STUB, a, m.kStop))

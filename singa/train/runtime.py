@@ -287,6 +287,8 @@ class Process:
         a farewell may follow); raise the first failure."""
         threads = [threading.Thread(target=x.run, name=f"{type(x).__name__}-{x.grp}-{x.id}",
                                     daemon=True) for x in self.servers + self.workers]
+        if self.cluster_rt is not None:     # registered by now
+            self.stub.incarnation = self.cluster_rt.incarnation
         for t in threads:
             t.start()
         try:

@@ -11,7 +11,10 @@ answers the slices an Update completed);
 a State request returns the LR index and copies of the updater buffers (for a snapshot); a
 slice mastered by another server group syncs with it (Distributed Hogwild: `sync`). kStop from
 the stub ends the loop; from a worker (its farewell, in a job of several processes) it counts
-the worker out, and the loop ends once every worker of the group has left. A malformed message
+the worker out, and the loop ends once every worker of the group has left. A worker's kConnect
+(its join) counts it in again: both carry the incarnation of the worker's process (a restart's
+is larger), so a late farewell of a process that has been restarted since, arriving over
+another connection than its restart's join, changes nothing (`count`). A malformed message
 is dropped with a log line; a failure goes to the stub as kError.
 """
 import logging
@@ -60,6 +63,7 @@ class Server:
         self.syncs_received = 0     # sync responses from master servers
         self.syncs_answered = 0     # sync requests answered as a master
         self.nworkers, self.left = nworkers, set()
+        self.counted = {}       # worker -> (incarnation, left) of its newest join or farewell
         self.copy_replies = copy_replies
         self.address = m.addr(grp, id_, m.kServer)
         self.dealer = Dealer(self.address, endpoint)
@@ -75,10 +79,11 @@ class Server:
                 msg = self.dealer.receive(self.poll_ms)
                 if msg is None:
                     continue
-                if msg.type == m.kStop:
-                    if m.addr_type(msg.src) != m.kWorkerParam:
-                        break
-                    self.left.add(msg.src)
+                if msg.type == m.kStop and m.addr_type(msg.src) != m.kWorkerParam:
+                    break
+                if msg.type in (m.kStop, m.kConnect) and \
+                        m.addr_type(msg.src) == m.kWorkerParam:
+                    self.count(msg)
                     if self.nworkers is not None and len(self.left) >= self.nworkers:
                         log.info("Server (group = %d, id = %d): every worker has left",
                                  self.grp, self.id)
@@ -99,6 +104,22 @@ class Server:
                          "master", self.grp, self.id, self.syncs_received, self.syncs_answered)
             self.dealer.send(m.Msg(self.address, m.STUB, m.kStop))
             log.info("Server (group = %d, id = %d) stops", self.grp, self.id)
+
+    def count(self, msg):
+        """A worker's farewell (kStop) or join (kConnect) of its process's incarnation
+        `trgt_version`: it leaves or is in again, unless this is older news than the newest
+        counted (an earlier incarnation's, or a join after its own farewell)."""
+        news = (msg.trgt_version, msg.type == m.kStop)
+        if news <= self.counted.get(msg.src, (-1, False)):
+            log.info("Server (group = %d, id = %d): a late %s of worker (%d, %d) of an earlier "
+                     "incarnation of its process changes nothing", self.grp, self.id,
+                     "farewell" if news[1] else "join", m.addr_grp(msg.src), m.addr_id(msg.src))
+            return
+        self.counted[msg.src] = news
+        if news[1]:
+            self.left.add(msg.src)
+        else:
+            self.left.discard(msg.src)
 
     def handle(self, msg):
         t = msg.type

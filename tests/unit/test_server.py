@@ -1,5 +1,7 @@
 """Server-group sync (Distributed Hogwild): a server of group 1 and the master of the slice in
 group 0, driven message by message over a real inproc Router standing for the stub."""
+import threading
+
 import numpy as np
 import pytest
 import zmq
@@ -137,3 +139,32 @@ def test_replies_of_asynchronous_groups_are_copies_later_updates_cannot_change(c
         server.dealer.close()
         router.close()
         ctx.term()
+
+
+def test_a_restarted_workers_join_counts_it_in_and_its_old_farewell_arriving_late_not_out():
+    """Farewells (kStop) and joins (kConnect) carry the incarnation of the worker's process: a
+    restart's join takes back the farewell of the process it restarts, and that farewell
+    arriving again after the join (late, over the old process's connection) changes nothing;
+    the group ends once every worker's newest incarnation has left."""
+    ctx = zmq.Context()
+    router = Router(ctx, f"inproc://test-server-farewells-{id(ctx)}")
+    updater = text_format.Parse(UPDATER, job_pb2.UpdaterProto())
+    server = Server(router.endpoint, 0, 0, updater, poll_ms=10, nworkers=2)
+    stays, restarted = m.addr(0, 0, m.kWorkerParam), m.addr(0, 1, m.kWorkerParam)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for src, type_, incarnation in [(restarted, m.kStop, 5), (restarted, m.kConnect, 9),
+                                        (restarted, m.kStop, 5), (restarted, m.kConnect, 5),
+                                        (stays, m.kStop, 3)]:
+            router.send(m.Msg(src, server.address, type_, 0, incarnation))
+        assert router.receive(300) is None and server.left == {stays}
+        router.send(m.Msg(restarted, server.address, m.kStop, 0, 9))
+        assert router.receive(2000).type == m.kStop      # to the stub: every worker has left
+    finally:
+        router.send(m.Msg(m.STUB, server.address, m.kStop))
+        thread.join(5)
+        server.dealer.close()
+        router.close()
+        ctx.term()
+    assert not thread.is_alive()

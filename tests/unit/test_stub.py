@@ -262,3 +262,43 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
         worker.close(), remote.close(), router.close()
         ctx.term()
     assert not thread.is_alive()
+
+
+def test_workers_join_their_servers_and_only_one_that_ends_on_its_own_says_farewell():
+    """As the stub starts each local worker joins its servers (kConnect); a worker that ends
+    on its own says farewell (kStop), one the stub stops (a signal, a failure) does not: its
+    process may restart and rejoin. Both carry the process's incarnation."""
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-stub-farewells")
+    server = Dealer(m.addr(0, 0, m.kServer), router.endpoint)
+    ends, stopped = (Dealer(m.addr(0, j, m.kWorkerParam), router.endpoint) for j in range(2))
+    stub = Stub(router, {}, [server.address, ends.address, stopped.address], poll_ms=10,
+                farewells={ends.address: [server.address], stopped.address: [server.address]})
+    stub.incarnation = 7
+    thread = threading.Thread(target=stub.run, daemon=True)
+    thread.start()
+    try:
+        told = [server.receive(2000) for _ in range(2)]
+        assert [(t.src, t.type, t.trgt_version) for t in told] == \
+            [(ends.address, m.kConnect, 7), (stopped.address, m.kConnect, 7)]
+        ends.send(m.Msg(ends.address, m.STUB, m.kStop))
+        told = server.receive(2000)
+        assert (told.src, told.type, told.trgt_version) == (ends.address, m.kStop, 7)
+        stub.stop()
+        assert stopped.receive(2000).type == m.kStop
+        stopped.send(m.Msg(stopped.address, m.STUB, m.kStop))
+        assert server.receive(2000).src == m.STUB
+        server.send(m.Msg(server.address, m.STUB, m.kStop))
+        thread.join(5)
+        told = []
+        while (msg := server.receive(100)) is not None:
+            told.append(msg)
+        assert all(t.src == m.STUB for t in told), told     # the stub's stops, no farewell
+    finally:
+        stub.stop()
+        thread.join(5)
+        for d in (server, ends, stopped):
+            d.close()
+        router.close()
+        ctx.term()
+    assert not thread.is_alive()
