@@ -219,7 +219,7 @@ def _logging(job, verbose):
         to_file = logging.FileHandler(path)
     except OSError as e:
         raise ConfigError(f"cannot write the job log {path}: {e.strerror}") from None
-    console = logging.StreamHandler(sys.stderr)
+    console = _BesideBar(sys.stderr)
     # not the failure the caller gets raised; without verbose, warnings and the few info
     # lines marked to be shown (log.SHOWN)
     console.addFilter(lambda r: not getattr(r, "raised", False) and (
@@ -236,6 +236,20 @@ def _logging(job, verbose):
     finally:
         to_file.close()
         logger.handlers[:], logger.level, logger.propagate = saved[0], saved[1], saved[2]
+
+
+class _BesideBar(logging.StreamHandler):
+    """A console handler that writes beside a progress bar: the bar is cleared for the line
+    and drawn again below it (else a notebook shows the bar's line twice, above and below)."""
+
+    def emit(self, record):
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            super().emit(record)
+            return
+        with tqdm.external_write_mode(file=self.stream):
+            super().emit(record)
 
 
 @contextlib.contextmanager

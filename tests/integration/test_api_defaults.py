@@ -654,3 +654,14 @@ def test_fit_verbose_as_keras_0_silent_1_bar_2_a_line_per_epoch(tmp_path, train,
         m.fit(x, y, epochs=1, verbose=3)
     with pytest.raises(ConfigError, match="class_weight .* has no SINGA meaning"):
         m.fit(x, y, epochs=1, class_weight={0: 2.0})
+
+
+def test_a_warning_during_the_progress_bar_clears_its_line_first(tmp_path, train, capfd):
+    """A notebook showed the bar's line twice, above and below a warning written after it."""
+    x, y = train
+    mlp(tmp_path / "ws").fit(x, y, nb_epoch=5, progress=False)
+    capfd.readouterr()
+    mlp(tmp_path / "ws").fit(x, y, nb_epoch=5)      # warns: an earlier run's snapshots
+    err = capfd.readouterr().err
+    assert "holds snapshots of an earlier run" in err
+    assert re.search(r"[\r\n] +[\r\n]singa: .* holds snapshots", err), repr(err[:300])
