@@ -23,7 +23,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import singa
 from singa import checkpoint
@@ -32,7 +31,7 @@ from singa.cluster import launch
 from singa.cluster.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
 from singa.cluster.job_manager import JobManager
 from singa.cluster.zk import ZKService, route_address
-from singa.comm.liveness import DOWN_GRACE, FROZEN
+from singa.comm.liveness import DOWN_GRACE
 from singa.comm.trust import ENV, JobTrust, new_secret
 from singa.device import threads
 from singa.errors import ClusterError, ConfigError, SingaError
@@ -317,9 +316,6 @@ class Driver:
                 process.watch_peers(self.on_peer_down)
                 threading.Thread(target=self.watch_silence, args=(process.stub, pid),
                                  daemon=True, name="silence").start()
-                if pid in topology.elastic_procs(cl, self.job.max_restarts):
-                    threading.Thread(target=self.watch_freeze, args=(process.stub, pid),
-                                     daemon=True, name="freeze").start()
             process.route()
         except BaseException as e:     # the others name why (a full disk), not "was lost"
             failure = e if isinstance(e, SingaError) else f"{type(e).__name__}: {e}"
@@ -369,21 +365,6 @@ class Driver:
                 stub.report_lost(silence_message(self.job_id, pid,
                                                  self.cluster_rt.known_endpoints()), None)
                 return
-
-    def watch_freeze(self, stub, pid, tick=0.25):
-        """An elastic process frozen for FROZEN s or more (SIGSTOP shorter than the ZooKeeper
-        session, which it keeps) may have been taken for lost: the others go on without its
-        groups and send it nothing, and it would run on ignored. It stops at once instead (no
-        farewell: a failure), and bin/singa-run.sh restarts it to rejoin."""
-        last = time.monotonic()
-        while not self.stopped.wait(tick):
-            now = time.monotonic()
-            if now - last - tick >= FROZEN:
-                stub.report_lost(f"this process ({pid} of job {self.job_id}) was frozen for "
-                                 f"{now - last:.1f} s, past the {FROZEN:g} s after which the "
-                                 f"others may take it for lost: it restarts to rejoin", None)
-                return
-            last = now
 
     def register(self, endpoint, procs_id=None, rejoin=False):
         """This process's procs id, by registration in the cluster runtime with `endpoint`

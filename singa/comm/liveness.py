@@ -15,16 +15,11 @@ import time
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from singa.comm.socket import HEARTBEAT_TIMEOUT
-
 log = logging.getLogger("singa")
 
 #: seconds a connection that was up stays down before its process is taken for ended: a
 #: reconnect within it is no loss, and a farewell sent before the close has arrived by then
 DOWN_GRACE = 1.0
-#: seconds a frozen process (SIGSTOP, a paused VM) takes at the soonest to be taken for lost by
-#: the others: its heartbeats missed for HEARTBEAT_TIMEOUT, then DOWN_GRACE
-FROZEN = HEARTBEAT_TIMEOUT / 1000 + DOWN_GRACE
 
 
 class PeerWatch:

@@ -75,50 +75,43 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
     assert (tmp_path / "ws" / "checkpoint" / f"step{LONG}-worker0.bin").is_file()
 
 
-# Steps of a job whose process 1 stops cleanly at the test of step SHORT_EVERY (snapshots twice
-# as often: its restart resumes near where group 0 is, and redoes few steps), and how long
-# a freeze lasts: past the ZooKeeper session timeout, or past the time the others take to call
-# it lost (`liveness.FROZEN`) but within the session. Group 0 may end before process 1 rejoins
-# (a frozen one's restart takes the freeze and some 5 s more): its servers wait for it.
-SHORT, SHORT_EVERY = 3000, 1000
-FREEZE = {"freeze": SESSION_TIMEOUT + 1, "short freeze": 5}
+# Steps of a job whose process 1 stops cleanly at the test of step SHORT_EVERY, and how long a
+# freeze lasts (past the ZooKeeper session timeout). Group 0 may end before process 1 rejoins
+# (a frozen one's restart takes SESSION_TIMEOUT and some 5 s more): its servers wait for it.
+SHORT, SHORT_EVERY, FREEZE = 4000, 1000, SESSION_TIMEOUT + 1
 
 
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "freeze", "short freeze"])
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "freeze"])
 def test_a_downpour_worker_process_stopped_cleanly_rejoins_and_trains_to_the_end(
         fixture_job, env, tmp_path, stop):
     """SIGTERM or SIGINT of process 1 of SINGA's Downpour layout, or a freeze (SIGSTOP) of it
-    past the ZooKeeper session timeout after which it stops on its lost session, or a shorter
-    one after which it stops at once (the others have taken it for lost): its workers say no
-    farewell to the servers (they did not finish), so the launcher's restart of it rejoins and
-    its group 1 trains to the end, with group 0 or after it; the job ends with exit 0 and no
-    whole-job restart (the bugs: the servers counted group 1 out for good, ended with group 0,
-    and the rejoined group waited for them 120 s and failed; a process frozen 5 s ran on
-    ignored, and the job restarted whole after 60 s)."""
+    past the ZooKeeper session timeout after which it stops on its lost session: its workers
+    say no farewell to the servers (they did not finish), so the launcher's restart of it
+    rejoins and its group 1 trains to the end, with group 0 or after it; the job ends with
+    exit 0 and no whole-job restart (the bug: the servers counted group 1 out for good, ended
+    with group 0, and the rejoined group waited for them 120 s and failed)."""
     conf = fixture_job(head="max_restarts: 1\n", edits={
         **EDITS, "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
         "train_steps: 200": f"train_steps: {SHORT}", "test_freq: 100": f"test_freq: {SHORT_EVERY}",
-        "checkpoint_freq: 100": f"checkpoint_freq: {SHORT_EVERY // 2}",
+        "checkpoint_freq: 100": f"checkpoint_freq: {SHORT_EVERY}",
         "disp_freq: 20": "disp_freq: 200"})
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
     wait_for(run, log, f"Test @ step {SHORT_EVERY}")
     stopped, at = job_process(run, 1), time.time()
-    if stop in FREEZE:
+    if stop == "freeze":
         os.kill(stopped, signal.SIGSTOP)
-        time.sleep(FREEZE[stop])
+        time.sleep(FREEZE)
         os.kill(stopped, signal.SIGCONT)
     else:
         os.kill(stopped, getattr(signal, stop))
     rc, text = finish(run, log, timeout=100)
     assert rc == 0, text
-    code = {"SIGTERM": 143, "SIGINT": 130}.get(stop, 1)
+    code = {"SIGTERM": 143, "SIGINT": 130, "freeze": 1}[stop]
     assert re.search(rf"singa-run: job \d+: process 1 failed \(exit {code}\); restart 1 of 1: "
                      rf"it rejoins the running job", text), text
     assert "from its newest complete snapshot" not in text and "no answer for" not in text, text
     assert "Process 1 rejoined the job" in text, text
-    if stop == "short freeze":
-        assert re.search(r"this process \(1 of job \d+\) was frozen for [5-9]\.\d s", text), text
     resumed = int(re.search(r"Process 1 rejoins job \d+ at step (\d+)", text)[1])
     with open(tmp_path / "ws" / "metrics.csv") as f:   # a frozen one goes on a while: not its
         rows = [row for row in csv.DictReader(f) if row["metric"] == "accuracy" and
