@@ -28,10 +28,10 @@ def zk_server(tmp_path_factory):
     yield from zookeeper(tmp_path_factory)
 
 
-# Steps that outlast a restart (the lost process's ZooKeeper session ends first: about 10 s)
-# on a fast machine too (the fixture MLP trains 1,260 steps a second on an idle 2-core one;
-# 3,600 steps ended before the rejoin), and the interval of its tests and snapshots.
-LONG, EVERY = 36000, 2000
+# Steps of the job, and the interval of its tests and snapshots. Group 0 may end before the
+# killed process rejoins (the fixture MLP trains 1,260 steps a second on an idle 2-core one,
+# and a restart takes some 8 s): the servers wait for its group, which trains to the end.
+LONG, EVERY = 8000, 2000
 
 
 def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_job, env,
@@ -78,10 +78,11 @@ def test_a_killed_downpour_worker_process_rejoins_and_the_job_ends_well(fixture_
 # Steps of a job whose process 1 stops cleanly at the test of step SHORT_EVERY, and how long a
 # freeze lasts (past the ZooKeeper session timeout). Group 0 may end before process 1 rejoins
 # (a frozen one's restart takes SESSION_TIMEOUT and some 5 s more): its servers wait for it.
-SHORT, SHORT_EVERY, FREEZE = 4000, 1000, SESSION_TIMEOUT + 1
+SHORT, SHORT_EVERY, FREEZE = 3000, 1000, SESSION_TIMEOUT + 1
 
 
-@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "freeze"])
+# SIGINT and SIGHUP take SIGTERM's path (Driver.on_signal, stub.stop)
+@pytest.mark.parametrize("stop", ["SIGTERM", "freeze"])
 def test_a_downpour_worker_process_stopped_cleanly_rejoins_and_trains_to_the_end(
         fixture_job, env, tmp_path, stop):
     """SIGTERM or SIGINT of process 1 of SINGA's Downpour layout, or a freeze (SIGSTOP) of it
@@ -93,7 +94,7 @@ def test_a_downpour_worker_process_stopped_cleanly_rejoins_and_trains_to_the_end
     conf = fixture_job(head="max_restarts: 1\n", edits={
         **EDITS, "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
         "train_steps: 200": f"train_steps: {SHORT}", "test_freq: 100": f"test_freq: {SHORT_EVERY}",
-        "checkpoint_freq: 100": f"checkpoint_freq: {SHORT_EVERY}",
+        "checkpoint_freq: 100": f"checkpoint_freq: {SHORT_EVERY // 2}",
         "disp_freq: 20": "disp_freq: 200"})
     log = tmp_path / "run.log"
     run = launch(conf, env, log)
