@@ -272,7 +272,10 @@ def test_sigint_during_fit_stops_it_in_seconds_and_restores_both_handlers(tmp_pa
 
 
 CTRL_C = textwrap.dedent("""
+    import signal
     import numpy as np
+    # a terminal's Ctrl-C (a run in the background inherits SIGINT ignored, which fit keeps)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from singa import checkpoint
     from singa.model import *
     rng = np.random.default_rng(0)
@@ -307,7 +310,10 @@ def test_ctrl_c_in_fit_keeps_the_params_it_trained_and_a_second_fit_continues(tm
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == 0, err
     lines = out.splitlines()
     assert "INTERRUPTED" in lines, out

@@ -100,6 +100,8 @@ def test_a_one_process_job_opens_no_connection_and_starts_no_process(tmp_path):
 
 INTERRUPTED = textwrap.dedent("""
     import logging, signal, sys
+    # a terminal's Ctrl-C (a run in the background inherits SIGINT ignored, which train keeps)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from singa import checkpoint
     from singa.api import session
     from singa.job import config
