@@ -118,7 +118,8 @@ def test_a_downpour_worker_process_stopped_cleanly_rejoins_and_trains_to_the_end
         rows = [row for row in csv.DictReader(f) if row["metric"] == "accuracy" and
                 row["group"] == "1" and row["phase"] == "train" and
                 float(row["wall_time"]) > at and int(row["step"]) >= resumed]
-    assert [int(r["step"]) for r in rows] == list(range(resumed, SHORT, 200)), rows
+    assert [int(r["step"]) for r in rows] == [s for s in range(0, SHORT, 200) if s >= resumed], \
+        rows
     assert (tmp_path / "ws" / "checkpoint" / f"step{SHORT}-worker0.bin").is_file()
 
 
