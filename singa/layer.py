@@ -357,9 +357,7 @@ class Convolution2D(Layer):
         exact = (job_pb2.kGaussianSqrtFanIn, job_pb2.kUniformSqrtFanIn)
         _add_params(self, True, init, w_param, b_param, use_bias, kernel_initializer,
                     bias_initializer, fans, exact, kwargs)
-        mask = _mask(activation)
-        if mask is not None:
-            self.mask = mask
+        _set_mask(self, activation)
 
 
 class Conv2D(Convolution2D):
@@ -517,9 +515,7 @@ class Dense(Layer):
             job_pb2.kGaussianSqrtFanIn, job_pb2.kUniformSqrtFanIn))
         _add_params(self, False, init, w_param, b_param, use_bias, kernel_initializer,
                     bias_initializer, fans, exact, kwargs)
-        mask = _mask(activation)
-        if mask is not None:
-            self.mask = mask
+        _set_mask(self, activation)
 
 
 class Flatten(Layer):
@@ -782,11 +778,11 @@ def _sample_shape(builder, arg, value):
     return tuple(int(d) for d in shape)
 
 
-def _mask(activation):
-    """The activation LayerProto after a layer: none for None and Keras' 'linear'."""
-    if activation is None or activation == 'linear':
-        return None
-    return Activation(activation=activation).layer
+def _set_mask(ly, activation):
+    """Give layer `ly` the activation LayerProto after it (`mask`): none for None and Keras'
+    'linear'."""
+    if activation is not None and activation != 'linear':
+        ly.mask = Activation(activation=activation).layer
 
 
 def _add_params(ly, changename, init, w_param, b_param, use_bias, kernel_initializer,

@@ -222,11 +222,8 @@ class Model:
         if shape is None:
             raise ConfigError("summary: the model has no data yet: give its first layer "
                               "input_shape=(...) or add Input(shape=(...))")
-        self.layers.insert(0, Data(x=np.zeros((1,) + tuple(shape), np.float32), batch_size=1))
-        try:
-            print("\n".join(summary_lines(self.build())))
-        finally:
-            memory.release(self.layers.pop(0).layer.store_conf.path)
+        print("\n".join(summary_lines(self._build_reading(
+            np.zeros((1,) + tuple(shape), np.float32), 'train'))))
 
     # --- running ------------------------------------------------------------------------------
     def fit(self, data_or_x=None, y=None, nb_epoch=0, batch_size=None, with_test=False,
@@ -410,11 +407,7 @@ class Model:
         if self.conf_net is None and not any(item.is_datalayer for item in self.layers):
             # the input layer of x's samples (predict feeds them in batches of its own)
             x = np.asarray(x)
-            self.layers.insert(0, Data(x=x[:1], phase='test', batch_size=1))
-            try:
-                net = self.build()
-            finally:
-                memory.release(self.layers.pop(0).layer.store_conf.path)
+            net = self._build_reading(x[:1], 'test')
         else:
             net = self.build()
         job.neuralnet.CopyFrom(feed.predict_net(net))
@@ -436,6 +429,15 @@ class Model:
         saved.save(path, config.absolute_paths(job, os.getcwd()), self.last_checkpoint_path)
 
     # --- helpers ------------------------------------------------------------------------------
+    def _build_reading(self, sample, phase):
+        """The NetProto of a model without a data layer, a Data layer of `phase` reading the
+        numpy `sample` (a batch of one) first; the model's layers as they were afterwards."""
+        self.layers.insert(0, Data(x=sample, phase=phase, batch_size=1))
+        try:
+            return self.build()
+        finally:
+            memory.release(self.layers.pop(0).layer.store_conf.path)
+
     def _job(self, fields):
         """A copy of jobconf with JobProto `fields` set (ConfigError naming an unknown one)."""
         job = job_pb2.JobProto()
