@@ -234,7 +234,7 @@ while :; do
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
   nprocs=""; pids_listed=""; pids_at=0
-  proc_pid=(); proc_host=(); rc_whole=""
+  proc_pid=(); proc_host=(); frozen_at=(); rc_whole=""
   trap 'stop_job SIGINT; exit 130' INT
   trap 'stop_job SIGTERM; exit 143' TERM
   trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
@@ -271,10 +271,21 @@ while :; do
   # that fails while the processes holding servers run restarts alone (-rejoin, max_restarts
   # times per process; $log_dir/restarts lists them for singa-console.sh list); its groups
   # join the running job again. Past max_restarts, or on bad input, the job stops.
+  # A local one stopped (SIGSTOP) for longer than its ZooKeeper session (zk.SESSION_TIMEOUT,
+  # 10 s, and a margin) can never go on: it is killed, and restarted like one that failed.
   check_elastic() {
     local i pid rc j
     for i in $elastic; do
       pid=${proc_pid[$i]:-}
+      if [ -n "$pid" ] && [ "${proc_host[$i]}" = localhost ] && stopped "$pid"; then
+        [ -n "${frozen_at[$i]:-}" ] || frozen_at[$i]=$SECONDS
+        if [ $((SECONDS - frozen_at[$i])) -ge 12 ]; then
+          echo "singa-run: job $job_id: process $i (pid $pid) is stopped (frozen) past its ZooKeeper session; killing it, to restart it" >&2
+          kill -KILL "$pid" 2>/dev/null || true
+        fi
+      else
+        frozen_at[$i]=""
+      fi
       [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
       rc=0; wait "$pid" || rc=$?
       forget_pid "$pid"; proc_pid[$i]=""

@@ -71,6 +71,11 @@ class ClusterRuntime:
     def forget(self, procs_id):
         """Drop what was learned of process `procs_id` (it restarts elsewhere)."""
 
+    def mark_lost(self, procs_id, endpoint):
+        """Say that process `procs_id` at `endpoint` is taken for lost (an elastic process the
+        others now run without): `watch_procs` tells that process, should it still run (a
+        freeze shorter than its ZooKeeper session). Does not wait; a failure is a warning."""
+
     def proc_address(self, procs_id):
         """"host:port, pid N" of process `procs_id`, as learned by `proc_endpoint`."""
         return "?"
@@ -82,8 +87,8 @@ class ClusterRuntime:
 
     def watch_procs(self, on_lost, on_joined=None):
         """Call `on_lost(text, procs id)` when a process of the job goes away without
-        `proc_done` (procs id None: this process's own registration ended), `on_joined(procs
-        id)` when it comes back."""
+        `proc_done` (procs id None: this process's own registration ended, or the others took
+        it for lost: `mark_lost`), `on_joined(procs id)` when it comes back."""
         raise NotImplementedError
 
     def proc_done(self, procs_id, stopped_by=""):
@@ -170,6 +175,7 @@ class ZKClusterRuntime(ClusterRuntime):
         self.path = job_path(job_id)
         self.acl = trust.zk_acl if trust is not None else None
         self.procs_id = None    # once registered
+        self.endpoint = None    # this process's, once registered
         self.endpoints = {}     # procs id -> "host:port", as read (fixed for the job's run)
         self.os_pids = {}       # procs id -> its OS pid, as read
 
@@ -183,7 +189,7 @@ class ZKClusterRuntime(ClusterRuntime):
                 raise ClusterError(f"job {self.job_id}: its node {job} in ZooKeeper at "
                                    f"{zk.hosts} was not made with this job's secret: not "
                                    f"joining it")
-        for sub in ("proc", "proc-lock", "group", "proc-done"):
+        for sub in ("proc", "proc-lock", "group", "proc-done", "proc-lost"):
             zk.ensure(f"{job}/{sub}", acl=self.acl)
         if procs_id is not None:
             return procs_id
@@ -194,18 +200,19 @@ class ZKClusterRuntime(ClusterRuntime):
 
     def register_proc(self, endpoint, pid, procs_id=None, rejoin=False):
         """`rejoin`: `procs_id` comes back to a running job (a restart of a lost process,
-        issue 31): its old proc-done mark goes, and its old proc node, which ZooKeeper ends
+        issue 31): its old proc-done and proc-lost marks go, and its old proc node, which ZooKeeper ends
         with the lost session, is waited for (SESSION_TIMEOUT and a margin)."""
         zk, job = self.zk, self.path
         if procs_id is None:
             procs_id = self.reserve_proc()
         node = f"{job}/proc/proc-{procs_id}"
         if rejoin:
-            try:
-                zk.wait(zk.client.delete_async(f"{job}/proc-done/proc-{procs_id}"),
-                        "delete the old proc-done mark")
-            except NoNodeError:
-                pass
+            for mark in ("proc-done", "proc-lost"):
+                try:
+                    zk.wait(zk.client.delete_async(f"{job}/{mark}/proc-{procs_id}"),
+                            f"delete the old {mark} mark")
+                except NoNodeError:
+                    pass
             deadline = time.monotonic() + SESSION_TIMEOUT + 5
             while zk.wait(zk.client.exists_async(node), "stat " + node) and \
                     time.monotonic() < deadline:
@@ -217,7 +224,7 @@ class ZKClusterRuntime(ClusterRuntime):
         except NodeExistsError:
             raise ClusterError(f"procs id {procs_id} of job {self.job_id} is already registered "
                                f"in ZooKeeper at {zk.hosts}") from None
-        self.procs_id = procs_id
+        self.procs_id, self.endpoint = procs_id, endpoint
         self.incarnation = stat.czxid   # ZooKeeper's transaction ids only grow
         return procs_id
 
@@ -252,6 +259,18 @@ class ZKClusterRuntime(ClusterRuntime):
         self.endpoints.pop(procs_id, None)
         self.os_pids.pop(procs_id, None)
 
+    def mark_lost(self, procs_id, endpoint):
+        zk, node = self.zk, f"{self.path}/proc-lost/proc-{procs_id}"
+
+        def written(result):
+            try:
+                result.get()
+            except NodeExistsError:     # an earlier incarnation's, or another reporter's
+                zk.client.set_async(node, endpoint.encode())
+            except KazooException as e:
+                log.warning("could not mark process %s lost in ZooKeeper: %s", procs_id, e)
+        zk.client.create_async(node, endpoint.encode(), acl=self.acl).rawlink(written)
+
     def proc_address(self, procs_id):
         return f"{self.endpoints.get(procs_id, '?')}, pid {self.os_pids.get(procs_id, '?')}"
 
@@ -269,7 +288,8 @@ class ZKClusterRuntime(ClusterRuntime):
         """In kazoo's thread: `on_lost(text, procs id)` each time a proc node ends without a
         proc-done mark "" (the mark, a signal's name or `failed: <why>`, is in the text);
         `on_joined(procs id)` when a proc node seen to end comes back (a restart); our own
-        session's expiry is reported once, with procs id None."""
+        session's expiry, or the others' `mark_lost` of this process, is reported once, with
+        procs id None."""
         client, job = self.zk.client, self.path
         seen, gone, own = {}, set(), False
 
@@ -308,7 +328,17 @@ class ZKClusterRuntime(ClusterRuntime):
                         int(procs_id) if procs_id.isdigit() else None)
             return True
 
+        def taken_for_lost(data, stat):
+            nonlocal own
+            if data is not None and data.decode(errors="replace") == self.endpoint and not own:
+                own = True
+                on_lost(f"this process ({self.procs_id} of job {self.job_id}) was taken for "
+                        f"lost by the others (frozen, or cut off, for a while): it stops, to "
+                        f"restart and rejoin", None)
+
         client.ChildrenWatch(f"{job}/proc", changed)
+        if self.procs_id is not None:
+            client.DataWatch(f"{job}/proc-lost/proc-{self.procs_id}", taken_for_lost)
 
     def proc_done(self, procs_id, stopped_by=""):
         """On the way out: ClusterError at once when not connected, within SHUTDOWN_TIMEOUT

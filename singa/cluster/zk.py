@@ -9,6 +9,9 @@ SINGA's znodes, used by `cluster_rt.ZKClusterRuntime` (a job's processes and gro
   /singa/app/job-<%010d>/group/sg<s>/g<gid>_w<wid>   ephemeral; a worker in server group s
   /singa/app/job-<%010d>/proc-done/proc-<id>   ours: process id ended normally (so its proc
                                                node's end is no loss)
+  /singa/app/job-<%010d>/proc-lost/proc-<id>   ours: "<host>:<port>" of process id as another
+                                               took it for lost (an elastic one learns it
+                                               there on waking from a freeze, and restarts)
 """
 import logging
 import socket

@@ -182,7 +182,9 @@ class Stub:
         dst = msg.dst
         if self.members.away:
             origin = self.origin(msg)
-            if self.members.returning(origin):
+            if origin in self.members.away:
+                if not self.members.returning(origin):
+                    return      # of the process taken for lost (woken from a freeze): dropped
                 self.members.come_back(origin, self.latest)
         if msg.type == m.kUpdate:
             self.note_step(msg.trgt_version)

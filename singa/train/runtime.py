@@ -241,7 +241,8 @@ class Process:
         return self.peers[pid]
 
     def forget(self, pid):
-        """Drop the connection to process `pid` (lost, or restarted elsewhere)."""
+        """Drop the connection to process `pid` (lost, or restarted elsewhere), and say in the
+        cluster runtime that it was taken for lost (should it run on: a freeze)."""
         peer = self.peers.pop(pid, None)
         if peer is not None:
             if peer.events is not None:     # its watch reads the events left, then drops them
@@ -251,6 +252,7 @@ class Process:
             known = self.cluster_rt.known_endpoints().get(pid)
             if known is not None:
                 self.lost_at[pid] = known
+                self.cluster_rt.mark_lost(pid, known)
             self.cluster_rt.forget(pid)
 
     def returned(self, pid):

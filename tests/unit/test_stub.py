@@ -264,6 +264,41 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
     assert not thread.is_alive()
 
 
+def test_the_late_messages_of_a_process_taken_for_lost_are_dropped_until_its_restart():
+    """A process woken from a freeze shorter than its ZooKeeper session sends on at its old
+    endpoint: nothing of it counts (the bug: its late Updates reached the servers) until a
+    message of its restart (`returned`) arrives."""
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-stub-late")
+    worker = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
+    remote = Dealer(m.addr(0, 1, m.kStub), router.endpoint)
+    restarted, sent = [], []
+
+    class Peer:
+        def __init__(self, pid):
+            self.send = sent.append
+
+    stub = Stub(router, {}, [worker.address], poll_ms=10, pid=0, locate=lambda a: 0,
+                peers=Peer, nprocs=2,
+                members=Membership({1}, forget=lambda pid: None,
+                                   returned=lambda pid: bool(restarted)))
+    thread = threading.Thread(target=stub.run, daemon=True)
+    thread.start()
+    try:
+        stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
+        until(lambda: 1 in stub.members.away)
+        remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 60))
+        assert worker.receive(500) is None and 1 in stub.members.away
+        restarted.append(1)
+        remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 70))
+        assert worker.receive(2000).trgt_version == 70 and not stub.members.away
+    finally:
+        worker.send(m.Msg(worker.address, m.STUB, m.kStop))
+        thread.join(5)
+        worker.close(), remote.close(), router.close()
+        ctx.term()
+
+
 def test_workers_join_their_servers_and_only_one_that_ends_on_its_own_says_farewell():
     """As the stub starts each local worker joins its servers (kConnect); a worker that ends
     on its own says farewell (kStop), one the stub stops (a signal, a failure) does not: its
