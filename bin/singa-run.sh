@@ -163,7 +163,7 @@ while :; do
     [ -z "$watcher" ] || kill "$watcher" 2>/dev/null || true
     if [ -n "$slurm_step" ]; then signal_step TERM; else kill -TERM "${local_pids[@]}" 2>/dev/null || true; fi
     local deadline=$((SECONDS + grace)) killer="" alive pid
-    if [ ${#remote_hosts[@]} -gt 0 ]; then
+    if [ ${#remote_hosts[@]} -gt 0 ] || [ -n "${detached[*]// /}" ]; then
       "$SINGA_BIN/singa-console.sh" kill "$job_id" >/dev/null 2>&1 &
       killer=$!; helpers+=("$killer")
     fi
@@ -234,7 +234,7 @@ while :; do
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
   nprocs=""; pids_listed=""; pids_at=0
-  proc_pid=(); proc_host=(); frozen_at=(); rc_whole=""
+  proc_pid=(); proc_host=(); frozen_at=(); detached=(); ended_rc=(); rc_whole=""
   trap 'stop_job SIGINT; exit 130' INT
   trap 'stop_job SIGTERM; exit 143' TERM
   trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
@@ -286,9 +286,13 @@ while :; do
       else
         frozen_at[$i]=""
       fi
-      [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
-      rc=0; wait "$pid" || rc=$?
-      forget_pid "$pid"; proc_pid[$i]=""
+      if [ -n "${ended_rc[$i]:-}" ]; then     # remote: reaped by check_ssh
+        rc=${ended_rc[$i]}; ended_rc[$i]=""
+      else
+        [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+        rc=0; wait "$pid" || rc=$?
+        forget_pid "$pid"; proc_pid[$i]=""
+      fi
       [ $rc -ne 0 ] || continue        # its groups are done
       sleep 1                          # a job stopping as a whole ends its servers too
       for j in "${!proc_pid[@]}"; do
@@ -307,6 +311,37 @@ while :; do
       echo "singa-run: job $job_id: process $i failed (exit $rc); restart ${proc_restarts[$i]} of $max_restarts: it rejoins the running job" >&2
       echo "process $i restart ${proc_restarts[$i]} of $max_restarts (exit $rc) at $(date +%FT%T)" >>"$log_dir/restarts"
       start_proc "$i" "${proc_host[$i]}" -rejoin
+    done
+  }
+  # A remote process whose ssh session ends is reaped here ($ended_rc, for check_elastic and the
+  # job's status). One that ended with ssh's own code 255 (the connection, not the process)
+  # while ZooKeeper lists it running is detached instead: asked for there every 2 s until it
+  # ends (done: 0; stopped or lost: 1), and restarted, or stopped, only then.
+  check_ssh() {
+    local i pid rc state
+    for i in "${!proc_host[@]}"; do
+      [ "${proc_host[$i]}" != localhost ] || continue
+      if [ -n "${detached[$i]:-}" ]; then
+        [ $SECONDS -ge "${detached[$i]}" ] || continue
+        state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || state=running
+        case $state in
+          running) detached[$i]=$((SECONDS + 2)) ;;
+          done|over) detached[$i]=""; ended_rc[$i]=0 ;;
+          *) detached[$i]=""; ended_rc[$i]=1
+             echo "singa-run: job $job_id: process $i on host ${proc_host[$i]}, detached from its ssh session, ended $state" >&2 ;;
+        esac
+        continue
+      fi
+      pid=${proc_pid[$i]:-}
+      [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+      rc=0; wait "$pid" || rc=$?
+      forget_pid "$pid"; proc_pid[$i]=""
+      if [ $rc -eq 255 ] && [ "$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null)" = running ]; then
+        echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) while the process runs; watching it in ZooKeeper" >&2
+        detached[$i]=$((SECONDS + 2))
+      else
+        ended_rc[$i]=$rc
+      fi
     done
   }
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")
@@ -358,10 +393,12 @@ while :; do
   over=""; closed=(); rewatch=""
   [ -n "$slurm_step" ] || rewatch=0
   while :; do
+    [ -n "$over" ] || check_ssh
     [ -z "$elastic" ] || [ -n "$slurm_step" ] || check_elastic
     [ -n "$pids_listed" ] || [ $SECONDS -lt $pids_at ] || list_pids
     alive=0
     for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
+    [ -z "${detached[*]// /}" ] || alive=1
     [ $alive -eq 1 ] || break
     if [ -n "$watcher" ] && ! kill -0 "$watcher" 2>/dev/null; then
       rc=0; wait "$watcher" 2>/dev/null || rc=$?
@@ -403,6 +440,15 @@ while :; do
     rc=0; wait "${remote_pids[$i]}" || rc=$?
     if [ $rc -eq 255 ] || [ -n "${closed[$i]:-}" ]; then
       echo "singa-run: lost host ${remote_hosts[$i]}: its ssh session ended (exit $rc) without its process's status" >&2
+      rc=1
+    fi
+    [ $status -ne 0 ] || status=$rc
+  done
+  for i in "${!ended_rc[@]}"; do
+    rc=${ended_rc[$i]}
+    [ -n "$rc" ] || continue
+    if [ "$rc" -eq 255 ]; then
+      echo "singa-run: lost host ${proc_host[$i]}: its ssh session ended (exit $rc) without its process's status" >&2
       rc=1
     fi
     [ $status -ne 0 ] || status=$rc

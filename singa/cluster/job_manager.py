@@ -103,6 +103,25 @@ class JobManager:
             out.append(f"{proc[0]}|{proc[2]}")
         return out
 
+    def proc_state(self, job_id, procs_id):
+        """Where process `procs_id` of job `job_id` stands in ZooKeeper: "running" (its node
+        is there), "done" (ended normally: proc-done mark ""), "stopped" (a signal's or a
+        failure's mark), "lost" (neither), or "over" (the job has no process left: its last
+        one deleted the marks)."""
+        zk, path = self.zk, job_path(job_id)
+
+        def read(node):
+            try:
+                return zk.wait(zk.client.get_async(node), "read " + node)[0]
+            except NoNodeError:
+                return None
+        if read(f"{path}/proc/proc-{procs_id}") is not None:
+            return "running"
+        mark = read(f"{path}/proc-done/proc-{procs_id}")
+        if mark is not None:
+            return "done" if mark == b"" else "stopped"
+        return "lost" if self._procs(job_id) else "over"
+
     def wait_ended(self, job_id, poll=0.5, given_up=lambda: False):
         """True once job `job_id` has had processes and has none left: every one of them
         ended or was lost (its session expired). A ZooKeeper outage is ridden through: the

@@ -39,6 +39,8 @@ Usage: singatool <command> [args] [-confdir <dir>]
   list               list running jobs
   listall            list all jobs
   view ID            print the processes of job ID as host|pid
+  procstate ID N     print where process N of job ID stands: running, done, stopped (by a
+                     signal or a failure), lost, or over (the job has no process left)
   progress ID        print job ID's latest train step and metrics (from its metrics.csv)
   remove ID          remove job ID's processes from ZooKeeper
   wait ID            return once job ID has had processes and has none left (done or lost),
@@ -57,7 +59,7 @@ Usage: singatool <command> [args] [-confdir <dir>]
 
 # command -> number of arguments it takes (genhost: the job conf is optional)
 ARITY = {"getlogdir": (0,), "getzkhost": (0,), "withzkhost": (1,), "waitzk": (1, 2),
-         "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,), "view": (1,),
+         "create": (0,), "genhost": (0, 1), "list": (0,), "listall": (0,), "view": (1,), "procstate": (2,),
          "progress": (1,), "remove": (1,), "removeall": (0,), "cleanup": (0,), "wait": (1,),
          "nprocs": (1,), "jobname": (1,), "maxrestarts": (1, 2), "newsecret": (0,),
          "freeport": (1,), "elastic": (1,)}
@@ -81,11 +83,13 @@ def main(argv=None):
     cmd, rest = args[0], args[1:]
     if len(rest) not in ARITY[cmd]:
         return usage(f"{cmd}: wrong number of arguments")
-    if cmd in ("view", "progress", "remove", "wait") and not _is_number(rest[0]):
+    if cmd in ("view", "progress", "remove", "wait", "procstate") and not _is_number(rest[0]):
         return usage(f"{cmd}: job id must be a number, not {rest[0]!r}")
+    if cmd == "procstate" and not _is_number(rest[1]):
+        return usage(f"procstate: process id must be a number, not {rest[1]!r}")
     if cmd == "waitzk" and not _is_number(rest[0]):
         return usage(f"waitzk: seconds must be a number, not {rest[0]!r}")
-    if len(rest) == 2 and rest[1] != FLAG.get(cmd):
+    if len(rest) == 2 and cmd in FLAG and rest[1] != FLAG[cmd]:
         return usage(f"{cmd}: unknown argument {rest[1]!r}")
     try:
         return run_alone(cmd, rest) if cmd in ALONE else run(cmd, rest, confdir)
@@ -171,6 +175,8 @@ def run(cmd, rest, confdir):
             if not jobs.wait_ended(int(rest[0]), given_up=lambda: os.getppid() != launcher):
                 raise SingaError(f"wait: stopped waiting for job {rest[0]}: the process that "
                                  f"started the wait (pid {launcher}) has ended")
+        elif cmd == "procstate":
+            print(jobs.proc_state(int(rest[0]), int(rest[1])))
         elif cmd == "view":
             for proc in jobs.job_procs(int(rest[0])):
                 print(proc)

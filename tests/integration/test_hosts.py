@@ -1,5 +1,6 @@
 """A job across 3 hosts: network namespaces on a bridge, sshd in each, ZooKeeper on the bridge
 address, bin/singa-run.sh launching over ssh. Traffic stays between the addresses made here."""
+import csv
 import os
 import random
 import re
@@ -294,3 +295,54 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
     assert not any(left.values()), (left, text)
     assert launch == [], (launch, text)
     assert "Traceback" not in text, text
+
+
+def test_a_dropped_ssh_session_of_an_elastic_process_is_watched_not_restarted(
+        hosts, cluster, tmp_path, fixture_job):
+    """SINGA's Downpour layout elastic (max_restarts 1) over two hosts; the ssh session of
+    process 1 (its own worker group) drops (its sshd session killed on that host: the ssh client
+    exits 255) while the process trains on. The launcher watches it in ZooKeeper instead of
+    restarting it (the bug: each restart was refused, "already registered", and past
+    max_restarts the launcher stopped the healthy job, exit 1): the job ends with exit 0, both
+    groups trained to the end."""
+    env, _ = cluster
+    conf = fixture_job(head="max_restarts: 1\n", edits={
+        "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
+        "momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
+            "learning_rate { type: kFixed base_lr: 0.5 }",
+        "train_steps: 200": "train_steps: 3000", "test_freq: 100": "test_freq: 1000",
+        "checkpoint_freq: 100": "checkpoint_freq: 1000", "disp_freq: 20": "disp_freq: 500"})
+    log = tmp_path / "run.log"
+    with open(log, "w") as out:
+        run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "Train @ step 500 " not in log.read_text():
+            assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+            time.sleep(0.2)
+        ns = hosts.namespaces[1]
+        [driver] = drivers_in(ns)
+        for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"sshd: "):      # a session, not the listener
+                        os.kill(int(pid), signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        rc = run.wait(timeout=180)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    text = log.read_text()
+    assert rc == 0, text
+    assert re.search(rf"singa-run: job \d+: host {re.escape(hosts.addresses[1])}: the ssh "
+                     rf"session of process 1 ended \(exit 255\) while the process runs; "
+                     rf"watching it in ZooKeeper", text), text
+    assert "restart" not in text and "-rejoin" not in text, text
+    assert driver not in drivers_in(hosts.namespaces[1])        # it ended with the job
+    with open(tmp_path / "ws" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row["phase"] == "train" and
+                row["metric"] == "loss"]
+    assert {int(r["step"]) for r in rows if r["group"] == "1"} >= {2500}, rows
+    assert (tmp_path / "ws" / "checkpoint" / "step3000-worker0.bin").is_file()

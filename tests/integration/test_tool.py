@@ -126,6 +126,27 @@ def test_list_view_remove_removeall_cleanup(confdir, zk_server, tmp_path):
     assert int(tool("create", confdir=confdir).stdout) == 0
 
 
+def test_procstate_says_where_a_process_stands(confdir, zk_server):
+    """What singa-run.sh asks of a remote process whose ssh session ended: running, done,
+    stopped (a signal's or a failure's mark), lost (neither), over (no process left)."""
+    with ZKService(zk_server) as zk:
+        job = JobManager(zk).new_job_id()
+        runtimes = [ZKClusterRuntime(ZKService(zk_server), job) for _ in range(4)]
+        for i, rt in enumerate(runtimes):
+            rt.register_proc(f"node{i}:6723", 70 + i, rt.reserve_proc(i))
+        states = lambda: [tool("procstate", str(job), str(i), confdir=confdir).stdout.strip()
+                          for i in range(4)]
+        assert states() == ["running"] * 4
+        runtimes[1].proc_done(1)
+        runtimes[2].proc_done(2, "SIGTERM")
+        for rt in runtimes[1:]:
+            rt.zk.close()               # their sessions end with their proc nodes
+        assert states() == ["running", "done", "stopped", "lost"]
+        runtimes[0].close()             # the last to leave deletes the marks
+        runtimes[0].zk.close()
+        assert states() == ["over"] * 4
+
+
 def test_view_of_unknown_job_is_a_runtime_error(confdir, zk_server):
     r = tool("view", "12345", confdir=confdir)
     assert r.returncode == 2
@@ -165,7 +186,8 @@ def test_genhost_bad_conf_is_one_line_naming_file_and_line(confdir, tmp_path, te
 
 
 @pytest.mark.parametrize("args", [[], ["bogus"], ["view"], ["view", "abc"], ["list", "extra"],
-                                  ["waitzk", "x"], ["waitzk", "3", "-test"]])
+                                  ["waitzk", "x"], ["waitzk", "3", "-test"],
+                                  ["procstate", "1"], ["procstate", "1", "x"]])
 def test_usage_errors_exit_1(confdir, args):
     r = tool(*args, confdir=confdir)
     assert r.returncode == 1
