@@ -145,6 +145,7 @@ while :; do
   mkdir -p "$log_dir"
   echo "Record job information to $log_dir"
   cp "$conf" "$log_dir/job.conf"
+  echo "$(hostname) $$" >"$log_dir/launcher"     # singa-console.sh list: gone while the job runs
   if [ -z "${SLURM_JOB_ID:-}" ]; then
     singatool genhost "$conf" -confdir "$SINGA_CONF" >"$log_dir/job.hosts"
     while read -r host _; do

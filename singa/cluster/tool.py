@@ -159,6 +159,9 @@ def run(cmd, rest, confdir):
                         for job_id, _ in listed}
             if any(restarts.values()):  # processes bin/singa-run.sh restarted alone
                 columns.append(("RESTARTS", restarts))
+            alone = {job_id: unsupervised(job_id, conf.log_dir) for job_id, _ in listed}
+            if any(alone.values()):     # its launcher was killed: singa-console.sh kill stops it
+                columns.append(("UNSUPERVISED", alone))
             if len(columns) == 2:       # SINGA's own lines
                 print("JOB ID    |NUM PROCS  \n----------|-----------")
                 for job_id, n in listed:
@@ -208,6 +211,22 @@ def job_info(job_id, log_dir, name):
             return f.read(1 << 16)
     except (IndexError, OSError):
         return ""
+
+
+def unsupervised(job_id, log_dir):
+    """"yes" when job `job_id`'s bin/singa-run.sh (its `launcher` file: "<host> <pid>") ran on
+    this host and has ended while the job is listed (a `kill -9` of it): nothing restarts the
+    job's processes or stops them together then; else ""."""
+    words = job_info(job_id, log_dir, "launcher").split()
+    if len(words) != 2 or words[0] != socket.gethostname() or not _is_number(words[1]):
+        return ""
+    try:
+        os.kill(int(words[1]), 0)
+    except ProcessLookupError:
+        return "yes"
+    except (PermissionError, OverflowError):
+        pass
+    return ""
 
 
 def slurm_job(job_id, log_dir):

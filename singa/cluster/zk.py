@@ -221,7 +221,7 @@ def _probe(hosts, timeout):
     """Fail at once when no host of `hosts` accepts TCP (kazoo would retry until `timeout`)."""
     reasons = _refusals(hosts, timeout)
     if reasons:
-        raise ClusterError(f"cannot reach ZooKeeper at {hosts} within {timeout:g} s ({reasons})")
+        raise ClusterError(f"cannot reach ZooKeeper at {hosts} ({reasons})")
 
 
 def _refusals(hosts, timeout):

@@ -39,11 +39,13 @@ class Stub:
     """Routes messages among the executors of this process until they have all stopped."""
 
     def __init__(self, router, entries, executors, poll_ms=100, pid=0, locate=None, peers=None,
-                 stop_servers_with_workers=True, farewells=None, nprocs=1, members=None):
+                 stop_servers_with_workers=True, farewells=None, nprocs=1, members=None,
+                 served=None):
         """`locate(address)` is the process of an executor (None: all are here); `peers(pid)`
         the Peer connection to another process's stub (of `nprocs`); `farewells` maps a local
-        worker to the servers it joins and says farewell to. `members`: the Membership
-        of the job's processes (elastic ones among them; None: none is)."""
+        worker to the servers it joins and says farewell to, `served` a local server to the
+        workers whose farewells end it. `members`: the Membership of the job's processes
+        (elastic ones among them; None: none is)."""
         self.nprocs = nprocs
         self.members = members or Membership()
         self.latest = 0             # the newest step an Update passing here was of
@@ -51,6 +53,8 @@ class Stub:
         self.step_seconds = None    # a running mean of the time a step takes
         self.snapshot_at = None     # the step every worker stops at after a snapshot
         self.farewells = farewells or {}
+        self.served = served or {}
+        self.gone = set()           # workers whose farewell passed here to a local server
         self.router = router
         self.pid, self.locate, self.peers = pid, locate, peers
         self.stop_servers_with_workers = stop_servers_with_workers
@@ -141,7 +145,7 @@ class Stub:
                                  else max(arg, self.latest + 1))
             return
         if what == "back":
-            self.members.come_back(arg, self.latest)
+            self.come_back(arg)
             return
         if what == "lost":
             text = arg
@@ -156,7 +160,17 @@ class Stub:
         self.stop_local(None)
 
     def check_away(self):
-        """A process away for longer than the membership's `rejoin_timeout`: the job stops."""
+        """A process away for longer than the membership's `rejoin_timeout`: the job stops.
+        While the job stops for a snapshot (which no restart rejoins) a local server stops
+        once each of its workers has said farewell or is on a process away."""
+        if self.snapshot_at is not None:
+            for server, workers in sorted(self.served.items()):
+                if server in self.executors and all(
+                        w in self.gone or self.locate(w) in self.members.away for w in workers):
+                    log.info("Stub: server (group = %d, id = %d) stops with the job: its "
+                             "workers have left or are away", m.addr_grp(server), m.addr_id(server))
+                    self.router.send(m.Msg(m.STUB, server, m.kStop))
+                    self.served.pop(server)
         late = self.members.overdue()
         if late is not None and self.error is None:
             self.error = ("ClusterError", late)
@@ -167,6 +181,8 @@ class Stub:
         """To a local executor through the router, else to its process's stub."""
         where = self.pid if self.locate is None else self.locate(msg.dst)
         if where == self.pid:
+            if msg.type in (m.kStop, m.kConnect) and m.addr_type(msg.src) == m.kWorkerParam:
+                (self.gone.add if msg.type == m.kStop else self.gone.discard)(msg.src)
             self.router.send(msg)
         elif where not in self.members.away:
             self.peers(where).send(msg)
@@ -185,7 +201,7 @@ class Stub:
             if origin in self.members.away:
                 if not self.members.returning(origin):
                     return      # of the process taken for lost (woken from a freeze): dropped
-                self.members.come_back(origin, self.latest)
+                self.come_back(origin)
         if msg.type == m.kUpdate:
             self.note_step(msg.trgt_version)
         if m.addr_type(dst) != m.kStub:
@@ -225,6 +241,15 @@ class Stub:
                 self.send(request)
         else:
             raise ClusterError(f"unexpected message type {t} for the stub")
+
+    def come_back(self, pid):
+        """Process `pid` rejoined: told of a snapshot the job stops after, if one is set."""
+        if pid not in self.members.away:
+            return
+        self.members.come_back(pid, self.latest)
+        if self.snapshot_at is not None:
+            self.peers(pid).send(m.Msg(self.address(0), m.addr(0, pid, m.kStub), m.kSnapshot, 0,
+                                       self.snapshot_at))
 
     def origin(self, msg):
         """The process `msg` comes from: its source stub's, or its source executor's."""

@@ -60,8 +60,12 @@ def hold(workspace, job_id, wait=10.0):
             holder = f.read().strip()
             if holder.split()[:2] != ["job", str(job_id)]:
                 f.close()
+                words = holder.split()
+                how = f" (bin/singa-console.sh kill {words[1]})" if words[:1] == ["job"] and \
+                    len(words) > 1 and words[1].isdigit() else ""
                 raise ConfigError(f"workspace {workspace} is in use by {_describe(holder)}; "
-                                  f"stop that job or give this one another workspace") from None
+                                  f"stop that job{how} or give this one another workspace") \
+                    from None
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return f
         f.seek(0)

@@ -167,10 +167,14 @@ class Process:
         endpoint = self.router.endpoint
         # what a process of several adds: routes to the others' stubs, and servers that end on
         # their workers' farewells (alone, they stop with the workers of this process)
-        served, farewells, locate, peer = {}, {}, None, None
+        served, farewells, locate, peer, server_workers = {}, {}, None, None, {}
         if not place.alone:
             served = {sg: K * sum(topology.server_group(cl, g) == sg for g in range(G))
                       for sg in range(cl.nserver_groups)}
+            server_workers = {m.addr(sg, s, m.kServer): [
+                m.addr(g, j, m.kWorkerParam) for g in range(G)
+                if topology.server_group(cl, g) == sg for j in range(K)]
+                for sg, s in topology.servers_of(cl, pid)}
             farewells = {m.addr(g, j, m.kWorkerParam): [
                 m.addr(topology.server_group(cl, g), s, m.kServer)
                 for s in range(cl.nservers_per_group)] for g, j in nets}
@@ -197,7 +201,7 @@ class Process:
                              lambda: cluster_rt is not None and cluster_rt.connected)
         self.stub = Stub(self.router, entries, [x.address for x in self.servers + self.workers],
                          cl.poll_time, pid, locate, peer, place.alone, farewells, place.nprocs,
-                         members)
+                         members, server_workers)
         self.cluster_rt = cluster_rt
         self.peers, self.connect = {}, place.endpoint
         self.lost_at = {}       # procs id -> the endpoint it was lost at

@@ -249,8 +249,8 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
         assert sent == [(2, m.kSnapshot)] and forgot == [1]
         remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 60))
         assert worker.receive(2000).trgt_version == 60
-        until(lambda: len(sent) == 3)
-        assert sent[1:] == [(1, m.kSnapshot), (2, m.kSnapshot)] and forgot == [1]
+        until(lambda: len(sent) == 4)      # back: told of the snapshot at 50, then of 60
+        assert sent[1:] == [(1, m.kSnapshot)] * 2 + [(2, m.kSnapshot)] and forgot == [1]
         assert thread.is_alive() and stub.error is None
         stub.report_lost("process 2 of job 3 (h:2, pid 10) was lost", 2)
         assert worker.receive(3000).type == m.kStop
@@ -296,6 +296,41 @@ def test_the_late_messages_of_a_process_taken_for_lost_are_dropped_until_its_res
         worker.send(m.Msg(worker.address, m.STUB, m.kStop))
         thread.join(5)
         worker.close(), remote.close(), router.close()
+        ctx.term()
+
+
+def test_a_job_stopping_for_a_snapshot_does_not_wait_for_a_process_away():
+    """SIGUSR1 (a snapshot, then the job stops) while an elastic process is away: nothing
+    restarts it, so a local server stops once its present workers have said farewell (the
+    bug: it waited for the away process's workers the whole rejoin_timeout, 60 s)."""
+    ctx = zmq.Context()
+    router = Router(ctx, "inproc://test-stub-snapshot-away")
+    server = Dealer(m.addr(0, 0, m.kServer), router.endpoint)
+    here, away = m.addr(0, 0, m.kWorkerParam), m.addr(1, 0, m.kWorkerParam)
+    worker = Dealer(here, router.endpoint)
+    stub = Stub(router, {}, [server.address, here], poll_ms=10, pid=0,
+                locate=lambda a: 1 if a == away else 0, peers=lambda pid: None, nprocs=2,
+                farewells={here: [server.address]}, served={server.address: [here, away]},
+                members=Membership({1}, forget=lambda pid: None, returned=lambda pid: False,
+                                   rejoin_timeout=30.0))
+    thread = threading.Thread(target=stub.run, daemon=True)
+    thread.start()
+    try:
+        assert server.receive(2000).type == m.kConnect
+        stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
+        until(lambda: 1 in stub.members.away)
+        stub.request_snapshot(50)
+        assert worker.receive(2000).type == m.kSnapshot
+        worker.send(m.Msg(here, m.STUB, m.kStop))       # it stopped after the snapshot
+        told = [server.receive(2000) for _ in range(2)]
+        assert [(t.src, t.type) for t in told] == [(here, m.kStop), (m.STUB, m.kStop)]
+        server.send(m.Msg(server.address, m.STUB, m.kStop))
+        thread.join(5)
+        assert not thread.is_alive() and stub.error is None
+    finally:
+        stub.stop()
+        thread.join(5)
+        server.close(), worker.close(), router.close()
         ctx.term()
 
 

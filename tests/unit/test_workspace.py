@@ -13,6 +13,8 @@ def test_a_second_job_is_refused_naming_the_first(tmp_path):
         workspace.hold(str(tmp_path), 8)
     assert str(e.value).startswith(f"workspace {tmp_path} is in use by job 7 (pid {os.getpid()} "
                                    f"on host ")
+    assert str(e.value).endswith("; stop that job (bin/singa-console.sh kill 7) or give this one "
+                                 "another workspace")
     first.close()
     workspace.hold(str(tmp_path), 8).close()     # free again once the first job is gone
 
