@@ -323,20 +323,20 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
     # a process group of its own: a Ctrl-C reaches this process, which has the job snapshot
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, process_group=0)
-    lines, found = [], {}
+    lines, jobs = [], []      # the job ids of the launch: one more per whole-job restart
 
     def read():
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
             m = re.match(r"Unique JOB_ID is (\d+)", line)
             if m:
-                found["job"] = int(m.group(1))
+                jobs.append(int(m.group(1)))
             if verbose or "ZooKeeper keeps running" in line:
                 print(line, end="", file=sys.stderr)
     reader = threading.Thread(target=read, daemon=True, name="launcher-output")
     reader.start()
     metrics_csv = os.path.join(ws, workspace.METRICS)
-    heard, asked, stopped_by = 0, False, None
+    heard, asked, stopped_by = (None, 0), False, None
     try:
         while True:
             try:
@@ -349,8 +349,8 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
                 proc.send_signal(signal.SIGUSR1)
                 asked, stopped_by = True, signal.SIGINT
                 continue
-            if on_event is not None and "job" in found and not asked:
-                heard, stop = _hear(metrics_csv, found["job"], heard, on_event)
+            if on_event is not None and jobs and not asked:
+                heard, stop = _hear(metrics_csv, jobs[-1], heard, on_event)
                 if stop:    # singa-run.sh: a snapshot a step or two later, then exit 138
                     proc.send_signal(signal.SIGUSR1)
                     asked = True
@@ -359,14 +359,15 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
         proc.send_signal(signal.SIGINT)
         proc.wait()
         raise
-    job_id = found.get("job")
+    job_id = jobs[-1] if jobs else None
     if on_event is not None and job_id is not None and not asked:
         _hear(metrics_csv, job_id, heard, on_event)
     if rc != 0 and not (asked and rc == 128 + signal.SIGUSR1):
         last = next((s for s in reversed(lines) if s.strip()), "")
         raise ClusterError(f"job {job_id if job_id is not None else '?'} ({conf}) failed with "
                            f"exit {rc}: {last}")
-    history = History.from_rows(read_rows(os.path.join(ws, workspace.METRICS), job_id))
+    # each run of a restarted job resumed its predecessor's snapshot: its rows replace theirs
+    history = History.from_rows([r for r in read_rows(metrics_csv) if r["job"] in jobs])
     folder = checkpoint.folder(ws)
     for snap in checkpoint.list_snapshots(folder, job.cluster.nworkers_per_group):
         if snap.complete and 0 in snap.files and os.path.getmtime(snap.files[0]) >= started:
@@ -377,8 +378,9 @@ def _launch(job, resume, verbose, zookeeper_host=None, on_event=None):
 
 def _hear(path, job_id, heard, on_event):
     """Hand `on_event` the events of job `job_id` (group 0's rows of metrics.csv `path`, one
-    event a run of rows of one phase and step) after the first `heard`; (events heard, whether
-    one of them asked to stop)."""
+    event a run of rows of one phase and step) after those `heard` ((job id, count): none of
+    another job, the restart of a job); ((job id, events heard), whether one of them asked to
+    stop)."""
     events = []
     for r in read_rows(path, job_id):
         if r["group"] != 0:
@@ -387,9 +389,9 @@ def _hear(path, job_id, heard, on_event):
             events.append((r["phase"], r["step"], {}))
         events[-1][2][r["metric"]] = r["value"]
     stop = False
-    for phase, step, values in events[heard:]:
+    for phase, step, values in events[heard[1] if heard[0] == job_id else 0:]:
         stop = bool(on_event(step, phase, values)) or stop
-    return len(events), stop
+    return (job_id, len(events)), stop
 
 
 def _conf_folder(ws, zookeeper_host):

@@ -202,6 +202,32 @@ def test_a_job_of_two_processes_runs_through_the_launcher_and_returns_its_histor
     assert os.path.exists(tmp_path / "ws" / "data-train.bin")
 
 
+def test_a_job_of_two_processes_restarted_whole_returns_the_history_of_every_run(
+        tmp_path, singa_conf, monkeypatch):
+    """max_restarts: process 1 killed mid-job, the launcher restarts the job from its newest
+    snapshot under a new job id; the History holds every step of both runs (the bug: the last
+    run's only, from the resumed step), and the callbacks hear the restart's events too."""
+    job = fixture_proto(tmp_path / "ws", train_steps=3000, disp_freq=100,
+                        checkpoint_freq=500, test_freq=0, max_restarts=1, seed=5)
+    job.cluster.nworkers_per_group, job.cluster.nworkers_per_procs = 2, 1
+    monkeypatch.setenv("SINGA_CONF", str(singa_conf.parent))
+    heard, killed = [], []
+
+    def on_event(step, phase, values):
+        heard.append(step)
+        if step >= 1000 and not killed:
+            pids = subprocess.run(["pgrep", "-f", f"singa.driver .*{tmp_path}.*-procs_id 1"],
+                                  capture_output=True, text=True).stdout.split()
+            killed.extend(pids)
+            for pid in pids:
+                os.kill(int(pid), signal.SIGKILL)
+    history = session.train(session.prepare(job), progress=False, on_event=on_event)
+    assert len(killed) == 1
+    assert [s for s, _ in history["train"]] == list(range(0, 3000, 100)), history["train"]
+    assert heard[-1] == 2900 and sorted(set(heard)) == list(range(0, 3000, 100)), heard
+    assert len(heard) > 30      # the restart's run from its snapshot, heard again
+
+
 def test_a_model_of_two_processes_uses_the_zookeeper_its_cluster_names(tmp_path, zk_server,
                                                                        monkeypatch):
     """Cluster(zookeeper_host=...): the launcher reads a conf folder in the workspace naming
