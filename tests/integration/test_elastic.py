@@ -133,11 +133,13 @@ def test_a_downpour_worker_process_stopped_cleanly_rejoins_and_trains_to_the_end
     assert (tmp_path / "ws" / "checkpoint" / f"step{SHORT}-worker0.bin").is_file()
 
 
-def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_job(
+def test_a_hogwild_worker_process_over_ssh_stopped_rejoins_and_past_max_restarts_stops_the_job(
         fixture_job, ssh_env, singa_conf, tmp_path):
     """Distributed Hogwild, servers in a process of their own, every process started over
-    ssh: the first kill of process 1 restarts it (over ssh again), the second (max_restarts 1)
-    stops the whole job with one line."""
+    ssh: SIGINT to process 1 restarts it (over ssh again) and its group trains on with its
+    server group (the bug: its workers' farewell stopped server group 1 at once, and the
+    rejoined group trained nothing); a kill -9 of it then (max_restarts 1) stops the whole job
+    with one line."""
     env, ssh_log = ssh_env
     (singa_conf.parent / "hostfile").write_text("127.0.0.1\n")
     conf = fixture_job(head="max_restarts: 1\n", edits={
@@ -148,13 +150,19 @@ def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_jo
     run = launch(conf, env, log)
     wait_for(run, log, "Test @ step 200")
     job = int(re.search(r"Unique JOB_ID is (\d+)", log.read_text())[1])
-    os.kill(job_process(run, 1, job), signal.SIGKILL)
+    os.kill(job_process(run, 1, job), signal.SIGINT)
     wait_for(run, log, "Process 1 rejoined the job")
-    time.sleep(1)
+    back = time.time()
+    resumed = int(re.search(r"Process 1 rejoins job \d+ at step (\d+)", log.read_text())[1])
+    deadline = time.monotonic() + 60
+    while not [r for r in metrics_rows(tmp_path / "ws", "1", "train")
+               if float(r["wall_time"]) > back and int(r["step"]) >= resumed + 200]:
+        assert time.monotonic() < deadline and run.poll() is None, log.read_text()
+        time.sleep(0.2)
     os.kill(job_process(run, 1, job), signal.SIGKILL)
     rc, text = finish(run, log)
     assert rc == 137, text
-    assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); restart 1 of 1: it "
+    assert re.search(r"singa-run: job \d+: process 1 failed \(exit 130\); restart 1 of 1: it "
                      r"rejoins the running job", text), text
     assert re.search(r"singa-run: job \d+: process 1 failed \(exit 137\); not restarted: "
                      r"max_restarts 1 reached", text), text
@@ -162,3 +170,10 @@ def test_a_hogwild_worker_process_over_ssh_killed_past_max_restarts_stops_the_jo
     launched = ssh_log.read_text()
     assert launched.count(" -procs_id 1 -host ") == 1, launched
     assert launched.count(" -procs_id 1 -rejoin -host ") == 1, launched
+
+
+def metrics_rows(ws, group, phase):
+    """The accuracy rows of worker group `group` ("1") and `phase` in `ws`'s metrics.csv."""
+    with open(ws / "metrics.csv") as f:
+        return [row for row in csv.DictReader(f) if row["metric"] == "accuracy" and
+                row["group"] == group and row["phase"] == phase]
