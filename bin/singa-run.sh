@@ -235,7 +235,8 @@ while :; do
   }
   local_pids=(); remote_pids=(); remote_hosts=(); watcher=""; snapshot=""; slurm_step=""
   nprocs=""; pids_listed=""; pids_at=0
-  proc_pid=(); proc_host=(); frozen_at=(); detached=(); ended_rc=(); rc_whole=""
+  proc_pid=(); proc_host=(); frozen_at=(); detached=(); ended_rc=(); polled=(); os_pid=()
+  rc_whole=""
   trap 'stop_job SIGINT; exit 130' INT
   trap 'stop_job SIGTERM; exit 143' TERM
   trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
@@ -315,34 +316,56 @@ while :; do
     done
   }
   # A remote process whose ssh session ends is reaped here ($ended_rc, for check_elastic and the
-  # job's status). One that ended with ssh's own code 255 (the connection, not the process)
-  # while ZooKeeper lists it running is detached instead: asked for there every 2 s until it
-  # ends (done: 0; stopped or lost: 1), and restarted, or stopped, only then.
+  # job's status). When ssh ends with its own code 255 (the connection, or a remote command
+  # killed by a signal) ZooKeeper says how the process ended (done, or stopped: 1); one it lists
+  # running is detached instead: asked for there every 2 s until it
+  # ends (done: 0; stopped or lost: 1), and restarted, or stopped, only then. An elastic one
+  # whose ssh runs is asked for every 5 s: lost to ZooKeeper (frozen past its session, or cut
+  # off from it) it can never go on, and is stopped over ssh (singa-kill-proc.sh), which ends
+  # its session; it is then restarted as a failed one.
   check_ssh() {
     local i pid rc state
     for i in "${!proc_host[@]}"; do
       [ "${proc_host[$i]}" != localhost ] || continue
-      if [ -n "${detached[$i]:-}" ]; then
-        [ $SECONDS -ge "${detached[$i]}" ] || continue
-        state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || state=running
+      pid=${proc_pid[$i]:-}
+      if [ -n "${detached[$i]:-}" ] || { [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; }; then
+        if [ -n "${detached[$i]:-}" ]; then
+          [ $SECONDS -ge "${detached[$i]}" ] || continue
+          detached[$i]=$((SECONDS + 2))
+        else
+          [[ " $elastic " == *" $i "* ]] && [ $SECONDS -ge "${polled[$i]:-0}" ] || continue
+          polled[$i]=$((SECONDS + 5))
+        fi
+        state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || continue
         case $state in
-          running) detached[$i]=$((SECONDS + 2)) ;;
-          done|over) detached[$i]=""; ended_rc[$i]=0 ;;
-          *) detached[$i]=""; ended_rc[$i]=1
-             echo "singa-run: job $job_id: process $i on host ${proc_host[$i]}, detached from its ssh session, ended $state" >&2 ;;
+          running\ *) os_pid[$i]=${state##*|}; continue ;;
+          done|over) [ -z "${detached[$i]:-}" ] || { detached[$i]=""; ended_rc[$i]=0; }; continue ;;
         esac
+        if [ "$state" = lost ] && [ -n "${os_pid[$i]:-}" ]; then
+          echo "singa-run: job $job_id: process $i (pid ${os_pid[$i]} on ${proc_host[$i]}) is $state in ZooKeeper while it runs (frozen, or cut off from ZooKeeper); stopping it" >&2
+          singa_ssh -- "${proc_host[$i]}" bash -s -- "$job_id" "${os_pid[$i]}" 0 \
+            <"$SINGA_BIN/singa-kill-proc.sh" >/dev/null 2>&1 &
+          helpers+=($!); os_pid[$i]=""
+        fi
+        if [ -n "${detached[$i]:-}" ]; then
+          detached[$i]=""; ended_rc[$i]=1
+          echo "singa-run: job $job_id: process $i on host ${proc_host[$i]}, detached from its ssh session, ended $state" >&2
+        fi
         continue
       fi
-      pid=${proc_pid[$i]:-}
-      [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+      [ -n "$pid" ] || continue
       rc=0; wait "$pid" || rc=$?
       forget_pid "$pid"; proc_pid[$i]=""
-      if [ $rc -eq 255 ] && [ "$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null)" = running ]; then
-        echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) while the process runs; watching it in ZooKeeper" >&2
-        detached[$i]=$((SECONDS + 2))
-      else
-        ended_rc[$i]=$rc
-      fi
+      ended_rc[$i]=$rc
+      [ $rc -eq 255 ] || continue
+      state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || state=""
+      case $state in
+        running\ *)
+          echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) while the process runs; watching it in ZooKeeper" >&2
+          ended_rc[$i]=""; detached[$i]=$((SECONDS + 2)) ;;
+        done|over) ended_rc[$i]=0 ;;      # it ended normally, and then its session dropped
+        stopped) ended_rc[$i]=1 ;;
+      esac
     done
   }
   cmd=("${exe[@]}" "${args[@]}" -singa_conf "$SINGA_CONF/singa.conf" -singa_job "$job_id" -conf "$conf")

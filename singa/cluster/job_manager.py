@@ -104,10 +104,10 @@ class JobManager:
         return out
 
     def proc_state(self, job_id, procs_id):
-        """Where process `procs_id` of job `job_id` stands in ZooKeeper: "running" (its node
-        is there), "done" (ended normally: proc-done mark ""), "stopped" (a signal's or a
-        failure's mark), "lost" (neither), or "over" (the job has no process left: its last
-        one deleted the marks)."""
+        """Where process `procs_id` of job `job_id` stands in ZooKeeper: "running host|pid"
+        (its node is there), "done" (ended normally: proc-done mark ""), "stopped" (a
+        signal's or a failure's mark), "lost" (neither), or "over" (the job has no process
+        left: its last one deleted the marks)."""
         zk, path = self.zk, job_path(job_id)
 
         def read(node):
@@ -115,8 +115,10 @@ class JobManager:
                 return zk.wait(zk.client.get_async(node), "read " + node)[0]
             except NoNodeError:
                 return None
-        if read(f"{path}/proc/proc-{procs_id}") is not None:
-            return "running"
+        data = read(f"{path}/proc/proc-{procs_id}")
+        if data is not None:
+            proc = parse_proc(data)
+            return "running" + (f" {proc[0]}|{proc[2]}" if proc else "")
         mark = read(f"{path}/proc-done/proc-{procs_id}")
         if mark is not None:
             return "done" if mark == b"" else "stopped"

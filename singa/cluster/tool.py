@@ -39,8 +39,9 @@ Usage: singatool <command> [args] [-confdir <dir>]
   list               list running jobs
   listall            list all jobs
   view ID            print the processes of job ID as host|pid
-  procstate ID N     print where process N of job ID stands: running, done, stopped (by a
-                     signal or a failure), lost, or over (the job has no process left)
+  procstate ID N     print where process N of job ID stands: running host|pid, done,
+                     stopped (by a signal or a failure), lost, or over (the job has no
+                     process left)
   progress ID        print job ID's latest train step and metrics (from its metrics.csv)
   remove ID          remove job ID's processes from ZooKeeper
   wait ID            return once job ID has had processes and has none left (done or lost),

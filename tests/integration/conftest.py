@@ -233,10 +233,12 @@ def wait_for(run, log, text, seconds=120):
 
 def job_process(run, procs_id, job_id=None):
     """The pid of process `procs_id` of the job of the launch `run`: its child, or, started
-    over ssh, the process of job `job_id`."""
+    over ssh, the process of job `job_id` launched with run's job conf (job ids repeat across
+    the tests' ZooKeepers, which may run at once)."""
     parent = ["-P", str(run.pid)] if job_id is None else []
+    conf = re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", str(run.args[run.args.index("-conf") + 1]))
     pids = subprocess.run(["pgrep", *parent, "-f", f"^[^ ]*python[^ ]* -m singa.driver .*"
-                           f"singa_job {job_id or ''}.*procs_id {procs_id}( |$)"],
+                           f"singa_job {job_id or ''}.*-conf {conf} .*procs_id {procs_id}( |$)"],
                           capture_output=True, text=True).stdout.split()
     assert len(pids) == 1, pids
     return int(pids[0])

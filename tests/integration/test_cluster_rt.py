@@ -28,7 +28,8 @@ def test_registration_gives_procs_ids_in_order_with_singa_values(zk, zk_server, 
         ids += [ZKClusterRuntime(o, job_id).register_proc(f"host{i}:6723", 222 + i) for i, o in enumerate(others)]
         assert ids == [0, 1, 2]
         job = f"/singa/app/job-{job_id:010d}"
-        assert sorted(raw.get_children(job)) == ["group", "proc", "proc-done", "proc-lock"]
+        assert sorted(raw.get_children(job)) == ["group", "proc", "proc-done", "proc-lock",
+                                                   "proc-lost"]
         assert sorted(raw.get_children(job + "/proc")) == ["proc-0", "proc-1", "proc-2"]
         assert raw.get(job + "/proc/proc-0")[0] == b"localhost:0|111"
         assert raw.get(job + "/proc/proc-2")[0] == b"host1:6723|223"

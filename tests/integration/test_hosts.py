@@ -297,32 +297,40 @@ def test_sighup_to_the_launcher_leaves_nothing_running_on_any_host(to, hosts, cl
     assert "Traceback" not in text, text
 
 
-def test_a_dropped_ssh_session_of_an_elastic_process_is_watched_not_restarted(
+def test_a_remote_elastic_process_frozen_for_good_restarts_and_a_dropped_ssh_is_watched(
         hosts, cluster, tmp_path, fixture_job):
-    """SINGA's Downpour layout elastic (max_restarts 1) over two hosts; the ssh session of
-    process 1 (its own worker group) drops (its sshd session killed on that host: the ssh client
-    exits 255) while the process trains on. The launcher watches it in ZooKeeper instead of
-    restarting it (the bug: each restart was refused, "already registered", and past
-    max_restarts the launcher stopped the healthy job, exit 1): the job ends with exit 0, both
-    groups trained to the end."""
+    """SINGA's Downpour layout elastic (max_restarts 1) over two hosts. Process 1 (its own
+    worker group) is frozen for good (SIGSTOP): once ZooKeeper has lost it the launcher stops
+    it over ssh and restarts it alone, and it rejoins (the bug: the job restarted whole 60 s
+    later). Then the ssh session of the restarted process drops (its sshd session killed on
+    that host: the ssh client exits 255) while it trains on: the launcher watches it in
+    ZooKeeper instead of restarting it (the bug: each restart was refused, "already
+    registered", and past max_restarts the launcher stopped the healthy job). The job ends
+    with exit 0, both groups trained to the end."""
     env, _ = cluster
+    steps = 20000       # group 0 trains on while process 1 is away (some 15 s), and after
     conf = fixture_job(head="max_restarts: 1\n", edits={
         "cluster { nworker_groups: 1": "cluster { nworker_groups: 2",
         "momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 }":
             "learning_rate { type: kFixed base_lr: 0.5 }",
-        "train_steps: 200": "train_steps: 3000", "test_freq: 100": "test_freq: 1000",
-        "checkpoint_freq: 100": "checkpoint_freq: 1000", "disp_freq: 20": "disp_freq: 500"})
+        "train_steps: 200": f"train_steps: {steps}", "test_freq: 100": "test_freq: 2000",
+        "checkpoint_freq: 100": "checkpoint_freq: 2000", "disp_freq: 20": "disp_freq: 500"})
     log = tmp_path / "run.log"
     with open(log, "w") as out:
         run = subprocess.Popen([os.path.join(BIN, "singa-run.sh"), "-conf", str(conf)], env=env,
                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while "Train @ step 500 " not in log.read_text():
+
+    def wait_for(text, seconds=120):
+        deadline = time.monotonic() + seconds
+        while text not in log.read_text():
             assert time.monotonic() < deadline and run.poll() is None, log.read_text()
-            time.sleep(0.2)
-        ns = hosts.namespaces[1]
-        [driver] = drivers_in(ns)
+            time.sleep(0.1)
+    ns = hosts.namespaces[1]
+    try:
+        wait_for("Train @ step 500 ")
+        [frozen] = drivers_in(ns)
+        os.kill(frozen, signal.SIGSTOP)
+        wait_for("Process 1 rejoined the job")
         for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -330,19 +338,25 @@ def test_a_dropped_ssh_session_of_an_elastic_process_is_watched_not_restarted(
                         os.kill(int(pid), signal.SIGKILL)
             except (FileNotFoundError, ProcessLookupError):
                 pass
+        [driver] = drivers_in(ns)
         rc = run.wait(timeout=180)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
     text = log.read_text()
     assert rc == 0, text
+    assert re.search(rf"singa-run: job \d+: process 1 \(pid {frozen} on "
+                     rf"{re.escape(hosts.addresses[1])}\) is lost in ZooKeeper while it runs "
+                     rf"\(frozen, or cut off from ZooKeeper\); stopping it", text), text
+    assert re.search(r"singa-run: job \d+: process 1 failed \(exit 255\); restart 1 of 1: it "
+                     r"rejoins the running job", text), text   # ssh's code: killed by a signal
     assert re.search(rf"singa-run: job \d+: host {re.escape(hosts.addresses[1])}: the ssh "
                      rf"session of process 1 ended \(exit 255\) while the process runs; "
                      rf"watching it in ZooKeeper", text), text
-    assert "restart" not in text and "-rejoin" not in text, text
-    assert driver not in drivers_in(hosts.namespaces[1])        # it ended with the job
+    assert "restart 2" not in text and "not restarted" not in text, text
+    assert frozen not in drivers_in(ns) and driver not in drivers_in(ns)    # ended
     with open(tmp_path / "ws" / "metrics.csv") as f:
         rows = [row for row in csv.DictReader(f) if row["phase"] == "train" and
                 row["metric"] == "loss"]
-    assert {int(r["step"]) for r in rows if r["group"] == "1"} >= {2500}, rows
-    assert (tmp_path / "ws" / "checkpoint" / "step3000-worker0.bin").is_file()
+    assert {int(r["step"]) for r in rows if r["group"] == "1"} >= {steps - 500}, rows
+    assert (tmp_path / "ws" / "checkpoint" / f"step{steps}-worker0.bin").is_file()

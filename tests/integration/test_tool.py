@@ -128,7 +128,7 @@ def test_list_view_remove_removeall_cleanup(confdir, zk_server, tmp_path):
 
 
 def test_procstate_says_where_a_process_stands(confdir, zk_server):
-    """What singa-run.sh asks of a remote process whose ssh session ended: running, done,
+    """What singa-run.sh asks of a remote process: running (host|pid), done,
     stopped (a signal's or a failure's mark), lost (neither), over (no process left)."""
     with ZKService(zk_server) as zk:
         job = JobManager(zk).new_job_id()
@@ -137,12 +137,12 @@ def test_procstate_says_where_a_process_stands(confdir, zk_server):
             rt.register_proc(f"node{i}:6723", 70 + i, rt.reserve_proc(i))
         states = lambda: [tool("procstate", str(job), str(i), confdir=confdir).stdout.strip()
                           for i in range(4)]
-        assert states() == ["running"] * 4
+        assert states() == [f"running node{i}|{70 + i}" for i in range(4)]
         runtimes[1].proc_done(1)
         runtimes[2].proc_done(2, "SIGTERM")
         for rt in runtimes[1:]:
             rt.zk.close()               # their sessions end with their proc nodes
-        assert states() == ["running", "done", "stopped", "lost"]
+        assert states() == ["running node0|70", "done", "stopped", "lost"]
         runtimes[0].close()             # the last to leave deletes the marks
         runtimes[0].zk.close()
         assert states() == ["over"] * 4
