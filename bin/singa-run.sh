@@ -363,8 +363,8 @@ while :; do
         running\ *)
           echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) while the process runs; watching it in ZooKeeper" >&2
           ended_rc[$i]=""; detached[$i]=$((SECONDS + 2)) ;;
-        done|over) ended_rc[$i]=0 ;;      # it ended normally, and then its session dropped
-        stopped) ended_rc[$i]=1 ;;
+        done) ended_rc[$i]=0 ;;      # it ended normally, and then its session dropped
+        stopped) ended_rc[$i]=1 ;;   # (over: the job has no process left, or never had one)
       esac
     done
   }
