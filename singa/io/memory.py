@@ -3,8 +3,9 @@
 `register(x, y)` keeps N samples `x` (any shape (N, ...); uint8 become RecordProto `pixel`
 bytes, other dtypes float `data`) and what they are compared with, `y` (None: label 0), under
 a path `memory://<n>`; `open_store("memory", path, conf=store_conf)` reads them as (key,
-RecordProto bytes) tuples in order, so the input layers batch, skip and preprocess them
-exactly as a kvfile of the same records. The layer's store_conf says what `y` is: with
+`records.Sample`) tuples in order, which `records.decode_batch` takes for the RecordProto
+bytes of a kvfile of the same records (the same bits, without encoding them), so the input
+layers batch, skip and preprocess them exactly as that kvfile. The layer's store_conf says what `y` is: with
 target_dim k, regression targets (k floats per sample, the records' `target`); without, class
 labels (`records.class_indices`: indices or one-hot rows). `y` is kept as given, so a model
 may read the same y either way (Keras' mean squared error takes integer y as targets).
@@ -18,7 +19,7 @@ import numpy as np
 
 from singa.errors import ConfigError, DataError
 from singa.io.base import ReadOnly
-from singa.io.records import class_indices, encode_record, holds_targets, targets_of
+from singa.io.records import Sample, class_indices, holds_targets, targets_of
 
 PREFIX = "memory://"
 _ARRAYS = {}        # path -> (x, y)
@@ -75,15 +76,19 @@ class MemoryStore(ReadOnly):
         self.pos = 0
 
     def read(self):
-        if self.pos >= len(self.x):
-            return None
+        got = self.read_many(1)
+        return got[0] if got else None
+
+    def read_many(self, n):
+        """The next `n` (key, Sample) pairs, fewer at the end (`read`'s, in one call)."""
         if self._rows is None:
             self._rows = self._compared()
-        i = self.pos
-        self.pos += 1
+        stop = min(self.pos + n, len(self.x))
+        x, rows, start = self.x, self._rows, self.pos
+        self.pos = stop
         if self.target_dim:
-            return f"{i:05d}".encode(), encode_record(self.x[i], 0, self._rows[i])
-        return f"{i:05d}".encode(), encode_record(self.x[i], self._rows[i])
+            return [(b"%05d" % i, Sample(x[i], target=rows[i])) for i in range(start, stop)]
+        return [(b"%05d" % i, Sample(x[i], rows[i])) for i in range(start, stop)]
 
     def _compared(self):
         """What the samples are compared with: (N, target_dim) targets (0 without y), or (N,)

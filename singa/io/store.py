@@ -75,4 +75,4 @@ def count_records(backend, path):
 
 def _read_many(store, n):
     """The next `n` pairs of `store`, fewer only at its end (a kvfile cuts them from one block)."""
-    return store.read_many(n) if isinstance(store, KVFile) else list(islice(store, n))
+    return store.read_many(n) if hasattr(store, "read_many") else list(islice(store, n))

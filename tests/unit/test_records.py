@@ -6,8 +6,9 @@ import pytest
 
 from singa.errors import ConfigError, DataError
 from singa.io.kvfile import KVFile
-from singa.io.records import (decode_batch, encode_record, holds_targets, parse_record,
-                              record_values, targets_of, write_records)
+from singa.io.records import (Sample, decode_batch, encode_record, holds_targets,
+                              parse_record, record_values, targets_of, uniform_pixels,
+                              write_records)
 from singa.proto import common_pb2
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
@@ -183,3 +184,34 @@ def test_bad_targets_are_one_line():
     assert targets_of(np.array([1, 2]), 2).tolist() == [[1.0], [2.0]]
     assert holds_targets(np.array([0.5, 1])) and not holds_targets(np.array([0.5, 1]) * 2)
     assert not holds_targets(np.eye(3)[[0, 2]]) and not holds_targets(np.zeros(2, int))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("targets", [False, True])
+def test_samples_decode_to_the_bits_of_their_encoded_records(dtype, targets):
+    """The memory store's unserialized `Sample`s: decode_batch (and, for uint8, the device
+    path's uniform_pixels) gives what it gives of the RecordProto bytes encode_record makes of
+    them, float for float."""
+    rng = np.random.default_rng(3)
+    x = (rng.random((5, 2, 3)) * 255).astype(dtype) if dtype != np.float64 else \
+        rng.standard_normal((5, 2, 3)) * 1e3
+    y = rng.standard_normal((5, 2)).astype(np.float32) if targets else np.arange(5) * 7
+    samples = [Sample(x[i], target=y[i]) if targets else Sample(x[i], y[i]) for i in range(5)]
+    records = [encode_record(x[i], 0, y[i]) if targets else encode_record(x[i], y[i])
+               for i in range(5)]
+    got = [np.full((5, 2), np.nan, np.float32) if targets else None]
+    want = [np.full((5, 2), np.nan, np.float32) if targets else None]
+    a = decode_batch(samples, 6, targets_out=got[0])
+    b = decode_batch(records, 6, targets_out=want[0])
+    for u, v in zip(a + tuple(got), b + tuple(want)):
+        if u is not None:
+            assert u.dtype == v.dtype and u.tobytes() == v.tobytes()
+    if dtype == np.uint8 and not targets:
+        labels, more = np.zeros(5, np.int32), np.zeros(5, np.int32)
+        assert uniform_pixels(samples, 6, labels).tobytes() == \
+            uniform_pixels(records, 6, more).tobytes() and (labels == more).all()
+
+
+def test_a_sample_of_another_size_is_named_like_a_record():
+    with pytest.raises(DataError, match=r"record '00001' has 4 values, expected 6"):
+        decode_batch([Sample(np.zeros(6)), Sample(np.zeros(4))], 6, keys=[b"00000", b"00001"])
