@@ -29,6 +29,9 @@ echo
 echo "== bench_api.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_api.py
 echo
+echo "== bench_small_fit.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_small_fit.py
+echo
 echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_notice.py
 echo
