@@ -200,8 +200,8 @@ class ZKClusterRuntime(ClusterRuntime):
 
     def register_proc(self, endpoint, pid, procs_id=None, rejoin=False):
         """`rejoin`: `procs_id` comes back to a running job (a restart of a lost process,
-        issue 31): its old proc-done and proc-lost marks go, and its old proc node, which ZooKeeper ends
-        with the lost session, is waited for (SESSION_TIMEOUT and a margin)."""
+        issue 31): its old proc-done and proc-lost marks go, and its old proc node, which
+        ZooKeeper ends with the lost session, is waited for (SESSION_TIMEOUT and a margin)."""
         zk, job = self.zk, self.path
         if procs_id is None:
             procs_id = self.reserve_proc()

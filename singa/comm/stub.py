@@ -168,7 +168,8 @@ class Stub:
                 if server in self.executors and all(
                         w in self.gone or self.locate(w) in self.members.away for w in workers):
                     log.info("Stub: server (group = %d, id = %d) stops with the job: its "
-                             "workers have left or are away", m.addr_grp(server), m.addr_id(server))
+                             "workers have left or are away", m.addr_grp(server),
+                             m.addr_id(server))
                     self.router.send(m.Msg(m.STUB, server, m.kStop))
                     self.served.pop(server)
         late = self.members.overdue()

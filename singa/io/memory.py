@@ -5,9 +5,9 @@ bytes, other dtypes float `data`) and what they are compared with, `y` (None: la
 a path `memory://<n>`; `open_store("memory", path, conf=store_conf)` reads them as (key,
 `records.Sample`) tuples in order, which `records.decode_batch` takes for the RecordProto
 bytes of a kvfile of the same records (the same bits, without encoding them), so the input
-layers batch, skip and preprocess them exactly as that kvfile. The layer's store_conf says what `y` is: with
-target_dim k, regression targets (k floats per sample, the records' `target`); without, class
-labels (`records.class_indices`: indices or one-hot rows). `y` is kept as given, so a model
+layers batch, skip and preprocess them exactly as that kvfile. The layer's store_conf says
+what `y` is: with target_dim k, regression targets (k floats per sample, the records'
+`target`); without, class labels (`records.class_indices`: indices or one-hot rows). `y` is kept as given, so a model
 may read the same y either way (Keras' mean squared error takes integer y as targets).
 Positions (`tell`/`seek`) are record indices. Arrays live in this process only: a job of
 several processes reads numpy data from a kvfile (`records.write_records`).

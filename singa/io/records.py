@@ -109,18 +109,29 @@ def uniform_pixels(values, dim, labels):
 def _decode_samples(samples, dim, keys, x, labels, shape, targets=None):
     """`_decode_each` of `Sample`s: each row converted to float32 as `encode_record` does."""
     for key, sample in zip(keys, samples):
-        if sample.x.size != dim:
-            want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
-            raise DataError(f"record {_text(key)!r} has {sample.x.size} values, expected {want}")
+        _check_size(key, sample.x.size, dim, shape)
     x[...] = np.stack([s.x.reshape(-1) for s in samples])
     labels[:] = [0 if s.target is not None else s.label for s in samples]
+    if targets is None:
+        return
     for i, (key, sample) in enumerate(zip(keys, samples)):
-        if targets is not None:
-            target = np.zeros(0, np.float32) if sample.target is None else sample.target
-            if target.size != targets.shape[1]:
-                raise DataError(f"record {_text(key)!r} has {target.size} targets, expected "
-                                f"{targets.shape[1]} (store_conf.target_dim)")
-            targets[i] = target.reshape(-1)
+        target = np.zeros(0, np.float32) if sample.target is None else sample.target
+        _check_targets(key, target.size, targets.shape[1])
+        targets[i] = target.reshape(-1)
+
+
+def _check_size(key, size, dim, shape):
+    """DataError naming record `key` unless it holds `dim` values."""
+    if size != dim:
+        want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
+        raise DataError(f"record {_text(key)!r} has {size} values, expected {want}")
+
+
+def _check_targets(key, size, k):
+    """DataError naming record `key` unless it holds the layer's `k` targets."""
+    if size != k:
+        raise DataError(f"record {_text(key)!r} has {size} targets, expected {k} "
+                        f"(store_conf.target_dim)")
 
 
 def _decode_each(values, dim, keys, x, labels, shape, targets=None):
@@ -130,9 +141,7 @@ def _decode_each(values, dim, keys, x, labels, shape, targets=None):
     for i, (key, value) in enumerate(zip(keys, values)):
         rec = parse_record(value, key)
         row = rec.data or rec.pixel
-        if len(row) != dim:
-            want = f"{dim} (shape {list(shape)})" if shape else f"{dim}"
-            raise DataError(f"record {_text(key)!r} has {len(row)} values, expected {want}")
+        _check_size(key, len(row), dim, shape)
         if type(row) is bytes:
             pixel_rows.append(i)
             pixels.append(row)
@@ -140,9 +149,7 @@ def _decode_each(values, dim, keys, x, labels, shape, targets=None):
             x[i] = row
         labels[i] = rec.label
         if targets is not None:
-            if len(rec.target) != targets.shape[1]:
-                raise DataError(f"record {_text(key)!r} has {len(rec.target)} targets, expected "
-                                f"{targets.shape[1]} (store_conf.target_dim)")
+            _check_targets(key, len(rec.target), targets.shape[1])
             targets[i] = rec.target
     if pixels:
         x[pixel_rows] = np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), dim)

@@ -1,5 +1,6 @@
 """comm.stub: the stub talks to the servers as itself and routes their answers by address; the
 Stub ⇄ Server protocol (Put, Get, Update, State) over real inproc sockets."""
+import contextlib
 import threading
 import time
 
@@ -218,15 +219,16 @@ def until(done, seconds=2.0):
         time.sleep(0.01)
 
 
-def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_away_stops():
-    """The loss of an elastic process (issue 31) does not stop the stub: nothing goes to it
-    until a message of its restart arrives (then everything does), and one that stays away
-    past `rejoin_timeout` stops the stub with the loss named."""
+@contextlib.contextmanager
+def elastic_stub(name, nprocs, members):
+    """Process 0's stub running in a thread with a local worker (0, 0) and process 1's stub
+    at its router; yields (stub, worker, remote, sent, thread), `sent` the (procs id, type) of
+    what went to other processes. On the way out the worker stops and everything closes."""
     ctx = zmq.Context()
-    router = Router(ctx, "inproc://test-elastic-stub")
+    router = Router(ctx, f"inproc://{name}")
     worker = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
     remote = Dealer(m.addr(0, 1, m.kStub), router.endpoint)
-    sent, forgot = [], []
+    sent = []
 
     class Peer:
         def __init__(self, pid):
@@ -236,12 +238,26 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
             sent.append((self.pid, msg.type))
 
     stub = Stub(router, {}, [worker.address], poll_ms=10, pid=0, locate=lambda a: 0,
-                peers=Peer, nprocs=3, members=Membership({1, 2}, forget=forgot.append,
-                                                         returned=lambda pid: True,
-                                                         rejoin_timeout=1.0))
+                peers=Peer, nprocs=nprocs, members=members)
     thread = threading.Thread(target=stub.run, daemon=True)
     thread.start()
     try:
+        yield stub, worker, remote, sent, thread
+    finally:
+        worker.send(m.Msg(worker.address, m.STUB, m.kStop))
+        thread.join(5)
+        worker.close(), remote.close(), router.close()
+        ctx.term()
+
+
+def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_away_stops():
+    """The loss of an elastic process (issue 31) does not stop the stub: nothing goes to it
+    until a message of its restart arrives (then everything does), and one that stays away
+    past `rejoin_timeout` stops the stub with the loss named."""
+    forgot = []
+    members = Membership({1, 2}, forget=forgot.append, returned=lambda pid: True,
+                         rejoin_timeout=1.0)
+    with elastic_stub("test-elastic-stub", 3, members) as (stub, worker, remote, sent, thread):
         stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
         stub.request_snapshot(50)
         assert worker.receive(2000).type == m.kSnapshot
@@ -256,11 +272,6 @@ def test_an_elastic_process_away_is_sent_nothing_until_it_returns_and_too_long_a
         assert worker.receive(3000).type == m.kStop
         assert stub.error == ("ClusterError", "process 2 of job 3 (h:2, pid 10) was lost, and "
                                               "did not rejoin within 1 s")
-    finally:
-        worker.send(m.Msg(worker.address, m.STUB, m.kStop))
-        thread.join(5)
-        worker.close(), remote.close(), router.close()
-        ctx.term()
     assert not thread.is_alive()
 
 
@@ -268,23 +279,9 @@ def test_the_late_messages_of_a_process_taken_for_lost_are_dropped_until_its_res
     """A process woken from a freeze shorter than its ZooKeeper session sends on at its old
     endpoint: nothing of it counts (the bug: its late Updates reached the servers) until a
     message of its restart (`returned`) arrives."""
-    ctx = zmq.Context()
-    router = Router(ctx, "inproc://test-stub-late")
-    worker = Dealer(m.addr(0, 0, m.kWorkerParam), router.endpoint)
-    remote = Dealer(m.addr(0, 1, m.kStub), router.endpoint)
-    restarted, sent = [], []
-
-    class Peer:
-        def __init__(self, pid):
-            self.send = sent.append
-
-    stub = Stub(router, {}, [worker.address], poll_ms=10, pid=0, locate=lambda a: 0,
-                peers=Peer, nprocs=2,
-                members=Membership({1}, forget=lambda pid: None,
-                                   returned=lambda pid: bool(restarted)))
-    thread = threading.Thread(target=stub.run, daemon=True)
-    thread.start()
-    try:
+    restarted = []
+    members = Membership({1}, forget=lambda pid: None, returned=lambda pid: bool(restarted))
+    with elastic_stub("test-stub-late", 2, members) as (stub, worker, remote, _, _):
         stub.report_lost("process 1 of job 3 (h:1, pid 9) was lost", 1)
         until(lambda: 1 in stub.members.away)
         remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 60))
@@ -292,11 +289,6 @@ def test_the_late_messages_of_a_process_taken_for_lost_are_dropped_until_its_res
         restarted.append(1)
         remote.send(m.Msg(m.addr(0, 1, m.kStub), m.addr(0, 0, m.kStub), m.kSnapshot, 0, 70))
         assert worker.receive(2000).trgt_version == 70 and not stub.members.away
-    finally:
-        worker.send(m.Msg(worker.address, m.STUB, m.kStop))
-        thread.join(5)
-        worker.close(), remote.close(), router.close()
-        ctx.term()
 
 
 def test_a_job_stopping_for_a_snapshot_does_not_wait_for_a_process_away():
