@@ -288,10 +288,11 @@ while :; do
       else
         frozen_at[$i]=""
       fi
-      if [ -n "${ended_rc[$i]:-}" ]; then     # remote: reaped by check_ssh
+      if [ -n "${ended_rc[$i]:-}" ]; then     # remote: reaped by check_ssh alone
         rc=${ended_rc[$i]}; ended_rc[$i]=""
       else
-        [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null || continue
+        [ "${proc_host[$i]}" = localhost ] && [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null \
+          || continue
         rc=0; wait "$pid" || rc=$?
         forget_pid "$pid"; proc_pid[$i]=""
       fi
@@ -323,6 +324,7 @@ while :; do
   # whose ssh runs is asked for every 5 s: lost to ZooKeeper (frozen past its session, or cut
   # off from it) it can never go on, and is stopped over ssh (singa-kill-proc.sh), which ends
   # its session; it is then restarted as a failed one.
+  proc_state() { singatool procstate "$job_id" "$1" -confdir "$SINGA_CONF" 2>/dev/null; }
   check_ssh() {
     local i pid rc state
     for i in "${!proc_host[@]}"; do
@@ -336,7 +338,7 @@ while :; do
           [[ " $elastic " == *" $i "* ]] && [ $SECONDS -ge "${polled[$i]:-0}" ] || continue
           polled[$i]=$((SECONDS + 5))
         fi
-        state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || continue
+        state=$(proc_state "$i") || continue
         case $state in
           running\ *) os_pid[$i]=${state##*|}; continue ;;
           done|over) [ -z "${detached[$i]:-}" ] || { detached[$i]=""; ended_rc[$i]=0; }; continue ;;
@@ -358,7 +360,7 @@ while :; do
       forget_pid "$pid"; proc_pid[$i]=""
       ended_rc[$i]=$rc
       [ $rc -eq 255 ] || continue
-      state=$(singatool procstate "$job_id" "$i" -confdir "$SINGA_CONF" 2>/dev/null) || state=""
+      state=$(proc_state "$i") || state=""
       case $state in
         running\ *)
           echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) while the process runs; watching it in ZooKeeper" >&2
@@ -422,7 +424,8 @@ while :; do
     [ -n "$pids_listed" ] || [ $SECONDS -lt $pids_at ] || list_pids
     alive=0
     for pid in "${local_pids[@]}" "${remote_pids[@]}"; do ! kill -0 "$pid" 2>/dev/null || alive=1; done
-    [ -z "${detached[*]// /}" ] || alive=1
+    # a process detached from its ssh runs until the job has none left in ZooKeeper
+    [ -n "$over" ] || [ -z "${detached[*]// /}" ] || alive=1
     [ $alive -eq 1 ] || break
     if [ -n "$watcher" ] && ! kill -0 "$watcher" 2>/dev/null; then
       rc=0; wait "$watcher" 2>/dev/null || rc=$?
@@ -460,22 +463,22 @@ while :; do
   for pid in "${local_pids[@]}"; do
     wait "$pid" || { rc=$?; [ $status -ne 0 ] || status=$rc; }
   done
+  # The status of a remote process from its ssh's exit $2 on host $1 ($3: closed here)
+  ssh_status() {
+    local r=$2
+    if [ "$r" -eq 255 ] || [ -n "${3:-}" ]; then
+      echo "singa-run: lost host $1: its ssh session ended (exit $r) without its process's status" >&2
+      r=1
+    fi
+    [ $status -ne 0 ] || status=$r
+  }
   for i in "${!remote_pids[@]}"; do
     rc=0; wait "${remote_pids[$i]}" || rc=$?
-    if [ $rc -eq 255 ] || [ -n "${closed[$i]:-}" ]; then
-      echo "singa-run: lost host ${remote_hosts[$i]}: its ssh session ended (exit $rc) without its process's status" >&2
-      rc=1
-    fi
-    [ $status -ne 0 ] || status=$rc
+    ssh_status "${remote_hosts[$i]}" $rc "${closed[$i]:-}"
   done
   for i in "${!ended_rc[@]}"; do
     rc=${ended_rc[$i]}
-    [ -n "$rc" ] || continue
-    if [ "$rc" -eq 255 ]; then
-      echo "singa-run: lost host ${proc_host[$i]}: its ssh session ended (exit $rc) without its process's status" >&2
-      rc=1
-    fi
-    [ $status -ne 0 ] || status=$rc
+    [ -z "$rc" ] || ssh_status "${proc_host[$i]}" "$rc"
   done
   # done or bad input end here; a process stopped by a signal that was not sent to this
   # launcher (which stop_job handles) is a failure: max_restarts applies
