@@ -26,6 +26,12 @@ def temporary_files(folder):
     return {n for n in (os.listdir(folder) if os.path.isdir(folder) else ()) if ".tmp-" in n}
 
 
+def meta_steps(folder):
+    """The steps of worker 0's finished .meta files in the folder (the last file a write renames)."""
+    return {int(m.group(1)) for n in (os.listdir(folder) if os.path.isdir(folder) else ())
+            if (m := re.fullmatch(r"step(\d+)-worker0\.meta", n))}
+
+
 def versions(path):
     return {v for *_, v in checkpoint.CheckpointReader(path).meta()}
 
@@ -40,7 +46,13 @@ def test_sigkill_at_random_moments_then_resume(mlp_job, singa_popen, run_driver,
         old = temporary_files(folder)
         proc = singa_popen(job, "-resume")
         time.sleep(rng.uniform(0.3, 1.5))
-        if kills % 4 == 3:   # every fourth kill aims at a write: the moment a new temporary file shows
+        if kills % 4 == 3:   # every fourth kill aims at a write: the moment a new temporary file
+            # shows once this run has written a snapshot of its own (however slow a loaded
+            # machine makes its start), so the kills do not all land before the first checkpoint
+            newest = -1 if latest is None else latest.step
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and max(meta_steps(folder), default=-1) <= newest:
+                time.sleep(0.01)
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not temporary_files(folder) - old:
                 pass
