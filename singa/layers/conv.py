@@ -113,6 +113,9 @@ class ConvolutionLayer(Layer):
     by (i, j), in (c, i, j) order; per tap, gW sums g·(x shifted) over the samples in order,
     then over the pixels (np.sum); gx adds W·g back per tap, in scan order (`group_conv*` of
     each kernel module, all adding in these orders: the same bits).
+    Where oneDNN is installed (`kernels.convolution`) each chunk of samples is instead one
+    oneDNN call per pass at one thread (its direct convolution, groups included), the chunks'
+    gW summed in chunk order as above, gb ours.
     A conf that lists one param has W alone (Keras' use_bias=False): no b, y[n] = W·col(x[n]).
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
@@ -148,6 +151,9 @@ class ConvolutionLayer(Layer):
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.kernels = kernels.choose(self.device)
+        engine = kernels.convolution(self.device)
+        self.onednn = engine and engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
+                                             self.bias is not None)
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
         # faster than g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same
         # bits; made at the first backward pass (chunks × W's size: a forward-only net never
@@ -158,6 +164,10 @@ class ConvolutionLayer(Layer):
         # by the whole layer's group, so that every partition of it runs the same loops
         self.direct = (self.conf.convolution_conf.group > 1
                        and (c // g) * (f // g) <= DIRECT_GROUP)
+        if self.onednn:         # chunks of samples, each a oneDNN call at one thread
+            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4)
+            self._cols, self.direct, self.transposed = None, False, False
+            return
         if self.direct:
             # the direct kernels add a bias: zeros for a layer without one
             self._zero_bias = self.xp.zeros(f, np.float32) if self.bias is None else None
@@ -228,8 +238,14 @@ class ConvolutionLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = self._input(srclayers)
-        forward = self._direct_forward if self.direct else self._forward
+        forward = self._onednn_forward if self.onednn else \
+            self._direct_forward if self.direct else self._forward
         threads.run(lambda i, slot: forward(x, i, slot), len(self.chunks))
+
+    def _onednn_forward(self, x, i, slot):
+        rows = self.chunks[i]
+        self.onednn.forward(np.ascontiguousarray(x[rows]), self.weight.data,
+                            None if self.bias is None else self.bias.data, self.data[rows], slot)
 
     def _direct_forward(self, x, i, slot):
         rows = self.chunks[i]
@@ -287,16 +303,30 @@ class ConvolutionLayer(Layer):
             np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
         if self._gws is None:     # per chunk: gW, or gWᵀ as (G, C/G·kh·kw, F/G)
             self._gws = self.xp.empty(
-                (len(self.chunks),) + ((f, self._k) if self.direct
+                (len(self.chunks),) + ((f, self._k) if self.direct or self.onednn
                                        else (self.group, self._k, f // self.group)), np.float32)
-        backward = self._direct_backward if self.direct else self._backward
+        backward = self._onednn_backward if self.onednn else \
+            self._direct_backward if self.direct else self._backward
         threads.run(lambda i, slot: backward(x, gx, i, slot), len(self.chunks))
-        gw = self.weight.grad if self.direct else \
+        gw = self.weight.grad if self.direct or self.onednn else \
             self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
         if flag & job_pb2.kAggGrad:
             gw += self._gws.sum(axis=0)
         else:
             np.sum(self._gws, axis=0, out=gw)
+
+    def _onednn_backward(self, x, gx, i, slot):
+        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+        rows = self.chunks[i]
+        gy = self.grad[rows]
+        self.onednn.backward_weights(np.ascontiguousarray(x[rows]), gy, self._gws[i], slot)
+        if gx is None:
+            return
+        target = gx[rows]       # not contiguous: a partition's channels of the source's
+        out = target if target.flags.c_contiguous else np.empty(target.shape, np.float32)
+        self.onednn.backward_data(gy, self.weight.data, out, slot)
+        if out is not target:
+            np.copyto(target, out)
 
     def _direct_backward(self, x, gx, i, slot):
         """Chunk i's share of gW into _gws[i], and its samples' gx."""
@@ -391,6 +421,9 @@ class DeconvolutionLayer(Layer):
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.kernels = kernels.choose(self.device)
+        engine = kernels.convolution(self.device)
+        self.onednn = engine and engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
+                                             self.bias is not None)
         self.chunks = threads.chunks(n, f * kh * kw * h * w * 4, is_host(self.data))
         self._gws = self.xp.empty((len(self.chunks), g, c // g, f // g * kh * kw), np.float32)
         self._scratch = threads.Scratch(self._make_scratch)

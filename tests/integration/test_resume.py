@@ -152,18 +152,27 @@ def conv_edit(path, **fields):
     return path
 
 
-def test_resume_on_other_thread_counts_is_bit_exact(tmp_path, singa_conf):
+@pytest.mark.parametrize("first_kernels, kernels", [("numpy", "numba"), ("onednn", "onednn")])
+def test_resume_on_other_thread_counts_is_bit_exact(tmp_path, singa_conf, first_kernels,
+                                                    kernels):
     # 1 compute thread all along, against 2 threads up to step 60 and then 3: chunks and
     # pieces follow from the shapes alone, so every thread count computes the same bits; the
-    # first 60 steps on numpy's copies (singa.layers.kernels), the rest on numba's if installed
+    # first 60 steps on numpy's copies (singa.layers.kernels), the rest on numba's (the same
+    # bits), or all on oneDNN's convolution
+    if kernels == "onednn":
+        onednn = pytest.importorskip("singa.layers.kernels.onednn")
+        try:
+            onednn.library()
+        except OSError as e:
+            pytest.skip(str(e))
     ref = conv_edit(write_bitexact(tmp_path, "ref", tmp_path / "ref", train_steps=120))
-    assert driver(ref, singa_conf).returncode == 0
+    assert driver(ref, singa_conf, env={"SINGA_KERNELS": kernels}).returncode == 0
     first = conv_edit(write_bitexact(tmp_path, "first", tmp_path / "ws", train_steps=60),
                       num_openblas_threads=2)
-    assert driver(first, singa_conf, env={"SINGA_KERNELS": "numpy"}).returncode == 0
+    assert driver(first, singa_conf, env={"SINGA_KERNELS": first_kernels}).returncode == 0
     second = conv_edit(write_bitexact(tmp_path, "second", tmp_path / "ws", train_steps=120),
                        num_openblas_threads=3)
-    r = driver(second, singa_conf, "-resume")
+    r = driver(second, singa_conf, "-resume", env={"SINGA_KERNELS": kernels})
     assert r.returncode == 0, r.stderr
     assert "Resume from step 60" in r.stderr
     assert_same_training_state(tmp_path / "ref" / "checkpoint" / "step120-worker0.bin",

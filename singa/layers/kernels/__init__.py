@@ -9,6 +9,11 @@ fast on a CPU.
 SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give the same
 float32 bits (but for CUDA's exp and tanh in the activations), so a job may resume on any of
 them. A layer chooses at its setup and keeps the module as `self.kernels`.
+
+`convolution(device)` is the engine of the CPU's convolutions: oneDNN (`kernels.onednn`, the
+`onednn` extra) where it loads, unless SINGA_KERNELS names numba or numpy; None: the im2col
+path on this module's kernels. oneDNN adds in its own order: a job resumes bit-exactly on the
+engine it ran on, within float32 rounding on another. Which one runs is logged once.
 """
 import functools
 import importlib
@@ -24,7 +29,14 @@ log = logging.getLogger("singa")
 
 __all__ = ["choose", "RELU", "SIGMOID", "TANH", "STANH"]
 
-CHOICES = ("numba", "numpy")
+CHOICES = ("onednn", "numba", "numpy")
+
+
+def _choice():
+    choice = os.environ.get("SINGA_KERNELS", "onednn")
+    if choice not in CHOICES:
+        raise ConfigError(f"SINGA_KERNELS={choice}: must be one of {', '.join(CHOICES)}")
+    return choice
 
 
 def choose(device):
@@ -32,12 +44,37 @@ def choose(device):
     SINGA_KERNELS=numpy or numba is not installed or does not load."""
     if device.gpu is not None:
         return cuda
-    choice = os.environ.get("SINGA_KERNELS", "numba")
-    if choice not in CHOICES:
-        raise ConfigError(f"SINGA_KERNELS={choice}: must be one of {', '.join(CHOICES)}")
-    if choice == "numpy" or importlib.util.find_spec("numba") is None:
+    if _choice() == "numpy" or importlib.util.find_spec("numba") is None:
         return numpy
     return _numba()
+
+
+def convolution(device):
+    """singa.layers.kernels.onednn for the CPU's convolutions where SINGA_KERNELS is unset or
+    onednn and oneDNN 3 loads; else None (the im2col path). SINGA_KERNELS=onednn where it does
+    not load is a ConfigError."""
+    if device.gpu is not None:
+        return None
+    choice = _choice()
+    if choice != "onednn":
+        _log_engine("convolution runs im2col + BLAS (SINGA_KERNELS=%s)" % choice)
+        return None
+    from singa.layers.kernels import onednn
+    try:
+        onednn.library()
+    except OSError as e:
+        if "SINGA_KERNELS" in os.environ:
+            raise ConfigError(f"SINGA_KERNELS=onednn: {e}") from None
+        _log_engine("convolution runs im2col + BLAS (oneDNN is not installed: pip install "
+                    "'singa[onednn]')")
+        return None
+    _log_engine(f"convolution runs on oneDNN {onednn.version()}")
+    return onednn
+
+
+@functools.cache
+def _log_engine(line):
+    log.info(line)
 
 
 @functools.cache

@@ -1,0 +1,301 @@
+"""Convolution on oneDNN, the CPU engine of torch and of SINGA >= 1.0 (`kernels.convolution`
+picks it where the `onednn` extra, Intel's `onednn-cpu-gomp` wheel, is installed): its C API
+(v3) through ctypes, forward, data gradient and weight gradient of a plain or grouped
+convolution with padding and stride (`Conv`). The other kernels stay numba's (or numpy's).
+
+oneDNN runs inside our compute threads at one OpenMP thread each, on a chunk of samples per
+call, like the im2col path: the chunks depend on the shapes only, the weight gradient sums
+the chunks' in chunk order, so the results do not depend on the thread count, and a job
+resumes bit-exactly on this engine. They are not the bits of numba's/numpy's products
+(another order of additions; tests/unit/test_onednn.py bounds the difference per pass).
+Each primitive chooses its own memory layout (blocked, e.g. nChw8c); reorders copy our
+(N, C, H, W) arrays in and out of it; all are built once per chunk size and kept.
+"""
+import ctypes
+import ctypes.util
+import functools
+import glob
+import logging
+import os
+import sys
+import threading
+
+import numpy as np
+
+log = logging.getLogger("singa")
+
+P = ctypes.c_void_p
+Dims = ctypes.c_int64 * 12          # dnnl_dims_t: DNNL_MAX_NDIMS int64s
+F32, CPU, ANY = 3, 1, 1              # dnnl_f32, dnnl_cpu, dnnl_format_tag_any
+FORWARD_TRAINING, DIRECT = 64, 1     # dnnl_forward_training, dnnl_convolution_direct
+SCRATCHPAD_USER = 1                  # dnnl_scratchpad_mode_user
+ALLOCATE = P(2**64 - 1)              # DNNL_MEMORY_ALLOCATE: the library allocates
+# dnnl_query_*: the implementation's name, then the memory descriptors of the arguments
+IMPL_INFO = 8
+Q_SRC, Q_DIFF_SRC, Q_WEIGHTS, Q_DIFF_WEIGHTS, Q_DST, Q_DIFF_DST, Q_SCRATCHPAD = \
+    129, 130, 131, 132, 133, 134, 136
+# DNNL_ARG_*
+SRC, DST, WEIGHTS, BIAS, SCRATCHPAD = 1, 17, 33, 41, 80
+DIFF_SRC, DIFF_DST, DIFF_WEIGHTS = 129, 145, 161
+# the C API's functions this module calls, with their argument types (status is an int)
+SIGNATURES = {
+    "dnnl_engine_create": [P, ctypes.c_int, ctypes.c_size_t],
+    "dnnl_stream_create": [P, P, ctypes.c_uint],
+    "dnnl_stream_wait": [P],
+    "dnnl_primitive_attr_create": [P],
+    "dnnl_primitive_attr_set_scratchpad_mode": [P, ctypes.c_int],
+    "dnnl_memory_desc_create_with_tag": [P, ctypes.c_int, Dims, ctypes.c_int, ctypes.c_int],
+    "dnnl_memory_desc_create_with_strides": [P, ctypes.c_int, Dims, ctypes.c_int, Dims],
+    "dnnl_memory_desc_equal": [P, P],
+    "dnnl_memory_create": [P, P, P, P],
+    "dnnl_memory_set_data_handle": [P, P],
+    "dnnl_convolution_forward_primitive_desc_create":
+        [P, P, ctypes.c_int, ctypes.c_int, P, P, P, P, Dims, Dims, Dims, Dims, P],
+    "dnnl_convolution_backward_data_primitive_desc_create":
+        [P, P, ctypes.c_int, P, P, P, Dims, Dims, Dims, Dims, P, P],
+    "dnnl_convolution_backward_weights_primitive_desc_create":
+        [P, P, ctypes.c_int, P, P, P, P, Dims, Dims, Dims, Dims, P, P],
+    "dnnl_reorder_primitive_desc_create": [P, P, P, P, P, P],
+    "dnnl_primitive_desc_query": [P, ctypes.c_int, ctypes.c_int, P],
+    "dnnl_primitive_desc_query_md": [P, ctypes.c_int, ctypes.c_int],
+    "dnnl_primitive_create": [P, P],
+    "dnnl_primitive_execute": [P, P, ctypes.c_int, P],
+}
+
+
+class Arg(ctypes.Structure):
+    """dnnl_exec_arg_t: an argument's index (DNNL_ARG_*) and its memory."""
+    _fields_ = [("arg", ctypes.c_int), ("memory", P)]
+
+
+class Version(ctypes.Structure):
+    """dnnl_version_t."""
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("patch", ctypes.c_int),
+                ("hash", ctypes.c_char_p), ("cpu_runtime", ctypes.c_uint),
+                ("gpu_runtime", ctypes.c_uint)]
+
+
+class OneDNNError(RuntimeError):
+    """A oneDNN call that did not return dnnl_success."""
+
+
+def candidates():
+    """Where libdnnl.so.3 may be: the wheel's (in this environment's lib/), then the
+    system's."""
+    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so.3*")), key=len)
+    system = ctypes.util.find_library("dnnl")
+    return found + ([system] if system else [])
+
+
+@functools.cache
+def library():
+    """(the loaded libdnnl of major version 3, libgomp's omp_set_num_threads) or raises
+    OSError: not installed, not loadable, or another major version."""
+    for path in candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        lib.dnnl_version.restype = ctypes.POINTER(Version)
+        if lib.dnnl_version().contents.major != 3:
+            continue
+        for name, argtypes in SIGNATURES.items():
+            getattr(lib, name).argtypes = argtypes
+        lib.dnnl_primitive_desc_query_md.restype = P
+        lib.dnnl_memory_desc_equal.restype = ctypes.c_int
+        gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+        return lib, gomp.omp_set_num_threads
+    raise OSError("oneDNN 3 (libdnnl.so.3) is not installed: pip install 'singa[onednn]'")
+
+
+def version():
+    """'3.2.0' of the loaded library."""
+    v = library()[0].dnnl_version().contents
+    return f"{v.major}.{v.minor}.{v.patch}"
+
+
+def check(status, what):
+    if status:
+        raise OneDNNError(f"oneDNN {what}: status {status}")
+
+
+@functools.cache
+def engine():
+    """(the CPU engine, an in-order stream, the primitives' attributes: user scratchpads, so
+    that one primitive runs in several threads at once with a scratchpad each)."""
+    lib = library()[0]
+    eng, stream, attr = P(), P(), P()
+    check(lib.dnnl_engine_create(ctypes.byref(eng), CPU, 0), "engine")
+    check(lib.dnnl_stream_create(ctypes.byref(stream), eng, 1), "stream")
+    check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attributes")
+    check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, SCRATCHPAD_USER), "attributes")
+    return eng, stream, attr
+
+
+def plain(shape):
+    """A memory descriptor of a C-contiguous float32 array of `shape`."""
+    strides = [int(np.prod(shape[i + 1:], dtype=np.int64)) for i in range(len(shape))]
+    md = P()
+    check(library()[0].dnnl_memory_desc_create_with_strides(
+        ctypes.byref(md), len(shape), Dims(*shape), F32, Dims(*strides)), "memory descriptor")
+    return md
+
+
+def chosen(shape):
+    """A memory descriptor of `shape` whose layout the primitive chooses."""
+    md = P()
+    check(library()[0].dnnl_memory_desc_create_with_tag(
+        ctypes.byref(md), len(shape), Dims(*shape), F32, ANY), "memory descriptor")
+    return md
+
+
+def memory(md, handle=ALLOCATE):
+    """A memory object of descriptor md: the library's buffer, or `handle` (None: set later)."""
+    mem = P()
+    check(library()[0].dnnl_memory_create(ctypes.byref(mem), md, engine()[0], handle),
+          "memory")
+    return mem
+
+
+def primitive(pd):
+    prim = P()
+    check(library()[0].dnnl_primitive_create(ctypes.byref(prim), pd), "primitive")
+    return prim
+
+
+def implementation(pd):
+    """The implementation oneDNN chose for a primitive descriptor, e.g. 'jit:avx2'."""
+    name = ctypes.c_char_p()
+    check(library()[0].dnnl_primitive_desc_query(pd, IMPL_INFO, 0, ctypes.byref(name)),
+          "query")
+    return name.value.decode()
+
+
+class Conv:
+    """One convolution's primitives for chunks of b samples of x (b, C, H, W) with W
+    (G, F/G, C/G, kh, kw) (G = 1: (F, C, kh, kw)) and b (F,) or none: y = conv(x, W) + b,
+    gx = conv_data_grad(g, W), gW = conv_weight_grad(x, g), oneDNN's direct algorithm.
+    `forward`, `backward_data` and `backward_weights` run one chunk in the calling thread;
+    `slot` names the thread, which owns its buffers for the chunk."""
+
+    def __init__(self, chw, filters, kernel, pad, stride, groups, bias):
+        self.chw, self.filters, self.kernel = chw, filters, kernel
+        self.pad, self.stride, self.groups, self.bias = pad, stride, groups, bias
+        self.built = {}                 # b -> the primitives and descriptors for b samples
+        self.buffers = {}               # (slot, b) -> the memory objects of one thread
+        self.lock = threading.Lock()
+        self.logged = False
+
+    def wshape(self):
+        (c, _, _), f, (kh, kw), g = self.chw, self.filters, self.kernel, self.groups
+        return (f, c, kh, kw) if g == 1 else (g, f // g, c // g, kh, kw)
+
+    def yshape(self, b):
+        (c, h, w), (kh, kw), (ph, pw), (sh, sw) = self.chw, self.kernel, self.pad, self.stride
+        return (b, self.filters, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
+
+    def _build(self, b):
+        """The three passes' primitive descriptors and primitives for chunks of b samples."""
+        lib = library()[0]
+        eng, _, attr = engine()
+        xs, ys, ws = (b,) + tuple(self.chw), self.yshape(b), self.wshape()
+        x, y, w = chosen(xs), chosen(ys), chosen(ws)
+        bias = plain((self.filters,)) if self.bias else None
+        s, d, p = Dims(*self.stride), Dims(0, 0), Dims(*self.pad)
+        fwd, bwd_d, bwd_w = P(), P(), P()
+        check(lib.dnnl_convolution_forward_primitive_desc_create(
+            ctypes.byref(fwd), eng, FORWARD_TRAINING, DIRECT, x, w, bias, y, s, d, p, p, attr),
+            "convolution forward")
+        check(lib.dnnl_convolution_backward_data_primitive_desc_create(
+            ctypes.byref(bwd_d), eng, DIRECT, x, w, y, s, d, p, p, fwd, attr),
+            "convolution backward data")
+        check(lib.dnnl_convolution_backward_weights_primitive_desc_create(
+            ctypes.byref(bwd_w), eng, DIRECT, x, w, None, y, s, d, p, p, fwd, attr),
+            "convolution backward weights")
+        if not self.logged:
+            self.logged = True
+            log.debug("oneDNN convolution %s -> %s: %s, %s, %s", xs, ys, implementation(fwd),
+                      implementation(bwd_d), implementation(bwd_w))
+        pds = {"fwd": fwd, "data": bwd_d, "weights": bwd_w}
+        return {"pd": pds, "prim": {k: primitive(v) for k, v in pds.items()},
+                "plain": {"x": plain(xs), "y": plain(ys), "w": plain(ws), "b": bias},
+                "reorders": {}}
+
+    def _reorder(self, built, src, dst):
+        """A kept reorder primitive from memory descriptor src to dst."""
+        key = (src.value, dst.value)
+        if key not in built["reorders"]:
+            pd = P()
+            eng = engine()[0]
+            check(library()[0].dnnl_reorder_primitive_desc_create(
+                ctypes.byref(pd), src, eng, dst, eng, None), "reorder")
+            built["reorders"][key] = primitive(pd)
+        return built["reorders"][key]
+
+    def _steps(self, b):
+        """This thread's memory objects and the steps of each pass for b samples: per pass,
+        the user arrays it binds and a list of (primitive, args) to execute in order."""
+        with self.lock:
+            built = self.built.get(b) or self.built.setdefault(b, self._build(b))
+        lib = library()[0]
+        passes = {}
+        for name, args in (("fwd", ((SRC, "x", Q_SRC), (WEIGHTS, "w", Q_WEIGHTS),
+                                    (BIAS, "b", None), (DST, "y", Q_DST))),
+                           ("data", ((DIFF_DST, "gy", Q_DIFF_DST), (WEIGHTS, "w", Q_WEIGHTS),
+                                     (DIFF_SRC, "gx", Q_DIFF_SRC))),
+                           ("weights", ((SRC, "x", Q_SRC), (DIFF_DST, "gy", Q_DIFF_DST),
+                                        (DIFF_WEIGHTS, "gw", Q_DIFF_WEIGHTS)))):
+            pd, before, after, bound, mems = built["pd"][name], [], [], {}, {}
+            for arg, array, query in args:
+                kind = array[-1]                    # x, y, w or b: its plain descriptor
+                if built["plain"][kind] is None:    # no bias
+                    continue
+                mem = bound[array] = memory(built["plain"][kind], None)
+                if query is not None:
+                    md = P(lib.dnnl_primitive_desc_query_md(pd, query, 0))
+                    if not lib.dnnl_memory_desc_equal(md, built["plain"][kind]):
+                        inner = memory(md)
+                        if arg in (DST, DIFF_SRC, DIFF_WEIGHTS):    # outputs: out of it after
+                            after.append((self._reorder(built, md, built["plain"][kind]),
+                                          {SRC: inner, DST: mem}))
+                        else:
+                            before.append((self._reorder(built, built["plain"][kind], md),
+                                           {SRC: mem, DST: inner}))
+                        mem = inner
+                mems[arg] = mem
+            scratch = P(lib.dnnl_primitive_desc_query_md(pd, Q_SCRATCHPAD, 0))
+            mems[SCRATCHPAD] = memory(scratch)
+            steps = before + [(built["prim"][name], mems)] + after
+            passes[name] = (bound, [(prim, len(a), (Arg * len(a))(*(Arg(k, m) for k, m in
+                                                                        a.items())))
+                                    for prim, a in steps])
+        return passes
+
+    def _run(self, name, slot, arrays):
+        lib, threads = library()
+        threads(1)              # before a primitive is built: its work is cut for it
+        b = len(arrays["x"] if "x" in arrays else arrays["gy"])
+        key = (slot, b)
+        if key not in self.buffers:
+            self.buffers[key] = self._steps(b)
+        bound, steps = self.buffers[key][name]
+        for array, mem in bound.items():
+            a = arrays[array]
+            assert a.flags.c_contiguous and a.dtype == np.float32, array
+            check(lib.dnnl_memory_set_data_handle(mem, a.ctypes.data), "data handle")
+        stream = engine()[1]
+        for prim, n, args in steps:
+            check(lib.dnnl_primitive_execute(prim, stream, n, args), name)
+        check(lib.dnnl_stream_wait(stream), name)
+
+    def forward(self, x, w, b, y, slot):
+        """y = conv(x, w) + b for a chunk (b None: no bias)."""
+        self._run("fwd", slot, {"x": x, "w": w, "b": b, "y": y})
+
+    def backward_data(self, gy, w, gx, slot):
+        """gx = the gradient of a chunk's x given its gy."""
+        self._run("data", slot, {"gy": gy, "w": w, "gx": gx})
+
+    def backward_weights(self, x, gy, gw, slot):
+        """gw = a chunk's gradient of W (the layer sums b's itself)."""
+        self._run("weights", slot, {"x": x, "gy": gy, "gw": gw})

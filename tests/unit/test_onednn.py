@@ -1,0 +1,99 @@
+"""Convolution on oneDNN (singa.layers.kernels.onednn, the `onednn` extra): each pass against
+the numpy im2col path within float32 rounding, results independent of the thread count,
+and the engine's choice (SINGA_KERNELS, a library that is not there). The values against
+the definition, gradients and groups: test_layers_conv.py, whose every test runs on oneDNN
+too."""
+import logging
+
+import numpy as np
+import pytest
+
+from gradcheck import BACKWARD, FORWARD, Source, make_layer
+from singa.device import CPU, threads
+from singa.errors import ConfigError
+from singa.layers import kernels
+
+onednn = pytest.importorskip("singa.layers.kernels.onednn")
+
+
+@pytest.fixture
+def loaded():
+    try:
+        onednn.library()
+    except OSError as e:
+        pytest.skip(str(e))
+
+
+def conv_conf(num_filters, **kw):
+    fields = " ".join(f"{k}: {v}" for k, v in kw.items())
+    return (f'name: "conv" type: kCConvolution convolution_conf {{ num_filters: {num_filters} '
+            f'{fields} }} param {{ name: "w" }} param {{ name: "b" }}')
+
+
+def passes(monkeypatch, choice, x, conf, nthreads=2):
+    """(y, gW, gb, gx) of one forward and backward pass on SINGA_KERNELS=choice."""
+    monkeypatch.setenv("SINGA_KERNELS", choice)
+    src = Source(x)
+    layer = make_layer(conf, [src])
+    assert (layer.onednn is not None) == (choice == "onednn")
+    layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
+    with threads.limit(nthreads):
+        layer.compute_feature(FORWARD, [src])
+        layer.compute_gradient(BACKWARD, [src])
+    return layer.data.copy(), layer.weight.grad.copy(), layer.bias.grad.copy(), src.grad.copy()
+
+
+@pytest.mark.parametrize("shape, conf", [
+    ((16, 1, 28, 28), dict(num_filters=20, kernel=5)),                        # LeNet's conv1
+    ((16, 20, 12, 12), dict(num_filters=50, kernel=5)),                       # LeNet's conv2
+    ((10, 3, 32, 32), dict(num_filters=32, kernel=5, pad=2)),                 # cifar10's conv1
+    ((8, 16, 15, 13), dict(num_filters=24, kernel=3, pad=1, stride=2)),
+    ((8, 16, 9, 9), dict(num_filters=16, kernel=3, pad=1, group=16)),         # depthwise
+    ((8, 12, 9, 9), dict(num_filters=24, kernel_x=3, kernel_y=1, pad_x=1, group=3)),
+    ((8, 32, 7, 7), dict(num_filters=64, kernel=1))])                         # pointwise
+def test_each_pass_matches_the_im2col_path_within_float32_rounding(loaded, monkeypatch, shape,
+                                                                    conf):
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    ours = passes(monkeypatch, "onednn", x, conv_conf(**conf))
+    reference = passes(monkeypatch, "numpy", x, conv_conf(**conf))
+    for name, a, b in zip(("y", "gW", "gb", "gx"), ours, reference):
+        # a float32 sum of K products differs by a few ulps of its terms' magnitudes
+        scale = np.abs(b).max()
+        assert np.abs(a - b).max() <= 2e-6 * scale * np.sqrt(x[0].size), name
+
+
+@pytest.mark.parametrize("conf", [dict(num_filters=6, kernel=3, pad=1),
+                                  dict(num_filters=8, kernel=3, stride=2, group=2)])
+def test_results_do_not_depend_on_the_thread_count(loaded, monkeypatch, conf):
+    """Chunks of samples depend on the shapes only; each is one call at one OpenMP thread and
+    gW sums the chunks' in chunk order: the same bits at 1, 2 and 3 compute threads."""
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    x = np.random.default_rng(0).standard_normal((20, 4, 9, 9)).astype(np.float32)
+    results = [passes(monkeypatch, "onednn", x, conv_conf(**conf), n) for n in (1, 2, 3)]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
+    monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
+    monkeypatch.setattr(kernels, "_log_engine", kernels.functools.cache(
+        kernels._log_engine.__wrapped__))
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    with caplog.at_level(logging.INFO, "singa"):
+        assert kernels.convolution(CPU) is onednn and kernels.convolution(CPU) is onednn
+        monkeypatch.setenv("SINGA_KERNELS", "numba")
+        assert kernels.convolution(CPU) is None
+    assert caplog.text.count(f"convolution runs on oneDNN {onednn.version()}") == 1
+    assert "convolution runs im2col + BLAS (SINGA_KERNELS=numba)" in caplog.text
+
+
+def test_without_the_library_the_default_falls_back_and_asking_for_it_is_refused(monkeypatch):
+    monkeypatch.setattr(onednn, "candidates", lambda: [])
+    monkeypatch.setattr(onednn, "library", onednn.functools.cache(onednn.library.__wrapped__))
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    assert kernels.convolution(CPU) is None
+    monkeypatch.setenv("SINGA_KERNELS", "onednn")
+    with pytest.raises(ConfigError, match=r"SINGA_KERNELS=onednn: oneDNN 3 \(libdnnl.so.3\) is "
+                                          r"not installed: pip install 'singa\[onednn\]'"):
+        kernels.convolution(CPU)
