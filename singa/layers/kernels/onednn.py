@@ -191,7 +191,7 @@ class Conv:
         return (f, c, kh, kw) if g == 1 else (g, f // g, c // g, kh, kw)
 
     def yshape(self, b):
-        (c, h, w), (kh, kw), (ph, pw), (sh, sw) = self.chw, self.kernel, self.pad, self.stride
+        (_, h, w), (kh, kw), (ph, pw), (sh, sw) = self.chw, self.kernel, self.pad, self.stride
         return (b, self.filters, (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1)
 
     def _build(self, b):
