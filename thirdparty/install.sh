@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install what SINGA needs: Debian's zookeeper (with Java) and dataset-fashion-mnist, and the
 # venv $SINGA_HOME/.venv with singa installed in it (editable) with the extras a job uses:
-# fast (numba's compiled loops), plot (matplotlib), tensorboard (tensorboardX, the writer).
+# fast (numba's compiled loops, oneDNN), plot (matplotlib), tensorboard (tensorboardX, the writer).
 # --tests adds the test suite's: the extra `test` (pytest, notebooks, TensorBoard's reader,
 # ONNX Runtime, ...) and Debian's sshd, iproute2 and Slurm. Either order works: the venv keeps
 # every extra installed so far (listed in .venv/.singa-installed) and gets only what it lacks.
