@@ -3,9 +3,10 @@
 `register(x, y)` keeps N samples `x` (any shape (N, ...); uint8 become RecordProto `pixel`
 bytes, other dtypes float `data`) and what they are compared with, `y` (None: label 0), under
 a path `memory://<n>`; `open_store("memory", path, conf=store_conf)` reads them as (key,
-`records.Sample`) tuples in order, which `records.decode_batch` takes for the RecordProto
-bytes of a kvfile of the same records (the same bits, without encoding them), so the input
-layers batch, skip and preprocess them exactly as that kvfile. The layer's store_conf says
+`records.Sample`) tuples in order (or a batch of them as arrays, `read_samples`), which
+`records.decode_batch` takes for the RecordProto bytes of a kvfile of the same records (the
+same bits, without encoding them), so the input layers batch, skip and preprocess them
+exactly as that kvfile. The layer's store_conf says
 what `y` is: with target_dim k, regression targets (k floats per sample, the records'
 `target`); without, class labels (`records.class_indices`: indices or one-hot rows). `y` is kept as given, so a model
 may read the same y either way (Keras' mean squared error takes integer y as targets).
@@ -19,7 +20,7 @@ import numpy as np
 
 from singa.errors import ConfigError, DataError
 from singa.io.base import ReadOnly
-from singa.io.records import Sample, class_indices, holds_targets, targets_of
+from singa.io.records import Samples, class_indices, holds_targets, targets_of
 
 PREFIX = "memory://"
 _ARRAYS = {}        # path -> (x, y)
@@ -81,14 +82,20 @@ class MemoryStore(ReadOnly):
 
     def read_many(self, n):
         """The next `n` (key, Sample) pairs, fewer at the end (`read`'s, in one call)."""
+        keys, samples = self.read_samples(n)
+        return [(key, samples[i]) for i, key in enumerate(keys)]
+
+    def read_samples(self, n):
+        """(keys, `Samples`) of the next `n` records, fewer at the end: `read_many`'s values
+        as one batch of arrays (views of the registered ones)."""
         if self._rows is None:
             self._rows = self._compared()
-        stop = min(self.pos + n, len(self.x))
-        x, rows, start = self.x, self._rows, self.pos
+        start, stop = self.pos, min(self.pos + n, len(self.x))
         self.pos = stop
+        keys = [b"%05d" % i for i in range(start, stop)]
         if self.target_dim:
-            return [(b"%05d" % i, Sample(x[i], target=rows[i])) for i in range(start, stop)]
-        return [(b"%05d" % i, Sample(x[i], rows[i])) for i in range(start, stop)]
+            return keys, Samples(self.x[start:stop], targets=self._rows[start:stop])
+        return keys, Samples(self.x[start:stop], self._rows[start:stop])
 
     def _compared(self):
         """What the samples are compared with: (N, target_dim) targets (0 without y), or (N,)

@@ -6,9 +6,10 @@ from singa.io.imagelist import ImageListStore
 from singa.io.kvfile import KVFile
 from singa.io.lmdbstore import LMDBStore
 from singa.io.memory import MemoryStore
+from singa.io.records import Samples
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "read_cyclic", "read_batch", "count_records", "KVFileStore",
+__all__ = ["open_store", "read_cyclic", "read_batch", "read_columns", "count_records", "KVFileStore",
            "TextFileStore", "BACKENDS", "CAFFE_BACKENDS"]
 
 
@@ -60,6 +61,22 @@ def read_batch(store, n, path, backend):
             raise DataError(f"{path}: the {backend} store is empty")
         got += more
     return got
+
+
+def read_columns(store, n, path, backend):
+    """`read_batch` as (keys, values): the memory store's values as one `records.Samples`."""
+    if not hasattr(store, "read_samples"):
+        return tuple(zip(*read_batch(store, n, path, backend)))
+    keys, samples = store.read_samples(n)
+    parts = [samples]
+    while len(keys) < n:
+        store.seek_to_first()
+        more, samples = store.read_samples(n - len(keys))
+        if not more:
+            raise DataError(f"{path}: the {backend} store is empty")
+        keys += more
+        parts.append(samples)
+    return keys, Samples.join(parts)
 
 
 def count_records(backend, path):

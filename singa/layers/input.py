@@ -7,7 +7,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from singa import resolve
 from singa.errors import ConfigError, DataError
 from singa.io.records import decode_batch, parse_record, read_mean, uniform_pixels
-from singa.io.store import CAFFE_BACKENDS, open_store, read_batch
+from singa.io.store import CAFFE_BACKENDS, open_store, read_batch, read_columns
 from singa.layers import kernels
 from singa.layers.base import Layer, register, type_name
 from singa.proto import job_pb2
@@ -127,7 +127,8 @@ class StoreInputLayer(Layer):
         records laid out alike on a layer that decodes on the device, else None; their labels
         (N,) int32; the store's offset after the batch)."""
         before, stop, after = self.rows
-        keys, values = zip(*self._next(stop + after)[before:stop])
+        keys, values = read_columns(self.store, stop + after, self.path, self.backend)
+        keys, values = keys[before:stop], values[before:stop]
         labels = np.empty(len(values), np.int32)
         pixels = self.pixels(values, labels) if self.on_device else None
         return keys, values, pixels, labels, self.store.tell()

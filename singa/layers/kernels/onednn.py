@@ -89,8 +89,8 @@ def candidates():
 
 @functools.cache
 def library():
-    """(the loaded libdnnl of major version 3, libgomp's omp_set_num_threads) or raises
-    OSError: not installed, not loadable, or another major version."""
+    """(the loaded libdnnl of major version 3, libgomp) or raises OSError: not installed, not
+    loadable, or another major version."""
     for path in candidates():
         try:
             lib = ctypes.CDLL(path)
@@ -103,8 +103,9 @@ def library():
             getattr(lib, name).argtypes = argtypes
         lib.dnnl_primitive_desc_query_md.restype = P
         lib.dnnl_memory_desc_equal.restype = ctypes.c_int
+        # the process's one libgomp (torch's where torch came first: the same soname)
         gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
-        return lib, gomp.omp_set_num_threads
+        return lib, gomp
     raise OSError("oneDNN 3 (libdnnl.so.3) is not installed: pip install 'singa[onednn]'")
 
 
@@ -272,21 +273,27 @@ class Conv:
         return passes
 
     def _run(self, name, slot, arrays):
-        lib, threads = library()
-        threads(1)              # before a primitive is built: its work is cut for it
-        b = len(arrays["x"] if "x" in arrays else arrays["gy"])
-        key = (slot, b)
-        if key not in self.buffers:
-            self.buffers[key] = self._steps(b)
-        bound, steps = self.buffers[key][name]
-        for array, mem in bound.items():
-            a = arrays[array]
-            assert a.flags.c_contiguous and a.dtype == np.float32, array
-            check(lib.dnnl_memory_set_data_handle(mem, a.ctypes.data), "data handle")
-        stream = engine()[1]
-        for prim, n, args in steps:
-            check(lib.dnnl_primitive_execute(prim, stream, n, args), name)
-        check(lib.dnnl_stream_wait(stream), name)
+        lib, gomp = library()
+        # one OpenMP thread, set before a primitive is built (its work is cut for it); the
+        # calling thread's own setting back after (torch's, where it shares the thread)
+        before = gomp.omp_get_max_threads()
+        gomp.omp_set_num_threads(1)
+        try:
+            b = len(arrays["x"] if "x" in arrays else arrays["gy"])
+            key = (slot, b)
+            if key not in self.buffers:
+                self.buffers[key] = self._steps(b)
+            bound, steps = self.buffers[key][name]
+            for array, mem in bound.items():
+                a = arrays[array]
+                assert a.flags.c_contiguous and a.dtype == np.float32, array
+                check(lib.dnnl_memory_set_data_handle(mem, a.ctypes.data), "data handle")
+            stream = engine()[1]
+            for prim, n, args in steps:
+                check(lib.dnnl_primitive_execute(prim, stream, n, args), name)
+            check(lib.dnnl_stream_wait(stream), name)
+        finally:
+            gomp.omp_set_num_threads(before)
 
     def forward(self, x, w, b, y, slot):
         """y = conv(x, w) + b for a chunk (b None: no bias)."""
