@@ -152,8 +152,13 @@ class ConvolutionLayer(Layer):
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.kernels = kernels.choose(self.device)
         engine = kernels.convolution(self.device)
-        self.onednn = engine and engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
-                                             self.bias is not None)
+        # oneDNN's weight gradient is slow where a filter sees few inputs: those (LeNet's
+        # conv1, k = 25: 10.8 against 4.95 ms a pass at one thread) stay on im2col
+        if engine and (g > 1 or k > GW_BY_SAMPLE):
+            self.onednn = engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
+                                      self.bias is not None)
+        else:
+            self.onednn = None
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
         # faster than g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same
         # bits; made at the first backward pass (chunks × W's size: a forward-only net never
@@ -421,9 +426,6 @@ class DeconvolutionLayer(Layer):
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self.kernels = kernels.choose(self.device)
-        engine = kernels.convolution(self.device)
-        self.onednn = engine and engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
-                                             self.bias is not None)
         self.chunks = threads.chunks(n, f * kh * kw * h * w * 4, is_host(self.data))
         self._gws = self.xp.empty((len(self.chunks), g, c // g, f // g * kh * kw), np.float32)
         self._scratch = threads.Scratch(self._make_scratch)

@@ -44,13 +44,12 @@ def passes(monkeypatch, choice, x, conf, nthreads=2):
 
 
 @pytest.mark.parametrize("shape, conf", [
-    ((16, 1, 28, 28), dict(num_filters=20, kernel=5)),                        # LeNet's conv1
     ((16, 20, 12, 12), dict(num_filters=50, kernel=5)),                       # LeNet's conv2
     ((10, 3, 32, 32), dict(num_filters=32, kernel=5, pad=2)),                 # cifar10's conv1
     ((8, 16, 15, 13), dict(num_filters=24, kernel=3, pad=1, stride=2)),
     ((8, 16, 9, 9), dict(num_filters=16, kernel=3, pad=1, group=16)),         # depthwise
     ((8, 12, 9, 9), dict(num_filters=24, kernel_x=3, kernel_y=1, pad_x=1, group=3)),
-    ((8, 32, 7, 7), dict(num_filters=64, kernel=1))])                         # pointwise
+    ((8, 64, 7, 7), dict(num_filters=32, kernel=1))])                         # pointwise
 def test_each_pass_matches_the_im2col_path_within_float32_rounding(loaded, monkeypatch, shape,
                                                                     conf):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -73,6 +72,16 @@ def test_results_do_not_depend_on_the_thread_count(loaded, monkeypatch, conf):
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert np.array_equal(a, b)
+
+
+def test_a_filter_of_few_inputs_stays_on_im2col(loaded, monkeypatch):
+    """C/G·kh·kw <= GW_BY_SAMPLE without groups (LeNet's conv1: 25): oneDNN's weight gradient
+    is slower there than the im2col path's products by sample."""
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    for channels, kernel, on_onednn in ((1, 5, False), (2, 4, False), (3, 5, True)):
+        layer = make_layer(conv_conf(4, kernel=kernel),
+                           [Source(np.zeros((2, channels, 9, 9), np.float32))])
+        assert isinstance(layer.onednn, onednn.Conv) == on_onednn, (channels, kernel)
 
 
 def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
