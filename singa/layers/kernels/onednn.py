@@ -17,6 +17,7 @@ import functools
 import glob
 import logging
 import os
+import site
 import sys
 import threading
 
@@ -80,9 +81,10 @@ class OneDNNError(RuntimeError):
 
 
 def candidates():
-    """Where libdnnl.so.3 may be: the wheel's (in this environment's lib/), then the
-    system's."""
-    found = sorted(glob.glob(os.path.join(sys.prefix, "lib", "libdnnl.so.3*")), key=len)
+    """Where libdnnl.so.3 may be: the wheel's (in this environment's lib/, or the user's
+    after pip install --user), then the system's."""
+    found = [path for prefix in (sys.prefix, site.getuserbase())
+             for path in sorted(glob.glob(os.path.join(prefix, "lib", "libdnnl.so.3*")), key=len)]
     system = ctypes.util.find_library("dnnl")
     return found + ([system] if system else [])
 
