@@ -154,11 +154,13 @@ class ConvolutionLayer(Layer):
         engine = kernels.convolution(self.device)
         # oneDNN's weight gradient is slow where a filter sees few inputs: those (LeNet's
         # conv1, k = 25: 10.8 against 4.95 ms a pass at one thread) stay on im2col
+        self.onednn = None
         if engine and (g > 1 or k > GW_BY_SAMPLE):
+            # chunks of samples, each a oneDNN call at one thread
+            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4)
             self.onednn = engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
-                                      self.bias is not None)
-        else:
-            self.onednn = None
+                                      self.bias is not None,
+                                      [r.stop - r.start for r in self.chunks])
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
         # faster than g·colᵀ on cifar10's and LeNet's shapes (bench/README.md), to the same
         # bits; made at the first backward pass (chunks × W's size: a forward-only net never
@@ -169,8 +171,7 @@ class ConvolutionLayer(Layer):
         # by the whole layer's group, so that every partition of it runs the same loops
         self.direct = (self.conf.convolution_conf.group > 1
                        and (c // g) * (f // g) <= DIRECT_GROUP)
-        if self.onednn:         # chunks of samples, each a oneDNN call at one thread
-            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4)
+        if self.onednn:
             self._cols, self.direct, self.transposed = None, False, False
             return
         if self.direct:
@@ -245,6 +246,8 @@ class ConvolutionLayer(Layer):
         x = self._input(srclayers)
         forward = self._onednn_forward if self.onednn else \
             self._direct_forward if self.direct else self._forward
+        if self.onednn:
+            self.onednn.weights(self.weight.data, "fwd")
         threads.run(lambda i, slot: forward(x, i, slot), len(self.chunks))
 
     def _onednn_forward(self, x, i, slot):
@@ -310,6 +313,8 @@ class ConvolutionLayer(Layer):
             self._gws = self.xp.empty(
                 (len(self.chunks),) + ((f, self._k) if self.direct or self.onednn
                                        else (self.group, self._k, f // self.group)), np.float32)
+        if self.onednn and gx is not None:
+            self.onednn.weights(self.weight.data, "data")
         backward = self._onednn_backward if self.onednn else \
             self._direct_backward if self.direct else self._backward
         threads.run(lambda i, slot: backward(x, gx, i, slot), len(self.chunks))

@@ -11,6 +11,7 @@ resumes bit-exactly on this engine. They are not the bits of numba's/numpy's pro
 Each primitive chooses its own memory layout (blocked, e.g. nChw8c); reorders copy our
 (N, C, H, W) arrays in and out of it; all are built once per chunk size and kept.
 """
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -174,16 +175,33 @@ def implementation(pd):
     return name.value.decode()
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Within the block: one OpenMP thread in the calling thread, set before a primitive is
+    built (its work is cut for it); the thread's own setting after (torch's, where torch
+    shares the process's libgomp and the thread)."""
+    gomp = library()[1]
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        gomp.omp_set_num_threads(before)
+
+
 class Conv:
     """One convolution's primitives for chunks of b samples of x (b, C, H, W) with W
     (G, F/G, C/G, kh, kw) (G = 1: (F, C, kh, kw)) and b (F,) or none: y = conv(x, W) + b,
     gx = conv_data_grad(g, W), gW = conv_weight_grad(x, g), oneDNN's direct algorithm.
     `forward`, `backward_data` and `backward_weights` run one chunk in the calling thread;
-    `slot` names the thread, which owns its buffers for the chunk."""
+    `slot` names the thread, which owns its buffers for the chunk. Before the chunks of a
+    forward or data pass, `weights(W, pass)` copies W into that pass's layout once for them
+    all (ResNet-50's 100 MB of weights, not once a chunk)."""
 
-    def __init__(self, chw, filters, kernel, pad, stride, groups, bias):
+    def __init__(self, chw, filters, kernel, pad, stride, groups, bias, sizes):
         self.chw, self.filters, self.kernel = chw, filters, kernel
         self.pad, self.stride, self.groups, self.bias = pad, stride, groups, bias
+        self.sizes = sorted(set(sizes))     # the chunks' numbers of samples
         self.built = {}                 # b -> the primitives and descriptors for b samples
         self.buffers = {}               # (slot, b) -> the memory objects of one thread
         self.lock = threading.Lock()
@@ -220,9 +238,35 @@ class Conv:
             log.debug("oneDNN convolution %s -> %s: %s, %s, %s", xs, ys, implementation(fwd),
                       implementation(bwd_d), implementation(bwd_w))
         pds = {"fwd": fwd, "data": bwd_d, "weights": bwd_w}
-        return {"pd": pds, "prim": {k: primitive(v) for k, v in pds.items()},
-                "plain": {"x": plain(xs), "y": plain(ys), "w": plain(ws), "b": bias},
-                "reorders": {}}
+        built = {"pd": pds, "prim": {k: primitive(v) for k, v in pds.items()},
+                 "plain": {"x": plain(xs), "y": plain(ys), "w": plain(ws), "b": bias},
+                 "reorders": {}, "w_in": {}}
+        for name in ("fwd", "data"):    # W in a pass's own layout: (W's memory, the reorder
+            md = P(lib.dnnl_primitive_desc_query_md(pds[name], Q_WEIGHTS, 0))  # into it, it)
+            if not lib.dnnl_memory_desc_equal(md, built["plain"]["w"]):
+                built["w_in"][name] = (memory(built["plain"]["w"], None),
+                                       self._reorder(built, built["plain"]["w"], md),
+                                       memory(md))
+        return built
+
+    def _built(self, b):
+        with self.lock:
+            return self.built.get(b) or self.built.setdefault(b, self._build(b))
+
+    def weights(self, w, name):
+        """W (C-contiguous float32) into the layout of pass `name` ("fwd" or "data") for the
+        chunks to come."""
+        lib = library()[0]
+        with one_thread():
+            for b in self.sizes:
+                into = self._built(b)["w_in"].get(name)
+                if into is None:        # the pass reads W as it is
+                    continue
+                user, reorder, mem = into
+                check(lib.dnnl_memory_set_data_handle(user, w.ctypes.data), "data handle")
+                args = (Arg * 2)(Arg(SRC, user), Arg(DST, mem))
+                check(lib.dnnl_primitive_execute(reorder, engine()[1], 2, args), "reorder")
+                check(lib.dnnl_stream_wait(engine()[1]), "reorder")
 
     def _reorder(self, built, src, dst):
         """A kept reorder primitive from memory descriptor src to dst."""
@@ -238,8 +282,7 @@ class Conv:
     def _steps(self, b):
         """This thread's memory objects and the steps of each pass for b samples: per pass,
         the user arrays it binds and a list of (primitive, args) to execute in order."""
-        with self.lock:
-            built = self.built.get(b) or self.built.setdefault(b, self._build(b))
+        built = self._built(b)
         lib = library()[0]
         passes = {}
         for name, args in (("fwd", ((SRC, "x", Q_SRC), (WEIGHTS, "w", Q_WEIGHTS),
@@ -252,6 +295,9 @@ class Conv:
             for arg, array, query in args:
                 kind = array[-1]                    # x, y, w or b: its plain descriptor
                 if built["plain"][kind] is None:    # no bias
+                    continue
+                if arg == WEIGHTS and name in built["w_in"]:    # `weights` put W there
+                    mems[arg] = built["w_in"][name][2]
                     continue
                 mem = bound[array] = memory(built["plain"][kind], None)
                 if query is not None:
@@ -275,12 +321,8 @@ class Conv:
         return passes
 
     def _run(self, name, slot, arrays):
-        lib, gomp = library()
-        # one OpenMP thread, set before a primitive is built (its work is cut for it); the
-        # calling thread's own setting back after (torch's, where it shares the thread)
-        before = gomp.omp_get_max_threads()
-        gomp.omp_set_num_threads(1)
-        try:
+        lib = library()[0]
+        with one_thread():
             b = len(arrays["x"] if "x" in arrays else arrays["gy"])
             key = (slot, b)
             if key not in self.buffers:
@@ -294,8 +336,6 @@ class Conv:
             for prim, n, args in steps:
                 check(lib.dnnl_primitive_execute(prim, stream, n, args), name)
             check(lib.dnnl_stream_wait(stream), name)
-        finally:
-            gomp.omp_set_num_threads(before)
 
     def forward(self, x, w, b, y, slot):
         """y = conv(x, w) + b for a chunk (b None: no bias)."""
