@@ -93,8 +93,8 @@ def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
         assert kernels.convolution(CPU) is onednn and kernels.convolution(CPU) is onednn
         monkeypatch.setenv("SINGA_KERNELS", "numba")
         assert kernels.convolution(CPU) is None
-    assert caplog.text.count(f"convolution runs on oneDNN {onednn.version()}") == 1
-    assert "convolution runs im2col + BLAS (SINGA_KERNELS=numba)" in caplog.text
+    assert caplog.text.count(f"convolution and products run on oneDNN {onednn.version()}") == 1
+    assert "convolution and products run im2col + BLAS (SINGA_KERNELS=numba)" in caplog.text
 
 
 def test_without_the_library_the_default_falls_back_and_asking_for_it_is_refused(monkeypatch):
@@ -106,3 +106,37 @@ def test_without_the_library_the_default_falls_back_and_asking_for_it_is_refused
     with pytest.raises(ConfigError, match=r"SINGA_KERNELS=onednn: oneDNN 3 \(libdnnl.so.3\) is "
                                           r"not installed: pip install 'singa\[onednn\]'"):
         kernels.convolution(CPU)
+
+
+def test_gemm_reads_transposed_views_and_pieces_and_refuses_what_it_cannot(loaded):
+    rng = np.random.default_rng(0)
+    a, b = rng.random((70, 50), np.float32), rng.random((50, 90), np.float32)
+    want = a.astype(np.float64) @ b
+    for x, y in ((a, b), (np.ascontiguousarray(a.T).T, b), (a, np.ascontiguousarray(b.T).T)):
+        out = np.full((70, 90), np.nan, np.float32)
+        assert onednn.gemm(x, y, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5)
+    whole = np.full((70, 120), np.nan, np.float32)       # a piece of columns of a wider out
+    assert onednn.gemm(a, b[:, 10:60], whole[:, 20:70])
+    np.testing.assert_allclose(whole[:, 20:70], want[:, 10:60], rtol=1e-5)
+    assert np.isnan(whole[:, :20]).all() and np.isnan(whole[:, 70:]).all()
+    assert not onednn.gemm(a, b[:, ::2], np.empty((70, 45), np.float32))   # neither rows
+    assert not onednn.gemm(a.astype(np.float64), b, np.empty((70, 90), np.float32))  # nor
+    # columns contiguous; another dtype
+
+
+@pytest.mark.parametrize("shape", [(64, 784, 500), (500, 64, 784), (64, 1500, 10)])
+def test_products_on_onednn_do_not_depend_on_the_thread_count(loaded, monkeypatch, shape):
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    m, k, n = shape
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((k, m)).astype(np.float32).T, rng.standard_normal((k, n),
+                                                                                np.float32)
+    outs = []
+    for nthreads in (1, 2, 3):
+        out = np.empty((m, n), np.float32)
+        with threads.limit(nthreads):
+            threads.matmul(a, b, out)
+        outs.append(out)
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    np.testing.assert_allclose(outs[0], a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)

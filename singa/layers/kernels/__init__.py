@@ -53,11 +53,15 @@ def convolution(device):
     """singa.layers.kernels.onednn for the CPU's convolutions where SINGA_KERNELS is unset or
     onednn and oneDNN 3 loads; else None (the im2col path). SINGA_KERNELS=onednn where it does
     not load is a ConfigError."""
-    if device.gpu is not None:
-        return None
+    return None if device.gpu is not None else onednn_engine()
+
+
+def onednn_engine():
+    """singa.layers.kernels.onednn where SINGA_KERNELS is unset or onednn and oneDNN 3 loads:
+    the CPU's convolutions and matrix products (`threads.matmul`) run on it; else None."""
     choice = _choice()
     if choice != "onednn":
-        _log_engine("convolution runs im2col + BLAS (SINGA_KERNELS=%s)" % choice)
+        _log_engine("convolution and products run im2col + BLAS (SINGA_KERNELS=%s)" % choice)
         return None
     from singa.layers.kernels import onednn
     try:
@@ -65,10 +69,10 @@ def convolution(device):
     except OSError as e:
         if "SINGA_KERNELS" in os.environ:
             raise ConfigError(f"SINGA_KERNELS=onednn: {e}") from None
-        _log_engine("convolution runs im2col + BLAS (oneDNN is not installed: pip install "
-                    "'singa[onednn]')")
+        _log_engine("convolution and products run im2col + BLAS (oneDNN is not installed: "
+                    "pip install 'singa[onednn]')")
         return None
-    _log_engine(f"convolution runs on oneDNN {onednn.version()}")
+    _log_engine(f"convolution and products run on oneDNN {onednn.version()}")
     return onednn
 
 

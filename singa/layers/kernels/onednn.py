@@ -1,7 +1,8 @@
-"""Convolution on oneDNN, the CPU engine of torch and of SINGA >= 1.0 (`kernels.convolution`
-picks it where the `onednn` extra, Intel's `onednn-cpu-gomp` wheel, is installed): its C API
-(v3) through ctypes, forward, data gradient and weight gradient of a plain or grouped
-convolution with padding and stride (`Conv`). The other kernels stay numba's (or numpy's).
+"""Convolution and matrix products on oneDNN, the CPU engine of torch and of SINGA >= 1.0
+(`kernels.onednn_engine` picks it where the `onednn` extra, Intel's `onednn-cpu-gomp` wheel, is
+installed): its C API (v3) through ctypes, forward, data gradient and weight gradient of a
+plain or grouped convolution with padding and stride (`Conv`), and its sgemm (`gemm`) for the
+pieces of `threads.matmul`. The other kernels stay numba's (or numpy's).
 
 oneDNN runs inside our compute threads at one OpenMP thread each, on a chunk of samples per
 call, like the im2col path: the chunks depend on the shapes only, the weight gradient sums
@@ -62,6 +63,8 @@ SIGNATURES = {
     "dnnl_primitive_desc_query_md": [P, ctypes.c_int, ctypes.c_int],
     "dnnl_primitive_create": [P, P],
     "dnnl_primitive_execute": [P, P, ctypes.c_int, P],
+    "dnnl_sgemm": [ctypes.c_char, ctypes.c_char] + [ctypes.c_int64] * 3 + [ctypes.c_float]
+                  + [P, ctypes.c_int64] * 2 + [ctypes.c_float, P, ctypes.c_int64],
 }
 
 
@@ -173,6 +176,36 @@ def implementation(pd):
     check(library()[0].dnnl_primitive_desc_query(pd, IMPL_INFO, 0, ctypes.byref(name)),
           "query")
     return name.value.decode()
+
+
+def _operand(a):
+    """(b"N" or b"T", its leading dimension) of a float32 2-D array whose rows or columns are
+    contiguous, as row-major sgemm reads it; None otherwise."""
+    s0, s1 = (s // 4 for s in a.strides)
+    if a.strides[1] == 4 and s0 >= max(1, a.shape[1]):
+        return b"N", s0
+    if a.strides[0] == 4 and s1 >= max(1, a.shape[0]):
+        return b"T", s1
+    return None
+
+
+def gemm(a, b, out):
+    """out = a·b by oneDNN's sgemm at one thread, for float32 2-D arrays with contiguous rows
+    or columns (a transposed view is read as one) and out's rows contiguous; False where it
+    cannot (the caller multiplies)."""
+    m, k = a.shape
+    n = b.shape[1]
+    if not (a.dtype == b.dtype == out.dtype == np.float32 and m and n and k
+            and out.strides[1] == 4 and out.strides[0] // 4 >= max(1, n)):
+        return False
+    ta, tb = _operand(a), _operand(b)
+    if ta is None or tb is None:
+        return False
+    with one_thread():
+        check(library()[0].dnnl_sgemm(ta[0], tb[0], m, n, k, 1.0, a.ctypes.data, ta[1],
+                                      b.ctypes.data, tb[1], 0.0, out.ctypes.data,
+                                      out.strides[0] // 4), "sgemm")
+    return True
 
 
 @contextlib.contextmanager
