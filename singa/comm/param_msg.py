@@ -33,6 +33,8 @@ of a GPU), which must stay unchanged until read; values that will change go as a
 lr_index -1 in a Put keeps the server's learning-rate position. Parsers raise ClusterError for
 a message they did not build (it is dropped), never write outside the param.
 """
+import functools
+
 import numpy as np
 
 from singa.comm import msg as m
@@ -63,13 +65,13 @@ def request(src, dst, type_, owner, version, sid=0):
 
 def update(src, dst, version, owners, grads):
     """A worker's Update: the gradients `grads` of its owner params `owners` (a bucket)."""
-    return _bundle(src, dst, m.kUpdate, version, [(o,) for o in owners], grads)
+    return _bundle(src, dst, m.kUpdate, version, tuple(owners), grads)
 
 
 def parse_update(msg):
     """[(owner id, gradient frame)] of a worker's Update (`m.frame_array` checks a frame's
     size against its param's)."""
-    return [(owner, f) for (owner,), f in _unbundle(msg, 1, "Update")]
+    return list(zip(*_unbundle(msg, 1, "Update")))
 
 
 # --- stub -> server ----------------------------------------------------------------------
@@ -94,13 +96,14 @@ def parse_slice_put(msg):
 def slice_update(src, server, version, items):
     """The Update of slices `items` [(owner, slice id, num_local, gradient)] of one server:
     each gradient the sum of `num_local` shares'."""
-    return _bundle(src, server, m.kUpdate, version, [item[:3] for item in items],
-                   [g for *_, g in items])
+    return _bundle(src, server, m.kUpdate, version, tuple(x for item in items for x in item[:3]),
+                   [item[3] for item in items])
 
 
 def parse_slice_update(msg):
     """[(owner, slice id, num_local, gradient frame)] of the stub's Update of slices."""
-    return [(*numbers, f) for numbers, f in _unbundle(msg, 3, "Update of slices")]
+    ints, frames = _unbundle(msg, 3, "Update of slices")
+    return list(zip(ints[::3], ints[1::3], ints[2::3], frames))
 
 
 # --- server -> stub ----------------------------------------------------------------------
@@ -118,13 +121,14 @@ def values_reply(req, version, values):
 def updated(src, dst, version, items):
     """kRUpdate to stub `dst`: the values of slices `items` [(owner, slice id, values)], all
     at `version` (aliased in-process: unchanged until read)."""
-    return _bundle(src, dst, m.kRUpdate, version, [item[:2] for item in items],
-                   [v for *_, v in items])
+    return _bundle(src, dst, m.kRUpdate, version, tuple(x for item in items for x in item[:2]),
+                   [item[2] for item in items])
 
 
 def parse_updated(msg):
     """[(owner, slice id, [values frame])] of a server's kRUpdate."""
-    return [(owner, sid, [f]) for (owner, sid), f in _unbundle(msg, 2, "kRUpdate")]
+    ints, frames = _unbundle(msg, 2, "kRUpdate")
+    return [(owner, sid, [f]) for owner, sid, f in zip(ints[::2], ints[1::2], frames)]
 
 
 def state_reply(req, version, lr_index, buffers):
@@ -147,30 +151,31 @@ def parse_sync(msg, size):
 
 # --- buckets ------------------------------------------------------------------------------
 def _bundle(src, dst, type_, version, numbers, arrays):
-    """A message of several items: one int frame of every item's `numbers` (as many each),
-    then each item's array."""
-    return m.Msg(src, dst, type_, 0, version, [m.int_frame(tuple(x for n in numbers for x in n))]
-                 + [m.array_frame(a) for a in arrays])
+    """A message of several items: one int frame of every item's `numbers` (a tuple, as many
+    each, one item after the other), then each item's array."""
+    return m.Msg(src, dst, type_, 0, version, [m.int_frame(numbers), *map(m.array_frame, arrays)])
 
 
 def _unbundle(msg, per, what):
-    """[(numbers, array frame)] of a `_bundle` of `per` numbers an item."""
+    """(the numbers, the array frames) of a `_bundle` of `per` numbers an item."""
     if len(msg.frames) < 2:
         raise ClusterError(f"{what} without arrays")
     ints, frames = m.parse_int_frame(msg.frames[0]), msg.frames[1:]
     if len(ints) != per * len(frames):
         raise ClusterError(f"malformed {what}: {len(ints)} numbers for {len(frames)} arrays")
-    return [(ints[per * k:per * (k + 1)], f) for k, f in enumerate(frames)]
+    return ints, frames
 
 
 # --- stub -> worker ----------------------------------------------------------------------
 def gathered(src, dst, type_, version, params):
     """The answers of every slice of `params` [(param id, offsets, answers)] (`answers[k]`:
     slice k's frames, which starts at `offsets[k]`) as one message to worker `dst`."""
-    head = m.int_frame(tuple(x for pid, offsets, _ in params
-                             for x in (pid, len(offsets), *offsets)))
-    frames = [head] + [f for _, _, answers in params for frames in answers for f in frames]
-    return m.Msg(src, dst, type_, 0, version, frames)
+    ints, frames = [], []
+    for pid, offsets, answers in params:
+        ints += (pid, len(offsets), *offsets)
+        for slice_frames in answers:
+            frames += slice_frames
+    return m.Msg(src, dst, type_, 0, version, [m.int_frame(tuple(ints)), *frames])
 
 
 def answered(msg, per):
@@ -178,7 +183,15 @@ def answered(msg, per):
     as many as the frames divide into, the same for every slice)."""
     if not msg.frames:
         raise ClusterError("answer without frames")
-    ints, rest = m.parse_int_frame(msg.frames[0]), msg.frames[1:]
+    rest = msg.frames[1:]
+    return [(pid, [(o, rest[a:b]) for o, a, b in slices])
+            for pid, slices in _layout(m.parse_int_frame(msg.frames[0]), len(rest), per)]
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(ints, nframes, per):
+    """[(param id, [(offset, first frame, frame after)])] of a gathered answer's int frame
+    `ints` and `nframes` frames (`answered`'s; a worker's answers have the same every step)."""
     params, k = [], 0
     while k < len(ints):
         if k + 2 > len(ints) or ints[k + 1] < 1 or k + 2 + ints[k + 1] > len(ints):
@@ -187,14 +200,15 @@ def answered(msg, per):
         k += 2 + ints[k + 1]
     nslices = sum(len(offsets) for _, offsets in params)
     if per is None and nslices:
-        per = len(rest) // nslices
-    if not params or per < 1 or len(rest) != per * nslices:
-        raise ClusterError(f"malformed answer: {len(rest)} frames for {nslices} slices")
+        per = nframes // nslices
+    if not params or per < 1 or nframes != per * nslices:
+        raise ClusterError(f"malformed answer: {nframes} frames for {nslices} slices")
     out, f = [], 0
     for pid, offsets in params:
-        out.append((pid, [(o, rest[f + i * per:f + (i + 1) * per]) for i, o in enumerate(offsets)]))
+        out.append((pid, tuple((o, f + i * per, f + (i + 1) * per)
+                               for i, o in enumerate(offsets))))
         f += per * len(offsets)
-    return out
+    return tuple(out)
 
 
 def _place(out, o, frame, what):

@@ -89,19 +89,21 @@ class ParamTable:
         own, summed; the slices so completed go one message per server."""
         grp = m.addr_grp(msg.src)
         grads = []
-        for owner, frame in pm.parse_update(msg):      # checked whole before anything is kept
-            e = self.entry(grp, owner)
+        for owner, frame in pm.parse_update(msg):   # checked whole before anything is kept
+            e = self.entries.get((grp, owner)) or self.entry(grp, owner)
             grads.append((e, m.frame_array(frame, e.size)))
         out = {}    # server -> [(owner, slice id, num_local, gradient)]
         for e, grad in grads:
-            if e.grads is None:
-                e.grads = m.OrderedSum(e.size)
-            if e.grads.add(msg.src, grad) < e.num_local:
-                continue
-            g = e.grads.take()
+            num_local = len(e.shares)
+            if num_local > 1:
+                if e.grads is None:
+                    e.grads = m.OrderedSum(e.size)
+                if e.grads.add(msg.src, grad) < num_local:
+                    continue
+                grad = e.grads.take()
             for sid, server, o, n in e.slices:
                 out.setdefault(server, []).append(
-                    (e.owner, sid, e.num_local, g if n == e.size else g[o:o + n]))
+                    (e.owner, sid, num_local, grad if n == e.size else grad[o:o + n]))
         return [pm.slice_update(self.address(grp), server, msg.trgt_version, items)
                 for server, items in out.items()]
 
@@ -124,20 +126,24 @@ class ParamTable:
             [(m.param_id(msg.trgt_val), m.slice_id(msg.trgt_val), msg.frames)]
         answers = []
         for owner, sid, frames in items:       # checked whole before anything is kept
-            e = self.entry(grp, owner)
+            e = self.entries.get((grp, owner)) or self.entry(grp, owner)
             i = e.index.get(sid)
             if i is None:
                 raise ClusterError(f"answer for unknown slice {sid}")
             answers.append((e, i, frames))
         out = {}    # (worker, version) -> [(param id, offsets, answers)]
         for e, i, frames in answers:
-            got = e.answers.setdefault(msg.type, {})
-            got[i] = (msg.trgt_version, frames)
-            if len(got) < len(e.slices):
-                continue
-            del e.answers[msg.type]
-            version = min(v for v, _ in got.values())
-            slices = [got[k][1] for k in range(len(e.slices))]
+            version = msg.trgt_version
+            if len(e.slices) == 1:
+                slices = [frames]
+            else:
+                got = e.answers.setdefault(msg.type, {})
+                got[i] = (version, frames)
+                if len(got) < len(e.slices):
+                    continue
+                del e.answers[msg.type]
+                version = min(v for v, _ in got.values())
+                slices = [got[k][1] for k in range(len(e.slices))]
             shares = e.shares
             if msg.type == m.kRState:
                 asked, e.state_requests = set(e.state_requests), []
