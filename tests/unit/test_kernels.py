@@ -14,6 +14,7 @@ from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
 from singa.layers.kernels import cuda
+from singa.proto import job_pb2
 
 numba = pytest.importorskip("singa.layers.kernels.numba")
 
@@ -75,10 +76,82 @@ def test_every_kernel_module_has_numpys_functions_with_their_parameters():
                 assert type(theirs) is type(ours), (other.__name__, name)
 
 
-def test_with_numba_pooling_the_activations_and_lrn_stay_numpys_calls():
-    for name in ("max_pool", "avg_pool", "max_pool_backward", "avg_pool_backward",
-                 "activation", "activation_grad", "softmax_loss_grad", "lrn", "lrn_grad"):
+def test_with_numba_the_activations_and_lrn_stay_numpys_calls_and_pooling_is_compiled():
+    for name in ("activation", "activation_grad", "softmax_loss_grad", "lrn", "lrn_grad"):
         assert getattr(numba, name) is getattr(kernels.numpy, name)
+    for name in ("max_pool", "avg_pool", "max_pool_backward", "avg_pool_backward"):
+        assert getattr(numba, name) is not getattr(kernels.numpy, name)
+        assert hasattr(getattr(numba, name), "py_func")
+
+
+def pool(kind, kernel, stride=1, pad=0, ceil=False, cudnn=False):
+    return (f'name: "pool" type: {"kCudnnPool" if cudnn else "kCPooling"} pooling_conf {{ '
+            f'pool: {kind} kernel: {kernel} stride: {stride} pad: {pad} '
+            f'ceil_mode: {str(ceil).lower()} }}')
+
+
+def pool_step(monkeypatch, choice, conf, x, g, train):
+    """A forward (in training or not) and a backward pass of the pooling layer of `conf` on x
+    with gradient g: its output, its argmax (MAX) and the source's gradient."""
+    monkeypatch.setenv("SINGA_KERNELS", choice)
+    src = Source(x)
+    layer = make_layer(conf, [src])
+    assert layer.kernels.__name__ == f"singa.layers.kernels.{choice}"
+    layer.grad[...] = g(layer.grad.shape)
+    layer.compute_feature(FORWARD if train else job_pb2.kTest | job_pb2.kForward, [src])
+    out = [layer.data.copy()]
+    if train:
+        layer.compute_gradient(BACKWARD, [src])
+        out += [src.grad] + ([layer._argmax] if layer.is_max else [])
+    return out
+
+
+@pytest.mark.parametrize("kind", ["MAX", "AVG"])
+@pytest.mark.parametrize("kernel, stride, pad", [
+    (3, 2, 0), (2, 2, 0), (3, 1, 1), (2, 1, 1), (3, 3, 2), (3, 2, 1), (2, 3, 1)])
+@pytest.mark.parametrize("ceil", [False, True])
+@pytest.mark.parametrize("values", ["normal", "constant", "few", "signed zeros"])
+def test_compiled_pooling_gives_numpys_bits(monkeypatch, kind, kernel, stride, pad, ceil,
+                                            values):
+    rng = np.random.default_rng(kernel * 100 + stride * 10 + pad)
+    shape = (4, 3, 9, 8)        # the last ceil-mode window overhangs the padded input
+    x = {"normal": lambda s: rng.standard_normal(s),
+         "constant": lambda s: np.full(s, 1.5),                     # every tap ties
+         "few": lambda s: rng.integers(-2, 3, s),                   # some taps tie
+         "signed zeros": lambda s: rng.choice([0.0, -0.0], s)}[values]
+    xs = x(shape).astype(np.float32)
+    grad = {"normal": rng.standard_normal, "signed zeros": lambda s: rng.choice(
+        [0.0, -0.0, 1.0], s)}.get(values, rng.standard_normal)
+    gs = grad((4, 3, 12, 12)).astype(np.float32)
+
+    def g(s):
+        return gs[:, :, :s[2], :s[3]]
+    for cudnn in ([False, True] if kind == "AVG" and pad else [False]):
+        conf = pool(kind, kernel, stride, pad, ceil, cudnn)
+        for train in (True, False):
+            compiled = pool_step(monkeypatch, "numba", conf, xs, g, train)
+            plain = pool_step(monkeypatch, "numpy", conf, xs, g, train)
+            for a, b in zip(compiled, plain):
+                assert a.tobytes() == b.tobytes()
+
+
+def test_compiled_pooling_of_rectangular_windows_gives_numpys_bits():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 3, 10, 7)).astype(np.float32)
+    for kh, kw, ph, pw, sh, sw, oh, ow in ((3, 2, 1, 0, 2, 1, 6, 6), (2, 3, 0, 2, 3, 2, 3, 5)):
+        gy = rng.standard_normal((2, 3, oh, ow)).astype(np.float32)
+        size = rng.integers(1, 7, (oh, ow)).astype(np.float32)
+        outs = []
+        for k in (numba, kernels.numpy):
+            y, gx = np.empty((2, 3, oh, ow), np.float32), np.empty_like(x)
+            am = np.empty(y.shape, k.argmax_dtype(kh, kw))
+            k.max_pool(x, kh, kw, ph, pw, sh, sw, y, am, True)
+            k.max_pool_backward(gy, am, kh, kw, ph, pw, sh, sw, gx)
+            outs += [y.tobytes(), am.tobytes(), gx.tobytes()]
+            k.avg_pool(x, kh, kw, ph, pw, sh, sw, size, y)
+            k.avg_pool_backward(gy, size, kh, kw, ph, pw, sh, sw, gx)
+            outs += [y.tobytes(), gx.tobytes()]
+        assert outs[:5] == outs[5:]
     assert numba.im2col is not kernels.numpy.im2col
 
 
