@@ -13,6 +13,7 @@ from singa.device import CPU, is_host
 from singa.device.footprint import BeyondMemory
 from singa.errors import ConfigError
 from singa.layers.base import create_layer, layer_class, set_up
+from singa.layers import kernels
 from singa.naming import plain, unrolled
 from singa.net import graph, partition
 from singa.net.numerics import rng_state, set_rng_state
@@ -38,6 +39,8 @@ class NeuralNet:
         mirror their data to a GPU for the layers there."""
         self.phase = phase
         self.device = device
+        if device.gpu is None:      # the CPU's engine, said once before any step's lines
+            kernels.onednn_engine()
         self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
         self.rng = self.rngs[0]
         confs = filter_phase(net_conf, phase, num_partitions)

@@ -14,7 +14,6 @@ Each primitive chooses its own memory layout (blocked, e.g. nChw8c); reorders co
 """
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import glob
 import logging
@@ -86,11 +85,11 @@ class OneDNNError(RuntimeError):
 
 def candidates():
     """Where libdnnl.so.3 may be: the wheel's (in this environment's lib/, or the user's
-    after pip install --user), then the system's."""
-    found = [path for prefix in (sys.prefix, site.getuserbase())
-             for path in sorted(glob.glob(os.path.join(prefix, "lib", "libdnnl.so.3*")), key=len)]
-    system = ctypes.util.find_library("dnnl")
-    return found + ([system] if system else [])
+    after pip install --user), then wherever the dynamic loader finds it (no ldconfig or
+    compiler run, as ctypes.util.find_library would)."""
+    return [path for prefix in (sys.prefix, site.getuserbase())
+            for path in sorted(glob.glob(os.path.join(prefix, "lib", "libdnnl.so.3*")),
+                               key=len)] + ["libdnnl.so.3"]
 
 
 @functools.cache
@@ -109,8 +108,9 @@ def library():
             getattr(lib, name).argtypes = argtypes
         lib.dnnl_primitive_desc_query_md.restype = P
         lib.dnnl_memory_desc_equal.restype = ctypes.c_int
-        # the process's one libgomp (torch's where torch came first: the same soname)
-        gomp = ctypes.CDLL(ctypes.util.find_library("gomp") or "libgomp.so.1")
+        # the process's one libgomp, loaded with libdnnl (torch's where torch came first:
+        # the same soname)
+        gomp = ctypes.CDLL("libgomp.so.1")
         return lib, gomp
     raise OSError("oneDNN 3 (libdnnl.so.3) is not installed: pip install 'singa[onednn]'")
 
