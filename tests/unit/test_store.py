@@ -1,9 +1,14 @@
 """open_store: SINGA's test_store cases for both backends, positions, and bad backends/paths."""
 import os
+
+import numpy as np
 import pytest
 
 from singa.errors import DataError
-from singa.io.store import open_store, read_batch, read_cyclic
+from singa.io import memory
+from singa.io.records import Samples, decode_batch
+from singa.io.store import open_store, read_batch, read_columns, read_cyclic
+from singa.proto import job_pb2
 
 FIXTURES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "fixtures", "singa-0.3"))
 
@@ -101,3 +106,28 @@ def test_read_batch_of_an_empty_store_names_it(tmp_path, backend):
     with open_store(backend, path) as store:
         with pytest.raises(DataError, match=f"^{path}: the {backend} store is empty$"):
             read_batch(store, 3, path, backend)
+
+
+@pytest.mark.parametrize("x, y, target_dim", [
+    (np.arange(7 * 6, dtype=np.float64).reshape(7, 2, 3) / 7, np.arange(7) % 3, 0),
+    (np.arange(7 * 6, dtype=np.uint8).reshape(7, 6), None, 0),
+    (np.arange(7 * 6, dtype=np.float32).reshape(7, 6), np.linspace(0, 1, 14).reshape(7, 2), 2)])
+def test_the_memory_stores_batches_as_arrays_decode_as_its_samples_one_by_one(x, y, target_dim):
+    """`read_columns` of numpy data (a `Samples` of array views, across the wrap-around too)
+    gives the keys, bits, labels and targets of `read_batch`'s samples one by one."""
+    path = memory.register(x, y)
+    conf = job_pb2.StoreProto(target_dim=target_dim)
+    whole, columns = open_store("memory", path, conf=conf), open_store("memory", path, conf=conf)
+    for n in (3, 5, 9):
+        keys, values = zip(*read_batch(whole, n, path, "memory"))
+        keys2, samples = read_columns(columns, n, path, "memory")
+        assert list(keys2) == list(keys) and isinstance(samples, Samples)
+        k = max(target_dim, 1)
+        want = [np.empty((n, 6), np.float32), np.empty(n, np.int32), np.empty((n, k), np.float32)]
+        got = [np.empty_like(a) for a in want]
+        for out, items in ((want, list(values)), (got, samples)):
+            decode_batch(items, 6, keys, out[0], out[1],
+                         targets_out=out[2] if target_dim else None)
+        for a, b in list(zip(want, got))[:3 if target_dim else 2]:
+            assert a.tobytes() == b.tobytes()
+    memory.release(path)
