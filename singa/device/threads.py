@@ -121,11 +121,11 @@ def matmul(a, b, out):
     """out = a·b for 2-D arrays, cut into pieces of out's rows when it has ROW_CUT of them or
     more (or more rows than columns), else of its columns. Pieces of rows run faster: a
     weight gradient gᵀ·x of (2000, 2500) at 97 against 85 GFLOP/s a core in column pieces.
-    Each piece is oneDNN's sgemm where oneDNN is the engine (`kernels.onednn_engine`), else
-    BLAS's. On a GPU (CuPy arrays): one cuBLAS product."""
+    Each piece is oneDNN's sgemm on an Intel CPU where oneDNN is the engine
+    (`kernels.products`), else BLAS's. On a GPU (CuPy arrays): one cuBLAS product."""
     if not is_host(out):
         return np.matmul(a, b, out=out)
-    engine = kernels.onednn_engine()
+    engine = kernels.products()
 
     def product(a, b, out):
         if engine is None or not engine.gemm(a, b, out):

@@ -93,7 +93,9 @@ def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
         assert kernels.convolution(CPU) is onednn and kernels.convolution(CPU) is onednn
         monkeypatch.setenv("SINGA_KERNELS", "numba")
         assert kernels.convolution(CPU) is None
-    assert caplog.text.count(f"convolution and products run on oneDNN {onednn.version()}") == 1
+    said = (f"convolution and products run on oneDNN {onednn.version()}" if kernels.intel() else
+            f"convolution runs on oneDNN {onednn.version()}, products on BLAS (not an Intel CPU)")
+    assert caplog.text.count(said) == 1
     assert "convolution and products run im2col + BLAS (SINGA_KERNELS=numba)" in caplog.text
 
 
@@ -125,9 +127,20 @@ def test_gemm_reads_transposed_views_and_pieces_and_refuses_what_it_cannot(loade
     # columns contiguous; another dtype
 
 
+def test_products_run_on_onednn_on_an_intel_cpu_only(loaded, monkeypatch):
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    monkeypatch.setattr(kernels, "intel", lambda: False)
+    assert kernels.products() is None
+    monkeypatch.setattr(kernels, "intel", lambda: True)
+    assert kernels.products() is onednn
+    monkeypatch.setenv("SINGA_KERNELS", "numba")
+    assert kernels.products() is None
+
+
 @pytest.mark.parametrize("shape", [(64, 784, 500), (500, 64, 784), (64, 1500, 10)])
 def test_products_on_onednn_do_not_depend_on_the_thread_count(loaded, monkeypatch, shape):
     monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    monkeypatch.setattr(kernels, "intel", lambda: True)     # oneDNN's products on any CPU
     m, k, n = shape
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((k, m)).astype(np.float32).T, rng.standard_normal((k, n),

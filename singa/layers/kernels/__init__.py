@@ -58,7 +58,8 @@ def convolution(device):
 
 def onednn_engine():
     """singa.layers.kernels.onednn where SINGA_KERNELS is unset or onednn and oneDNN 3 loads:
-    the CPU's convolutions and matrix products (`threads.matmul`) run on it; else None."""
+    the CPU's convolutions run on it, and on an Intel CPU its matrix products
+    (`threads.matmul`, `products`); else None."""
     choice = _choice()
     if choice != "onednn":
         _log_engine("convolution and products run im2col + BLAS (SINGA_KERNELS=%s)" % choice)
@@ -72,8 +73,29 @@ def onednn_engine():
         _log_engine("convolution and products run im2col + BLAS (oneDNN is not installed: "
                     "pip install 'singa[onednn]')")
         return None
-    _log_engine(f"convolution and products run on oneDNN {onednn.version()}")
+    _log_engine(f"convolution and products run on oneDNN {onednn.version()}" if intel() else
+                f"convolution runs on oneDNN {onednn.version()}, products on BLAS (not an "
+                f"Intel CPU)")
     return onednn
+
+
+def products():
+    """The engine of `threads.matmul`'s pieces: oneDNN's sgemm on an Intel CPU where oneDNN is
+    the engine; else None, BLAS (on AMD's Zen, OpenBLAS's products tie with oneDNN's on
+    the MNIST MLP's and are 1.2-1.5x faster on a 784-128-10 MLP's: bench/README.md)."""
+    engine = onednn_engine()
+    return engine if engine is not None and intel() else None
+
+
+@functools.cache
+def intel():
+    """Whether this CPU is Intel's (/proc/cpuinfo's vendor_id)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.split(":")[-1].strip() == "GenuineIntel"
+                       for line in f if line.startswith("vendor_id"))
+    except OSError:
+        return False
 
 
 @functools.cache
