@@ -9,8 +9,8 @@ from singa.io.memory import MemoryStore
 from singa.io.records import Samples
 from singa.io.textfile import TextFileStore
 
-__all__ = ["open_store", "read_cyclic", "read_batch", "read_columns", "count_records", "KVFileStore",
-           "TextFileStore", "BACKENDS", "CAFFE_BACKENDS"]
+__all__ = ["open_store", "read_cyclic", "read_batch", "read_columns", "count_records",
+           "KVFileStore", "TextFileStore", "BACKENDS", "CAFFE_BACKENDS"]
 
 
 class KVFileStore(KVFile):

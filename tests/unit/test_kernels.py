@@ -173,5 +173,6 @@ def test_a_numba_that_does_not_load_leaves_numpys_copies(monkeypatch, caplog):
 
 def test_an_unknown_choice_is_refused(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "fortran")
-    with pytest.raises(ConfigError, match="SINGA_KERNELS=fortran: must be one of onednn, numba, numpy"):
+    with pytest.raises(ConfigError,
+                       match="SINGA_KERNELS=fortran: must be one of onednn, numba, numpy"):
         kernels.choose(CPU)

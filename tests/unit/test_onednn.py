@@ -122,9 +122,9 @@ def test_gemm_reads_transposed_views_and_pieces_and_refuses_what_it_cannot(loade
     assert onednn.gemm(a, b[:, 10:60], whole[:, 20:70])
     np.testing.assert_allclose(whole[:, 20:70], want[:, 10:60], rtol=1e-5)
     assert np.isnan(whole[:, :20]).all() and np.isnan(whole[:, 70:]).all()
-    assert not onednn.gemm(a, b[:, ::2], np.empty((70, 45), np.float32))   # neither rows
-    assert not onednn.gemm(a.astype(np.float64), b, np.empty((70, 90), np.float32))  # nor
-    # columns contiguous; another dtype
+    # neither rows nor columns contiguous; another dtype
+    assert not onednn.gemm(a, b[:, ::2], np.empty((70, 45), np.float32))
+    assert not onednn.gemm(a.astype(np.float64), b, np.empty((70, 90), np.float32))
 
 
 def test_products_run_on_onednn_on_an_intel_cpu_only(loaded, monkeypatch):
