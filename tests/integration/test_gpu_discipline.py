@@ -229,10 +229,12 @@ layer { name: "loss" type: kEuclideanLoss srclayers: "p3" srclayers: "t" }
 def test_convolution_and_pooling_kernels_give_the_cpus_bytes_on_the_gpu_path(gpu, monkeypatch):
     """Each of our CUDA kernels in a net (im2col and col2im, the transposed convolution's
     im2col, deconvolution, a depthwise convolution's direct loops, MAX and AVG pooling with
-    padding and ceil mode) against numba's loops and numpy's pooling: with the CPU's batch in
-    one chunk, as a GPU's, every blob and gradient has the CPU's bytes."""
+    padding and ceil mode) against numba's loops (the im2col path: oneDNN's convolution adds
+    in its own order): with the CPU's batch in one chunk, as a GPU's, every blob and gradient
+    has the CPU's bytes."""
     from google.protobuf import text_format
     monkeypatch.setattr(threads, "chunks", lambda n, *args: [slice(0, n)])
+    monkeypatch.setenv("SINGA_KERNELS", "numba")
     conf = text_format.Parse(KERNEL_NET, job_pb2.NetProto())
     out = []
     for place in (device.CPU, device.Device(0)):
