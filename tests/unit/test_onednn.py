@@ -88,6 +88,8 @@ def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
     monkeypatch.setattr(kernels, "_log_engine", kernels.functools.cache(
         kernels._log_engine.__wrapped__))
+    monkeypatch.setattr(kernels, "_log_onednn", kernels.functools.cache(
+        kernels._log_onednn.__wrapped__))
     monkeypatch.delenv("SINGA_KERNELS", raising=False)
     with caplog.at_level(logging.INFO, "singa"):
         assert kernels.convolution(CPU) is onednn and kernels.convolution(CPU) is onednn

@@ -73,9 +73,7 @@ def onednn_engine():
         _log_engine("convolution and products run im2col + BLAS (oneDNN is not installed: "
                     "pip install 'singa[onednn]')")
         return None
-    _log_engine(f"convolution and products run on oneDNN {onednn.version()}" if intel() else
-                f"convolution runs on oneDNN {onednn.version()}, products on BLAS (not an "
-                f"Intel CPU)")
+    _log_onednn()
     return onednn
 
 
@@ -101,6 +99,15 @@ def intel():
 @functools.cache
 def _log_engine(line):
     log.info(line)
+
+
+@functools.cache
+def _log_onednn():
+    """Says once what runs on oneDNN (its line made once: `threads.matmul` asks every call)."""
+    from singa.layers.kernels import onednn
+    version = onednn.version()
+    _log_engine(f"convolution and products run on oneDNN {version}" if intel() else
+                f"convolution runs on oneDNN {version}, products on BLAS (not an Intel CPU)")
 
 
 @functools.cache
