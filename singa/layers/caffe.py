@@ -8,6 +8,7 @@ import numpy as np
 
 from singa.device import threads
 from singa.errors import ConfigError
+from singa.layers import kernels
 from singa.layers.base import Layer, make_params, register
 from singa.proto import job_pb2
 
@@ -37,7 +38,8 @@ class ScaleLayer(Layer):
 
     Params in conf order: γ, then β with bias_term. num_axes −1: to the last axis; 0: γ is
     one number (shape (1,)). One source (Caffe's second-source γ is not supported). The
-    forward pass runs by chunks of samples on the compute threads.
+    forward pass runs by chunks of samples on the compute threads, each one call of the
+    kernels' `scale`.
     """
 
     sources = (1, 1)
@@ -53,6 +55,8 @@ class ScaleLayer(Layer):
         shape = src.shape[axis:end]
         self.view = (1,) * axis + shape + (1,) * (src.ndim - end)
         self.others = tuple(range(axis)) + tuple(range(end, src.ndim))
+        self.inner = int(np.prod(src.shape[end:], dtype=np.int64))     # after γ's axes
+        self.kernels = kernels.choose(self.device)
         roles = {"scale": shape or (1,)}
         if sc.bias_term:
             roles["bias"] = shape or (1,)
@@ -66,13 +70,15 @@ class ScaleLayer(Layer):
         threads.by_samples(lambda rows: self._scale(x, rows), self.data)
 
     def _scale(self, x, rows):
-        """Samples `rows` of y = x·γ (+ β)."""
-        def per(p):     # γ or β for these samples: all of it unless it spans dim 0
+        """Samples `rows` of y = x·γ (+ β): one call of the kernels' `scale`, x as (the axes
+        before γ's, γ's, those after)."""
+        def per(p):     # γ or β for these samples, flat: all of it unless it spans dim 0
             v = p.data.reshape(self.view)
-            return v[rows] if self.view[0] > 1 else v
-        np.multiply(x[rows], per(self.params[0]), out=self.data[rows])
-        if len(self.params) > 1:
-            self.data[rows] += per(self.params[1])
+            return (v[rows] if self.view[0] > 1 else v).reshape(-1)
+        gamma = per(self.params[0])
+        beta = per(self.params[1]) if len(self.params) > 1 else None
+        shape = (-1, gamma.size, self.inner)
+        self.kernels.scale(x[rows].reshape(shape), gamma, beta, self.data[rows].reshape(shape))
 
     def compute_gradient(self, flag, srclayers):
         g, src = self.grad, srclayers[0]
@@ -90,7 +96,8 @@ class ScaleLayer(Layer):
 @register(job_pb2.kEltwise)
 class EltwiseLayer(Layer):
     """Caffe's Eltwise over sources x_1..x_n (n ≥ 2) of one shape:
-    SUM: y = Σ c_i·x_i (c_i = eltwise_conf.coeff, all 1 if none), gx_i = c_i·g;
+    SUM: y = Σ c_i·x_i (c_i = eltwise_conf.coeff, all 1 if none), gx_i = c_i·g, the forward
+    pass by chunks of samples on the compute threads;
     PROD: y = Π x_i, gx_i = g·Π_{j≠i} x_j (Caffe's stable_prod_grad);
     MAX: y = max_i x_i, g routed to the argmax that Caffe's loop keeps: x_2 wins a tie with
     x_1 (its first comparison is x_1 > x_2), a later source only when strictly greater.
@@ -121,15 +128,9 @@ class EltwiseLayer(Layer):
         xs = [s.data_for(self) for s in srclayers]
         y = self.data
         if self.op == job_pb2.EltwiseProto.SUM:
-            first = 2 if self.coeff[0] == self.coeff[1] == 1 else 1     # x·1 is x: same bits
-            if first == 2:
-                np.add(xs[0], xs[1], out=y)
-            else:
-                np.multiply(xs[0], self.coeff[0], out=y)
-            for x, c in zip(xs[first:], self.coeff[first:]):
-                if c != 1 and self._tmp is None:
-                    self._tmp = np.empty_like(self.data)
-                y += np.multiply(x, c, out=self._tmp) if c != 1 else x
+            if self._tmp is None and any(c != 1 for c in self.coeff[1:]):
+                self._tmp = np.empty_like(self.data)
+            threads.by_samples(lambda rows: self._sum([x[rows] for x in xs], rows), y)
         elif self.op == job_pb2.EltwiseProto.PROD:
             np.multiply(xs[0], xs[1], out=y)
             for x in xs[2:]:
@@ -144,6 +145,17 @@ class EltwiseLayer(Layer):
                 np.greater(x, y, out=hit)
                 np.copyto(am, am.dtype.type(i), where=hit)
                 np.maximum(y, x, out=y)
+
+    def _sum(self, xs, rows):
+        """Samples `rows` of y = Σ c_i·x_i, in source order."""
+        y = self.data[rows]
+        first = 2 if self.coeff[0] == self.coeff[1] == 1 else 1     # x·1 is x: same bits
+        if first == 2:
+            np.add(xs[0], xs[1], out=y)
+        else:
+            np.multiply(xs[0], self.coeff[0], out=y)
+        for x, c in zip(xs[first:], self.coeff[first:]):
+            y += np.multiply(x, c, out=self._tmp[rows]) if c != 1 else x
 
     def compute_gradient(self, flag, srclayers):
         g = self.grad

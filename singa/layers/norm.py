@@ -163,7 +163,7 @@ class CaffeBatchNormLayer(Layer):
     keeps them, never sending them for an update), their lr_scale and wd_scale are forced to
     0 and their gradient is 0; a param without init starts at 0, as Caffe's.
     With global statistics the forward pass writes y straight into `data`, by chunks of samples
-    on the compute threads; x̂ is kept apart
+    on the compute threads, each one call of the kernels' `normalise`; x̂ is kept apart
     (an in-place successor may change data) only for batch statistics' backward pass, in a
     blob made at the first such forward pass.
     On partition_dim 0 every partition normalises by its share of the batch and partition 0
@@ -199,6 +199,7 @@ class CaffeBatchNormLayer(Layer):
         self._var = self.xp.empty(bshape, np.float32)
         self.inv_std = self.xp.empty(bshape, np.float32)
         self.global_stats = False
+        self.kernels = kernels.choose(self.device)
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -211,7 +212,9 @@ class CaffeBatchNormLayer(Layer):
             np.multiply(self.mean.data, s, out=mu)
             np.multiply(self.variance.data, s, out=var)
             self._inv_std()
-            threads.by_samples(lambda rows: self._normalise(x[rows], self.data[rows]), x)
+            threads.by_samples(lambda rows: self.kernels.normalise(
+                self._by_channel(x[rows]), mu, self.inv_std.reshape(-1),
+                self._by_channel(self.data[rows])), x)
             return
         if self.xhat is None:
             self.xhat, self._tmp = np.empty_like(self.data), np.empty_like(self.data)
@@ -225,10 +228,10 @@ class CaffeBatchNormLayer(Layer):
         self.xhat *= self.inv_std
         np.copyto(self.data, self.xhat)
 
-    def _normalise(self, x, y):
-        """y = (x − μ)·inv_std."""
-        np.subtract(x, self._mu, out=y)
-        y *= self.inv_std
+    @staticmethod
+    def _by_channel(x):
+        """x (N, C, ...) as (N, C, rest), the kernels' per-channel shape."""
+        return x.reshape(x.shape[0], x.shape[1], -1)
 
     def _inv_std(self):
         """inv_std = 1/√(σ² + ε)."""

@@ -155,6 +155,38 @@ def test_compiled_pooling_of_rectangular_windows_gives_numpys_bits():
     assert numba.im2col is not kernels.numpy.im2col
 
 
+SCALE = 'name: "scale" type: kScale param { name: "g" } param { name: "b" } scale_conf { %s }'
+BATCH_NORM = ('name: "bn" type: kCaffeBatchNorm param { name: "m" } param { name: "v" } '
+              'param { name: "f" }')
+
+
+@pytest.mark.parametrize("conf, shape", [
+    (SCALE % "bias_term: true", (6, 5, 4, 3)),
+    (SCALE.replace(' param { name: "b" }', "") % "", (6, 5, 4, 3)),
+    (SCALE % "axis: 0 num_axes: 2 bias_term: true", (6, 5, 4, 3)),    # γ spans the samples
+    (SCALE % "axis: 2 bias_term: true", (6, 5, 4, 3)),
+    (SCALE % "num_axes: 0 bias_term: true", (6, 5, 4, 3)),            # one number
+    (SCALE % "bias_term: true", (6, 7)),
+    (BATCH_NORM, (6, 5, 4, 3)), (BATCH_NORM, (6, 7))])
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_compiled_per_channel_passes_give_numpys_bits(monkeypatch, conf, shape, nthreads):
+    """Scale's forward and BatchNorm's by global statistics, by chunks on the threads."""
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    outs = []
+    for choice in ("numba", "numpy"):
+        monkeypatch.setenv("SINGA_KERNELS", choice)
+        src = Source(np.random.default_rng(0).standard_normal(shape))
+        layer = make_layer(conf, [src])
+        assert layer.kernels.__name__ == f"singa.layers.kernels.{choice}"
+        if conf == BATCH_NORM:
+            layer.variance.data[...] = np.abs(layer.variance.data) + 0.1
+            layer.factor.data[...] = 3
+        with threads.limit(nthreads):
+            layer.compute_feature(job_pb2.kTest, [src])
+        outs.append(layer.data.tobytes())
+    assert outs[0] == outs[1]
+
+
 def test_numpy_is_chosen_by_the_environment(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "numpy")
     assert kernels.choose(CPU) is kernels.numpy

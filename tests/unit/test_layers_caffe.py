@@ -93,6 +93,22 @@ def test_eltwise_values_and_gradients(conf, reference):
     assert check_gradients(layer, srcs) == 3 * srcs[0].data.size
 
 
+@pytest.mark.parametrize("conf", ["", "operation: SUM coeff: -1 coeff: 1 coeff: 0.5"])
+def test_eltwise_sum_by_chunks_of_samples_on_two_threads_gives_one_threads_bits(monkeypatch,
+                                                                                conf):
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    srcs = eltwise_sources(3, (5, 3, 2, 2))
+    outs = []
+    for n in (1, 2):
+        layer = make_layer(ELTWISE % conf, srcs)
+        with threads.limit(n):
+            layer.compute_feature(job_pb2.kTest, srcs)
+        outs.append(layer.data.tobytes())
+    assert outs[0] == outs[1]
+    np.testing.assert_allclose(layer.data, sum(s.data.astype(np.float64) * c for s, c in zip(
+        srcs, [-1, 1, 0.5] if conf else [1, 1, 1])), rtol=1e-6)
+
+
 def test_eltwise_max_routes_ties_as_caffes_loop():
     """Caffe's first comparison is x0 > x1: a tie of the first two goes to x1; a later source
     takes the maximum only when strictly greater."""

@@ -18,13 +18,14 @@ from importlib.resources import files
 import numpy as np
 
 from singa.device import module
-from singa.layers.kernels.numpy import RELU, SIGMOID, STANH, TANH
+# per-channel passes: numpy's calls, which CuPy's arrays take as one elementwise kernel each
+from singa.layers.kernels.numpy import RELU, SIGMOID, STANH, TANH, normalise, scale
 
 __all__ = ["SOURCE", "OPTIONS", "COMPILED", "im2col", "col2im", "group_conv", "group_conv_wgrad",
            "group_conv_xgrad", "argmax_dtype", "max_pool", "avg_pool", "max_pool_backward",
            "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
-           "activation_grad", "normalize_pixels", "softmax_loss", "softmax_loss_grad", "lrn",
-           "lrn_grad"]
+           "activation_grad", "normalise", "scale", "normalize_pixels", "softmax_loss",
+           "softmax_loss_grad", "lrn", "lrn_grad"]
 
 OPTIONS = ("--fmad=false",)
 

@@ -18,8 +18,8 @@ from singa.layers.ops import pad_buffer, sigmoid
 
 __all__ = ["COMPILED", "RELU", "SIGMOID", "TANH", "STANH", "im2col", "col2im", "group_conv",
            "group_conv_wgrad", "group_conv_xgrad", "argmax_dtype", "max_pool", "avg_pool",
-           "max_pool_backward", "avg_pool_backward", "activation", "activation_grad", "softmax_loss_grad", "lrn",
-           "lrn_grad", "taps"]
+           "max_pool_backward", "avg_pool_backward", "activation", "activation_grad",
+           "normalise", "scale", "softmax_loss_grad", "lrn", "lrn_grad", "taps"]
 
 #: whether im2col makes a col in one compiled pass (conv.py keeps fewer cols then)
 COMPILED = False
@@ -237,6 +237,20 @@ def activation_grad(f, y, g, gx, a=0.0, b=0.0):
         d *= a
         d += b
     np.multiply(g, d, out=gx)
+
+
+def normalise(x, mean, inv_std, y):
+    """y[a, c, b] = (x[a, c, b] − mean[c])·inv_std[c] for x, y (A, C, B) and mean, inv_std (C,):
+    normalisation by given statistics (BatchNorm's global ones)."""
+    np.subtract(x, mean.reshape(1, -1, 1), out=y)
+    y *= inv_std.reshape(1, -1, 1)
+
+
+def scale(x, gamma, beta, y):
+    """y[a, c, b] = x[a, c, b]·gamma[c] (+ beta[c] unless beta is None) for x, y (A, C, B)."""
+    np.multiply(x, gamma.reshape(1, -1, 1), out=y)
+    if beta is not None:
+        y += beta.reshape(1, -1, 1)
 
 
 def softmax_loss_grad(p, labels, scale, g):
