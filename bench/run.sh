@@ -32,6 +32,9 @@ echo
 echo "== bench_small_fit.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_small_fit.py
 echo
+echo "== bench_cpu_ops.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_cpu_ops.py || echo "(needs the onednn extra)"
+echo
 echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_notice.py
 echo

@@ -2,11 +2,11 @@
 padding as it copies, and col2im, one pass each where numpy makes one per kernel tap
 (bench/README.md); the direct loops of small groups (depthwise convolution), forward and
 backward; BatchNorm's normalisation by given statistics and Scale's per-channel product,
-one pass where numpy makes two; and pooling, one pass where numpy copies each tap (cifar10's pools at batch 100,
-ms a call of one thread, numpy against ours: pool1's MAX 3 × 3 stride 2 on 32 × 32 × 32
-30.8 against 5.3 forward, 9.3 against 4.6 backward; pool2's AVG on 32 × 16 × 16 2.2
-against 1.5 and 4.4 against 1.9; pool3's on 64 × 8 × 8 1.5 against 1.4 and 2.5 against
-1.3).
+one pass where numpy makes two; and pooling, one pass where numpy copies each tap (cifar10's
+pools at batch 100, ms a call of one thread, numpy against ours: pool1's MAX 3 × 3 stride 2
+on 32 × 32 × 32 30.8 against 5.3 forward, 9.3 against 4.6 backward; pool2's AVG on
+32 × 16 × 16 2.2 against 1.5 and 4.4 against 1.9; pool3's on 64 × 8 × 8 1.5 against 1.4 and
+2.5 against 1.3).
 
 All release the GIL, so the compute threads run their chunks side by side, and all add in
 the order of `kernels.numpy`'s functions of the same names: both give the same float32 bits
