@@ -6,6 +6,7 @@ store_conf's root_folder (else the list's folder) prefixes the paths; new_height
 resize as Caffe's cv::resize does; is_color gives 3 channels, else 1; shuffle reads each pass
 in a new order, as Caffe reshuffles at every pass. The position of a shuffled reader holds the
 pass's order key above its index (`tell`), so a resumed reader goes on in the same order.
+A batch's images are decoded side by side.
 """
 import os
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_image, image_record
+from singa.io.images import decode_many, image_record
 
 __all__ = ["ImageListStore"]
 
@@ -66,18 +67,26 @@ class ImageListStore(ReadOnly):
 
     def read(self):
         """Next (path, RecordProto bytes), or None at the end of the pass."""
-        if self._i >= len(self.items):
-            return None
-        name, label = self.items[self._i if self._order is None else self._order[self._i]]
-        self._i += 1
-        image = os.path.join(self.root, name)
-        try:
-            with open(image, "rb") as f:
-                raw = f.read()
-        except OSError as e:
-            raise DataError(f"{self.path}: cannot read image {image}: {e.strerror}") from None
-        pixels = decode_image(raw, image, self.is_color, self.size)
-        return name.encode(), image_record(pixels, label)
+        got = self.read_many(1)
+        return got[0] if got else None
+
+    def read_many(self, n):
+        """The next `n` (path, RecordProto bytes), fewer at the end of the pass: the images
+        decoded side by side (`images.decode_many`)."""
+        items, raws = [], []
+        while len(items) < n and self._i < len(self.items):
+            name, label = self.items[self._i if self._order is None else self._order[self._i]]
+            self._i += 1
+            image = os.path.join(self.root, name)
+            try:
+                with open(image, "rb") as f:
+                    raws.append((f.read(), image, self.is_color, self.size))
+            except OSError as e:
+                raise DataError(f"{self.path}: cannot read image {image}: {e.strerror}") \
+                    from None
+            items.append((name.encode(), label))
+        return [(key, image_record(pixels, label))
+                for (key, label), pixels in zip(items, decode_many(raws))]
 
     def seek_to_first(self):
         """The next pass: a shuffling reader draws its order from the last one's key."""

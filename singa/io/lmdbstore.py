@@ -1,7 +1,8 @@
 """The "lmdb" store backend: Caffe's LMDB of `Datum`s (convert_imageset's output) read as it is,
 each Datum given as the RecordProto SINGA's LMDBDataLayer makes of it (ConvertCaffeDatumToRecord,
 src/neuralnet/input_layer/lmdb_data.cc): shape (channels, height, width), label, `pixel` bytes
-or float `data`; an encoded (JPEG, PNG) Datum is decoded as Caffe does (OpenCV's BGR order)."""
+or float `data`; an encoded (JPEG, PNG) Datum is decoded as Caffe does (OpenCV's BGR order),
+a batch's side by side."""
 import os
 import threading
 
@@ -9,7 +10,7 @@ from google.protobuf.message import DecodeError
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_image, image_record
+from singa.io.images import decode_image, decode_many, image_record
 from singa.proto import caffe_pb2, common_pb2
 
 __all__ = ["LMDBStore", "datum_record"]
@@ -62,15 +63,25 @@ class LMDBStore(ReadOnly):
 
     def read(self):
         """Next (key, RecordProto bytes), or None after the last record."""
-        if not self._valid:
-            return None
+        got = self.read_many(1)
+        return got[0] if got else None
+
+    def read_many(self, n):
+        """The next `n` (key, RecordProto bytes), fewer at the end: the encoded Datums among
+        them decoded side by side (`images.decode_many`)."""
+        items = []
         try:
-            key, value = self._cursor.item()
-            self._valid = self._cursor.next()
+            while len(items) < n and self._valid:
+                items.append(self._cursor.item())
+                self._valid = self._cursor.next()
+                self._pos += 1
         except self._lmdb.Error as e:
             raise DataError(f"{self.path}: record {self._pos} cannot be read: {_why(e)}") from None
-        self._pos += 1
-        return key, datum_record(value, key, self.path)
+        records = [_datum(value, key, self.path) for key, value in items]
+        encoded = [i for i, r in enumerate(records) if isinstance(r, tuple)]
+        for i, pixels in zip(encoded, decode_many([records[i][:2] for i in encoded])):
+            records[i] = image_record(pixels, records[i][2])
+        return [(key, r) for (key, _), r in zip(items, records)]
 
     def seek_to_first(self):
         self.seek(0)
@@ -113,6 +124,15 @@ class LMDBStore(ReadOnly):
 
 def datum_record(value, key, path):
     """The RecordProto bytes of the serialized Caffe Datum `value` (record `key` of `path`)."""
+    record = _datum(value, key, path)
+    if isinstance(record, tuple):
+        return image_record(decode_image(*record[:2]), record[2])
+    return record
+
+
+def _datum(value, key, path):
+    """`datum_record`'s bytes, or for an encoded Datum (its image, where it is, its label) to
+    decode."""
     name = key.decode(errors="backslashreplace") if isinstance(key, bytes) else str(key)
     d = caffe_pb2.Datum()
     try:
@@ -121,7 +141,7 @@ def datum_record(value, key, path):
         raise DataError(f"{path}: record '{name}' is not a Caffe Datum "
                         f"({len(value)} bytes)") from None
     if d.encoded:
-        return image_record(decode_image(d.data, f"{path}: record '{name}'"), d.label)
+        return d.data, f"{path}: record '{name}'", d.label
     shape = (d.channels, d.height, d.width)
     rec = common_pb2.RecordProto(shape=shape, label=d.label)
     # Caffe's DataTransformer takes the bytes when there are any, else float_data

@@ -2,7 +2,6 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from singa import resolve
 from singa.errors import ConfigError, DataError
@@ -31,9 +30,10 @@ class StoreInputLayer(Layer):
 
     On a GPU, where only layers there read it, a batch of pixel records goes to the device
     as its bytes (a quarter of the floats), and the device computes (x − mean) / std into
-    `mirror`, the host's float32 operations bit for bit; `data` is then not computed, and the
-    next batch is read ahead in a thread of the layer's own while the device computes.
-    `position` stays that of the batches used.
+    `mirror`, the host's float32 operations bit for bit; `data` is then not computed. There,
+    and from Caffe's stores (lmdb, imagelist: images to decode; `read_ahead`), the next batch
+    is read ahead in a thread of the layer's own while the net computes. `position` stays
+    that of the batches used.
     """
 
     one_to_many = True
@@ -71,10 +71,15 @@ class StoreInputLayer(Layer):
             self.targets = self.xp.zeros((n, sc.target_dim), np.float32)
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
-        self.random_skip = sc.random_skip
-        self.store = None
-        self.skipped = False
+        self.reader_at_start(sc.random_skip)
         self._offset = 0        # the store's offset after the batches used
+
+    def reader_at_start(self, random_skip):
+        """Nothing opened yet, U{0..random_skip} tuples to skip at the first read; Caffe's
+        stores (their images take long to decode) read the next batch ahead (`read_ahead`)."""
+        self.random_skip = random_skip
+        self.read_ahead = self.backend in CAFFE_BACKENDS
+        self.store, self.skipped = None, False
 
     def compute_feature(self, flag, srclayers):
         if self.store is None:
@@ -87,11 +92,12 @@ class StoreInputLayer(Layer):
             self.skipped = True
         ahead, self._ahead = self._ahead, None
         keys, values, pixels, labels, self._offset = ahead.result() if ahead else self._read()
-        if pixels is not None:
-            self.to_device(pixels, labels)
+        if pixels is not None or self.read_ahead:
             if self._reads is None:
                 self._reads = ThreadPoolExecutor(1, thread_name_prefix=f"read {self.name}")
             self._ahead = self._reads.submit(self._read)
+        if pixels is not None:
+            self.to_device(pixels, labels)
             return
         x = self.data.reshape(len(values), self.dim)
         self.parse(keys, values, flag, x)
@@ -360,10 +366,10 @@ class ImagePreprocessLayer(Layer):
 def crop_and_mirror(x, h, w, mirror, out):
     """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+t] ((s, t): out's size), mirrored left-right if
     mirror[i]."""
-    windows = sliding_window_view(x, out.shape[-2:], axis=(2, 3))
-    out[...] = windows[np.arange(len(x)), :, h, w]
-    if mirror.any():
-        out[mirror] = out[mirror][..., ::-1]
+    s, t = out.shape[-2:]
+    for i, (hi, wi, flip) in enumerate(zip(h, w, mirror)):    # a copy each: numpy's fancy
+        window = x[i, :, hi:hi + s, wi:wi + t]                  # indexing gathered at a fifth
+        np.copyto(out[i], window[..., ::-1] if flip else window)    # of the speed
 
 
 def _text(key):

@@ -47,9 +47,7 @@ class ShardDataLayer(StoreInputLayer):
         self.aux_data = self.xp.zeros(n, np.int32)
         self.rows = partition_rows(self.conf, n, True)
         self.mean = self.std = None
-        self.random_skip = dc.random_skip
-        self.store = None
-        self.skipped = False
+        self.reader_at_start(dc.random_skip)
 
     def parse(self, keys, values, flag, x):
         decode_batch(values, self.dim, keys, out=x, labels_out=self.aux_data, shape=self.shape)

@@ -277,3 +277,56 @@ def test_only_the_formats_opencv_reads_are_decoded(tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"db: record '00000000': not an image Pillow decodes "
                                         r"\(cannot identify image file"):
         read_all("lmdb", path)
+
+
+@pytest.mark.parametrize("backend, path, conf", [
+    ("lmdb", "encoded_lmdb", None), ("imagelist", "list.txt", image_list())])
+def test_a_batch_of_images_is_decoded_side_by_side_to_the_records_one_at_a_time(
+        monkeypatch, backend, path, conf):
+    from singa.io import images
+    threads, decode = set(), images.decode_image
+
+    def watched(*args):
+        threads.add(__import__("threading").current_thread().name)
+        return decode(*args)
+    with open_store(backend, os.path.join(DATA, path), "read", conf) as store:
+        alone = [store.read() for _ in range(4)]
+    monkeypatch.setattr(images, "decode_image", watched)
+    with open_store(backend, os.path.join(DATA, path), "read", conf) as store:
+        assert store.read_many(5) == alone and store.read_many(3) == []
+    assert threads and all(name.startswith("decode") for name in threads), threads
+
+
+def test_caffe_stores_read_the_next_batch_while_the_net_computes_and_resume_exactly(tmp_path):
+    """The input layer reads batch k + 1 in its own thread after handing out batch k; its
+    position stays that of the batches used, so a snapshot resumes at batch k + 1."""
+    from singa.io import lmdbstore
+    path = write_lmdb(tmp_path / "db", [datum(i) for i in range(7)])
+    layer = record_input(path, "batchsize: 2")
+    readers, read_many = [], lmdbstore.LMDBStore.read_many
+
+    def watched(store, n):
+        readers.append(__import__("threading").current_thread().name)
+        return read_many(store, n)
+    lmdbstore.LMDBStore.read_many = watched
+    try:
+        layer.compute_feature(TRAIN, [])
+        layer._ahead.result()
+        assert readers == ["MainThread", "read data_0"], readers
+        assert layer.position() == (2, True)
+        layer.compute_feature(TRAIN, [])
+        saved, want = layer.position(), []
+        for _ in range(4):
+            layer.compute_feature(TRAIN, [])
+            want.append(list(layer.aux_data))
+    finally:
+        lmdbstore.LMDBStore.read_many = read_many
+    layer.close()
+    assert saved == (4, True) and want == [[4, 5], [6, 0], [1, 2], [3, 4]]
+    again = record_input(path, "batchsize: 2")
+    again.seek(*saved)
+    got = []
+    for _ in range(4):
+        again.compute_feature(TRAIN, [])
+        got.append(list(again.aux_data))
+    assert got == want
