@@ -35,6 +35,9 @@ echo
 echo "== bench_cpu_ops.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_cpu_ops.py || echo "(needs the onednn extra)"
 echo
+echo "== bench_fed.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_fed.py
+echo
 echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_notice.py
 echo

@@ -1,0 +1,124 @@
+"""Bench: images per second of a Caffe LMDB of JPEG Datums through the input layers, decoded
+side by side and read ahead (ours) against one image at a time in the training thread (issue
+47: "a fed GPU").
+
+    python bench/bench_fed.py [--images 512] [--size 256] [--batch 64] [--crop 224]
+                              [--step-ms 0,100] [--batches 16] [--rounds 3]
+
+A temporary LMDB of `--images` JPEG Datums (quality 90, `--size` square, colour: smooth
+gradients with noise, as photos compress), read by kRecordInput (backend lmdb) at `--batch`
+and cropped to `--crop` and mirrored by kImagePreprocess (Caffe's transforms), `--batches`
+batches a round. Ours: the store decodes a batch's images on its decoding threads
+(`images.decode_many`) and the input layer reads the next batch in its own thread while the
+net computes. One at a time: the same layers with the decoding made serial in the calling
+thread and no read-ahead (as before issue 47). Each `--step-ms` adds a training step of that
+many ms that holds no GIL (a GPU's step as the host sees it: a wait), so the figure is what
+the input lets a GPU train at. Rounds alternate the sides; medians, images/s. The bench
+measures; it exits 0 whatever the figures.
+"""
+import argparse
+import io
+import os
+import statistics
+import tempfile
+import time
+
+import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
+import numpy as np
+
+from singa.io import images, lmdbstore
+from singa.layers.base import create_layer
+from singa.proto import caffe_pb2, job_pb2
+
+FLAG = job_pb2.kTrain | job_pb2.kForward
+
+
+def write_lmdb(path, n, size):
+    import lmdb
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 200, size, dtype=np.float32)
+    with lmdb.open(path, map_size=1 << 32) as env, env.begin(write=True) as txn:
+        for i in range(n):
+            base = ramp[:, None, None] * rng.random(3) + ramp[None, :, None] * rng.random(3)
+            pixels = np.clip(base + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
+            buf = io.BytesIO()
+            Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+            datum = caffe_pb2.Datum(channels=3, height=size, width=size, label=i % 10,
+                                    encoded=True, data=buf.getvalue())
+            txn.put(b"%08d" % i, datum.SerializeToString())
+
+
+def layers(path, batch, crop):
+    """The data and preprocess layers, set up."""
+    data_conf = job_pb2.LayerProto()
+    data_conf.name, data_conf.type = "data", job_pb2.kRecordInput
+    data_conf.store_conf.backend, data_conf.store_conf.path = "lmdb", path
+    data_conf.store_conf.batchsize.append(batch)
+    data = create_layer(data_conf)
+    data.rng = np.random.default_rng(0)
+    data.setup([])
+    pre_conf = job_pb2.LayerProto()
+    pre_conf.name, pre_conf.type = "pre", job_pb2.kImagePreprocess
+    pre_conf.rgbimage_conf.cropsize, pre_conf.rgbimage_conf.mirror = crop, True
+    pre = create_layer(pre_conf)
+    pre.rng = np.random.default_rng(1)
+    pre.setup([data])
+    return data, pre
+
+
+def one_at_a_time(on):
+    """Serial decoding in the calling thread (`on`), or ours."""
+    lmdbstore.decode_many = (lambda items: [images.decode_image(*a) for a in items]) if on \
+        else images.decode_many
+
+
+def images_per_s(path, args, step_ms, serial):
+    one_at_a_time(serial)
+    try:
+        data, pre = layers(path, args.batch, args.crop)
+        data.read_ahead = not serial
+        data.compute_feature(FLAG, [])      # opened, first batch read
+        t = time.perf_counter()
+        for _ in range(args.batches):
+            data.compute_feature(FLAG, [])
+            pre.compute_feature(FLAG, [data])
+            if step_ms:
+                time.sleep(step_ms / 1e3)
+        seconds = time.perf_counter() - t
+        data.close()
+    finally:
+        one_at_a_time(False)
+    return args.batches * args.batch / seconds
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--images", type=int, default=512)
+    ap.add_argument("--size", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--crop", type=int, default=224)
+    ap.add_argument("--step-ms", default="0,100", help="simulated step times, comma-separated")
+    ap.add_argument("--batches", type=int, default=16, help="batches a round")
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="singa-bench-fed-") as tmp:
+        path = os.path.join(tmp, "jpeg_lmdb")
+        write_lmdb(path, args.images, args.size)
+        print(f"{args.images} JPEG Datums {args.size}x{args.size}, batch {args.batch}, crop "
+              f"{args.crop} + mirror; {len(os.sched_getaffinity(0))} CPUs; images/s, median of "
+              f"{args.rounds} rounds of {args.batches} batches")
+        print(f"{'step ms':>8s} {'one at a time':>14s} {'ours':>8s} {'ours / one':>11s} "
+              f"{'step alone':>11s}")
+        for step_ms in (float(s) for s in args.step_ms.split(",")):
+            sides = {True: [], False: []}
+            for _ in range(args.rounds):
+                for serial in (True, False):
+                    sides[serial].append(images_per_s(path, args, step_ms, serial))
+            one, ours = statistics.median(sides[True]), statistics.median(sides[False])
+            alone = f"{args.batch / step_ms * 1e3:11.0f}" if step_ms else f"{'-':>11s}"
+            print(f"{step_ms:8.0f} {one:14.0f} {ours:8.0f} {ours / one:11.2f} {alone}")
+
+
+if __name__ == "__main__":
+    main()
