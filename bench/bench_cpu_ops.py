@@ -51,7 +51,7 @@ def median_ms(fn, repeats):
 def primitive(pd, arrays):
     """A call of the primitive of `pd` on `arrays` ({DNNL_ARG: (array, its descriptor)}) and
     the implementation's name."""
-    lib, (_, stream, _) = o.library()[0], o.engine()
+    lib, stream = o.library()[0], o.stream()
     mems = {}
     for arg, (a, md) in arrays.items():
         mems[arg] = o.memory(md, None)
@@ -72,7 +72,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     lib = o.library()[0]
     declare(lib)
-    eng, _, attr = o.engine()
+    eng, attr = o.engine()
     rng = np.random.default_rng(0)
     rows = []
     with o.one_thread():

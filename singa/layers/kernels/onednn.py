@@ -10,7 +10,8 @@ the chunks' in chunk order, so the results do not depend on the thread count, an
 resumes bit-exactly on this engine. They are not the bits of numba's/numpy's products
 (another order of additions; tests/unit/test_onednn.py bounds the difference per pass).
 Each primitive chooses its own memory layout (blocked, e.g. nChw8c); reorders copy our
-(N, C, H, W) arrays in and out of it; all are built once per chunk size and kept.
+(N, C, H, W) arrays in and out of it; all are built once per chunk size and kept, one at a
+time in the process (`_MAKING`), and each thread executes on a stream of its own (`stream`).
 """
 import contextlib
 import ctypes
@@ -21,6 +22,7 @@ import os
 import site
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -44,6 +46,7 @@ SIGNATURES = {
     "dnnl_engine_create": [P, ctypes.c_int, ctypes.c_size_t],
     "dnnl_stream_create": [P, P, ctypes.c_uint],
     "dnnl_stream_wait": [P],
+    "dnnl_stream_destroy": [P],
     "dnnl_primitive_attr_create": [P],
     "dnnl_primitive_attr_set_scratchpad_mode": [P, ctypes.c_int],
     "dnnl_memory_desc_create_with_tag": [P, ctypes.c_int, Dims, ctypes.c_int, ctypes.c_int],
@@ -128,15 +131,39 @@ def check(status, what):
 
 @functools.cache
 def engine():
-    """(the CPU engine, an in-order stream, the primitives' attributes: user scratchpads, so
-    that one primitive runs in several threads at once with a scratchpad each)."""
+    """(the CPU engine, the primitives' attributes: user scratchpads, so that one primitive
+    runs in several threads at once with a scratchpad each)."""
     lib = library()[0]
-    eng, stream, attr = P(), P(), P()
+    eng, attr = P(), P()
     check(lib.dnnl_engine_create(ctypes.byref(eng), CPU, 0), "engine")
-    check(lib.dnnl_stream_create(ctypes.byref(stream), eng, 1), "stream")
     check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attributes")
     check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, SCRATCHPAD_USER), "attributes")
-    return eng, stream, attr
+    return eng, attr
+
+
+class _Stream:
+    """An in-order stream on the engine, destroyed with its holder (a thread's end)."""
+
+    def __init__(self):
+        lib = library()[0]
+        self.handle = P()
+        check(lib.dnnl_stream_create(ctypes.byref(self.handle), engine()[0], 1), "stream")
+        weakref.finalize(self, lib.dnnl_stream_destroy, self.handle)
+
+
+_local = threading.local()
+#: held while a primitive is made: made in several threads at once (two layers' first calls),
+#: one of them now and then failed at its execution (invalid arguments)
+_MAKING = threading.RLock()
+
+
+def stream():
+    """The calling thread's stream: a stream is not for several threads at once (two
+    threads executing on one stream failed now and then with invalid arguments)."""
+    held = getattr(_local, "stream", None)
+    if held is None:
+        held = _local.stream = _Stream()
+    return held.handle
 
 
 def plain(shape):
@@ -237,7 +264,6 @@ class Conv:
         self.sizes = sorted(set(sizes))     # the chunks' numbers of samples
         self.built = {}                 # b -> the primitives and descriptors for b samples
         self.buffers = {}               # (slot, b) -> the memory objects of one thread
-        self.lock = threading.Lock()
         self.logged = False
 
     def wshape(self):
@@ -251,7 +277,7 @@ class Conv:
     def _build(self, b):
         """The three passes' primitive descriptors and primitives for chunks of b samples."""
         lib = library()[0]
-        eng, _, attr = engine()
+        eng, attr = engine()
         xs, ys, ws = (b,) + tuple(self.chw), self.yshape(b), self.wshape()
         x, y, w = chosen(xs), chosen(ys), chosen(ws)
         bias = plain((self.filters,)) if self.bias else None
@@ -283,7 +309,7 @@ class Conv:
         return built
 
     def _built(self, b):
-        with self.lock:
+        with _MAKING:
             return self.built.get(b) or self.built.setdefault(b, self._build(b))
 
     def weights(self, w, name):
@@ -298,19 +324,20 @@ class Conv:
                 user, reorder, mem = into
                 check(lib.dnnl_memory_set_data_handle(user, w.ctypes.data), "data handle")
                 args = (Arg * 2)(Arg(SRC, user), Arg(DST, mem))
-                check(lib.dnnl_primitive_execute(reorder, engine()[1], 2, args), "reorder")
-                check(lib.dnnl_stream_wait(engine()[1]), "reorder")
+                check(lib.dnnl_primitive_execute(reorder, stream(), 2, args), "reorder")
+                check(lib.dnnl_stream_wait(stream()), "reorder")
 
     def _reorder(self, built, src, dst):
         """A kept reorder primitive from memory descriptor src to dst."""
         key = (src.value, dst.value)
-        if key not in built["reorders"]:
-            pd = P()
-            eng = engine()[0]
-            check(library()[0].dnnl_reorder_primitive_desc_create(
-                ctypes.byref(pd), src, eng, dst, eng, None), "reorder")
-            built["reorders"][key] = primitive(pd)
-        return built["reorders"][key]
+        with _MAKING:
+            if key not in built["reorders"]:
+                pd = P()
+                eng = engine()[0]
+                check(library()[0].dnnl_reorder_primitive_desc_create(
+                    ctypes.byref(pd), src, eng, dst, eng, None), "reorder")
+                built["reorders"][key] = primitive(pd)
+            return built["reorders"][key]
 
     def _steps(self, b):
         """This thread's memory objects and the steps of each pass for b samples: per pass,
@@ -365,10 +392,10 @@ class Conv:
                 a = arrays[array]
                 assert a.flags.c_contiguous and a.dtype == np.float32, array
                 check(lib.dnnl_memory_set_data_handle(mem, a.ctypes.data), "data handle")
-            stream = engine()[1]
+            mine = stream()
             for prim, n, args in steps:
-                check(lib.dnnl_primitive_execute(prim, stream, n, args), name)
-            check(lib.dnnl_stream_wait(stream), name)
+                check(lib.dnnl_primitive_execute(prim, mine, n, args), name)
+            check(lib.dnnl_stream_wait(mine), name)
 
     def forward(self, x, w, b, y, slot):
         """y = conv(x, w) + b for a chunk (b None: no bias)."""
