@@ -12,11 +12,11 @@ outputs are compared (equal bits, or the largest difference). Needs the `onednn`
 """
 import argparse
 import ctypes
-import time
 
 import singa  # noqa: F401  (before numpy: its OpenBLAS kernel choice holds here too)
 import numpy as np
 
+from mlp_reference import median_seconds
 from singa.layers.kernels import numba as nb
 from singa.layers.kernels import numpy as knp
 from singa.layers.kernels import onednn as o
@@ -39,13 +39,7 @@ def declare(lib):
 
 
 def median_ms(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times)) * 1e3
+    return median_seconds(fn, repeats, warmup=1) * 1e3
 
 
 def primitive(pd, arrays):

@@ -72,7 +72,6 @@ class StoreInputLayer(Layer):
         self.mean = self._constant_or_file("mean", 0.0)
         self.std = self._constant_or_file("std", 1.0)
         self.reader_at_start(sc.random_skip)
-        self._offset = 0        # the store's offset after the batches used
 
     def reader_at_start(self, random_skip):
         """Nothing opened yet, U{0..random_skip} tuples to skip at the first read; Caffe's
@@ -80,6 +79,7 @@ class StoreInputLayer(Layer):
         self.random_skip = random_skip
         self.read_ahead = self.backend in CAFFE_BACKENDS
         self.store, self.skipped = None, False
+        self._offset = 0        # the store's offset after the batches used
 
     def compute_feature(self, flag, srclayers):
         if self.store is None:
@@ -365,11 +365,11 @@ class ImagePreprocessLayer(Layer):
 
 def crop_and_mirror(x, h, w, mirror, out):
     """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+t] ((s, t): out's size), mirrored left-right if
-    mirror[i]."""
+    mirror[i]: a copy per image (a fancy-indexed gather of all was 2.3x slower)."""
     s, t = out.shape[-2:]
-    for i, (hi, wi, flip) in enumerate(zip(h, w, mirror)):    # a copy each: numpy's fancy
-        window = x[i, :, hi:hi + s, wi:wi + t]                  # indexing gathered at a fifth
-        np.copyto(out[i], window[..., ::-1] if flip else window)    # of the speed
+    for i, (hi, wi, flip) in enumerate(zip(h, w, mirror)):
+        window = x[i, :, hi:hi + s, wi:wi + t]
+        np.copyto(out[i], window[..., ::-1] if flip else window)
 
 
 def _text(key):

@@ -315,7 +315,7 @@ class Conv:
     def weights(self, w, name):
         """W (C-contiguous float32) into the layout of pass `name` ("fwd" or "data") for the
         chunks to come."""
-        lib = library()[0]
+        lib, mine = library()[0], stream()
         with one_thread():
             for b in self.sizes:
                 into = self._built(b)["w_in"].get(name)
@@ -324,8 +324,8 @@ class Conv:
                 user, reorder, mem = into
                 check(lib.dnnl_memory_set_data_handle(user, w.ctypes.data), "data handle")
                 args = (Arg * 2)(Arg(SRC, user), Arg(DST, mem))
-                check(lib.dnnl_primitive_execute(reorder, stream(), 2, args), "reorder")
-                check(lib.dnnl_stream_wait(stream()), "reorder")
+                check(lib.dnnl_primitive_execute(reorder, mine, 2, args), "reorder")
+                check(lib.dnnl_stream_wait(mine), "reorder")
 
     def _reorder(self, built, src, dst):
         """A kept reorder primitive from memory descriptor src to dst."""
