@@ -152,8 +152,9 @@ class _Stream:
 
 
 _local = threading.local()
-#: held while a primitive is made: made in several threads at once (two layers' first calls),
-#: one of them now and then failed at its execution (invalid arguments)
+#: held while a primitive or a thread's memory objects are made: made in several threads at
+#: once (two layers' first calls), one of them now and then failed at its execution (invalid
+#: arguments)
 _MAKING = threading.RLock()
 
 
@@ -386,7 +387,8 @@ class Conv:
             b = len(arrays["x"] if "x" in arrays else arrays["gy"])
             key = (slot, b)
             if key not in self.buffers:
-                self.buffers[key] = self._steps(b)
+                with _MAKING:       # memory objects made beside others' primitives: see there
+                    self.buffers[key] = self._steps(b)
             bound, steps = self.buffers[key][name]
             for array, mem in bound.items():
                 a = arrays[array]
