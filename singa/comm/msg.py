@@ -154,7 +154,8 @@ class OrderedSum:
     """The gradients of one param from several senders, summed in the order of their
     addresses, so the float32 sum does not depend on the order they arrived in: the one
     gradient itself when alone, else in a buffer of its own (made on first need, never a
-    sender's array)."""
+    sender's array) where the first sender's gradient lies (the others copied there from
+    another device, or the host)."""
 
     def __init__(self, size):
         self.size = size
@@ -176,9 +177,9 @@ class OrderedSum:
         with device.on(first):
             if self.buffer is None:
                 self.buffer = np.empty_like(first, shape=self.size)     # on first's device
-            g = np.add(first, items[1][1], out=self.buffer)
+            g = np.add(first, device.like(first, items[1][1]), out=self.buffer)
             for _, other in items[2:]:
-                g += other
+                g += device.like(first, other)
         return g
 
 

@@ -1,4 +1,4 @@
-"""Where a net computes: the CPU (numpy) or one CUDA GPU (CuPy, the `gpu` extra).
+"""Where a net computes: the CPU (numpy) or a CUDA GPU (CuPy, the `gpu` extra).
 
 Layers, params and updaters allocate with their device's `xp` (numpy or cupy) and otherwise
 call numpy's functions, which numpy hands on to CuPy for CuPy arrays (NEP 13 and 18): one code
@@ -6,7 +6,9 @@ path serves both devices. Values cross between the host and a GPU only here: `ho
 to host; `Readback` without waiting: a step's loss) and `assign(dst, src)` / `Device.put` /
 `Uploader` (host to device, the last without waiting for the GPU: a step's batch and random
 draws); inside a process executors hand GPU arrays to each other as they are
-(`singa.comm.socket`). Nothing imports CuPy until a job names a GPU.
+(`singa.comm.socket`), and `assign` / `like` copy them across where the receiver's lie on
+another GPU (a partition's bridge blob, a param's values and gradients). Nothing imports CuPy
+until a job names a GPU.
 """
 import contextlib
 import importlib
@@ -19,7 +21,7 @@ import numpy as np
 from singa.errors import ConfigError
 
 __all__ = ["CPU", "Device", "Readback", "Uploader", "address", "assign", "check", "cupy", "host",
-           "host_copy", "is_host", "like", "module", "of_workers", "on"]
+           "host_copy", "is_host", "like", "module", "of_workers", "on", "same_place"]
 
 #: CuPy's switch to a default stream per thread (see `check`)
 PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
@@ -92,7 +94,17 @@ def like(ref, a):
     if is_host(a):
         with on(ref):
             return module(ref).asarray(a)
+    if a.device.id != ref.device.id:
+        with on(ref):
+            out = module(ref).empty(a.shape, a.dtype)
+        _across(out, a)
+        return out
     return a
+
+
+def same_place(a, b):
+    """True when arrays `a` and `b` are both of the host or both of one GPU."""
+    return is_host(a) == is_host(b) and (is_host(a) or a.device.id == b.device.id)
 
 
 def on(a):
@@ -111,13 +123,41 @@ def address(a):
 
 
 def assign(dst, src):
-    """dst[...] = src, where `src` is in host memory or on dst's device."""
+    """dst[...] = src, where `src` is in host memory or on a device (dst's or another)."""
     if is_host(dst):
         np.copyto(dst, host(src), casting="unsafe")
     elif is_host(src) and dst.flags.c_contiguous:
         dst.set(np.ascontiguousarray(src.reshape(dst.shape), dst.dtype))
+    elif not is_host(src) and src.device.id != dst.device.id:
+        _across(dst, src)
     else:
         dst[...] = module(dst).asarray(src)
+
+
+def _across(dst, src):
+    """dst[...] = src (as many values, dst's dtype) from another GPU, without the host
+    waiting: a copy between the devices (peer to peer where they allow it) on dst's current
+    stream, after what src's device has queued so far (the values' making) and before what it
+    queues next (which may overwrite them)."""
+    if src.size != dst.size:
+        raise ValueError(f"cannot copy {src.size} values into {dst.size}")
+    cuda = module(dst).cuda
+    with on(src):
+        if src.dtype != dst.dtype or not src.flags.c_contiguous:
+            src = module(src).ascontiguousarray(src, dst.dtype)
+        made = cuda.Event(disable_timing=True)
+        made.record()
+    with on(dst):
+        stream = cuda.get_current_stream()
+        stream.wait_event(made)
+        out = dst if dst.flags.c_contiguous else module(dst).empty(dst.shape, dst.dtype)
+        out.data.copy_from_device_async(src.data, src.nbytes, stream)
+        if out is not dst:
+            dst[...] = out
+        copied = cuda.Event(disable_timing=True)
+        copied.record(stream)
+    with on(src):
+        cuda.get_current_stream().wait_event(copied)
 
 
 class Uploader:

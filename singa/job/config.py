@@ -347,25 +347,6 @@ def _check_runnable(conf, job):
                       f"worker groups)")
     if cl.nworker_groups > 1 and not cl.share_memory and topology.nprocs(cl) == 1:
         conf.fail(at, "cluster: several worker groups in one process need share_memory: true")
-    _check_gpu_layout(conf, job)
-
-
-def _check_gpu_layout(conf, job):
-    """The workers of each process get one device from `gpu` (`device.of_workers`): they
-    share their nets' params. A process's devices follow from its number of workers, the same
-    in every worker process but maybe the last: those two are checked (not one per process,
-    whose number a conf may merely claim)."""
-    at, cl = conf.line("gpu", "gpu[0]"), job.cluster
-    last = topology.nworker_procs(cl) - 1
-    for pid in sorted({0, last}) if job.gpu and last >= 0 else ():
-        found = set(device.of_workers(job.gpu, topology.workers_of(cl, pid), make=False).values())
-        if len(found) > 1:
-            names = " and ".join("CPU" if d is None else f"GPU {d}" for d in sorted(
-                found, key=lambda d: -1 if d is None else d))
-            conf.fail(at, f"gpu: {list(job.gpu)} puts the workers of process {pid} on {names}; "
-                          f"the workers of a process share their params and need one device "
-                          f"(list one id per worker, all the same, or run one worker per "
-                          f"process)")
 
 
 def _check_gpus_here(conf, job):

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from singa.device import assign
+from singa.device import assign, same_place
 from singa.device.footprint import check_fits
 from singa.errors import ConfigError
 from singa.proto import job_pb2
@@ -12,8 +12,9 @@ from singa.proto import job_pb2
 class Param:
     """Values `data`, gradient `grad`, `version` (updates seen, -1 before init) and the conf.
 
-    Shared params (`share_from`, replicas) point `data` at the owner's array and set
-    `owner` to the owner's id; only owners are checkpointed and updated. A param of a layer
+    Shared params (`share_from`, replicas) point `data` at the owner's array (on the owner's
+    device; a copy of their own on another) and set `owner` to the owner's id; only owners are
+    checkpointed and updated. A param of a layer
     partitioned on dim 1 holds one piece of the whole: `partition` = (axis, k, parts) says it is
     piece `k` of `parts` along `axis`, rows `cut(whole, parts, k)` (None: the whole param).
     `updated_by_layer`: values the layer itself updates in its forward pass (Caffe's BatchNorm
@@ -58,13 +59,18 @@ class Param:
         return self.owner == self.id
 
     def share_data_from(self, other, grad=False):
-        """Use `other`'s values (and gradient if `grad`) in place: SINGA's ShareDataFrom."""
+        """Use `other`'s values (and gradient if `grad`) in place: SINGA's ShareDataFrom. On
+        another device than `other`'s, its values stay its own (a copy, which the servers'
+        answers fill as they fill `other`'s); `other`'s owner is its owner either way."""
         if other.data.shape != self.data.shape:
             raise ConfigError(f"param '{self.name}' of shape {self.data.shape} cannot share "
                               f"'{other.name}' of shape {other.data.shape}")
-        self.data = other.data
-        if grad:
-            self.grad = other.grad
+        if same_place(self.data, other.data):
+            self.data = other.data
+            if grad:
+                self.grad = other.grad
+        elif grad:
+            raise ValueError(f"param '{self.name}' cannot share a gradient on another device")
         self.owner = other.owner
 
     def init_values(self, rng, version=0):

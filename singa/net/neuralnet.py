@@ -34,12 +34,15 @@ class NeuralNet:
         test/validation nets, group 0's net for another group's. Param ids start at
         `first_id` so that they are unique within a process. With `num_partitions` K > 1 the
         net holds every partition's layers `L@k` (each worker runs `partition(k)`); `rng` may
-        then be a list of K generators, one per partition. The layers compute on `device`,
-        except the input and parser layers (`one_to_many`), which compute on the host and
-        mirror their data to a GPU for the layers there."""
+        then be a list of K generators, one per partition. The layers compute on `device`
+        (or partition k's on `device[k]`, a list of K), except the input and parser layers
+        (`one_to_many`), which compute on the host and mirror their data to a GPU for the
+        layers there."""
         self.phase = phase
-        self.device = device
-        if device.gpu is None:      # the CPU's engine, said once before any step's lines
+        self.devices = list(device) if isinstance(device, (list, tuple)) else \
+            [device] * num_partitions
+        self.device = self.devices[0]
+        if any(d.gpu is None for d in self.devices):    # the CPU's engine, said once early
             kernels.onednn_engine()
         self.rngs = list(rng) if isinstance(rng, (list, tuple)) else [rng] * num_partitions
         self.rng = self.rngs[0]
@@ -58,15 +61,16 @@ class NeuralNet:
         for conf in confs:
             layer = create_layer(conf)
             layer.rng = self.rngs[conf.partition_id]
-            if not layer.one_to_many or device.gpu is None:    # host layers: also on SHAPES
-                layer.device = device
+            where = self.devices[conf.partition_id]
+            if not layer.one_to_many or where.gpu is None:     # host layers: also on SHAPES
+                layer.device = where
             self.layers.append(layer)
             self.by_name[conf.name] = layer
         # Set up in order once all exist: RBMVis names RBMHid, set up after it, as a source.
-        # The arrays go to `device` whichever thread builds the net.
-        with device.selected():
-            for layer in self.layers:
-                srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
+        # The arrays go to their partition's device whichever thread builds the net.
+        for layer in self.layers:
+            srcs = self.srclayers[layer.name] = [self.by_name[s] for s in layer.conf.srclayers]
+            with self.devices[layer.partition_id].selected():
                 try:
                     set_up(layer, srcs)
                 except MemoryError as e:   # numpy's message (or SHAPES's) names shape and bytes
@@ -76,8 +80,7 @@ class NeuralNet:
                         raise
                     raise BeyondMemory(f"layer '{layer.name}': an array of its shapes would need "
                                        f"more bytes than a 64-bit address can hold") from None
-            if device.gpu is not None:
-                self._mirror_host_layers()
+        self._mirror_host_layers()
         if num_partitions > 1:
             self.connect_partitions()
         self.params = [p for layer in self.layers for p in layer.params]
@@ -104,15 +107,18 @@ class NeuralNet:
                 self.dynamic_srclayer(layer)
 
     def _mirror_host_layers(self):
-        """Give each host layer read by a layer on the GPU a GPU copy of its data and labels
-        (`Layer.make_mirror`)."""
+        """Give each host layer read by a layer on a GPU (its partition's) a copy of its data
+        and labels there (`Layer.make_mirror`)."""
         on_host = collections.defaultdict(set)      # name: whether each reader is a host layer
         for layer in self.layers:
             for s in self.srclayers[layer.name]:
                 on_host[s.name].add(layer.one_to_many)
         for layer in self.layers:
-            if layer.one_to_many and False in on_host[layer.name] and is_host(layer.data):
-                layer.make_mirror(self.device, host_read=True in on_host[layer.name])
+            where = self.devices[layer.partition_id]
+            if where.gpu is not None and layer.one_to_many and False in on_host[layer.name] \
+                    and is_host(layer.data):
+                with where.selected():
+                    layer.make_mirror(where, host_read=True in on_host[layer.name])
 
     def connect_partitions(self):
         """Tell each bridge layer its peer, and each Slice which destination reads which part
@@ -134,7 +140,7 @@ class NeuralNet:
         sources in other partitions are reached through bridge layers."""
         view = object.__new__(NeuralNet)
         view.__dict__.update(self.__dict__)
-        view.rng, view.graph = self.rngs[k], self
+        view.rng, view.graph, view.device = self.rngs[k], self, self.devices[k]
         view.layers = [layer for layer in self.layers if layer.partition_id == k]
         view.params = [p for layer in view.layers for p in layer.params]
         view.owner_params = [p for p in view.params if p.is_owner]
@@ -156,16 +162,17 @@ class NeuralNet:
                    key=lambda x: x.unroll_index)
 
     def share_params_from(self, other):
-        """Use `other`'s param values (matched by name and piece); `other`'s params stay the
-        owners.
+        """Use `other`'s param values (matched by name and partition); `other`'s params stay
+        the owners.
 
         Sharers are matched too: a `share_from` param must follow `other`'s values, not the
         stale array of this net's own owner."""
-        theirs = {(p.name, p.partition): p for p in other.params}
-        for p in self.params:
-            src = theirs.get((p.name, p.partition))
-            if src is not None:
-                p.share_data_from(src)
+        theirs = {(p.name, layer.partition_id): p for layer in other.layers for p in layer.params}
+        for layer in self.layers:
+            for p in layer.params:
+                src = theirs.get((p.name, layer.partition_id))
+                if src is not None:
+                    p.share_data_from(src)
 
     def forward(self, flag):
         for layer in self.layers:

@@ -90,6 +90,8 @@ class ParamClient:
                 self.states[p.owner] = pm.read_state(slices, p.shape, f"param '{p.name}'")
                 continue
             if t == m.kRPut:
+                if not p.is_owner:     # the owner's values were put: a copy's come by its Get
+                    continue
                 self.check_put(p, slices)
             else:
                 self.read_values(p, slices)

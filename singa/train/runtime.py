@@ -86,10 +86,11 @@ class Process:
     process at `place` (a `place.Place`: `Place()` for a job's only process).
 
     Worker (g, j) runs partition j of group g's net, which holds every partition's layers (a
-    partition's neighbours may run in other processes, reached through bridge layers). Nets in
-    one process share param values in memory (dim-0 copies with partition 0, a later group
-    with the first local group of its server group under share_memory); a copy whose owner
-    runs elsewhere has its own values, which it Gets from the servers. The first worker group
+    partition's neighbours may run in other processes, reached through bridge layers), on the
+    device `gpu` gives it (`device.of_workers`). Nets in one process share param values in
+    memory on one device (dim-0 copies with partition 0, a later group with the first local
+    group of its server group under share_memory); a copy whose owner runs elsewhere or on
+    another device has its own values, which it Gets from the servers. The first worker group
     of each server group initialises the params (all from the same `seed`). Every net numbers
     its params from 0 over all its partitions, so a param's id names it in every process. Test
     and validation nets are partitioned the same way: every worker of group 0 runs its
@@ -110,18 +111,19 @@ class Process:
         pid, cluster_rt = place.pid, place.cluster_rt
         self.job, self.pid, self.place = job, pid, place
         rngs = seeds(job, WORKERS + G * K)
-        # one device for the workers of a process (the conf check): they share params
+        # each worker's partition on its device; partitions elsewhere on the group's first
         devices = device.of_workers(job.gpu, topology.workers_of(cl, pid))
-        self.device = next(iter(devices.values()), device.CPU)
-        graphs = {}     # group -> its net: every partition's layers (workers here run theirs)
+        graphs, places = {}, {}    # group -> its net: every partition's layers; their devices
         for g in sorted({g for g, _ in topology.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share
             first = min(h for h, _ in topology.workers_of(cl, pid)
                         if topology.server_group(cl, h) == topology.server_group(cl, g))
             share = graphs.get(first) if g > first and cl.share_memory else None
             mine = rngs[WORKERS + g * K:WORKERS + (g + 1) * K]
+            here = [devices[(g, j)] for j in range(K) if (g, j) in devices]
+            places[g] = [devices.get((g, j), here[0]) for j in range(K)]
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, mine if K > 1 else mine[0],
-                                  share, K, device=self.device)
+                                  share, K, device=places[g])
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
                 for g, j in topology.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)
@@ -136,7 +138,7 @@ class Process:
                     net = evaluation.eval_net(job.neuralnet, phase,
                                               rng.spawn(K) if K > 1 else rng,
                                               self.train_graph, K, first_id=next_id,
-                                              device=self.device)
+                                              device=places[0])
                     next_id = net.next_id
                     eval_nets[name] = {j: net.partition(j) if K > 1 else net
                                        for g, j in nets if g == 0}
@@ -194,7 +196,7 @@ class Process:
                 eval_nets.get("test", {}).get(j) if g == 0 else None,
                 eval_nets.get("validation", {}).get(j) if g == 0 else None,
                 init_rng=copy.deepcopy(rngs[INIT]), resume=resume, place=place,
-                reporter=reporter, device=self.device)
+                reporter=reporter, device=devices[(g, j)])
             for (g, j), net in nets.items()]
         elastic = topology.elastic_procs(cl, job.max_restarts) - {pid}
         members = Membership(elastic, self.forget, self.returned, place.rejoin_timeout,

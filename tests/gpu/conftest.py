@@ -1,7 +1,8 @@
 """tests/gpu: the GPU path on a real CUDA device, skipped where CuPy sees none.
 
 SINGA_GPU_STANDIN=1 runs them on tests/integration/strict_device.py instead (a machine without a
-GPU), to try these tests' own code: its numbers are numpy's, so it proves nothing of a GPU's.
+GPU), to try these tests' own code: its numbers are numpy's, so it proves nothing of a GPU's
+(SINGA_GPU_STANDIN=2: a stand-in of two GPUs).
 """
 import importlib.util
 import os
@@ -10,7 +11,7 @@ import sys
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-STANDIN = os.environ.get("SINGA_GPU_STANDIN") == "1"
+STANDIN = os.environ.get("SINGA_GPU_STANDIN", "0") != "0"
 
 
 def _visible():
@@ -41,8 +42,8 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def standin(monkeypatch):
-    """The CuPy stand-in in place of cupy, with SINGA_GPU_STANDIN=1."""
+    """The CuPy stand-in in place of cupy, with SINGA_GPU_STANDIN=<its GPUs>."""
     if STANDIN:
         sys.path.insert(0, os.path.join(HERE, "..", "integration"))
         import strict_device
-        strict_device.installed(monkeypatch)
+        strict_device.installed(monkeypatch, gpus=int(os.environ["SINGA_GPU_STANDIN"]))

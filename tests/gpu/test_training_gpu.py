@@ -2,8 +2,9 @@
 run's test accuracy within one point at the same step, and train with their passes as CUDA
 graphs to the bits of op by op; an RBM (kCD) and char-rnn (kBPTT) train as on the CPU; a
 GPU job resumed on the GPU continues bit-exactly; snapshots move between the GPU and the
-CPU; two workers share one GPU; a job of two processes over tcp (no ZooKeeper) has its worker
-process on the GPU and its server process on the CPU."""
+CPU; two workers share one GPU, and two GPUs hold a group's partitions; a job of two
+processes over tcp (no ZooKeeper) has its worker process on the GPU and its server process on
+the CPU."""
 import multiprocessing as mp
 import os
 
@@ -21,7 +22,7 @@ from singa.train.place import Place
 from singa.train.runtime import Process, Transport
 
 FIX = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
-STANDIN = os.environ.get("SINGA_GPU_STANDIN") == "1"     # tests/gpu/conftest.py
+STANDIN = os.environ.get("SINGA_GPU_STANDIN", "0") != "0"     # tests/gpu/conftest.py
 MNIST = {"examples/mnist/train_data.bin": f"{FIX}/train-1000.bin",
          "examples/mnist/test_data.bin": f"{FIX}/test-500.bin"}
 
@@ -144,6 +145,27 @@ def test_two_workers_share_one_gpu_as_one_worker_trains(tmp_path, mnist):
                                                 progress=False, device=[0, 0])
         runs[name] = h.history["loss"]
     assert np.allclose(runs["two"], runs["one"], rtol=1e-3), runs
+
+
+def test_cudnn_hybrid_conf_trains_with_its_partitions_on_two_gpus_as_on_the_cpu(tmp_path):
+    """SINGA's cifar10/cudnn_hybrid.conf: the two partitions of its group on GPUs 0 and 1 of
+    one process (peer copies of the bridges' blobs and of the params) train as on the CPU:
+    the test accuracy at step 100 within one point. Needs two GPUs."""
+    from singa import device
+    if device.cupy().cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("one GPU: the partitions of cudnn_hybrid.conf need two")
+    replacements = {**cifar_data(tmp_path), "\ngpu: 0\ngpu: 1\n": "\n"}
+    accuracy = {}
+    for run, place in (("cpu", None), ("gpu", [0, 1])):
+        m = conf_model(tmp_path, run, f"{singa.HOME}/tests/fixtures/confs/cifar10/"
+                       f"cudnn_hybrid.conf", replacements)
+        h = m.fit(nb_epoch=100, test_steps=10, test_freq=100, disp_freq=25, seed=11,
+                  progress=False, device=place)
+        accuracy[run] = h.history["test_accuracy"][-1]
+    print(f"cudnn_hybrid: test accuracy at step 100: CPU {accuracy['cpu']:.4f}, "
+          f"GPUs 0 and 1 {accuracy['gpu']:.4f}")
+    assert accuracy["cpu"] > 0.2
+    assert abs(accuracy["gpu"] - accuracy["cpu"]) <= 0.01
 
 
 def apart(gpu, cpu):

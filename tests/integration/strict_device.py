@@ -18,7 +18,13 @@ is queued while capturing is recorded, not computed (the device memory it wrote 
 the capture, what it made holds garbage), a host read or a pageable copy is refused, and a
 launch replays the recorded operations on the arrays as they are then.
 
-`installed(monkeypatch)` makes `singa.device` use this module as cupy, with one visible GPU.
+Devices: `installed(monkeypatch, gpus=N)` makes `singa.device` use this module as cupy, with N
+visible GPUs (1 by default). A device array lies on the device that was the thread's current
+one when it was made (a view on its base's); an operation on arrays of a device other than the
+thread's current one is refused (CuPy would read another GPU's memory through peer access, or
+fail where the GPUs have none): values cross between devices only by
+`MemoryPointer.copy_from_device_async`, counted in `moved["between devices"]`.
+
 It checks the discipline only: numbers are numpy's, so a GPU's own rounding is tests/gpu's.
 """
 import ast
@@ -125,6 +131,16 @@ def _check(values, what):
             _check(v, what)
         elif type(v) is np.ndarray:
             raise StrictError(f"{what}: a host array of shape {v.shape} mixed with device arrays")
+        elif isinstance(v, DevArray):
+            _check_here(v, what)
+
+
+def _check_here(a, what):
+    """Refuse device array `a` where the calling thread's current device is another."""
+    here = _Device.now()
+    if a._gpu != here:
+        raise StrictError(f"{what}: an array of GPU {a._gpu} used on GPU {here} (copy it across "
+                          f"first: another device's memory)")
 
 
 def _plain(v):
@@ -248,15 +264,19 @@ class DevArray(np.ndarray):
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3, "strides": None,
                 "data": (self.data.ptr, False)}
 
+    def __array_finalize__(self, obj):
+        gpu = getattr(obj, "_gpu", None)      # a view: its base's device
+        self._gpu = _Device.now() if gpu is None else gpu
+
     @property
     def data(self):
-        """CuPy's MemoryPointer, of which `ptr` is the address of the first element (the host
-        buffer the numpy attribute gives stays out of reach)."""
-        return types.SimpleNamespace(ptr=self.view(np.ndarray).__array_interface__["data"][0])
+        """CuPy's MemoryPointer (the host buffer the numpy attribute gives stays out of
+        reach)."""
+        return _Pointer(self)
 
     @property
     def device(self):
-        return _Device(0)
+        return _Device(self._gpu)
 
     def __array_ufunc__(self, ufunc, method, *inputs, out=None, **kwargs):
         _check_ufunc(ufunc, method, out, kwargs)
@@ -293,25 +313,33 @@ class DevArray(np.ndarray):
             return np.ndarray.__getitem__(self.view(np.ndarray), _plain(index))
         basic = all(i is None or i is Ellipsis or isinstance(i, (int, np.integer, slice))
                     for i in (index if isinstance(index, tuple) else (index,)))
-        return _dev(call() if basic else _run(call, inputs=[self]))     # else a gather
+        if basic:       # a view (or an element), of any device's array
+            view = _dev(call())
+            view._gpu = self._gpu
+            return view
+        _check_here(self, "indexing")
+        return _dev(_run(call, inputs=[self]))     # a gather
 
     def __setitem__(self, index, value):
-        _check(index if isinstance(index, tuple) else (index,), "indexing")
+        _check((self,) + (index if isinstance(index, tuple) else (index,)), "indexing")
         _check((value,), "assignment")
         _run(lambda: np.ndarray.__setitem__(self.view(np.ndarray), _plain(index), _plain(value)),
              writes=[self])
 
     # the methods that compute rather than view (numpy's own do not pass through the hooks)
     def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        _check_here(self, "ndarray.astype")
         if not copy and np.dtype(dtype) == self.dtype:
             return self
         return _dev(_run(lambda: self.view(np.ndarray).astype(dtype, order, casting),
                          inputs=[self]))
 
     def copy(self, order="C"):
+        _check_here(self, "ndarray.copy")
         return _dev(_run(lambda: self.view(np.ndarray).copy(order), inputs=[self]))
 
     def fill(self, value):
+        _check_here(self, "ndarray.fill")
         _run(lambda: self.view(np.ndarray).fill(value), writes=[self])
 
     def __buffer__(self, flags):
@@ -424,6 +452,8 @@ for _name in set(dir(np.ndarray)) - set(API["ndarray"]) - set(vars(DevArray)) - 
 
 def asarray(a, dtype=None):
     """A device array of `a` (copied from the host; a device array itself)."""
+    if isinstance(a, DevArray):
+        _check_here(a, "asarray")     # CuPy's would give the array where it is
     if isinstance(a, DevArray) and (dtype is None or a.dtype == dtype):
         return a
     _refuse_while_capturing("a copy from pageable memory")
@@ -463,20 +493,64 @@ def _into(result, value):
             _into(r, v)
 
 
-class _Device:
-    current = None
+#: the GPUs visible (`installed`)
+_count = {0: 1}
 
-    def __init__(self, i):
-        self.id = i
+
+class _Device:
+    """cupy.cuda.Device: the thread's current device is its own (0 until it chooses)."""
+
+    _here = threading.local()
+
+    def __init__(self, i=None):
+        self.id = _Device.now() if i is None else i
+        if not 0 <= self.id < _count[0]:
+            raise RuntimeError(f"cudaErrorInvalidDevice: no GPU {self.id} (of {_count[0]})")
+        self.outer = []
+
+    @staticmethod
+    def now():
+        return getattr(_Device._here, "id", 0)
 
     def use(self):
-        _Device.current = self.id
+        _Device._here.id = self.id
 
     def __enter__(self):
-        self.outer, _Device.current = _Device.current, self.id
+        self.outer.append(_Device.now())
+        _Device._here.id = self.id
+        return self
 
     def __exit__(self, *exc):
-        _Device.current = self.outer
+        _Device._here.id = self.outer.pop()
+
+    def __eq__(self, other):
+        return isinstance(other, _Device) and other.id == self.id
+
+    def __hash__(self):
+        return self.id
+
+    def synchronize(self):
+        _refuse_while_capturing("a wait for a device")
+
+
+class _Pointer:
+    """cupy.cuda.MemoryPointer of device array `a`: `ptr` the address of its first element."""
+
+    def __init__(self, a):
+        self.array, self.ptr = a, a.view(np.ndarray).__array_interface__["data"][0]
+        self.device_id = a._gpu
+
+    def copy_from_device_async(self, src, size, stream=None):
+        """Copy `size` bytes from `src` (of any device) here, queued on `stream`: both arrays'
+        whole C-contiguous memory."""
+        dst, frm = self.array, src.array
+        for a in (dst, frm):
+            if not a.flags.c_contiguous or a.nbytes != size:
+                raise StrictError(f"copy_from_device_async: {size} bytes of an array of "
+                                  f"{a.nbytes} (contiguous: {a.flags.c_contiguous})")
+        moved["between devices" if frm._gpu != dst._gpu else "within a device"] += size
+        _run(lambda: np.copyto(dst.view(np.ndarray).reshape(-1).view(np.uint8),
+                               frm.view(np.ndarray).reshape(-1).view(np.uint8)), writes=[dst])
 
 
 class _Pinned(bytearray):
@@ -498,6 +572,7 @@ class _Event:
 
     def record(self, stream=None):
         self.recorded = queued[0]
+        self.device = _Device.now()
 
     def synchronize(self):
         if self.recorded is not None:
@@ -525,6 +600,11 @@ class Stream:
 
     def synchronize(self):
         _refuse_while_capturing("a wait for a stream")
+
+    def wait_event(self, event):
+        """Later work on this stream waits for `event` (of any device)."""
+        if event.recorded is None:
+            raise StrictError("wait_event for an event never recorded")
 
     def begin_capture(self, mode=None):
         if self.ptr == 0:
@@ -576,13 +656,14 @@ cuda = types.SimpleNamespace(Device=_Device, Event=_Event, Stream=Stream, Graph=
                              get_elapsed_time=lambda start, end: 0.0,   # no clock here
                              get_current_stream=get_current_stream,
                              using_allocator=lambda allocator=None: contextlib.nullcontext(),
-                             runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
+                             runtime=types.SimpleNamespace(getDeviceCount=lambda: _count[0]))
 
 
-def installed(monkeypatch):
-    """Make singa.device take this module for cupy (GPU 0 visible)."""
+def installed(monkeypatch, gpus=1):
+    """Make singa.device take this module for cupy, with GPUs 0 to `gpus` - 1 visible."""
     from singa import device
     module = sys.modules[__name__]
+    monkeypatch.setitem(_count, 0, gpus)
     monkeypatch.setattr(device, "cupy", lambda: module)
     monkeypatch.setitem(sys.modules, __name__.partition(".")[0], module)
     return module

@@ -81,16 +81,13 @@ def test_with_cupy_but_no_device_the_check_says_cuda_sees_none():
             device.check([0])
 
 
-def test_workers_of_one_process_on_two_devices_are_refused_at_the_gpu_line():
-    """SINGA's cudnn_hybrid.conf puts the two partitions of one group on GPUs 0 and 1: one
-    process's workers share their params here, so it is refused in one line."""
-    path = CONFS / "cifar10" / "cudnn_hybrid.conf"
-    with pytest.raises(ConfigError) as e:
-        config.load_job(str(path), check_paths=False, check_layers=False)
-    msg = str(e.value)
-    assert msg.startswith(f"{path}:8: gpu: [0, 1] puts the workers of process 0 on GPU 0 and "
-                          f"GPU 1"), msg
-    assert "\n" not in msg
+def test_the_partitions_of_a_group_in_one_process_take_a_gpu_each():
+    """SINGA's cudnn_hybrid.conf puts the two partitions of one group on GPUs 0 and 1 (it was
+    refused while the workers of a process had to share one device)."""
+    job = config.load_job(str(CONFS / "cifar10" / "cudnn_hybrid.conf"), check_paths=False,
+                          check_layers=False)
+    assert list(job.gpu) == [0, 1] and job.cluster.nworkers_per_procs == 2
+    assert device.of_workers(job.gpu, [(0, 0), (0, 1)], make=False) == {(0, 0): 0, (0, 1): 1}
 
 
 @pytest.mark.parametrize("groups", [2**31 - 1, topology.MAX_PROCS])
