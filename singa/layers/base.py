@@ -177,6 +177,23 @@ class Layer:
     def compute_gradient(self, flag, srclayers):
         pass
 
+    def by_rows(self, flag, srclayers):
+        """The forward pass `flag` of a layer whose samples' outputs depend on those samples
+        of its one source alone, as fn(rows) computing a slice of them (once the pass's own
+        work, e.g. per-channel constants, is done); None for any other layer or pass. A
+        convolution on the host computes its followers' rows right after each chunk of its
+        own, while the chunk is in the cache (`NeuralNet`: `ConvolutionLayer.then`)."""
+        return None
+
+    #: whether this pass's outputs were computed by its source's chunks (`by_rows`); a
+    #: layer with `by_rows` then skips its compute_feature once (`computed_ahead`)
+    ahead = False
+
+    def computed_ahead(self):
+        """True (once) when this forward pass was computed with the source's chunks."""
+        done, self.ahead = self.ahead, False
+        return done
+
     def prepare(self, flag, srclayers):
         """The host's work of the pass `flag` names (kForward or kBackward) of a capturable
         layer, which a CUDA graph of its passes does not replay (a check of the batch): the

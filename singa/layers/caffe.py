@@ -65,9 +65,13 @@ class ScaleLayer(Layer):
         self.grad = self.xp.zeros(self.data.shape, np.float32)
         self._tmp = None        # g·x, made at the first backward pass
 
-    def compute_feature(self, flag, srclayers):
+    def by_rows(self, flag, srclayers):
         x = srclayers[0].data_for(self)
-        threads.by_samples(lambda rows: self._scale(x, rows), self.data)
+        return lambda rows: self._scale(x, rows)
+
+    def compute_feature(self, flag, srclayers):
+        if not self.computed_ahead():
+            threads.by_samples(self.by_rows(flag, srclayers), self.data)
 
     def _scale(self, x, rows):
         """Samples `rows` of y = x·γ (+ β): one call of the kernels' `scale`, x as (the axes

@@ -115,7 +115,9 @@ class ConvolutionLayer(Layer):
     each kernel module, all adding in these orders: the same bits).
     Where oneDNN is installed (`kernels.convolution`) each chunk of samples is instead one
     oneDNN call per pass at one thread (its direct convolution, groups included), the chunks'
-    gW summed in chunk order as above, gb ours.
+    gW summed in chunk order as above, gb ours. On the host, a chunk's forward also computes
+    that chunk's rows of the layers chained after it (`then`: BatchNorm on global statistics,
+    Scale, activations), while its output is in the cache: the same operations, the same bits.
     A conf that lists one param has W alone (Keras' use_bias=False): no b, y[n] = W·col(x[n]).
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other
@@ -133,6 +135,9 @@ class ConvolutionLayer(Layer):
         n = src.shape[0]
         c, h, w = input_chw(self, src.shape)
         self.src_chw = (c, h, w)
+        #: [(layer, its sources)]: a chain of layers after this one on the host whose forward
+        #: passes each chunk of samples computes too (`Layer.by_rows`, set by the net)
+        self.then = []
         kh, kw, ph, pw, sh, sw = window(self.conf.convolution_conf)
         f = partitioned(self, self.conf.convolution_conf.num_filters, "num_filters")
         if f <= 0:
@@ -248,7 +253,20 @@ class ConvolutionLayer(Layer):
             self._direct_forward if self.direct else self._forward
         if self.onednn:
             self.onednn.weights(self.weight.data, "fwd")
-        threads.run(lambda i, slot: forward(x, i, slot), len(self.chunks))
+        after = []      # the followers' passes by rows, up to the first that is not one
+        for layer, srcs in self.then:
+            rows_of = layer.by_rows(flag, srcs)
+            if rows_of is None:
+                break
+            after.append(rows_of)
+
+        def chunk(i, slot):
+            forward(x, i, slot)
+            for rows_of in after:
+                rows_of(self.chunks[i])
+        threads.run(chunk, len(self.chunks))
+        for layer, _ in self.then[:len(after)]:
+            layer.ahead = True
 
     def _onednn_forward(self, x, i, slot):
         rows = self.chunks[i]

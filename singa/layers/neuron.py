@@ -121,11 +121,14 @@ class _Elementwise(Layer):
         self.data = self.xp.zeros(src.shape, np.float32)
         self.grad = self.xp.zeros(self.data.shape, np.float32)
 
-    def compute_feature(self, flag, srclayers):
+    def by_rows(self, flag, srclayers):
         x, y = srclayers[0].data_for(self), self.data
         case, consts, _ = self.activation
-        threads.by_samples(lambda rows: self.kernels.activation(case, x[rows], y[rows], *consts),
-                           y)
+        return lambda rows: self.kernels.activation(case, x[rows], y[rows], *consts)
+
+    def compute_feature(self, flag, srclayers):
+        if not self.computed_ahead():
+            threads.by_samples(self.by_rows(flag, srclayers), self.data)
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)

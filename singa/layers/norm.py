@@ -201,21 +201,35 @@ class CaffeBatchNormLayer(Layer):
         self.global_stats = False
         self.kernels = kernels.choose(self.device)
 
-    def compute_feature(self, flag, srclayers):
-        x = srclayers[0].data_for(self)
+    def _uses_global_stats(self, flag):
         bc = self.conf.batch_norm_conf
-        self.global_stats = bc.use_global_stats if bc.HasField("use_global_stats") \
+        return bc.use_global_stats if bc.HasField("use_global_stats") \
             else not flag & job_pb2.kTrain
+
+    def by_rows(self, flag, srclayers):
+        """With the global statistics: μ and 1/√(σ² + ε) from the sums, then fn(rows)."""
+        if not self._uses_global_stats(flag):
+            return None
+        x = srclayers[0].data_for(self)
+        self.global_stats = True
         mu, var = self._mu.reshape(-1), self._var.reshape(-1)
-        if self.global_stats:
-            s = sums_scale(host(self.factor.data)[0])
-            np.multiply(self.mean.data, s, out=mu)
-            np.multiply(self.variance.data, s, out=var)
-            self._inv_std()
-            threads.by_samples(lambda rows: self.kernels.normalise(
-                self._by_channel(x[rows]), mu, self.inv_std.reshape(-1),
-                self._by_channel(self.data[rows])), x)
+        s = sums_scale(host(self.factor.data)[0])
+        np.multiply(self.mean.data, s, out=mu)
+        np.multiply(self.variance.data, s, out=var)
+        self._inv_std()
+        return lambda rows: self.kernels.normalise(
+            self._by_channel(x[rows]), mu, self.inv_std.reshape(-1),
+            self._by_channel(self.data[rows]))
+
+    def compute_feature(self, flag, srclayers):
+        if self.computed_ahead():
             return
+        x = srclayers[0].data_for(self)
+        self.global_stats = self._uses_global_stats(flag)
+        if self.global_stats:
+            threads.by_samples(self.by_rows(flag, srclayers), x)
+            return
+        mu, var = self._mu.reshape(-1), self._var.reshape(-1)
         if self.xhat is None:
             self.xhat, self._tmp = np.empty_like(self.data), np.empty_like(self.data)
         np.copyto(mu, x.mean(axis=self.axes, dtype=np.float64), casting="same_kind")

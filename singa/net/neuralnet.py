@@ -12,7 +12,7 @@ from singa import layers  # noqa: F401  (registers every layer type)
 from singa.device import CPU, is_host
 from singa.device.footprint import BeyondMemory
 from singa.errors import ConfigError
-from singa.layers.base import create_layer, layer_class, set_up
+from singa.layers.base import Layer, create_layer, layer_class, set_up
 from singa.layers import kernels
 from singa.naming import plain, unrolled
 from singa.net import graph, partition
@@ -81,6 +81,7 @@ class NeuralNet:
                     raise BeyondMemory(f"layer '{layer.name}': an array of its shapes would need "
                                        f"more bytes than a 64-bit address can hold") from None
         self._mirror_host_layers()
+        self._chain_by_rows()
         if num_partitions > 1:
             self.connect_partitions()
         self.params = [p for layer in self.layers for p in layer.params]
@@ -119,6 +120,23 @@ class NeuralNet:
                     and is_host(layer.data):
                 with where.selected():
                     layer.make_mirror(where, host_read=True in on_host[layer.name])
+
+    def _chain_by_rows(self):
+        """Give each convolution on the host (`then`) the chain of layers after it that each
+        read only the one before and compute by samples (`Layer.by_rows`): a convolution's
+        chunks compute their rows too. A layer with several such readers chains its first."""
+        readers = collections.defaultdict(list)
+        for layer in self.layers:
+            srcs = self.srclayers[layer.name]
+            if len(srcs) == 1 and type(layer).by_rows is not Layer.by_rows:
+                readers[srcs[0].name].append(layer)
+        for layer in self.layers:
+            if getattr(layer, "then", None) != [] or not is_host(layer.data):
+                continue
+            last = layer
+            while readers[last.name]:
+                last = readers[last.name][0]
+                layer.then.append((last, self.srclayers[last.name]))
 
     def connect_partitions(self):
         """Tell each bridge layer its peer, and each Slice which destination reads which part

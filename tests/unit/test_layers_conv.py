@@ -819,3 +819,56 @@ def test_deconvolution_is_the_transposed_convolution():
 def test_deconvolution_refuses_bad_confs_in_one_line(conf, error):
     with pytest.raises(ConfigError, match=f"layer 'deconv': {error}"):
         make_layer(conf, [Source(np.zeros((1, 4, 1, 3)))])
+
+
+CHAIN = """
+layer { name: "x" type: kDummy dummy_conf { input: true shape: 6 shape: 3 shape: 9 shape: 9 } }
+layer { name: "conv" type: kCConvolution srclayers: "x"
+        convolution_conf { num_filters: 4 kernel: 3 pad: 1 }
+        param { name: "w" init { type: kGaussian std: 0.3 } }
+        param { name: "b" init { type: kUniform low: -1 high: 1 } } }
+layer { name: "bn" type: kCaffeBatchNorm srclayers: "conv"
+        param { name: "mean" init { type: kGaussian std: 0.5 } }
+        param { name: "var" init { type: kUniform low: 1 high: 3 } }
+        param { name: "factor" init { type: kConstant value: 2 } } }
+layer { name: "scale" type: kScale srclayers: "bn" scale_conf { bias_term: true }
+        param { name: "g" init { type: kUniform low: 0.5 high: 1.5 } }
+        param { name: "beta" init { type: kUniform low: -1 high: 1 } } }
+layer { name: "relu" type: kReLU srclayers: "scale" }
+layer { name: "pool" type: kCPooling srclayers: "relu"
+        pooling_conf { pool: MAX kernel: 3 stride: 2 } }
+"""
+
+
+@pytest.mark.parametrize("nthreads", [1, 2])
+def test_a_convolutions_chunks_compute_the_per_sample_layers_after_it_to_their_own_bits(
+        kernels, monkeypatch, nthreads):
+    """conv -> BatchNorm (global statistics in a test pass) -> Scale -> ReLU: the convolution's
+    chunks compute the three layers' rows too (each then skips its own pass once), every blob
+    to the bytes of each layer on its own; a training pass (BatchNorm on the batch's
+    statistics) breaks the chain at BatchNorm."""
+    monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
+    monkeypatch.setattr(threads, "CHUNK_BYTES", 3 * 4 * 81 * 4)    # several chunks
+    net = NeuralNet(text_format.Parse(CHAIN, job_pb2.NetProto()), job_pb2.kTest,
+                    np.random.default_rng(0))
+    for p in net.params:
+        p.init_values(np.random.default_rng(p.id))
+    layers = {layer.name.partition("#")[2]: layer for layer in net.layers}     # 0#conv
+    assert [f for f, _ in layers["conv"].then] == [layers["bn"], layers["scale"], layers["relu"]]
+    assert len(layers["conv"].chunks) > 1
+    runs, start = [], [p.data.copy() for p in net.params]
+    for chained in (True, False):
+        if not chained:
+            then, layers["conv"].then = layers["conv"].then, []
+        for p, values in zip(net.params, start):    # a training pass moves BatchNorm's sums
+            p.data[...] = values
+        with threads.limit(nthreads):
+            for flag in (job_pb2.kTest, job_pb2.kTrain):
+                layers["x"].feed(np.random.default_rng(flag).standard_normal((6, 3, 9, 9)))
+                net.forward(flag | job_pb2.kForward)
+                runs.append([layers[n].data.tobytes() for n in ("conv", "bn", "scale", "relu",
+                                                                "pool")])
+                assert not any(layer.ahead for layer in net.layers)
+    assert runs[:2] == runs[2:]
+    layers["conv"].then = then
+    assert np.asarray(layers["relu"].data).min() == 0 < np.asarray(layers["relu"].data).max()
