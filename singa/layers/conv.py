@@ -117,7 +117,8 @@ class ConvolutionLayer(Layer):
     oneDNN call per pass at one thread (its direct convolution, groups included), the chunks'
     gW summed in chunk order as above, gb ours. On the host, a chunk's forward also computes
     that chunk's rows of the layers chained after it (`then`: BatchNorm on global statistics,
-    Scale, activations), while its output is in the cache: the same operations, the same bits.
+    Scale, activations, pooling, LRN), while its output is in the cache: the same operations,
+    the same bits.
     A conf that lists one param has W alone (Keras' use_bias=False): no b, y[n] = W·col(x[n]).
     On partition_dim 1 this partition computes its filters: W and b are pieces of the whole;
     with groups, its pieces hold whole groups, whose channel block alone it reads (the other

@@ -67,14 +67,16 @@ class LRNLayer(Layer):
         self.kernels = kernels.choose(self.device)
         self.chunks = threads.chunks(len(src), 4 * self.data[0].nbytes, is_host(self.data))
 
-    def compute_feature(self, flag, srclayers):
+    def by_rows(self, flag, srclayers):
         x = srclayers[0].data_for(self)
+        return lambda r: self.kernels.lrn(x[r], self.size, self.within, self.salpha,
+                                          self.knorm, self.beta, self.data[r], self.norm[r],
+                                          self.scale[r])
 
-        def forward(i, _):
-            r = self.chunks[i]
-            self.kernels.lrn(x[r], self.size, self.within, self.salpha, self.knorm, self.beta,
-                             self.data[r], self.norm[r], self.scale[r])
-        threads.run(forward, len(self.chunks))
+    def compute_feature(self, flag, srclayers):
+        if not self.computed_ahead():
+            rows_of = self.by_rows(flag, srclayers)
+            threads.run(lambda i, _: rows_of(self.chunks[i]), len(self.chunks))
 
     def compute_gradient(self, flag, srclayers):
         gsrc = srclayers[0].grad_for(self)

@@ -111,7 +111,16 @@ class PoolingLayer(Layer):
                          else np.minimum(start + k, size + p) - start)
         return np.outer(sizes[0], sizes[1]).astype(np.float32)
 
+    def by_rows(self, flag, srclayers):
+        if self.is_global:
+            return None
+        x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
+        train = flag & job_pb2.kTrain
+        return lambda rows: self._forward(x, rows, train)
+
     def compute_feature(self, flag, srclayers):
+        if self.computed_ahead():
+            return
         x = srclayers[0].data_for(self).reshape((self.data.shape[0],) + self.chw)
         train = flag & job_pb2.kTrain
         if self.is_global:

@@ -837,16 +837,18 @@ layer { name: "scale" type: kScale srclayers: "bn" scale_conf { bias_term: true 
 layer { name: "relu" type: kReLU srclayers: "scale" }
 layer { name: "pool" type: kCPooling srclayers: "relu"
         pooling_conf { pool: MAX kernel: 3 stride: 2 } }
+layer { name: "norm" type: kLRN srclayers: "pool" lrn_conf { local_size: 3 } }
+layer { name: "avg" type: kCPooling srclayers: "norm" pooling_conf { pool: AVG kernel: 4 } }
 """
 
 
 @pytest.mark.parametrize("nthreads", [1, 2])
 def test_a_convolutions_chunks_compute_the_per_sample_layers_after_it_to_their_own_bits(
         kernels, monkeypatch, nthreads):
-    """conv -> BatchNorm (global statistics in a test pass) -> Scale -> ReLU: the convolution's
-    chunks compute the three layers' rows too (each then skips its own pass once), every blob
-    to the bytes of each layer on its own; a training pass (BatchNorm on the batch's
-    statistics) breaks the chain at BatchNorm."""
+    """conv -> BatchNorm (global statistics in a test pass) -> Scale -> ReLU -> MAX pooling ->
+    LRN -> AVG pooling: the convolution's chunks compute the other layers' rows too (each
+    then skips its own pass once), every blob to the bytes of each layer on its own; a
+    training pass (BatchNorm on the batch's statistics) breaks the chain at BatchNorm."""
     monkeypatch.setattr(threads, "MIN_CHUNK_BYTES", 0)
     monkeypatch.setattr(threads, "CHUNK_BYTES", 3 * 4 * 81 * 4)    # several chunks
     net = NeuralNet(text_format.Parse(CHAIN, job_pb2.NetProto()), job_pb2.kTest,
@@ -854,7 +856,8 @@ def test_a_convolutions_chunks_compute_the_per_sample_layers_after_it_to_their_o
     for p in net.params:
         p.init_values(np.random.default_rng(p.id))
     layers = {layer.name.partition("#")[2]: layer for layer in net.layers}     # 0#conv
-    assert [f for f, _ in layers["conv"].then] == [layers["bn"], layers["scale"], layers["relu"]]
+    assert [f for f, _ in layers["conv"].then] == [layers[n] for n in (
+        "bn", "scale", "relu", "pool", "norm", "avg")]
     assert len(layers["conv"].chunks) > 1
     runs, start = [], [p.data.copy() for p in net.params]
     for chained in (True, False):
@@ -867,7 +870,7 @@ def test_a_convolutions_chunks_compute_the_per_sample_layers_after_it_to_their_o
                 layers["x"].feed(np.random.default_rng(flag).standard_normal((6, 3, 9, 9)))
                 net.forward(flag | job_pb2.kForward)
                 runs.append([layers[n].data.tobytes() for n in ("conv", "bn", "scale", "relu",
-                                                                "pool")])
+                                                                "pool", "norm", "avg")])
                 assert not any(layer.ahead for layer in net.layers)
     assert runs[:2] == runs[2:]
     layers["conv"].then = then
