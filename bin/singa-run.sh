@@ -9,16 +9,17 @@
 # -conf when given); its one-process jobs need no ZooKeeper (docs/python.md).
 #
 # Installs what is missing (thirdparty/install.sh), checks the conf and how many processes it
-# puts on each host (`<program> -check`; -oversubscribe allows more than 4 per core), starts
-# the local ZooKeeper when conf/singa.conf names a local one that does not answer, gets a job
-# id, and starts one process per host of the job (ssh for remote hosts). Other arguments go to
-# the program. SIGINT, SIGTERM or SIGHUP stops every process of the job (SIGKILL for those
-# still running SINGA_KILL_GRACE seconds later, default 10) and exits with 128 + the signal;
-# SIGUSR1 has the job write a snapshot a step or two later and stop there (exit 138), so
-# that -resume loses nothing. With max_restarts, a lost worker-only process of an asynchronous
-# job restarts alone and rejoins it (docs/distributed.md). Whichever way it ends (the job's
-# end, a lost host, a failure with or without a restart, a signal, an error), nothing it
-# started in the background runs on.
+# puts on each host (`<program> -check`; -oversubscribe allows more than 4 per core; and the
+# GPUs those on this host take), starts the local ZooKeeper when conf/singa.conf names a local
+# one that does not answer, gets a job id, and starts one process per host of the job (ssh for
+# remote hosts; a host's second process on gets its -host_rank, GPUs of its own: docs/gpu.md).
+# Other arguments go to the program. SIGINT, SIGTERM or SIGHUP stops every process of the job
+# (SIGKILL for those still running SINGA_KILL_GRACE seconds later, default 10) and exits with
+# 128 + the signal; SIGUSR1 has the job write a snapshot a step or two later and stop there
+# (exit 138), so that -resume loses nothing. With max_restarts, a lost worker-only process of
+# an asynchronous job restarts alone and rejoins it (docs/distributed.md). Whichever way it
+# ends (the job's end, a lost host, a failure with or without a restart, a signal, an error),
+# nothing it started in the background runs on.
 set -euo pipefail
 SINGA_BIN=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 SINGA_HOME=$(dirname "$SINGA_BIN")
@@ -102,6 +103,12 @@ leave() {
   exit $rc
 }
 trap leave EXIT
+
+# The rank of process $2 on its host: how many earlier lines of the job's host list $1
+# (job.hosts: a host a line, the processes in order) name its host (singa -host_rank)
+host_rank() {
+  awk -v i="$2" 'NF { if (n++ == i) { print seen[$1] + 0; exit } seen[$1]++ }' "$1"
+}
 
 # The whole conf, once, before anything starts (a mistake: one line, exit 2). Inside a Slurm
 # allocation Slurm places the processes: no hostfile (there may be none), no load per host.
@@ -242,16 +249,19 @@ while :; do
   trap 'stop_job SIGHUP; exit 129' HUP       # a terminal hangup: nothing may train on as an orphan
   trap 'snapshot_job' USR1
 
-  # Process $1 of the job (its -procs_id) on host $2, with the flags that follow (-rejoin)
+  # Process $1 of the job (its -procs_id) on host $2, with the flags that follow (-rejoin);
+  # past the first on its host, with its -host_rank (the GPUs it takes)
   start_proc() {
-    local i=$1 host=$2 remote
+    local i=$1 host=$2 remote rank ranked=()
     shift 2
+    rank=$(host_rank "$log_dir/job.hosts" "$i")
+    [ "$rank" -eq 0 ] || ranked=(-host_rank "$rank")
     if [ "$host" = localhost ]; then
-      echo "Executing : ${cmd[*]} -procs_id $i${*:+ $*}"
-      (exec "${cmd[@]}" -procs_id "$i" "$@") &
+      echo "Executing : ${cmd[*]}${ranked[*]:+ ${ranked[*]}} -procs_id $i${*:+ $*}"
+      (exec "${cmd[@]}" "${ranked[@]}" -procs_id "$i" "$@") &
       local_pids+=($!)
     else
-      remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}" -procs_id "$i" "$@")-host $(printf %q "$host")"
+      remote="IFS= read -r SINGA_JOB_SECRET && export SINGA_JOB_SECRET && cd $(printf %q "$SINGA_HOME") && source $(printf %q "$SINGA_HOME/conf/profile") && $(printf '%q ' "${cmd[@]}" "${ranked[@]}" -procs_id "$i" "$@")-host $(printf %q "$host")"
       # singa-env.sh's ssh: SINGA_SSH_OPTS, keep-alives (a host that stops answering ends its
       # ssh within 15 s), a bounded connect
       "${SINGA_SSH[@]}" -- "$host" "$remote" <<<"$SINGA_JOB_SECRET" &

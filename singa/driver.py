@@ -1,7 +1,7 @@
 """The `singa` process (SINGA's src/main.cc + src/driver.cc): flags, setup, train or test.
 
     singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST|auto]
-          [-procs_id N [-rejoin]] [-resume|-test]
+          [-host_rank N] [-procs_id N [-rejoin]] [-resume|-test]
           [-check [-oversubscribe]] [-user_proto FILE.proto]... [-user_layers FILE.py]...
 
 Registers with ZooKeeper (a `cluster_rt.ZKClusterRuntime`; the Python API runs a one-process
@@ -16,6 +16,10 @@ the signal's number.
 otherwise the order of registration does); `-rejoin`: it restarts lost process N of a running
 asynchronous job (`topology.elastic_procs`), resuming from the newest snapshot with the
 servers' params.
+`-host_rank N` (ours): N processes of the job come before this one on its host
+(bin/singa-run.sh counts them in job.hosts; a Slurm task's rank is SLURM_LOCALID: `host_rank`):
+it takes the conf's `gpu` ids shifted by N × (max(gpu) + 1) (`device.of_process`), GPUs of its
+own.
 """
 import logging
 import math
@@ -25,7 +29,7 @@ import sys
 import threading
 
 import singa
-from singa import checkpoint
+from singa import checkpoint, device
 from singa import log as singa_log
 from singa.cluster import launch
 from singa.cluster.cluster_rt import ZKClusterRuntime, failed_mark, lost_text
@@ -51,7 +55,7 @@ log = logging.getLogger("singa")
 # SINGA_REGISTER_TIMEOUT and SINGA_SILENCE_TIMEOUT, when set)
 REGISTER_TIMEOUT, SILENCE_TIMEOUT = 20.0, 60.0
 USAGE = ("usage: singa -conf JOB_CONF [-singa_conf SINGA_CONF] [-singa_job ID] [-host HOST] "
-         "[-procs_id N [-rejoin]] [-resume|-test] [-check [-oversubscribe]] "
+         "[-host_rank N] [-procs_id N [-rejoin]] [-resume|-test] [-check [-oversubscribe]] "
          "[-user_proto FILE.proto]... [-user_layers FILE.py]...")
 
 
@@ -59,7 +63,7 @@ def parse_flags(argv):
     """SINGA's flags: found anywhere in argv by exact match, value = the next argument."""
     flags = {name: f"-{name}" in argv
              for name in ("resume", "test", "check", "oversubscribe", "rejoin")}
-    for name in ("-conf", "-singa_conf", "-singa_job", "-host", "-procs_id"):
+    for name in ("-conf", "-singa_conf", "-singa_job", "-host", "-host_rank", "-procs_id"):
         if name in argv:
             i = argv.index(name)
             if i + 1 >= len(argv):
@@ -78,7 +82,28 @@ def parse_flags(argv):
         flags["procs_id"] = int(flags["procs_id"])
     elif flags["rejoin"]:
         raise ConfigError(f"-rejoin needs -procs_id; {USAGE}")
+    if "host_rank" in flags:
+        if not flags["host_rank"].isdigit():
+            raise ConfigError(f"-host_rank {flags['host_rank']}: not a rank on the host; "
+                              f"{USAGE}")
+        flags["host_rank"] = int(flags["host_rank"])
     return flags
+
+
+def host_rank(flag, host, env):
+    """This process's rank among its job's processes on its host (`device.of_process`):
+    `-host_rank` (`flag`, bin/singa-run.sh's); for a Slurm task (`host` auto, SLURM_JOB_ID set)
+    SLURM_LOCALID, but 0 where Slurm gave the task GPUs of its own (SLURM_GPUS_PER_TASK: it
+    sees them alone, from 0, through CUDA_VISIBLE_DEVICES); else 0 (a process started by
+    hand)."""
+    if flag is not None:
+        return flag
+    if host != "auto" or "SLURM_JOB_ID" not in env or "SLURM_GPUS_PER_TASK" in env:
+        return 0
+    local = env.get("SLURM_LOCALID", "0")
+    if not local.isdigit():
+        raise ConfigError(f"SLURM_LOCALID={local}: not a task's rank on its node")
+    return int(local)
 
 
 def main(argv=None):
@@ -86,13 +111,16 @@ def main(argv=None):
     driver = None
     try:
         flags = parse_flags(argv)
-        job = config.load_job(os.path.abspath(flags["conf"]), user_proto=flags["user_proto"],
-                              user_layers=flags["user_layers"], test=flags["test"])
+        rank = host_rank(flags.get("host_rank"), flags.get("host"), os.environ)
+        conf_path = os.path.abspath(flags["conf"])
+        job = config.load_job(conf_path, user_proto=flags["user_proto"],
+                              user_layers=flags["user_layers"], test=flags["test"],
+                              host_rank=rank)
         singa_conf_path = flags.get("singa_conf") or os.path.join(singa.HOME, "conf", "singa.conf")
         singa_conf = config.load_singa_conf(singa_conf_path)
         if flags["check"]:
             hostfile = os.path.join(os.path.dirname(os.path.abspath(singa_conf_path)), "hostfile")
-            launch.check(job, hostfile, flags["test"], flags["oversubscribe"])
+            launch.check(job, conf_path, hostfile, flags["test"], flags["oversubscribe"])
             return 0
         trust = job_trust(job)
         set_timeouts(os.environ)
@@ -104,7 +132,7 @@ def main(argv=None):
                             process_host(flags.get("host"), singa_conf.zookeeper_host),
                             flags["resume"] or flags["rejoin"],
                             Reporter(singa.resolve(job.cluster.workspace), job_id), trust,
-                            flags.get("procs_id"), flags["rejoin"])
+                            flags.get("procs_id"), flags["rejoin"], rank)
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
                 signal.signal(sig, driver.on_signal)
             path = singa_log.setup(singa_conf.log_dir, f"{job_id}-{job.name}")
@@ -168,12 +196,13 @@ class Driver:
     snapshot_signals = ()
 
     def __init__(self, job, cluster_rt, host="localhost", resume=False, reporter=None,
-                 trust=None, procs_id=None, rejoin=False):
+                 trust=None, procs_id=None, rejoin=False, host_rank=0):
         """`resume`: continue from the newest snapshot (True, or that Snapshot, its files
         parsed, when the caller found it already). `trust` (a `singa.comm.trust.JobTrust`): the
         keys of the job's tcp traffic (None, or the job's `cluster.trusted_network`: plain
         tcp). `procs_id`: this process's number (None: by registration); `rejoin`: it
-        restarts that lost process of the running job (an elastic one)."""
+        restarts that lost process of the running job (an elastic one). `host_rank`: its
+        rank on its host: the job's `gpu` ids become those it takes (`device.of_process`)."""
         n = topology.nprocs(job.cluster)
         if procs_id is not None and procs_id >= n:
             raise ConfigError(f"-procs_id {procs_id}: job {job.name} runs {n} processes")
@@ -182,6 +211,8 @@ class Driver:
                               f"alone (servers, part of a worker group, or no max_restarts): "
                               f"only a whole job restarts it")
         self.procs_id, self.rejoin = procs_id, rejoin
+        self.host_rank, self.conf_gpus = host_rank, list(job.gpu)
+        job.gpu[:] = device.of_process(self.conf_gpus, host_rank)
         self.job = job
         self.trust = None if job.cluster.trusted_network else trust
         self.cluster_rt = cluster_rt
@@ -245,7 +276,7 @@ class Driver:
                 for sub in (workspace.CHECKPOINT, workspace.VISUALIZATION):
                     os.makedirs(os.path.join(self.workspace, sub), exist_ok=True)
                 if test:
-                    self.register(f"{self.host}:0")
+                    self.log_gpus(self.register(f"{self.host}:0"))
                     return self.test()
                 self.train()
             finally:
@@ -277,6 +308,7 @@ class Driver:
         transport, process = Transport(self.trust, self.job_id), None
         try:
             pid = rt.reserve_proc(self.procs_id)
+            self.log_gpus(pid)
             if self.rejoin:
                 log.info("Process %d rejoins job %d at step %d", pid, self.job_id, self.job.step)
             process = Process(self.job, Place(pid, topology.nprocs(cl), rt.proc_endpoint,
@@ -327,6 +359,14 @@ class Driver:
                     process.stub.farewell(self.mark_done(pid, failure))
             finally:
                 process.close()
+
+    def log_gpus(self, pid):
+        """Say which GPUs process `pid` takes, when the conf names any."""
+        if self.conf_gpus:
+            ids = list(self.job.gpu)
+            log.info("process %d takes GPU%s %s (host rank %d of gpu: %s)", pid,
+                     "s" if len(ids) > 1 else "", ", ".join(map(str, ids)), self.host_rank,
+                     self.conf_gpus)
 
     def mark_done(self, pid, failure):
         """Mark this process's end in the cluster runtime, and return the mark: "" for a

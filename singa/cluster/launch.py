@@ -1,7 +1,9 @@
 """What `singa -check` checks before singa-run.sh starts a job's processes: the net builds from
-the conf, and no host gets more processes than it can sensibly run."""
+the conf, no host gets more processes than it can sensibly run, and this one has the GPUs its
+processes take."""
 import copy
 import os
+import socket
 from collections import Counter
 
 import numpy as np
@@ -10,22 +12,24 @@ from singa.cluster.job_manager import read_hostfile
 from singa.device import CPU
 from singa.device.footprint import SHAPES, BeyondMemory
 from singa.errors import ConfigError, SingaError
-from singa.job import topology
+from singa.job import config, topology
 from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 
 PROCS_PER_CORE = 4      # more processes of one job per core than this are refused
 
 
-def check(job, hostfile, test=False, oversubscribe=False):
-    """Build the net a worker builds (train, or test for -test) and check the hosts' load,
-    unless `oversubscribe` allows any: then `hostfile` is not read (bin/singa-sbatch.sh, and
-    singa-run.sh inside a Slurm allocation, pass it: Slurm places the processes, and the conf
-    folder may have no hostfile)."""
+def check(job, path, hostfile, test=False, oversubscribe=False):
+    """Build the net a worker of the job at `path` builds (train, or test for -test) and
+    check the hosts' load and this host's GPUs (`check_gpus`), unless `oversubscribe` allows
+    any load: then `hostfile` is not read (bin/singa-sbatch.sh, and singa-run.sh inside a
+    Slurm allocation, pass it: Slurm places the processes, and the conf folder may have no
+    hostfile)."""
     build(job, test)
     if not oversubscribe:
-        check_hosts(topology.nprocs(job.cluster), read_hostfile(hostfile),
-                    len(os.sched_getaffinity(0)))
+        hosts = read_hostfile(hostfile)
+        check_hosts(topology.nprocs(job.cluster), hosts, len(os.sched_getaffinity(0)))
+        check_gpus(job, path, hosts)
 
 
 def build(job, test=False, device=CPU):
@@ -70,9 +74,20 @@ def check_hosts(nprocs, hosts, cores):
                           f"-oversubscribe to singa-run.sh to run it anyway")
 
 
-def busiest_host(hosts, nprocs):
+def check_gpus(job, path, hosts):
+    """ConfigError at the `gpu` line of the conf at `path` when the most processes of `job`
+    that the round-robin over `hosts` puts on a name of this machine (`busiest_host`) take
+    more GPUs than it has (`singa.device.of_process`); none when the conf names no GPU."""
+    here = {"localhost", "127.0.0.1", socket.gethostname()}
+    if job.gpu and here.intersection(hosts):
+        host, most = busiest_host(hosts, topology.nprocs(job.cluster), among=here)
+        config.check_host_gpus(path, job, most, host)
+
+
+def busiest_host(hosts, nprocs, among=None):
     """(host, most processes it gets) over every start line of the round-robin (host-idx):
-    full turns of the hostfile, then the best of the windows of the remaining processes."""
+    full turns of the hostfile, then the best of the windows of the remaining processes;
+    `among`: of these hosts only."""
     n = len(hosts)
     turns, rest = divmod(nprocs, n)
     window = Counter(hosts[:rest])
@@ -83,4 +98,5 @@ def busiest_host(hosts, nprocs):
         window[h] += 1
         most[h] = max(most[h], window[h])
     count = Counter(hosts)
-    return max(((h, turns * count[h] + most[h]) for h in most), key=lambda x: x[1])
+    return max(((h, turns * count[h] + most[h]) for h in most if among is None or h in among),
+               key=lambda x: x[1])

@@ -21,7 +21,8 @@ import numpy as np
 from singa.errors import ConfigError
 
 __all__ = ["CPU", "Device", "Readback", "Uploader", "address", "assign", "check", "cupy", "host",
-           "host_copy", "is_host", "like", "module", "of_workers", "on", "same_place"]
+           "host_copy", "is_host", "like", "module", "of_process", "of_workers", "on",
+           "same_place"]
 
 #: CuPy's switch to a default stream per thread (see `check`)
 PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
@@ -245,6 +246,15 @@ def of_workers(ids, workers, make=True):
         return gpus
     made = {gpu: CPU if gpu is None else Device(gpu) for gpu in set(gpus.values())}
     return {w: made[gpu] for w, gpu in gpus.items()}
+
+
+def of_process(ids, host_rank):
+    """The GPU ids that the process of `host_rank` on its host (0 for a job's first process
+    there, 1 for its second, ...) takes of the conf's `ids`: each shifted by host_rank ×
+    (max(ids) + 1), so that the processes of one host take GPUs of their own (`gpu: 0`: GPU
+    host_rank; `gpu: 0  gpu: 1`: GPUs 2·host_rank and 2·host_rank + 1)."""
+    ids = list(ids)
+    return [i + host_rank * (max(ids) + 1) for i in ids] if ids else ids
 
 
 def check(ids, what="gpu"):

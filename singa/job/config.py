@@ -85,18 +85,20 @@ def parse_monitor(name):
 
 
 def load_job(path, check_paths=True, check_layers=True, user_proto=(), user_layers=(),
-             test=False):
+             test=False, host_rank=0):
     """Parse and validate the job conf at `path` (relative to the SINGA home if relative)."""
     return parse_job(read_text(path), path, check_paths=check_paths, check_layers=check_layers,
-                     user_proto=user_proto, user_layers=user_layers, test=test)
+                     user_proto=user_proto, user_layers=user_layers, test=test,
+                     host_rank=host_rank)
 
 
 def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_proto=(),
-              user_layers=(), test=False):
+              user_layers=(), test=False, host_rank=0):
     """Parse and validate job conf `text`; `path` only names the file in error messages.
 
-    check_paths: data files must exist, and the GPUs `gpu` names (CuPy installed). The
-    workspace is made by the job (`singa.job.workspace`), not here.
+    check_paths: data files must exist, and the GPUs `gpu` names as the process of
+    `host_rank` on its host takes them (`device.of_process`; CuPy installed). The job keeps
+    the conf's ids. The workspace is made by the job (`singa.job.workspace`), not here.
     check_layers: every layer type must be registered in `singa.layers`.
     user_proto, user_layers: files loaded (`singa.extensions`) besides the conf's own
     `user_proto` / `user_layers`, before the conf is parsed for good.
@@ -112,8 +114,18 @@ def parse_job(text, path="<string>", check_paths=True, check_layers=True, user_p
     _check_job(conf, job, check_layers, test)
     if check_paths:
         _check_paths(conf, job, test)
-        _check_gpus_here(conf, job)
+        _check_gpus_here(conf, job, host_rank)
     return job
+
+
+def check_host_gpus(path, job, procs, host):
+    """ConfigError at the `gpu` line of the conf at `path` (read again for its lines) unless
+    this machine has the GPUs that `procs` processes of `job` on it take (host ranks 0 to
+    procs - 1): `singa -check` of the processes the hostfile puts on `host`, a name of it."""
+    conf = _Conf(read_text(path), path)
+    conf.parse(job_pb2.JobProto(), allow_unknown_extension=True)
+    _check_gpus_here(conf, job, procs - 1, f"for the {procs} processes the hostfile puts on "
+                                           f"{host}")
 
 
 def load_plain(path):
@@ -349,10 +361,16 @@ def _check_runnable(conf, job):
         conf.fail(at, "cluster: several worker groups in one process need share_memory: true")
 
 
-def _check_gpus_here(conf, job):
-    """The GPUs `gpu` names are visible here, through an installed CuPy."""
+def _check_gpus_here(conf, job, host_rank=0, whose=None):
+    """The GPUs `gpu` names, as the process of `host_rank` on this host takes them
+    (`device.of_process`), are visible here, through an installed CuPy; `whose` says whose
+    they are in the error (that process's by default)."""
+    what = "gpu"
+    if host_rank and job.gpu:
+        what = (f"gpu: {list(job.gpu)} {whose or f'at host rank {host_rank}'} (host rank r "
+                f"takes each id + r × {max(job.gpu) + 1})")
     try:
-        device.check(job.gpu)
+        device.check(device.of_process(job.gpu, host_rank), what)
     except ConfigError as e:
         conf.fail(conf.line("gpu", "gpu[0]"), f"{e}; or delete the gpu lines to train on the CPU")
 

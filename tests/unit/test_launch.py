@@ -43,11 +43,11 @@ def test_more_than_four_processes_per_core_are_refused_unless_asked_for():
 def test_oversubscribe_reads_no_hostfile(tmp_path):
     """-oversubscribe allows any load, so the hosts are not read: a conf folder without a
     hostfile (Slurm's: bin/singa-sbatch.sh passes it) passes; else its absence is one line."""
-    job = config.load_job(os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf"),
-                          check_paths=False)
+    path = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3", "job.conf")
+    job = config.load_job(path, check_paths=False)
     for layer in job.neuralnet.layer:
         layer.store_conf.path = singa.resolve(layer.store_conf.path)
     hostfile = tmp_path / "hostfile"
-    launch.check(job, str(hostfile), oversubscribe=True)
+    launch.check(job, path, str(hostfile), oversubscribe=True)
     with pytest.raises(ConfigError, match=f"^{hostfile}: cannot read hostfile "):
-        launch.check(job, str(hostfile))
+        launch.check(job, path, str(hostfile))
