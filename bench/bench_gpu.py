@@ -6,9 +6,10 @@ against ours on the CPU.
 
 Nets: SINGA's MNIST MLP (examples/mnist/job.conf), LeNet (examples/mnist/conv.conf) and the
 cifar10 convnet (bench/cifar10_job.conf), each at SINGA's batch (64, 64, 100) and at 1024,
-where compute dominates. Ours: `runtime.Process` with `gpu: 0`, server and stub in their own
-threads, a step being `train_one_batch` then `collect_all` (bench_mlp_step.Runtime: gradients
-to the server and its updates, on the GPU), synchronised with the GPU at its end. Torch:
+where compute dominates (the model zoo's nets, ResNet-50 and others: bench_gpu_zoo.py).
+Ours: `runtime.Process` with `gpu: 0`, server and stub in their own threads, a step being
+`train_one_batch` then `collect_all` (bench_mlp_step.Runtime: gradients to the server and
+its updates, on the GPU), synchronised with the GPU at its end. Torch:
 the same layers (mlp_reference, conv_reference) on "cuda", synchronised at the end of each
 step, in float32 throughout as ours (torch.backends.cudnn.allow_tf32 off; the column "TF32
 convolutions" is torch's default, where cuDNN's convolutions round their inputs to TF32's

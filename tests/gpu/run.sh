@@ -9,6 +9,10 @@
 # Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three, py-spy:
 # docs/gpu.md says how to fetch them) are installed to /tmp/site first.
 # Exit status: pytest's.
+# `tests/gpu/run.sh zoo` instead runs only bench/bench_gpu_zoo.py (training steps of ResNet-50,
+# GoogLeNet, VGG-16 and MobileNet v1 at batch 32 and 128 against torch: time and device
+# memory, about 4 minutes), the log in $OUT/gpu-zoo.log, exit status the bench's: a device
+# call of its own, since the above already takes the 560 s of one.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-$PWD/gpu-check}
@@ -17,6 +21,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   export PYTHONPATH=$PWD:/tmp/site
+fi
+if [ "${1:-}" = zoo ]; then
+  { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    (cd bench && timeout 540 python3 bench_gpu_zoo.py); } 2>&1 | tee "$OUT/gpu-zoo.log"
+  exit "${PIPESTATUS[0]}"
 fi
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
