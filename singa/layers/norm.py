@@ -1,7 +1,7 @@
 """Normalisation layers: LRN, spatial batch normalisation (src/neuralnet/neuron_layer/lrn.cc, cudnn_bm.cc) and Caffe's BatchNorm (src/caffe/layers/batch_norm_layer.cpp)."""
 import numpy as np
 
-from singa.device import host, is_host
+from singa.device import is_host
 from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
@@ -215,7 +215,13 @@ class CaffeBatchNormLayer(Layer):
         x = srclayers[0].data_for(self)
         self.global_stats = True
         mu, var = self._mu.reshape(-1), self._var.reshape(-1)
-        s = sums_scale(host(self.factor.data)[0])
+        f = self.factor.data
+        # on a GPU 1/s where it lies (a read of s on the host would wait for the GPU)
+        if is_host(f):
+            s = sums_scale(f[0])
+        else:
+            zero = f == 0
+            s = np.where(zero, np.float32(0), 1 / np.where(zero, np.float32(1), f))
         np.multiply(self.mean.data, s, out=mu)
         np.multiply(self.variance.data, s, out=var)
         self._inv_std()

@@ -627,3 +627,30 @@ def test_a_graph_is_captured_again_when_an_array_of_its_passes_is_replaced(
     assert same_bytes(runs["graphs"][1], runs["op by op"][1])
     again = [s for s in captured if captured.count(s) == 2]
     assert again and all(any(layer is replaced[0] for layer, _ in s.passes) for s in again)
+
+
+def test_caffe_batch_norm_on_its_global_statistics_never_waits_for_the_gpu(gpu):
+    """kCaffeBatchNorm by the running sums (a test pass) scales them by 1/s on the device:
+    it read s on the host, a wait for the GPU per layer and pass; the CPU's values within
+    float32 rounding, and 0 for s = 0 as Caffe's."""
+    conf = text_format.Parse("""
+        layer { name: "x" type: kDummy dummy_conf { input: true shape: 4 shape: 3 shape: 5 shape: 5 } }
+        layer { name: "bn" type: kCaffeBatchNorm srclayers: "x"
+                param { name: "m" } param { name: "v" } param { name: "f" } }""",
+                             job_pb2.NetProto())
+    x = np.random.default_rng(0).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    outs = {}
+    for factor in (2.5, 0.0):
+        for place in (device.CPU, device.Device(0)):
+            net = NeuralNet(conf, job_pb2.kTest, np.random.default_rng(0), device=place)
+            bn = net.layers[1]
+            for p, values in zip(bn.params, ([0.4, -1.0, 2.0], [2.0, 0.5, 3.0], [factor])):
+                device.assign(p.data, np.array(values, np.float32))
+            net.layers[0].feed(x)
+            reads = strict_device.waits["read"]
+            net.forward(job_pb2.kTest | job_pb2.kForward)
+            if place is not device.CPU:
+                assert strict_device.waits["read"] == reads
+            outs[factor, place.gpu] = device.host(bn.data)
+        np.testing.assert_allclose(outs[factor, 0], outs[factor, None], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(outs[0.0, 0], x / np.sqrt(np.float32(1e-5)), rtol=1e-6)
