@@ -354,7 +354,7 @@ def test_a_gpu_error_of_the_conf_check_is_not_chained(monkeypatch):
     from singa import device
     from singa.job import config
 
-    def no_gpu(ids):
+    def no_gpu(ids, what="gpu"):
         raise ConfigError("training on a GPU needs CuPy")
     monkeypatch.setattr(device, "check", no_gpu)
     with pytest.raises(ConfigError, match="needs CuPy") as e:
