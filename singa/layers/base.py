@@ -147,6 +147,10 @@ class Layer:
     #: layers read none. `set_up` holds every layer of a net to it.
     sources = (1, None)
     device = CPU
+    #: True in a net whose phase trains nothing (kTest, kVal: `NeuralNet` sets it before
+    #: setup): no gradient is ever computed, so a layer may choose its kernels for the forward
+    #: pass alone
+    forward_only = False
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
     #: docstring)
     mirror = aux_mirror = None

@@ -159,9 +159,10 @@ class ConvolutionLayer(Layer):
         self.kernels = kernels.choose(self.device)
         engine = kernels.convolution(self.device)
         # oneDNN's weight gradient is slow where a filter sees few inputs: those (LeNet's
-        # conv1, k = 25: 10.8 against 4.95 ms a pass at one thread) stay on im2col
+        # conv1, k = 25: 10.8 against 4.95 ms a pass at one thread) stay on im2col where the
+        # net trains (forward alone, MobileNet's conv1, k = 27, batch 8: 12.6 ms on im2col)
         self.onednn = None
-        if engine and (g > 1 or k > GW_BY_SAMPLE):
+        if engine and (g > 1 or k > GW_BY_SAMPLE or self.forward_only):
             # chunks of samples, each a oneDNN call at one thread
             self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4)
             self.onednn = engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,

@@ -61,6 +61,7 @@ class NeuralNet:
         for conf in confs:
             layer = create_layer(conf)
             layer.rng = self.rngs[conf.partition_id]
+            layer.forward_only = not phase & job_pb2.kTrain
             where = self.devices[conf.partition_id]
             if not layer.one_to_many or where.gpu is None:     # host layers: also on SHAPES
                 layer.device = where

@@ -76,12 +76,33 @@ def test_every_kernel_module_has_numpys_functions_with_their_parameters():
                 assert type(theirs) is type(ours), (other.__name__, name)
 
 
-def test_with_numba_the_activations_and_lrn_stay_numpys_calls_and_pooling_is_compiled():
-    for name in ("activation", "activation_grad", "softmax_loss_grad", "lrn", "lrn_grad"):
+def test_with_numba_lrn_stays_numpys_calls_and_pooling_is_compiled():
+    for name in ("softmax_loss_grad", "lrn", "lrn_grad"):
         assert getattr(numba, name) is getattr(kernels.numpy, name)
     for name in ("max_pool", "avg_pool", "max_pool_backward", "avg_pool_backward"):
         assert getattr(numba, name) is not getattr(kernels.numpy, name)
         assert hasattr(getattr(numba, name), "py_func")
+
+
+@pytest.mark.parametrize("f", [kernels.numpy.RELU, kernels.numpy.SIGMOID, kernels.numpy.TANH])
+def test_compiled_relu_gives_numpys_bits_both_ways(f):
+    """ReLU is numba's loop, the others numpy's calls: numpy's bits for ±0, NaNs of either
+    sign and ±inf, in place too; a strided array takes numpy's path."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    x.flat[:8] = [-0.0, 0.0, np.nan, -np.nan, -1, 1, np.inf, -np.inf]
+    g = rng.standard_normal(x.shape).astype(np.float32)
+    g.flat[8:16] = [np.nan, -1, 1, -0.0, 0, np.inf, -np.inf, -np.nan]
+    outs = []
+    for k in (numba, kernels.numpy):
+        y, gx, gin = np.empty_like(x), np.empty_like(x), g.copy()
+        k.activation(f, x, y)
+        k.activation_grad(f, y, g, gx)
+        k.activation_grad(f, x, gin, gin)                   # gx is g
+        strided = np.empty((3, 5, 14), np.float32)[..., ::2]
+        k.activation(f, x, strided)
+        outs.append([y.tobytes(), gx.tobytes(), gin.tobytes(), strided.copy().tobytes()])
+    assert outs[0] == outs[1]
 
 
 def pool(kind, kernel, stride=1, pad=0, ceil=False, cudnn=False):

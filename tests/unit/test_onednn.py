@@ -7,11 +7,14 @@ import logging
 
 import numpy as np
 import pytest
+from google.protobuf import text_format
 
 from gradcheck import BACKWARD, FORWARD, Source, make_layer
 from singa.device import CPU, threads
 from singa.errors import ConfigError
 from singa.layers import kernels
+from singa.net.neuralnet import NeuralNet
+from singa.proto import job_pb2
 
 onednn = pytest.importorskip("singa.layers.kernels.onednn")
 
@@ -82,6 +85,31 @@ def test_a_filter_of_few_inputs_stays_on_im2col(loaded, monkeypatch):
         layer = make_layer(conv_conf(4, kernel=kernel),
                            [Source(np.zeros((2, channels, 9, 9), np.float32))])
         assert isinstance(layer.onednn, onednn.Conv) == on_onednn, (channels, kernel)
+
+
+def test_a_net_that_only_computes_forward_runs_every_convolution_on_onednn(loaded, monkeypatch):
+    """A kTest or kVal net never asks for a weight gradient: its convolution of few inputs
+    (MobileNet's conv1: 27) runs on oneDNN too, to the train net's values within float32
+    rounding; the train net's stays on im2col."""
+    monkeypatch.delenv("SINGA_KERNELS", raising=False)
+    net_conf = text_format.Parse(
+        'layer { name: "data" type: kDummy dummy_conf { input: true shape: 4 shape: 3 '
+        'shape: 12 shape: 12 } } '
+        'layer { name: "conv" type: kCConvolution srclayers: "data" convolution_conf { '
+        'num_filters: 5 kernel: 3 stride: 2 pad: 1 } param { name: "w" } param { name: "b" } }',
+        job_pb2.NetProto())
+    x = np.random.default_rng(1).standard_normal((4, 3, 12, 12)).astype(np.float32)
+    ys = {}
+    for phase, on_onednn in ((job_pb2.kTrain, False), (job_pb2.kTest, True),
+                             (job_pb2.kVal, True)):
+        net = NeuralNet(net_conf, phase, np.random.default_rng(0))
+        conv = net.by_name["0#conv"]
+        assert isinstance(conv.onednn, onednn.Conv) == on_onednn, phase
+        net.by_name["0#data"].feed(x)
+        net.forward(phase)
+        ys[phase] = conv.data.copy()
+    for phase in (job_pb2.kTest, job_pb2.kVal):
+        np.testing.assert_allclose(ys[phase], ys[job_pb2.kTrain], rtol=1e-5, atol=1e-5)
 
 
 def test_the_engine_is_chosen_once_and_logged(loaded, monkeypatch, caplog):
