@@ -44,6 +44,7 @@ import mlp_reference
 from bench_conv import SINGA_BATCH, conv_job
 from bench_mlp_step import Runtime, interleaved, mlp_job, print_table
 from singa.device import threads
+from singa.layers import kernels
 
 GOALS = {"singa": 1.5, "1024": 1.2}
 
@@ -208,6 +209,14 @@ def _where(frame):
     return f"{os.path.relpath(code.co_filename)}:{code.co_firstlineno}({code.co_name})"
 
 
+def print_gpu_engine():
+    """Which engine runs our convolutions on GPU 0 (cuDNN, or im2col + cuBLAS: why)."""
+    engine = kernels.gpu_engine(0)
+    print("our convolutions on the GPU: " + (f"cuDNN {engine.version()}" if engine else
+                                             "im2col + cuBLAS")
+          + f" (SINGA_GPU_KERNELS={os.environ.get('SINGA_GPU_KERNELS', 'unset')})")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="mlp,lenet,cifar10")
@@ -221,6 +230,7 @@ def main(argv=None):
     props = cupy.cuda.runtime.getDeviceProperties(0)
     print(f"GPU 0: {props['name'].decode()}, CuPy {cupy.__version__}, torch {torch.__version__} "
           f"(CUDA {torch.version.cuda}), numpy {np.__version__}, {os.cpu_count()} cpus")
+    print_gpu_engine()
     rows = []
     for net in args.nets.split(","):
         for batch in (SINGA_BATCH.get(net, 64), 1024):

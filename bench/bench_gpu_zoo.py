@@ -52,7 +52,7 @@ from google.protobuf import text_format
 
 import bench_zoo
 import zoo_reference
-from bench_gpu import compute_only, synced
+from bench_gpu import compute_only, print_gpu_engine, synced
 from bench_mlp_step import Runtime, interleaved, print_table
 from singa.device import assign, host_copy, threads
 from singa.interop import deploy
@@ -391,6 +391,7 @@ def main(argv=None):
         print(f"GPU 0: {props['name'].decode()}, CuPy {cupy.__version__}, torch "
               f"{torch.__version__} (CUDA {torch.version.cuda}), numpy {np.__version__}, "
               f"{os.cpu_count()} cpus")
+        print_gpu_engine()
     else:
         torch.set_num_threads(args.cpu_threads)
         print(f"on the CPU: ours at {args.cpu_threads} compute threads, torch "

@@ -20,9 +20,9 @@ import numpy as np
 
 from singa.errors import ConfigError
 
-__all__ = ["CPU", "Device", "Readback", "Uploader", "address", "assign", "check", "cupy", "host",
-           "host_copy", "is_host", "like", "module", "of_process", "of_workers", "on",
-           "same_place"]
+__all__ = ["CPU", "Device", "Readback", "Uploader", "address", "assign", "check",
+           "compute_capability", "cupy", "host", "host_copy", "is_host", "like", "module",
+           "of_process", "of_workers", "on", "same_place"]
 
 #: CuPy's switch to a default stream per thread (see `check`)
 PER_THREAD_STREAM = "CUPY_CUDA_PER_THREAD_DEFAULT_STREAM"
@@ -234,6 +234,12 @@ def cupy():
         return importlib.import_module("cupy")
     except Exception as e:   # e.g. a CuPy built for another CUDA than the driver's
         raise ConfigError(f"CuPy does not load ({type(e).__name__}: {e}): {INSTALL}") from None
+
+
+def compute_capability(gpu):
+    """(major, minor) of CUDA device `gpu`'s compute capability: (9, 0) for an H100."""
+    cc = cupy().cuda.Device(gpu).compute_capability      # CuPy's "90", "120"
+    return int(cc[:-1]), int(cc[-1])
 
 
 def of_workers(ids, workers, make=True):

@@ -19,6 +19,7 @@ from singa import device, extensions, resolve
 from singa.errors import ConfigError
 from singa.job import topology
 from singa.job.textproto import TextConf, read_text
+from singa.layers import kernels
 from singa.net import graph
 from singa.net.phase import in_phase
 from singa.proto import job_pb2, singa_pb2
@@ -369,10 +370,24 @@ def _check_gpus_here(conf, job, host_rank=0, whose=None):
     if host_rank and job.gpu:
         what = (f"gpu: {list(job.gpu)} {whose or f'at host rank {host_rank}'} (host rank r "
                 f"takes each id + r × {max(job.gpu) + 1})")
+    ids = device.of_process(job.gpu, host_rank)
     try:
-        device.check(device.of_process(job.gpu, host_rank), what)
+        device.check(ids, what)
     except ConfigError as e:
         conf.fail(conf.line("gpu", "gpu[0]"), f"{e}; or delete the gpu lines to train on the CPU")
+    if not ids:
+        return
+    try:
+        kernels.check_gpu_engine()
+    except ConfigError as e:
+        conf.fail(conf.line("gpu", "gpu[0]"), str(e))
+    if job.gpu_tf32:
+        old = [(i, cc) for i in ids for cc in [device.compute_capability(i)] if cc < (8, 0)]
+        if old:
+            i, cc = old[0]
+            conf.fail(conf.line("gpu_tf32"), f"gpu_tf32: true, but GPU {i} (compute capability "
+                                             f"{cc[0]}.{cc[1]}) has no TF32 tensor cores (8.0 "
+                                             f"and later have); delete the line")
 
 
 def _check_include_exclude(conf, layers):

@@ -115,7 +115,8 @@ class ConvolutionLayer(Layer):
     each kernel module, all adding in these orders: the same bits).
     Where oneDNN is installed (`kernels.convolution`) each chunk of samples is instead one
     oneDNN call per pass at one thread (its direct convolution, groups included), the chunks'
-    gW summed in chunk order as above, gb ours. On the host, a chunk's forward also computes
+    gW summed in chunk order as above, gb ours; on a GPU with cuDNN, one cuDNN call per pass
+    on the whole batch (`kernels.cudnn`). On the host, a chunk's forward also computes
     that chunk's rows of the layers chained after it (`then`: BatchNorm on global statistics,
     Scale, activations, pooling, LRN), while its output is in the cache: the same operations,
     the same bits.
@@ -161,11 +162,12 @@ class ConvolutionLayer(Layer):
         # oneDNN's weight gradient is slow where a filter sees few inputs: those (LeNet's
         # conv1, k = 25: 10.8 against 4.95 ms a pass at one thread) stay on im2col where the
         # net trains (forward alone, MobileNet's conv1, k = 27, batch 8: 12.6 ms on im2col)
-        self.onednn = None
-        if engine and (g > 1 or k > GW_BY_SAMPLE or self.forward_only):
-            # chunks of samples, each a oneDNN call at one thread
-            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4)
-            self.onednn = engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
+        self.engine = None
+        if engine and (g > 1 or k > GW_BY_SAMPLE or self.forward_only or self.device.gpu
+                       is not None):
+            # chunks of samples, each a oneDNN call at one thread (a GPU: the batch at once)
+            self.chunks = threads.chunks(n, (c * h * w + f * oh * ow) * 4, is_host(self.data))
+            self.engine = engine.Conv((c, h, w), f, (kh, kw), (ph, pw), (sh, sw), g,
                                       self.bias is not None,
                                       [r.stop - r.start for r in self.chunks])
         # each chunk's gWᵀ = col·gᵀ, (G, C/G·kh·kw, F/G) (direct: gW): BLAS runs it 1.4-1.9×
@@ -178,7 +180,7 @@ class ConvolutionLayer(Layer):
         # by the whole layer's group, so that every partition of it runs the same loops
         self.direct = (self.conf.convolution_conf.group > 1
                        and (c // g) * (f // g) <= DIRECT_GROUP)
-        if self.onednn:
+        if self.engine:
             self._cols, self.direct, self.transposed = None, False, False
             return
         if self.direct:
@@ -251,10 +253,10 @@ class ConvolutionLayer(Layer):
 
     def compute_feature(self, flag, srclayers):
         x = self._input(srclayers)
-        forward = self._onednn_forward if self.onednn else \
+        forward = self._engine_forward if self.engine else \
             self._direct_forward if self.direct else self._forward
-        if self.onednn:
-            self.onednn.weights(self.weight.data, "fwd")
+        if self.engine:
+            self.engine.weights(self.weight.data, "fwd")
         after = []      # the followers' passes by rows, up to the first that is not one
         for layer, srcs in self.then:
             rows_of = layer.by_rows(flag, srcs)
@@ -270,9 +272,9 @@ class ConvolutionLayer(Layer):
         for layer, _ in self.then[:len(after)]:
             layer.ahead = True
 
-    def _onednn_forward(self, x, i, slot):
+    def _engine_forward(self, x, i, slot):
         rows = self.chunks[i]
-        self.onednn.forward(np.ascontiguousarray(x[rows]), self.weight.data,
+        self.engine.forward(self.xp.ascontiguousarray(x[rows]), self.weight.data,
                             None if self.bias is None else self.bias.data, self.data[rows], slot)
 
     def _direct_forward(self, x, i, slot):
@@ -331,30 +333,30 @@ class ConvolutionLayer(Layer):
             np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
         if self._gws is None:     # per chunk: gW, or gWᵀ as (G, C/G·kh·kw, F/G)
             self._gws = self.xp.empty(
-                (len(self.chunks),) + ((f, self._k) if self.direct or self.onednn
+                (len(self.chunks),) + ((f, self._k) if self.direct or self.engine
                                        else (self.group, self._k, f // self.group)), np.float32)
-        if self.onednn and gx is not None:
-            self.onednn.weights(self.weight.data, "data")
-        backward = self._onednn_backward if self.onednn else \
+        if self.engine and gx is not None:
+            self.engine.weights(self.weight.data, "data")
+        backward = self._engine_backward if self.engine else \
             self._direct_backward if self.direct else self._backward
         threads.run(lambda i, slot: backward(x, gx, i, slot), len(self.chunks))
-        gw = self.weight.grad if self.direct or self.onednn else \
+        gw = self.weight.grad if self.direct or self.engine else \
             self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
         if flag & job_pb2.kAggGrad:
             gw += self._gws.sum(axis=0)
         else:
             np.sum(self._gws, axis=0, out=gw)
 
-    def _onednn_backward(self, x, gx, i, slot):
+    def _engine_backward(self, x, gx, i, slot):
         """Chunk i's share of gW into _gws[i], and its samples' gx."""
         rows = self.chunks[i]
         gy = self.grad[rows]
-        self.onednn.backward_weights(np.ascontiguousarray(x[rows]), gy, self._gws[i], slot)
+        self.engine.backward_weights(self.xp.ascontiguousarray(x[rows]), gy, self._gws[i], slot)
         if gx is None:
             return
         target = gx[rows]       # not contiguous: a partition's channels of the source's
-        out = target if target.flags.c_contiguous else np.empty(target.shape, np.float32)
-        self.onednn.backward_data(gy, self.weight.data, out, slot)
+        out = target if target.flags.c_contiguous else self.xp.empty(target.shape, np.float32)
+        self.engine.backward_data(gy, self.weight.data, out, slot)
         if out is not target:
             np.copyto(target, out)
 

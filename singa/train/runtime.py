@@ -22,6 +22,7 @@ from singa.comm.socket import Peer, Router
 from singa.comm.stub import Stub
 from singa.errors import ClusterError
 from singa.job import topology
+from singa.layers.kernels import cudnn
 from singa.net.neuralnet import NeuralNet
 from singa.net.numerics import INIT, TEST, VALIDATION, WORKERS, seeds
 from singa.proto import job_pb2
@@ -113,6 +114,8 @@ class Process:
         rngs = seeds(job, WORKERS + G * K)
         # each worker's partition on its device; partitions elsewhere on the group's first
         devices = device.of_workers(job.gpu, topology.workers_of(cl, pid))
+        if job.gpu:
+            cudnn.allow_tf32(job.gpu_tf32)
         graphs, places = {}, {}    # group -> its net: every partition's layers; their devices
         for g in sorted({g for g, _ in topology.workers_of(cl, pid)}):
             # the first local group of g's server group; several server groups never share

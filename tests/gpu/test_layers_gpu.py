@@ -156,3 +156,62 @@ def test_each_layer_on_the_gpu_agrees_with_the_cpu(name):
         scale = np.abs(ours).max()
         assert np.abs(gpu[key] - ours).max() <= bound * scale + 1e-7, (key, scale)
     assert any(np.abs(v).max() > 0 for k, v in gpu.items() if k.endswith(".grad"))
+
+
+#: convolutions for cuDNN: (C, H, W, conv_conf, bias)
+CONVS = {
+    "pad 1": (3, 11, 11, "num_filters: 5 kernel: 3 pad: 1", True),
+    "stride 2, rectangular": (4, 12, 9, "num_filters: 6 kernel_y: 3 kernel_x: 5 stride: 2 "
+                              "pad_x: 2", True),
+    "4 groups": (8, 9, 9, "num_filters: 8 kernel: 3 pad: 1 group: 4", True),
+    "depthwise, no bias": (6, 10, 10, "num_filters: 6 kernel: 3 stride: 2 pad: 1 group: 6",
+                           False),
+    "1 x 1": (16, 7, 7, "num_filters: 12 kernel: 1", True),
+    "ResNet-50's conv1": (3, 32, 32, "num_filters: 8 kernel: 7 stride: 2 pad: 3", True),
+}
+
+
+@pytest.fixture
+def engines(monkeypatch):
+    """Run `conv_net` with SINGA_GPU_KERNELS=choice; on the stand-in (SINGA_GPU_STANDIN) a
+    fake libcudnn (tests/integration/fake_cudnn.py)."""
+    from singa.layers import kernels
+    import conftest
+    if conftest.STANDIN:
+        import fake_cudnn
+        fake_cudnn.installed(monkeypatch)
+
+    def on(choice):
+        monkeypatch.setenv("SINGA_GPU_KERNELS", choice)
+        monkeypatch.setattr(kernels, "gpu_engine", kernels.functools.cache(
+            kernels.gpu_engine.__wrapped__))
+    return on
+
+
+@pytest.mark.parametrize("name", CONVS)
+def test_cudnns_convolution_agrees_with_the_im2col_path_and_the_cpu(name, engines):
+    """Forward, data and filter gradients of a convolution on cuDNN (deterministic algorithms,
+    float32) against our im2col path on the same GPU and against the CPU: within float32
+    rounding of each blob's largest value."""
+    from singa.layers.kernels import cudnn
+    c, h, w, fields, bias = CONVS[name]
+    params = param("w") + (param("b") if bias else "")
+    text = (dummy("x", 4, c, h, w)
+            + f'layer {{ name: "c" type: kCudnnConv srclayers: "x" {params} '
+              f'convolution_conf {{ {fields} }} }}\n' + loss("c", 4))
+    conf = text_format.Parse(text, job_pb2.NetProto())
+    x = np.random.default_rng(3).standard_normal((4, c, h, w)).astype(np.float32)
+    labels = np.random.default_rng(4).integers(0, 10, 4)
+    cpu = blobs(run(conf, device.CPU, x, labels))
+    out = {}
+    for choice in ("cuda", "cudnn"):
+        engines(choice)
+        net = run(conf, device.Device(0), x, labels)
+        conv = net.by_name["0#c"]
+        assert isinstance(conv.engine, cudnn.Conv) == (choice == "cudnn"), choice
+        out[choice] = blobs(net)
+    for key, ours in cpu.items():
+        scale = np.abs(ours).max()
+        for choice in out:
+            assert np.abs(out[choice][key] - ours).max() <= 1e-5 * scale + 1e-7, (key, choice)
+        assert np.abs(out["cudnn"][key] - out["cuda"][key]).max() <= 1e-5 * scale + 1e-7, key

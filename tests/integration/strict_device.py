@@ -497,6 +497,10 @@ def _into(result, value):
 _count = {0: 1}
 
 
+#: every stand-in GPU's compute capability, as CuPy spells it ("90": an H100's 9.0)
+_cc = {0: "90"}
+
+
 class _Device:
     """cupy.cuda.Device: the thread's current device is its own (0 until it chooses)."""
 
@@ -507,6 +511,7 @@ class _Device:
         if not 0 <= self.id < _count[0]:
             raise RuntimeError(f"cudaErrorInvalidDevice: no GPU {self.id} (of {_count[0]})")
         self.outer = []
+        self.compute_capability = _cc[0]
 
     @staticmethod
     def now():

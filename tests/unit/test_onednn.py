@@ -38,7 +38,7 @@ def passes(monkeypatch, choice, x, conf, nthreads=2):
     monkeypatch.setenv("SINGA_KERNELS", choice)
     src = Source(x)
     layer = make_layer(conf, [src])
-    assert (layer.onednn is not None) == (choice == "onednn")
+    assert (layer.engine is not None) == (choice == "onednn")
     layer.grad[...] = np.random.default_rng(2).standard_normal(layer.grad.shape)
     with threads.limit(nthreads):
         layer.compute_feature(FORWARD, [src])
@@ -84,7 +84,7 @@ def test_a_filter_of_few_inputs_stays_on_im2col(loaded, monkeypatch):
     for channels, kernel, on_onednn in ((1, 5, False), (2, 4, False), (3, 5, True)):
         layer = make_layer(conv_conf(4, kernel=kernel),
                            [Source(np.zeros((2, channels, 9, 9), np.float32))])
-        assert isinstance(layer.onednn, onednn.Conv) == on_onednn, (channels, kernel)
+        assert isinstance(layer.engine, onednn.Conv) == on_onednn, (channels, kernel)
 
 
 def test_a_net_that_only_computes_forward_runs_every_convolution_on_onednn(loaded, monkeypatch):
@@ -104,7 +104,7 @@ def test_a_net_that_only_computes_forward_runs_every_convolution_on_onednn(loade
                              (job_pb2.kVal, True)):
         net = NeuralNet(net_conf, phase, np.random.default_rng(0))
         conv = net.by_name["0#conv"]
-        assert isinstance(conv.onednn, onednn.Conv) == on_onednn, phase
+        assert isinstance(conv.engine, onednn.Conv) == on_onednn, phase
         net.by_name["0#data"].feed(x)
         net.forward(phase)
         ys[phase] = conv.data.copy()

@@ -10,10 +10,12 @@ SINGA_KERNELS=numpy chooses numpy's on a CPU where numba is installed. All give 
 float32 bits (but for CUDA's exp and tanh in the activations), so a job may resume on any of
 them. A layer chooses at its setup and keeps the module as `self.kernels`.
 
-`convolution(device)` is the engine of the CPU's convolutions: oneDNN (`kernels.onednn`, the
-`onednn` extra) where it loads, unless SINGA_KERNELS names numba or numpy; None: the im2col
-path on this module's kernels. oneDNN adds in its own order: a job resumes bit-exactly on the
-engine it ran on, within float32 rounding on another. Which one runs is logged once.
+`convolution(device)` is the engine of a device's convolutions: on the CPU oneDNN
+(`kernels.onednn`, the `onednn` extra) where it loads, unless SINGA_KERNELS names numba or
+numpy; on a GPU cuDNN (`kernels.cudnn`, in the `gpu` extras) where it loads and agrees with
+numpy, unless SINGA_GPU_KERNELS=cuda; None: the im2col path on this module's kernels. Both
+engines add in their own orders: a job resumes bit-exactly on the engine it ran on, within
+float32 rounding on another. Which one runs is logged once.
 """
 import functools
 import importlib
@@ -30,6 +32,7 @@ log = logging.getLogger("singa")
 __all__ = ["choose", "RELU", "SIGMOID", "TANH", "STANH"]
 
 CHOICES = ("onednn", "numba", "numpy")
+GPU_CHOICES = ("cudnn", "cuda")
 
 
 def _choice():
@@ -50,10 +53,60 @@ def choose(device):
 
 
 def convolution(device):
-    """singa.layers.kernels.onednn for the CPU's convolutions where SINGA_KERNELS is unset or
-    onednn and oneDNN 3 loads; else None (the im2col path). SINGA_KERNELS=onednn where it does
-    not load is a ConfigError."""
-    return None if device.gpu is not None else onednn_engine()
+    """The engine of `device`'s convolutions: on the CPU singa.layers.kernels.onednn where
+    SINGA_KERNELS is unset or onednn and oneDNN 3 loads, on a GPU `gpu_engine`'s; None: the
+    im2col path. SINGA_KERNELS=onednn where it does not load is a ConfigError."""
+    return onednn_engine() if device.gpu is None else gpu_engine(device.gpu)
+
+
+def _gpu_choice():
+    choice = os.environ.get("SINGA_GPU_KERNELS", "cudnn")
+    if choice not in GPU_CHOICES:
+        raise ConfigError(f"SINGA_GPU_KERNELS={choice}: must be one of {', '.join(GPU_CHOICES)}")
+    return choice
+
+
+def check_gpu_engine():
+    """ConfigError where SINGA_GPU_KERNELS asks for cuDNN and it does not load (a job's check,
+    before any process starts)."""
+    if _gpu_choice() == "cudnn" and "SINGA_GPU_KERNELS" in os.environ:
+        from singa.layers.kernels import cudnn
+        try:
+            cudnn.library()
+        except OSError as e:
+            raise ConfigError(f"SINGA_GPU_KERNELS=cudnn: {e}") from None
+
+
+@functools.cache
+def gpu_engine(gpu):
+    """singa.layers.kernels.cudnn for GPU `gpu`'s convolutions (the current device) where
+    SINGA_GPU_KERNELS is unset or cudnn, cuDNN 9 loads and its passes agree with numpy's
+    there (`cudnn.disagreement`, once); else None, the im2col path on our CUDA kernels and
+    cuBLAS (SINGA_GPU_KERNELS=cuda). Asked for by SINGA_GPU_KERNELS=cudnn, a cuDNN that does
+    not load or disagrees is a ConfigError; unasked, it is logged and the im2col path runs."""
+    if _gpu_choice() == "cuda":
+        _log_engine("convolution on a GPU runs im2col + cuBLAS (SINGA_GPU_KERNELS=cuda)")
+        return None
+    from singa.layers.kernels import cudnn
+    asked = "SINGA_GPU_KERNELS" in os.environ
+    try:
+        cudnn.library()
+        wrong = cudnn.disagreement()
+    except OSError as e:
+        if asked:
+            raise ConfigError(f"SINGA_GPU_KERNELS=cudnn: {e}") from None
+        _log_engine(f"convolution on a GPU runs im2col + cuBLAS ({e})")
+        return None
+    except cudnn.CudnnError as e:
+        wrong = str(e)
+    if wrong:
+        if asked:
+            raise ConfigError(f"SINGA_GPU_KERNELS=cudnn: GPU {gpu}: {wrong}")
+        log.warning("GPU %s: %s; its convolutions run im2col + cuBLAS", gpu, wrong)
+        return None
+    _log_engine(f"convolution on a GPU runs on cuDNN {cudnn.version()}"
+                + (" (TF32 allowed: gpu_tf32)" if cudnn.tf32_allowed() else " (float32)"))
+    return cudnn
 
 
 def onednn_engine():
