@@ -17,7 +17,7 @@ from example_models import (EXAMPLES, char_rnn_data, char_rnn_model, conf_model,
 from singa import checkpoint
 from singa.device import cuda_graphs, threads
 from singa.job import topology
-from singa.model import SGD, Cluster, Dense, Sequential
+from singa.model import (SGD, Cluster, Convolution2D, Dense, MaxPooling2D, Sequential)
 from singa.train.place import Place
 from singa.train.runtime import Process, Transport
 
@@ -61,7 +61,13 @@ CONFS = {   # conf, data, steps, test_steps
 
 
 @pytest.mark.parametrize("name", CONFS)
-def test_singa_confs_reach_the_cpu_accuracy_on_the_gpu(tmp_path, name):
+def test_singa_confs_reach_the_cpu_accuracy_on_the_gpu(tmp_path, name, monkeypatch):
+    """The CPU on im2col (SINGA_KERNELS=numba), whose order of additions our GPU kernels
+    follow: the GPU's test accuracy at the last step within a point of it; within 5 where the
+    GPU's convolutions ran on cuDNN, which adds in its own order (as oneDNN does on the CPU:
+    cifar10 tests 0.804 there against im2col's 0.766 at step 100, a chaotic net's drift)."""
+    from singa.layers import kernels
+    monkeypatch.setenv("SINGA_KERNELS", "numba")
     path, data, steps, test_steps = CONFS[name]
     replacements = data(tmp_path)
     accuracy = {}
@@ -70,10 +76,11 @@ def test_singa_confs_reach_the_cpu_accuracy_on_the_gpu(tmp_path, name):
         h = m.fit(nb_epoch=steps, test_steps=test_steps, test_freq=steps, disp_freq=steps // 4,
                   seed=11, progress=False, device=place)
         accuracy[run] = h.history["test_accuracy"][-1]
+    engine = kernels.gpu_engine(0)
     print(f"{name}: test accuracy at step {steps}: CPU {accuracy['cpu']:.4f}, "
-          f"GPU {accuracy['gpu']:.4f}")
+          f"GPU {accuracy['gpu']:.4f} (convolutions on {'cuDNN' if engine else 'im2col'})")
     assert accuracy["cpu"] > 0.2
-    assert abs(accuracy["gpu"] - accuracy["cpu"]) <= 0.01
+    assert abs(accuracy["gpu"] - accuracy["cpu"]) <= (0.05 if engine else 0.01)
 
 
 @pytest.mark.parametrize("name", CONFS)
@@ -120,6 +127,40 @@ def test_a_gpu_job_resumed_on_the_gpu_continues_bit_exactly(tmp_path, mnist):
     m.fit(*mnist, nb_epoch=20, batch_size=50, seed=4, progress=False, device=[0])
     whole = mlp(tmp_path / "whole")
     whole.fit(*mnist, nb_epoch=40, batch_size=50, seed=4, progress=False, device=[0])
+    ours, theirs = final_params(m), final_params(whole)
+    assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+
+
+def convnet(ws):
+    m = Sequential('conv')
+    m.add(Convolution2D(6, kernel=5, stride=2, pad=1, activation='relu'))
+    m.add(MaxPooling2D(pool_size=2, stride=2))
+    m.add(Convolution2D(8, kernel=3, pad=1, activation='relu'))
+    m.add(Dense(10, activation='softmax'))
+    m.compile(loss='categorical_crossentropy', optimizer=SGD(lr=0.05, momentum=0.9),
+              cluster=Cluster(str(ws)))
+    return m
+
+
+@pytest.mark.parametrize("engine", ["cudnn", "cuda"])
+def test_a_convnet_resumed_on_the_gpu_continues_bit_exactly_on_each_engine(
+        tmp_path, mnist, engine, monkeypatch):
+    """cuDNN's deterministic algorithms (and the im2col path): 2 epochs, then 2 more from the
+    snapshot, give the bits of 4 in one run."""
+    from singa.layers import kernels
+    import conftest
+    if conftest.STANDIN and engine == "cudnn":
+        import fake_cudnn
+        fake_cudnn.installed(monkeypatch)
+    monkeypatch.setenv("SINGA_GPU_KERNELS", engine)
+    monkeypatch.setattr(kernels, "gpu_engine", kernels.functools.cache(
+        kernels.gpu_engine.__wrapped__))
+    x, y = mnist[0].reshape(-1, 1, 28, 28), mnist[1]
+    m = convnet(tmp_path / "halves")
+    m.fit(x, y, nb_epoch=2, batch_size=50, seed=4, progress=False, device=[0])
+    m.fit(x, y, nb_epoch=2, batch_size=50, seed=4, progress=False, device=[0])
+    whole = convnet(tmp_path / "whole")
+    whole.fit(x, y, nb_epoch=4, batch_size=50, seed=4, progress=False, device=[0])
     ours, theirs = final_params(m), final_params(whole)
     assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
 
