@@ -186,12 +186,15 @@ class FakeCudnn:
         self.runs.append((name, algo, conv["math"]))
         return conv
 
-    def _taps(self, x, conv, kh, kw, oh, ow):
-        """(n, C, kh, kw, oh, ow) float64: x padded, at each tap."""
-        (ph, pw), (sh, sw) = conv["pad"], conv["stride"]
-        xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-        return np.stack([np.stack([xp[:, :, a:a + sh * oh:sh, b:b + sw * ow:sw]
+    def _taps(self, x, xs, wsh, conv, oh, ow):
+        """(n, G, C/G, kh, kw, oh, ow) float64: x (at address x, shape xs) padded, at each tap
+        of filters of shape wsh."""
+        (ph, pw), (sh, sw), (kh, kw) = conv["pad"], conv["stride"], wsh[2:]
+        xp = np.pad(_array(x, xs).astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        taps = np.stack([np.stack([xp[:, :, a:a + sh * oh:sh, b:b + sw * ow:sw]
                                    for b in range(kw)], 2) for a in range(kh)], 2)
+        g = conv["groups"]
+        return taps.reshape(xs[0], g, xs[1] // g, kh, kw, oh, ow)
 
     def _w(self, w, conv):
         return w[:, :, ::-1, ::-1] if self.flip and conv["mode"] == 1 else w
@@ -204,9 +207,8 @@ class FakeCudnn:
         out = _array(y, ys)
 
         def run():
-            g, (n, f, oh, ow) = conv["groups"], ys
-            taps = self._taps(_array(x, xs), conv, wsh[2], wsh[3], oh, ow)
-            taps = taps.reshape(n, g, xs[1] // g, wsh[2], wsh[3], oh, ow)
+            g, (_, f, oh, ow) = conv["groups"], ys
+            taps = self._taps(x, xs, wsh, conv, oh, ow)
             wg = self._w(_array(w, wsh), conv).astype(np.float64).reshape(g, f // g, *wsh[1:])
             out[...] = np.einsum("ngcabij,gocab->ngoij", taps, wg).reshape(ys)
         strict_device._run(run, writes=[out])
@@ -250,8 +252,7 @@ class FakeCudnn:
 
         def run():
             g, (n, f, oh, ow) = conv["groups"], gs
-            taps = self._taps(_array(x, xs), conv, wsh[2], wsh[3], oh, ow)
-            taps = taps.reshape(n, g, xs[1] // g, wsh[2], wsh[3], oh, ow)
+            taps = self._taps(x, xs, wsh, conv, oh, ow)
             gy = _array(dy, gs).astype(np.float64).reshape(n, g, f // g, oh, ow)
             gw = np.einsum("ngcabij,ngoij->gocab", taps, gy).reshape(wsh)
             out[...] = gw[:, :, ::-1, ::-1] if self.flip and conv["mode"] == 1 else gw

@@ -5,24 +5,20 @@ TF32 only where the job asks, a library that computes otherwise left for the im2
 refused when asked for), and the job's check of SINGA_GPU_KERNELS and gpu_tf32 before any
 process starts. A real GPU runs the same against real cuDNN in tests/gpu."""
 import logging
-import zlib
 
 import numpy as np
 import pytest
-from google.protobuf import text_format
 
 import fake_cudnn
 import strict_device
 from singa import device, driver
-from singa.device import threads
 from singa.errors import ConfigError
 from singa.layers import kernels
 from singa.layers.kernels import cudnn
-from singa.net.neuralnet import NeuralNet
 from singa.proto import job_pb2
 from conftest import FIXTURES, scaled_records
 from example_models import final_params
-from test_gpu_discipline import KERNEL_NET, convnet, fit
+from test_gpu_discipline import convnet, fit, kernel_net_passes
 
 
 @pytest.fixture
@@ -30,28 +26,6 @@ def gpu(monkeypatch):
     monkeypatch.delenv("SINGA_GPU_KERNELS", raising=False)
     monkeypatch.setattr(cudnn, "_tf32", [False])
     return strict_device.installed(monkeypatch)
-
-
-def passes(place, monkeypatch):
-    """{blob or param: its values} after a forward and a backward pass of KERNEL_NET's
-    convolutions (padded, strided, 4 groups) on `place`, and the net."""
-    monkeypatch.setattr(threads, "chunks", lambda n, *args: [slice(0, n)])
-    conf = text_format.Parse(KERNEL_NET, job_pb2.NetProto())
-    net = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), device=place)
-    for p in net.params:
-        rng = np.random.default_rng(zlib.crc32(p.name.encode()))
-        p.data[...] = place.put(0.3 * rng.standard_normal(p.data.shape, np.float32))
-    for layer in net.layers:
-        if layer.conf.type == job_pb2.kDummy:
-            rng = np.random.default_rng(zlib.crc32(layer.name.encode()))
-            layer.feed(rng.standard_normal(layer.data.shape, np.float32))
-    net.forward(job_pb2.kTrain | job_pb2.kForward)
-    for layer in reversed(net.layers):
-        layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
-    out = {f"{layer.name}.{what}": device.host(getattr(layer, what))
-           for layer in net.layers for what in ("data", "grad")
-           if hasattr(getattr(layer, what, None), "shape")}
-    return out | {p.name: device.host(p.grad) for p in net.params}, net
 
 
 def convolutions(net):
@@ -64,8 +38,8 @@ def test_a_nets_convolutions_run_on_cudnn_to_the_cpus_values(gpu, monkeypatch):
     the CPU's; each pass ran the deterministic algorithm that the heuristics ranked first
     (never the faster non-deterministic one ranked above it), in float32 (FMA) math."""
     fake = fake_cudnn.installed(monkeypatch)
-    cpu, _ = passes(device.CPU, monkeypatch)
-    dev, net = passes(device.Device(0), monkeypatch)
+    cpu, _ = kernel_net_passes(device.CPU, monkeypatch)
+    dev, net = kernel_net_passes(device.Device(0), monkeypatch)
     assert all(isinstance(layer.engine, cudnn.Conv) for layer in convolutions(net))
     assert len(cpu) == 26 and dev.keys() == cpu.keys()
     for key, want in cpu.items():       # float32 rounding of the blob's largest value
@@ -96,13 +70,13 @@ def test_a_convnet_trains_on_cudnn_within_rounding_of_the_cpu(tmp_path, gpu, mon
 def test_tf32_lets_cudnn_choose_tensor_core_algorithms_only_where_the_job_asks(gpu, monkeypatch):
     fake = fake_cudnn.installed(monkeypatch)
     cudnn.allow_tf32(True)
-    dev, _ = passes(device.Device(0), monkeypatch)
+    dev, _ = kernel_net_passes(device.Device(0), monkeypatch)
     layers = [r for r in fake.runs[3:]]         # after the engine's check (float32 always)
     assert fake.runs[:3] == [("fwd", 1, 3), ("data", 1, 3), ("filter", 1, 3)]
     assert {r for r in layers if r[0] == "fwd"} == {("fwd", 6, 1)}     # the tensor-op one
     cudnn.allow_tf32(False)
     fake.runs.clear()
-    passes(device.Device(0), monkeypatch)
+    kernel_net_passes(device.Device(0), monkeypatch)
     assert {r for r in fake.runs if r[0] == "fwd"} == {("fwd", 1, 3)}
 
 
@@ -114,13 +88,13 @@ def test_a_cudnn_that_computes_otherwise_is_left_for_im2col_and_refused_when_ask
     fake_cudnn.installed(monkeypatch, flip=True)
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
     with caplog.at_level(logging.WARNING, logger="singa"):
-        _, net = passes(device.Device(0), monkeypatch)
+        _, net = kernel_net_passes(device.Device(0), monkeypatch)
     assert all(layer.engine is None for layer in convolutions(net))
     assert "GPU 0: cuDNN's forward differs from numpy's by" in caplog.text
     fake_cudnn.installed(monkeypatch, flip=True)
     monkeypatch.setenv("SINGA_GPU_KERNELS", "cudnn")
     with pytest.raises(ConfigError, match=r"^SINGA_GPU_KERNELS=cudnn: GPU 0: cuDNN's forward "):
-        passes(device.Device(0), monkeypatch)
+        kernel_net_passes(device.Device(0), monkeypatch)
 
 
 def test_without_cudnn_the_gpu_runs_im2col_and_says_so(gpu, monkeypatch, caplog):
@@ -132,7 +106,7 @@ def test_without_cudnn_the_gpu_runs_im2col_and_says_so(gpu, monkeypatch, caplog)
         kernels._log_engine.__wrapped__))
     monkeypatch.setattr(logging.getLogger("singa"), "propagate", True)
     with caplog.at_level(logging.INFO, logger="singa"):
-        _, net = passes(device.Device(0), monkeypatch)
+        _, net = kernel_net_passes(device.Device(0), monkeypatch)
     assert all(layer.engine is None for layer in convolutions(net))
     assert "convolution on a GPU runs im2col + cuBLAS (cuDNN 9 (libcudnn.so.9) is not " \
            "installed" in caplog.text

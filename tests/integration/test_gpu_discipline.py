@@ -232,28 +232,33 @@ def test_convolution_and_pooling_kernels_give_the_cpus_bytes_on_the_gpu_path(gpu
     padding and ceil mode) against numba's loops (the im2col path: oneDNN's convolution adds
     in its own order): with the CPU's batch in one chunk, as a GPU's, every blob and gradient
     has the CPU's bytes."""
-    from google.protobuf import text_format
-    monkeypatch.setattr(threads, "chunks", lambda n, *args: [slice(0, n)])
     monkeypatch.setenv("SINGA_KERNELS", "numba")
-    conf = text_format.Parse(KERNEL_NET, job_pb2.NetProto())
-    out = []
-    for place in (device.CPU, device.Device(0)):
-        net = NeuralNet(conf, job_pb2.kTrain, np.random.default_rng(0), device=place)
-        for p in net.params:
-            rng = np.random.default_rng(zlib.crc32(p.name.encode()))
-            p.data[...] = place.put(0.3 * rng.standard_normal(p.data.shape, np.float32))
-        for layer in net.layers:
-            if layer.conf.type == job_pb2.kDummy:
-                rng = np.random.default_rng(zlib.crc32(layer.name.encode()))
-                layer.feed(rng.standard_normal(layer.data.shape, np.float32))
-        net.forward(job_pb2.kTrain | job_pb2.kForward)
-        for layer in reversed(net.layers):
-            layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
-        out.append({f"{layer.name}.{what}": device.host(getattr(layer, what)).tobytes()
-                    for layer in net.layers for what in ("data", "grad")
-                    if hasattr(getattr(layer, what, None), "shape")}
-                   | {p.name: device.host(p.grad).tobytes() for p in net.params})
+    out = [{k: v.tobytes() for k, v in kernel_net_passes(place, monkeypatch)[0].items()}
+           for place in (device.CPU, device.Device(0))]
     assert len(out[0]) == 26 and out[1] == out[0]
+
+
+def kernel_net_passes(place, monkeypatch):
+    """({blob, gradient or param gradient: host copy}, the net) of a forward and a backward
+    pass of KERNEL_NET on `place`, its batch in one chunk as a GPU's, params and inputs drawn
+    from their names."""
+    monkeypatch.setattr(threads, "chunks", lambda n, *args: [slice(0, n)])
+    net = NeuralNet(text_format.Parse(KERNEL_NET, job_pb2.NetProto()), job_pb2.kTrain,
+                    np.random.default_rng(0), device=place)
+    for p in net.params:
+        rng = np.random.default_rng(zlib.crc32(p.name.encode()))
+        p.data[...] = place.put(0.3 * rng.standard_normal(p.data.shape, np.float32))
+    for layer in net.layers:
+        if layer.conf.type == job_pb2.kDummy:
+            rng = np.random.default_rng(zlib.crc32(layer.name.encode()))
+            layer.feed(rng.standard_normal(layer.data.shape, np.float32))
+    net.forward(job_pb2.kTrain | job_pb2.kForward)
+    for layer in reversed(net.layers):
+        layer.compute_gradient(job_pb2.kTrain | job_pb2.kBackward, net.srclayers[layer.name])
+    out = {f"{layer.name}.{what}": device.host(getattr(layer, what))
+           for layer in net.layers for what in ("data", "grad")
+           if hasattr(getattr(layer, what, None), "shape")}
+    return out | {p.name: device.host(p.grad) for p in net.params}, net
 
 
 def rounding_apart(a, b, rtol=1e-5):

@@ -237,32 +237,28 @@ class Conv:
     def weights(self, w, name):
         """Nothing: cuDNN's passes read W in its own layout."""
 
-    def forward(self, x, w, b, y, slot):
-        plan, lib, hd = self._plan(len(x)), library(), handle()
+    def _pass(self, name, n, a, b, out):
+        """Pass `name` on n samples: (plan's descriptor, array) pairs a and b in, out written."""
+        plan, kind = self._plan(n), {"fwd": "Forward", "data": "BackwardData",
+                                     "filter": "BackwardFilter"}[name]
         ws = plan.workspace
-        check(lib.cudnnConvolutionForward(
-            hd, ctypes.byref(ONE), plan.x, _ptr(x), plan.w, _ptr(w), plan.conv["fwd"],
-            plan.algo["fwd"], _ptr(ws), ws.nbytes, ctypes.byref(ZERO), plan.y, _ptr(y)),
-            "convolution forward")
+        check(getattr(library(), f"cudnnConvolution{kind}")(
+            handle(), ctypes.byref(ONE), getattr(plan, a[0]), _ptr(a[1]), getattr(plan, b[0]),
+            _ptr(b[1]), plan.conv[name], plan.algo[name], _ptr(ws), ws.nbytes,
+            ctypes.byref(ZERO), getattr(plan, out[0]), _ptr(out[1])), f"convolution {name}")
+        return plan
+
+    def forward(self, x, w, b, y, slot):
+        plan = self._pass("fwd", len(x), ("x", x), ("w", w), ("y", y))
         if b is not None:
-            check(lib.cudnnAddTensor(hd, ctypes.byref(ONE), plan.b, _ptr(b), ctypes.byref(ONE),
-                                     plan.y, _ptr(y)), "bias")
+            check(library().cudnnAddTensor(handle(), ctypes.byref(ONE), plan.b, _ptr(b),
+                                           ctypes.byref(ONE), plan.y, _ptr(y)), "bias")
 
     def backward_data(self, gy, w, gx, slot):
-        plan, lib = self._plan(len(gy)), library()
-        ws = plan.workspace
-        check(lib.cudnnConvolutionBackwardData(
-            handle(), ctypes.byref(ONE), plan.w, _ptr(w), plan.y, _ptr(gy), plan.conv["data"],
-            plan.algo["data"], _ptr(ws), ws.nbytes, ctypes.byref(ZERO), plan.x, _ptr(gx)),
-            "convolution backward data")
+        self._pass("data", len(gy), ("w", w), ("y", gy), ("x", gx))
 
     def backward_weights(self, x, gy, gw, slot):
-        plan, lib = self._plan(len(x)), library()
-        ws = plan.workspace
-        check(lib.cudnnConvolutionBackwardFilter(
-            handle(), ctypes.byref(ONE), plan.x, _ptr(x), plan.y, _ptr(gy), plan.conv["filter"],
-            plan.algo["filter"], _ptr(ws), ws.nbytes, ctypes.byref(ZERO), plan.w, _ptr(gw)),
-            "convolution backward filter")
+        self._pass("filter", len(x), ("x", x), ("y", gy), ("w", gw))
 
 
 def disagreement():

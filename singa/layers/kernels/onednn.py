@@ -400,7 +400,7 @@ class Conv:
             steps = before + [(built["prim"][name], mems)] + after
             passes[name] = (bound, [(prim, len(a), (Arg * len(a))(*(Arg(k, m) for k, m in
                                                                         a.items())))
-                                    for prim, a in steps], parts)
+                                    for prim, a in steps], parts, sum(n for _, n in parts))
         return passes
 
     def _run(self, name, slot, arrays):
@@ -411,12 +411,12 @@ class Conv:
             if key not in self.buffers:
                 with _MAKING:       # memory objects made beside others' primitives: see there
                     self.buffers[key] = self._steps(b)
-            bound, steps, parts = self.buffers[key][name]
+            bound, steps, parts, total = self.buffers[key][name]
             for array, mem in bound.items():
                 a = arrays[array]
                 assert a.flags.c_contiguous and a.dtype == np.float32, array
                 check(lib.dnnl_memory_set_data_handle(mem, a.ctypes.data), "data handle")
-            at = arena(sum(size for _, size in parts))
+            at = arena(total)
             for mem, size in parts:
                 check(lib.dnnl_memory_set_data_handle(mem, at), "data handle")
                 at += size
