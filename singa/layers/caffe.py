@@ -42,6 +42,8 @@ class ScaleLayer(Layer):
     kernels' `scale`.
     """
 
+    capturable = True
+
     sources = (1, 1)
 
     def setup(self, srclayers):
@@ -106,6 +108,8 @@ class EltwiseLayer(Layer):
     MAX: y = max_i x_i, g routed to the argmax that Caffe's loop keeps: x_2 wins a tie with
     x_1 (its first comparison is x_1 > x_2), a later source only when strictly greater.
     """
+
+    capturable = True
 
     sources = (2, None)
 
@@ -184,6 +188,8 @@ class FlattenLayer(Layer):
     """Caffe's Flatten: axes axis..end_axis of x merged into one, y = x reshaped
     (x.shape[:axis] + (Π x.shape[axis:end_axis+1],) + x.shape[end_axis+1:]); gx = g reshaped."""
 
+    capturable = True
+
     sources = (1, 1)
 
     def setup(self, srclayers):
@@ -213,6 +219,8 @@ class CropLayer(Layer):
     the shape of source 2 (whose values are not read) and o the offsets (crop_conf.offset:
     one per cropped axis, one for all, or none: 0); the axes before `axis` are kept.
     gx_1 = g in the window, 0 elsewhere; source 2 gets a zero gradient."""
+
+    capturable = True
 
     sources = (2, 2)
 

@@ -172,6 +172,8 @@ class CaffeBatchNormLayer(Layer):
     alone keeps the sums (the copies share them), as Caffe's root solver.
     """
 
+    capturable = True
+
     def setup(self, srclayers):
         src = srclayers[0].data_for(self)
         if src.ndim < 2:

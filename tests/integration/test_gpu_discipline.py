@@ -560,12 +560,57 @@ cluster { workspace: "WS" }
 """
 
 
-@pytest.mark.parametrize("job", [BRANCHED_JOB, AUTOENCODER_JOB], ids=["branched", "autoencoder"])
+RESIDUAL_JOB = """name: "residual"
+train_one_batch { alg: kBP }
+updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
+                 shape: 1 shape: 28 shape: 28 } }
+  layer { name: "conv" type: kConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 3 pad: 1 stride: 2 }
+    param { name: "w0" init { type: kGaussian std: 0.1 } } }
+  layer { name: "bn" type: kCaffeBatchNorm srclayers: "conv"
+    batch_norm_conf { moving_average_fraction: 0.9 }
+    param { name: "m0" } param { name: "v0" } param { name: "f0" } }
+  layer { name: "scale" type: kScale srclayers: "bn" scale_conf { bias_term: true }
+    param { name: "g0" init { type: kConstant value: 1 } }
+    param { name: "t0" init { type: kConstant value: 0 } } }
+  layer { name: "relu" type: kReLU srclayers: "scale" }
+  layer { name: "split" type: kSplit srclayers: "relu" split_conf { num_splits: 2 } }
+  layer { name: "branch" type: kConvolution srclayers: "split"
+    convolution_conf { num_filters: 4 kernel: 3 pad: 1 }
+    param { name: "w1" init { type: kGaussian std: 0.1 } } }
+  layer { name: "bn1" type: kCaffeBatchNorm srclayers: "branch"
+    param { name: "m1" } param { name: "v1" } param { name: "f1" } }
+  layer { name: "scale1" type: kScale srclayers: "bn1"
+    param { name: "g1" init { type: kConstant value: 1 } } }
+  layer { name: "sum" type: kEltwise srclayers: "scale1" srclayers: "split"
+    eltwise_conf { operation: SUM coeff: 1 coeff: 0.5 } }
+  layer { name: "split2" type: kSplit srclayers: "sum" split_conf { num_splits: 2 } }
+  layer { name: "pool" type: kPooling srclayers: "split2"
+    pooling_conf { pool: MAX kernel: 2 stride: 2 } }
+  layer { name: "crop" type: kCrop srclayers: "split2" srclayers: "pool"
+    crop_conf { offset: 3 } }
+  layer { name: "flat" type: kFlatten srclayers: "crop" }
+  layer { name: "ip" type: kInnerProduct srclayers: "flat" innerproduct_conf { num_output: 10 }
+    param { name: "w2" init { type: kGaussian std: 0.05 } }
+    param { name: "b2" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+@pytest.mark.parametrize("job", [BRANCHED_JOB, AUTOENCODER_JOB, RESIDUAL_JOB],
+                         ids=["branched", "autoencoder", "residual"])
 def test_confs_replay_their_passes_as_one_cuda_graph_to_the_bytes_op_by_op(
         tmp_path, gpu, monkeypatch, job):
-    """A net of two branches (Split, Concate) with batch normalisation (kCudnnBM), and an
-    autoencoder whose EuclideanLoss sums its loss on the device: all passes but the input
-    layer's are one graph, with the same params and losses as op by op."""
+    """A net of two branches (Split, Concate) with batch normalisation (kCudnnBM), an
+    autoencoder whose EuclideanLoss sums its loss on the device, and a residual block as the
+    model zoo's ResNets have it (Caffe's BatchNorm updating its running sums, Scale, Eltwise;
+    Crop and Flatten): all passes but the input layer's are one graph, with the same params
+    (the running sums too) and losses as op by op."""
     conf = tmp_path / "job.conf"
     conf.write_text(job.replace("DATA", f"{FIXTURES}/train-1000.bin").replace("WS", str(tmp_path)))
     launches, runs = [], {}
