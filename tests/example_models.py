@@ -61,3 +61,82 @@ def char_rnn_model(tmp_path, name):
         "dim_hidden: 512": "dim_hidden: 32", "unroll_len: 50": "unroll_len: 5",
         "examples/char-rnn/input.txt": f"{tmp_path}/input.txt",
         "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
+
+
+#: small nets of the kinds SINGA's examples and the model zoo have, on MNIST's kvfile at
+#: DATA (e.g. tests/fixtures/singa-0.3/train-1000.bin), workspace WS
+BRANCHED_JOB = """name: "branched"
+train_one_batch { alg: kBP }
+updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
+                 shape: 1 shape: 28 shape: 28 } }
+  layer { name: "conv" type: kConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 5 stride: 2 }
+    param { name: "w0" init { type: kGaussian std: 0.1 } }
+    param { name: "b0" init { type: kConstant value: 0 } } }
+  layer { name: "bm" type: kCudnnBM srclayers: "conv"
+    param { name: "s" init { type: kConstant value: 1 } }
+    param { name: "t" init { type: kConstant value: 0 } }
+    param { name: "m" init { type: kConstant value: 0 } }
+    param { name: "v" init { type: kConstant value: 0 } } }
+  layer { name: "relu" type: kReLU srclayers: "bm" }
+  layer { name: "split" type: kSplit srclayers: "relu" split_conf { num_splits: 2 } }
+  layer { name: "a" type: kConvolution srclayers: "split"
+    convolution_conf { num_filters: 3 kernel: 3 pad: 1 }
+    param { name: "wa" init { type: kGaussian std: 0.1 } }
+    param { name: "ba" init { type: kConstant value: 0 } } }
+  layer { name: "b" type: kPooling srclayers: "split"
+    pooling_conf { pool: AVG kernel: 1 stride: 1 } }
+  layer { name: "join" type: kConcate srclayers: "a" srclayers: "b"
+    concate_conf { concate_dim: 1 } }
+  layer { name: "ip" type: kInnerProduct srclayers: "join" innerproduct_conf { num_output: 10 }
+    param { name: "w1" init { type: kGaussian std: 0.05 } }
+    param { name: "b1" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""
+
+
+RESIDUAL_JOB = """name: "residual"
+train_one_batch { alg: kBP }
+updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
+neuralnet {
+  layer { name: "data" type: kRecordInput
+    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
+                 shape: 1 shape: 28 shape: 28 } }
+  layer { name: "conv" type: kConvolution srclayers: "data"
+    convolution_conf { num_filters: 4 kernel: 3 pad: 1 stride: 2 }
+    param { name: "w0" init { type: kGaussian std: 0.1 } } }
+  layer { name: "bn" type: kCaffeBatchNorm srclayers: "conv"
+    batch_norm_conf { moving_average_fraction: 0.9 }
+    param { name: "m0" } param { name: "v0" } param { name: "f0" } }
+  layer { name: "scale" type: kScale srclayers: "bn" scale_conf { bias_term: true }
+    param { name: "g0" init { type: kConstant value: 1 } }
+    param { name: "t0" init { type: kConstant value: 0 } } }
+  layer { name: "relu" type: kReLU srclayers: "scale" }
+  layer { name: "split" type: kSplit srclayers: "relu" split_conf { num_splits: 2 } }
+  layer { name: "branch" type: kConvolution srclayers: "split"
+    convolution_conf { num_filters: 4 kernel: 3 pad: 1 }
+    param { name: "w1" init { type: kGaussian std: 0.1 } } }
+  layer { name: "bn1" type: kCaffeBatchNorm srclayers: "branch"
+    param { name: "m1" } param { name: "v1" } param { name: "f1" } }
+  layer { name: "scale1" type: kScale srclayers: "bn1"
+    param { name: "g1" init { type: kConstant value: 1 } } }
+  layer { name: "sum" type: kEltwise srclayers: "scale1" srclayers: "split"
+    eltwise_conf { operation: SUM coeff: 1 coeff: 0.5 } }
+  layer { name: "split2" type: kSplit srclayers: "sum" split_conf { num_splits: 2 } }
+  layer { name: "pool" type: kPooling srclayers: "split2"
+    pooling_conf { pool: MAX kernel: 2 stride: 2 } }
+  layer { name: "crop" type: kCrop srclayers: "split2" srclayers: "pool"
+    crop_conf { offset: 3 } }
+  layer { name: "flat" type: kFlatten srclayers: "crop" }
+  layer { name: "ip" type: kInnerProduct srclayers: "flat" innerproduct_conf { num_output: 10 }
+    param { name: "w2" init { type: kGaussian std: 0.05 } }
+    param { name: "b2" init { type: kConstant value: 0 } } }
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
+}
+cluster { workspace: "WS" }
+"""

@@ -143,6 +143,10 @@ class Layer:
     #: (`singa.device.cuda_graphs`). Read for the layer's own class only: a subclass decides for
     #: itself.
     capturable = False
+    #: the sources (indices into srclayers) whose gradient the backward pass writes, whole,
+    #: asking each once for it (`grad_for`); None: every source. A kBP training step shares
+    #: gradient memory between blobs by when they are live (`singa.net.grad_memory`).
+    backward_to = None
     #: (least, most) source layers (srclayers) the layer reads, most None for no limit; input
     #: layers read none. `set_up` holds every layer of a net to it.
     sources = (1, None)

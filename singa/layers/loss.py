@@ -26,6 +26,7 @@ class SoftmaxLossLayer(Layer):
 
     capturable = True
 
+    backward_to = (0,)     # not the labels' or targets' source
     sources = (2, 2)
 
     def setup(self, srclayers):
@@ -130,6 +131,7 @@ class EuclideanLossLayer(Layer):
 
     capturable = True
 
+    backward_to = (0,)     # not the labels' or targets' source
     sources = (2, 2)
 
     def setup(self, srclayers):
@@ -168,6 +170,7 @@ class MSELossLayer(Layer):
 
     capturable = True
 
+    backward_to = (0,)     # not the labels' or targets' source
     sources = (2, 2)
 
     def setup(self, srclayers):

@@ -32,6 +32,8 @@ class RBMVisLayer(Layer):
     number of compute_feature calls (SINGA's counter counts every call, so with cd_k 1 the
     figure is half the per-batch squared error).
     """
+
+    backward_to = ()     # kCD: no gradient goes to a source
     METRICS = ("squared error",)
 
     def setup(self, srclayers):
@@ -84,6 +86,8 @@ class RBMVisLayer(Layer):
 class RBMHidLayer(Layer):
     """Hidden units: h+ from v+, h− from v− (probabilities, or pre-activations if gaussian);
     params W (shared from the Vis layer's), b_hid."""
+
+    backward_to = ()     # kCD: no gradient goes to a source
 
     def setup(self, srclayers):
         if len(srclayers) != 1 or not isinstance(srclayers[0], RBMVisLayer):

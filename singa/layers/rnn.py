@@ -202,6 +202,8 @@ class EmbeddingLayer(Layer):
     """y[n] = W[idx_n], idx from blob `unroll_index` of the source; W (vocab_size, feature_dim);
     gW[v] = Σ_{n: idx_n = v} g[n] (added to gW with kAggGrad)."""
 
+    backward_to = ()     # its source gives indices
+
     def setup(self, srclayers):
         x = blob(srclayers[0], self, self.unroll_index)
         conf = self.conf.embedding_conf

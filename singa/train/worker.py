@@ -29,7 +29,8 @@ from singa.layers.param import init_params
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.log import format_duration, format_metrics
-from singa.net import numerics
+from singa.device.footprint import format_bytes
+from singa.net import grad_memory, numerics
 from singa.proto import job_pb2
 from singa.train import evaluation
 from singa.train.monitor import Monitor
@@ -74,6 +75,10 @@ class Worker:
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
+    #: a kBP step's gradient blobs share memory by when they are live (`grad_memory`); kCD's
+    #: and kBPTT's steps use them otherwise
+    shares_grad_memory = True
+
     def __init__(self, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
                  init_rng=None, resume=None, place=Place(), reporter=None,
                  response_timeout=120.0, device=CPU):
@@ -114,6 +119,11 @@ class Worker:
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
         self.loss_check = numerics.LossCheck(train_net)
+        if self.shares_grad_memory:
+            apart, shared = grad_memory.share(train_net)
+            if shared < apart:
+                log.info("%s: its gradient blobs share memory by when they are live: %s in %s",
+                         self.who, format_bytes(apart), format_bytes(shared))
         #: the train net's passes (on a GPU: runs of them as CUDA graphs)
         self.graphs = cuda_graphs.StepGraphs(train_net, device, capture=device.gpu is not None)
 
@@ -444,6 +454,8 @@ class CDWorker(Worker):
     shares, as SINGA's does, so W moves at half the learning rate of the biases.
     """
 
+    shares_grad_memory = False
+
     def train_one_batch(self, step):
         """Positive pass of every layer, cd_k Gibbs steps of the RBM layers (the first one
         adds the reconstruction error), then their gradients and updates."""
@@ -481,6 +493,8 @@ class BPTTWorker(Worker):
     copy 0's params are sent to the servers once the whole backward pass is done. Display
     averages each metric over a layer's unrolled copies (SINGA sums them).
     """
+
+    shares_grad_memory = False
 
     def train_one_batch(self, step):
         net = self.train_net
