@@ -155,6 +155,9 @@ class Layer:
     #: setup): no gradient is ever computed, so a layer may choose its kernels for the forward
     #: pass alone
     forward_only = False
+    #: True in a kBP train net, whose gradient blobs `grad_memory.share` gives memory once the
+    #: net is set up (`NeuralNet` sets it before setup)
+    grads_planned = False
     #: the GPU copies of `data` and `aux_data` of a layer computed on the host (see the module
     #: docstring)
     mirror = aux_mirror = None
@@ -201,6 +204,17 @@ class Layer:
         """True (once) when this forward pass was computed with the source's chunks."""
         done, self.ahead = self.ahead, False
         return done
+
+    def new_grad(self, shape=None):
+        """A zero gradient blob, float32, of `shape` (default: that of `data`) on the layer's
+        device. On a GPU, where the net gives its gradients memory itself (`grads_planned`) or
+        computes none (`forward_only`), a host placeholder instead, numpy's zeros whose pages
+        are never written: no device memory is taken for gradients the net shares or never
+        computes."""
+        shape = self.data.shape if shape is None else shape
+        if (self.grads_planned or self.forward_only) and self.device.gpu is not None:
+            return np.zeros(shape, np.float32)
+        return self.xp.zeros(shape, np.float32)
 
     def prepare(self, flag, srclayers):
         """The host's work of the pass `flag` names (kForward or kBackward) of a capturable

@@ -64,8 +64,8 @@ class ScaleLayer(Layer):
             roles["bias"] = shape or (1,)
         self.params = make_params(self, roles)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
-        self._tmp = None        # g·x, made at the first backward pass
+        self.grad = self.new_grad()
+        self._tmp = None        # g·x where no source's gradient blob holds it, made once
 
     def by_rows(self, flag, srclayers):
         x = srclayers[0].data_for(self)
@@ -88,13 +88,14 @@ class ScaleLayer(Layer):
 
     def compute_gradient(self, flag, srclayers):
         g, src = self.grad, srclayers[0]
-        if self._tmp is None:
+        gsrc = src.grad_for(self)
+        if gsrc is None and self._tmp is None:
             self._tmp = np.empty_like(self.data)
-        gxy = np.multiply(g, src.data_for(self), out=self._tmp)
+        # g·x in the source's gradient blob, which g·γ then overwrites
+        gxy = np.multiply(g, src.data_for(self), out=self._tmp if gsrc is None else gsrc)
         _write(self.params[0], gxy.sum(axis=self.others), flag)
         if len(self.params) > 1:
             _write(self.params[1], g.sum(axis=self.others), flag)
-        gsrc = src.grad_for(self)
         if gsrc is not None:
             np.multiply(g, self.params[0].data.reshape(self.view), out=gsrc)
 
@@ -126,7 +127,7 @@ class EltwiseLayer(Layer):
                               f"one value per source ({len(xs)}), got {len(ec.coeff)}")
         self.coeff = [np.float32(c) for c in ec.coeff] or [np.float32(1)] * len(xs)
         self.data = self.xp.zeros(xs[0].shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         if self.op == job_pb2.EltwiseProto.MAX:
             self.argmax = self.xp.zeros(xs[0].shape, np.min_scalar_type(len(xs)))
             self._hit = self.xp.empty(xs[0].shape, bool)
@@ -202,7 +203,7 @@ class FlattenLayer(Layer):
                               f"before axis {fc.axis} in a source of shape {src.shape}")
         shape = src.shape[:a] + (math.prod(src.shape[a:e + 1]),) + src.shape[e + 1:]
         self.data = self.xp.zeros(shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def compute_feature(self, flag, srclayers):
         np.copyto(self.data, srclayers[0].data_for(self).reshape(self.data.shape))
@@ -246,7 +247,7 @@ class CropLayer(Layer):
             self.window.append(slice(o, o + ref.shape[a]))
         self.window = tuple(self.window)
         self.data = self.xp.zeros(tuple(shape), np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def compute_feature(self, flag, srclayers):
         np.copyto(self.data, srclayers[0].data_for(self)[self.window])

@@ -32,8 +32,7 @@ class SplitLayer(_PerDestination):
 
     def setup(self, srclayers):
         self.data = srclayers[0].data_for(self)
-        self.grads = [self.xp.zeros(self.data.shape, np.float32)
-                      for _ in range(self.conf.split_conf.num_splits)]
+        self.grads = [self.new_grad() for _ in range(self.conf.split_conf.num_splits)]
         self._dst = {}
 
     def compute_feature(self, flag, srclayers):
@@ -75,7 +74,7 @@ class SliceLayer(_PerDestination):
         shape = list(src.shape)
         shape[self.axis] //= k
         self.datas = [self.xp.zeros(shape, np.float32) for _ in range(k)]
-        self.grads = [self.xp.zeros(shape, np.float32) for _ in range(k)]
+        self.grads = [self.new_grad(shape) for _ in range(k)]
         self._dst = {}
 
     def order_destinations(self, parts):
@@ -124,7 +123,7 @@ class ConcateLayer(Layer):
                                   f"does not concatenate with shape {shapes[0]} on dim {self.axis}")
         first[self.axis] = sum(s[self.axis] for s in shapes)
         self.data = self.xp.zeros(first, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self._cuts = np.cumsum([s[self.axis] for s in shapes])[:-1].tolist()
 
     def compute_feature(self, flag, srclayers):
@@ -174,7 +173,7 @@ class BridgeDstLayer(_Bridge):
 
     def setup(self, srclayers):
         self.data = self.xp.zeros(srclayers[0].data_for(self).shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def compute_feature(self, flag, srclayers):
         self.channel.receive(self, job_pb2.kForward, self.data)

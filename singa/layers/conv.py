@@ -156,7 +156,7 @@ class ConvolutionLayer(Layer):
         self.weight, self.bias = (self.params + [None])[:2]
         mark_pieces(self, dict.fromkeys(self.params, 0))
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.kernels = kernels.choose(self.device)
         engine = kernels.convolution(self.device)
         # oneDNN's weight gradient is slow where a filter sees few inputs: those (LeNet's
@@ -451,7 +451,7 @@ class DeconvolutionLayer(Layer):
         self.weight, self.bias = self.params = make_params(
             self, {"weight": (c, f // g, kh, kw), "bias": (f,)})
         self.data = self.xp.zeros((n, f, oh, ow), np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.kernels = kernels.choose(self.device)
         self.chunks = threads.chunks(n, f * kh * kw * h * w * 4, is_host(self.data))
         self._gws = self.xp.empty((len(self.chunks), g, c // g, f // g * kh * kw), np.float32)

@@ -73,7 +73,7 @@ class InnerProductLayer(Layer):
         self.weight, self.bias = (self.params + [None])[:2]
         mark_pieces(self, {p: axis for p, axis in zip(self.params, (int(self.transpose), 0))})
         self.data = self.xp.zeros((n, self.hdim), np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def compute_feature(self, flag, srclayers):
         x = srclayers[0].data_for(self).reshape(self.batchsize, self.vdim)
@@ -119,7 +119,7 @@ class _Elementwise(Layer):
         src = srclayers[0].data_for(self)
         self.kernels = kernels.choose(self.device)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def by_rows(self, flag, srclayers):
         x, y = srclayers[0].data_for(self), self.data
@@ -203,7 +203,7 @@ class DropoutLayer(Layer):
         src = srclayers[0].data_for(self)
         self.keep = np.float32(1 - self.conf.dropout_conf.dropout_ratio)
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.mask = np.ones_like(self.data)
         self._keep = self.xp.empty(src.shape, bool)
 
@@ -245,8 +245,7 @@ class SoftmaxLayer(Layer):
                               f"range for a source of shape {src.shape}")
         a = sc.axis % src.ndim
         self.view = (math.prod(src.shape[:a]), src.shape[a], math.prod(src.shape[a + 1:]))
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
-        self._tmp = np.empty_like(self.data)
+        self.grad = self.new_grad()
         self._rowmax = self.xp.empty((self.view[0], 1, self.view[2]), np.float32)
 
     def compute_feature(self, flag, srclayers):
@@ -265,7 +264,7 @@ class SoftmaxLayer(Layer):
         if gsrc is None:
             return
         y, g, m = self.data.reshape(self.view), self.grad.reshape(self.view), self._rowmax
-        gy = np.multiply(g, y, out=self._tmp.reshape(self.view))
+        gy = np.multiply(g, y, out=gsrc.reshape(self.view))     # then gx overwrites it
         np.sum(gy, axis=1, keepdims=True, out=m)
         gx = gsrc.reshape(self.view)
         np.subtract(g, m, out=gx)
@@ -298,7 +297,7 @@ class DummyLayer(Layer):
         else:
             shape = srclayers[0].data_for(self).shape
         self.data = self.xp.zeros(shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
 
     def compute_feature(self, flag, srclayers):
         if self.conf.dummy_conf.input:

@@ -60,7 +60,7 @@ class LRNLayer(Layer):
         self.knorm = np.float32(lc.knorm)
         self._coef = -2 * self.beta * self.salpha     # the gradient's −2αβ/n, float32
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.norm = np.empty_like(self.data)
         self.scale = np.empty_like(self.data)       # norm^{-β}
         self._acc = np.empty_like(self.data)
@@ -115,9 +115,9 @@ class BMLayer(Layer):
                                          "running inverse variance": shape})
         self.gamma, self.beta = self.params[:2]
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.xhat = np.empty_like(self.data)
-        self._tmp = np.empty_like(self.data)
+        self._tmp = None        # g·x̂ where no source's gradient blob holds it, made once
         self.inv_std = self.xp.empty(shape, np.float32)
         self._m = np.float32(src.size // c)
 
@@ -126,7 +126,8 @@ class BMLayer(Layer):
         axes = (0, 2, 3)
         mean = x.mean(axis=axes, keepdims=True, dtype=np.float64)
         np.subtract(x, mean.astype(np.float32), out=self.xhat)
-        var = np.square(self.xhat, out=self._tmp).mean(axis=axes, keepdims=True, dtype=np.float64)
+        # (x − μ)² in `data`, which y overwrites
+        var = np.square(self.xhat, out=self.data).mean(axis=axes, keepdims=True, dtype=np.float64)
         np.sqrt(var + BN_EPSILON, out=self.inv_std, casting="same_kind")
         np.reciprocal(self.inv_std, out=self.inv_std)
         self.xhat *= self.inv_std
@@ -136,13 +137,17 @@ class BMLayer(Layer):
     def compute_gradient(self, flag, srclayers):
         axes = (0, 2, 3)
         g = self.grad
+        gsrc = srclayers[0].grad_for(self)
+        if gsrc is None and self._tmp is None:
+            self._tmp = np.empty_like(self.data)
         gbeta = g.sum(axis=axes, keepdims=True)
-        ggamma = np.multiply(g, self.xhat, out=self._tmp).sum(axis=axes, keepdims=True)
+        # g·x̂ in the source's gradient blob, which gx then overwrites
+        ggamma = np.multiply(g, self.xhat, out=self._tmp if gsrc is None else gsrc)\
+            .sum(axis=axes, keepdims=True)
         np.copyto(self.beta.grad, gbeta)
         np.copyto(self.gamma.grad, ggamma)
         for p in self.params[2:]:
             p.grad[...] = 0
-        gsrc = srclayers[0].grad_for(self)
         if gsrc is None:
             return
         np.multiply(self.xhat, ggamma, out=gsrc)
@@ -197,8 +202,8 @@ class CaffeBatchNormLayer(Layer):
         self.correction = np.float32(m / (m - 1) if m > 1 else 1)
         self.keeps_sums = self.conf.partition_id == 0
         self.data = self.xp.zeros(src.shape, np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
-        self.xhat = self._tmp = None   # batch statistics only (see the docstring)
+        self.grad = self.new_grad()
+        self.xhat = None    # batch statistics only (see the docstring)
         self._mu = self.xp.empty(bshape, np.float32)
         self._var = self.xp.empty(bshape, np.float32)
         self.inv_std = self.xp.empty(bshape, np.float32)
@@ -241,10 +246,10 @@ class CaffeBatchNormLayer(Layer):
             return
         mu, var = self._mu.reshape(-1), self._var.reshape(-1)
         if self.xhat is None:
-            self.xhat, self._tmp = np.empty_like(self.data), np.empty_like(self.data)
+            self.xhat = np.empty_like(self.data)
         np.copyto(mu, x.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
         np.subtract(x, self._mu, out=self.xhat)
-        sq = np.square(self.xhat, out=self._tmp)
+        sq = np.square(self.xhat, out=self.data)     # then y overwrites it
         np.copyto(var, sq.mean(axis=self.axes, dtype=np.float64), casting="same_kind")
         if self.keeps_sums:
             self._accumulate(mu, var)
@@ -283,7 +288,7 @@ class CaffeBatchNormLayer(Layer):
         if self.global_stats:
             np.multiply(g, self.inv_std, out=gsrc)
             return
-        gy = np.multiply(g, self.xhat, out=self._tmp).mean(axis=self.axes, keepdims=True)
+        gy = np.multiply(g, self.xhat, out=gsrc).mean(axis=self.axes, keepdims=True)
         np.multiply(self.xhat, gy, out=gsrc)
         gsrc += g.mean(axis=self.axes, keepdims=True)
         np.subtract(g, gsrc, out=gsrc)

@@ -57,7 +57,7 @@ class PoolingLayer(Layer):
         self.chw, self.pad, self.is_max = (c, h, w), (ph, pw), conf.pool == job_pb2.PoolingProto.MAX
         self.data = self.xp.zeros((n, c, oh, ow), np.float32)
         self.chunks = threads.chunks(n, kh * kw * c * oh * ow * 4, is_host(self.data))
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         self.window, self.stride = (kh, kw), (sh, sw)
         self.kernels = kernels.choose(self.device)
         if self.is_max:
@@ -75,7 +75,7 @@ class PoolingLayer(Layer):
                               f"0, stride 1); it takes no {', '.join(given)}")
         self.chw, self.is_max = (c, h, w), conf.pool == job_pb2.PoolingProto.MAX
         self.data = self.xp.zeros((n, c, 1, 1), np.float32)
-        self.grad = self.xp.zeros(self.data.shape, np.float32)
+        self.grad = self.new_grad()
         if self.is_max:
             self._argmax = self.xp.zeros((n, c, 1), np.intp)
             self._plane = self.xp.arange(h * w)

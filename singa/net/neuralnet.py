@@ -7,19 +7,21 @@ and set up layers, number params. Test and validation nets share the train net's
 """
 import collections
 import json
+import logging
 
 from singa import layers  # noqa: F401  (registers every layer type)
 from singa.device import CPU, is_host
-from singa.device.footprint import BeyondMemory
+from singa.device.footprint import BeyondMemory, format_bytes
 from singa.errors import ConfigError
 from singa.layers.base import Layer, create_layer, layer_class, set_up
 from singa.layers import kernels
 from singa.naming import plain, unrolled
-from singa.net import graph, partition
+from singa.net import grad_memory, graph, partition
 from singa.net.numerics import rng_state, set_rng_state
 from singa.net.phase import in_phase
 from singa.proto import job_pb2
 
+log = logging.getLogger("singa")
 
 class NeuralNet:
     """Layers of one phase in topological order, with their params.
@@ -29,7 +31,7 @@ class NeuralNet:
     """
 
     def __init__(self, net_conf, phase, rng, share_from=None, num_partitions=1, first_id=0,
-                 device=CPU):
+                 device=CPU, share_grads=False):
         """`share_from`: a net whose owner params this one uses (by name): the train net for
         test/validation nets, group 0's net for another group's. Param ids start at
         `first_id` so that they are unique within a process. With `num_partitions` K > 1 the
@@ -37,7 +39,8 @@ class NeuralNet:
         then be a list of K generators, one per partition. The layers compute on `device`
         (or partition k's on `device[k]`, a list of K), except the input and parser layers
         (`one_to_many`), which compute on the host and mirror their data to a GPU for the
-        layers there."""
+        layers there. `share_grads` (a kBP train net): the gradient blobs of each partition
+        share memory by when they are live in a step (`grad_memory`)."""
         self.phase = phase
         self.devices = list(device) if isinstance(device, (list, tuple)) else \
             [device] * num_partitions
@@ -62,6 +65,7 @@ class NeuralNet:
             layer = create_layer(conf)
             layer.rng = self.rngs[conf.partition_id]
             layer.forward_only = not phase & job_pb2.kTrain
+            layer.grads_planned = share_grads
             where = self.devices[conf.partition_id]
             if not layer.one_to_many or where.gpu is None:     # host layers: also on SHAPES
                 layer.device = where
@@ -107,6 +111,13 @@ class NeuralNet:
         for layer in self.layers:
             if getattr(layer, "dynamic_srclayer", None):
                 self.dynamic_srclayer(layer)
+        if share_grads:
+            for k in range(num_partitions):
+                apart, shared = grad_memory.share(self.partition(k) if num_partitions > 1
+                                                  else self)
+                log.info("Train net%s: its gradient blobs share memory by when they are "
+                         "live, %s in %s", f" partition {k}" if num_partitions > 1 else "",
+                         format_bytes(apart), format_bytes(shared))
 
     def _mirror_host_layers(self):
         """Give each host layer read by a layer on a GPU (its partition's) a copy of its data

@@ -126,7 +126,8 @@ class Process:
             here = [devices[(g, j)] for j in range(K) if (g, j) in devices]
             places[g] = [devices.get((g, j), here[0]) for j in range(K)]
             graphs[g] = NeuralNet(job.neuralnet, job_pb2.kTrain, mine if K > 1 else mine[0],
-                                  share, K, device=places[g])
+                                  share, K, device=places[g],
+                                  share_grads=worker_class(job).shares_grad_memory)
         nets = {(g, j): graphs[g].partition(j) if K > 1 else graphs[g]
                 for g, j in topology.workers_of(cl, pid)}
         self.train_graph = graphs.get(0)

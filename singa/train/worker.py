@@ -29,8 +29,7 @@ from singa.layers.param import init_params
 from singa.layers.rbm import RBMHidLayer, RBMVisLayer
 from singa.layers.rnn import GRULayer, RNNDummyLayer
 from singa.log import format_duration, format_metrics
-from singa.device.footprint import format_bytes
-from singa.net import grad_memory, numerics
+from singa.net import numerics
 from singa.proto import job_pb2
 from singa.train import evaluation
 from singa.train.monitor import Monitor
@@ -75,8 +74,8 @@ class Worker:
     through a LayerChannel: bridge layers' blobs, and the metrics worker 0 displays for all.
     """
 
-    #: a kBP step's gradient blobs share memory by when they are live (`grad_memory`); kCD's
-    #: and kBPTT's steps use them otherwise
+    #: a kBP step's gradient blobs share memory by when they are live (`grad_memory`: the
+    #: runtime builds the train nets so); kCD's and kBPTT's steps use them otherwise
     shares_grad_memory = True
 
     def __init__(self, endpoint, grp, id_, job, train_net, test_net=None, val_net=None,
@@ -119,11 +118,6 @@ class Worker:
         self.poll_ms = job.cluster.poll_time
         self.response_timeout = response_timeout
         self.loss_check = numerics.LossCheck(train_net)
-        if self.shares_grad_memory:
-            apart, shared = grad_memory.share(train_net)
-            if shared < apart:
-                log.info("%s: its gradient blobs share memory by when they are live: %s in %s",
-                         self.who, format_bytes(apart), format_bytes(shared))
         #: the train net's passes (on a GPU: runs of them as CUDA graphs)
         self.graphs = cuda_graphs.StepGraphs(train_net, device, capture=device.gpu is not None)
 

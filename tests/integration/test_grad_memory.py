@@ -6,7 +6,7 @@ import pytest
 import strict_device
 from conftest import FIXTURES
 from example_models import BRANCHED_JOB, RESIDUAL_JOB, conf_model, final_params
-from singa.device import CPU
+from singa.device import CPU, Device, is_host
 from singa.job import config
 from singa.layers.base import Layer, register
 from singa.net import grad_memory
@@ -100,12 +100,19 @@ def test_shared_gradient_memory_on_the_gpu_path(tmp_path, monkeypatch):
         assert np.array_equal(shared[1][name], values), name
 
 
-def net_of(job, tmp_path):
-    """The kTrain NeuralNet of `job` on the CPU."""
+def net_of(job, tmp_path, phase=job_pb2.kTrain, device=CPU, share_grads=False):
+    """The NeuralNet of `job` for `phase` on `device`."""
     path = tmp_path / "net.conf"
     path.write_text(job_text(job, tmp_path))
     conf = config.load_job(str(path))
-    return NeuralNet(conf.neuralnet, job_pb2.kTrain, np.random.default_rng(0), device=CPU)
+    return NeuralNet(conf.neuralnet, phase, np.random.default_rng(0), device=device,
+                     share_grads=share_grads)
+
+
+def root(a):
+    while a.base is not None:
+        a = a.base
+    return a
 
 
 def holders(net):
@@ -115,14 +122,14 @@ def holders(net):
 
 
 def test_a_chain_of_blobs_needs_the_memory_of_its_two_largest_neighbours(tmp_path):
-    """The residual block: its 14 gradient blobs in a few slots; the Slice's per destination,
-    those of a layer class from outside singa, and one read before any pass writes it stay
-    in memory of their own."""
+    """The residual block: its 20 gradient blobs (Splits' per destination) in three slots,
+    but for the two blobs of its own Split layers that no destination writes (each of them
+    read by an automatic Split), which keep their zeros."""
     net = net_of(RESIDUAL_JOB, tmp_path)
     apart, shared = grad_memory.share(net)
     assert shared < apart / 2, (apart, shared)
-    bases = {id(g.base) for gs in holders(net).values() for g in gs if g.base is not None}
-    assert 1 < len(bases) < 5
+    memories = {id(root(g)) for gs in holders(net).values() for g in gs}
+    assert len(memories) == 3 + 2, len(memories)
 
 
 @register("test_grad_memory.Mirror")
@@ -159,3 +166,35 @@ def test_blobs_a_users_layer_or_a_slice_touches_stay_apart(tmp_path):
     # (read by their own pass, written by none) and the losses' (no gradient blob)
     assert {"0#tanh", "0#tanh0", "0#slice"} <= kept, kept
     assert "0#conv" not in kept and "0#join" not in kept
+
+
+def test_a_gpu_train_net_takes_device_memory_for_its_gradients_only_once_shared(
+        tmp_path, monkeypatch):
+    """On a GPU the layers' gradient blobs are host placeholders (numpy's zeros, no page
+    written) until the net has set up every layer; then they are slots' views on the device,
+    or zeros of their own there (a Slice's), and no device memory was taken for a blob's
+    gradient apart."""
+    strict_device.installed(monkeypatch)
+    at_setup = {}
+    share = grad_memory.share
+
+    def seen(net):
+        at_setup.update({name: [type(g) for g in gs] for name, gs in holders(net).items()})
+        return share(net)
+    monkeypatch.setattr(grad_memory, "share", seen)
+    net = net_of(MIXED_JOB, tmp_path, device=Device(0), share_grads=True)
+    assert at_setup["0#conv"] == [np.ndarray] and at_setup["0#slice"] == [np.ndarray] * 3
+    assert all(t == np.ndarray for ts in at_setup.values() for t in ts), at_setup
+    grads = holders(net)
+    assert all(not is_host(g) for gs in grads.values() for g in gs), grads
+    memories = {id(root(g)) for gs in grads.values() for g in gs}
+    assert 1 < len(memories) < sum(map(len, grads.values())) / 2, len(memories)
+
+
+def test_a_net_that_trains_nothing_takes_no_device_memory_for_gradients(tmp_path, monkeypatch):
+    """A test net on a GPU computes no gradient: its blobs' gradients are host placeholders."""
+    strict_device.installed(monkeypatch)
+    net = net_of(MIXED_JOB, tmp_path, phase=job_pb2.kTest, device=Device(0))
+    grads = [g for gs in holders(net).values() for g in gs]
+    assert grads and all(type(g) is np.ndarray and not g.any() for g in grads)
+    assert not is_host(net.by_name["0#conv"].data)
