@@ -8,6 +8,8 @@ while after each product and slow the copies down (bench/bench_conv.py). Chunks 
 depend on the shapes only, never on the thread count: neither do the results.
 """
 import contextlib
+import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -150,6 +152,21 @@ def matmul(a, b, out):
         run(lambda i, _: product(a, b[:, cuts[i]:cuts[i + 1]], out[:, cuts[i]:cuts[i + 1]]),
             pieces)
     return out
+
+
+_local = threading.local()
+
+
+def workspace(name, shape):
+    """A float32 array of `shape` in the calling thread's workspace `name`, which grows to the
+    largest asked for: for buffers a pass needs only while it runs, shared by every layer's
+    pass in the thread, one at a time (a view given before is not valid after the next)."""
+    size = math.prod(shape)
+    spaces = _local.__dict__.setdefault("spaces", {})
+    buf = spaces.get(name)
+    if buf is None or buf.size < size:
+        buf = spaces[name] = np.empty(size, np.float32)
+    return buf[:size].reshape(shape)
 
 
 class Scratch(dict):

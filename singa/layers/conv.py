@@ -331,27 +331,43 @@ class ConvolutionLayer(Layer):
             kh, kw = self.kernel
             flipped = self.weight.data.reshape(self.group, f // self.group, -1, kh, kw)
             np.copyto(self._wflip, flipped[..., ::-1, ::-1].transpose(0, 2, 1, 3, 4))
-        if self._gws is None:     # per chunk: gW, or gWᵀ as (G, C/G·kh·kw, F/G)
-            self._gws = self.xp.empty(
-                (len(self.chunks),) + ((f, self._k) if self.direct or self.engine
-                                       else (self.group, self._k, f // self.group)), np.float32)
+        gws, in_place = self._chunks_gw(flag)
         if self.engine and gx is not None:
             self.engine.weights(self.weight.data, "data")
         backward = self._engine_backward if self.engine else \
             self._direct_backward if self.direct else self._backward
-        threads.run(lambda i, slot: backward(x, gx, i, slot), len(self.chunks))
+        threads.run(lambda i, slot: backward(x, gx, gws, i, slot), len(self.chunks))
+        if in_place:
+            return      # the one chunk's gW is the weight's gradient
         gw = self.weight.grad if self.direct or self.engine else \
             self.weight.grad.reshape(self.group, f // self.group, -1).transpose(0, 2, 1)
         if flag & job_pb2.kAggGrad:
-            gw += self._gws.sum(axis=0)
+            gw += gws.sum(axis=0)
         else:
-            np.sum(self._gws, axis=0, out=gw)
+            np.sum(gws, axis=0, out=gw)
 
-    def _engine_backward(self, x, gx, i, slot):
-        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+    def _chunks_gw(self, flag):
+        """(where each chunk's share of gW goes (gW, or gWᵀ as (G, C/G·kh·kw, F/G)), whether
+        that is the weight's gradient itself): so for a single chunk written whole (a GPU's
+        batch); on the host the calling thread's workspace, which every convolution's backward
+        pass there uses in turn (ResNet-50's kept 2.5 times its weights); else a buffer of the
+        layer's."""
+        f, g = self.data.shape[1], self.group
+        shape = (f, self._k) if self.direct or self.engine else (g, self._k, f // g)
+        if len(self.chunks) == 1 and (self.direct or self.engine) \
+                and not flag & job_pb2.kAggGrad:
+            return self.weight.grad.reshape((1,) + shape), True
+        if is_host(self.data):
+            return threads.workspace("conv gW", (len(self.chunks),) + shape), False
+        if self._gws is None:
+            self._gws = self.xp.empty((len(self.chunks),) + shape, np.float32)
+        return self._gws, False
+
+    def _engine_backward(self, x, gx, gws, i, slot):
+        """Chunk i's share of gW into gws[i], and its samples' gx."""
         rows = self.chunks[i]
         gy = self.grad[rows]
-        self.engine.backward_weights(self.xp.ascontiguousarray(x[rows]), gy, self._gws[i], slot)
+        self.engine.backward_weights(self.xp.ascontiguousarray(x[rows]), gy, gws[i], slot)
         if gx is None:
             return
         target = gx[rows]       # not contiguous: a partition's channels of the source's
@@ -360,21 +376,21 @@ class ConvolutionLayer(Layer):
         if out is not target:
             np.copyto(target, out)
 
-    def _direct_backward(self, x, gx, i, slot):
-        """Chunk i's share of gW into _gws[i], and its samples' gx."""
+    def _direct_backward(self, x, gx, gws, i, slot):
+        """Chunk i's share of gW into gws[i], and its samples' gx."""
         rows = self.chunks[i]
         gy = self.grad[rows]
         b, f = gy.shape[:2]
         s = self._scratch[slot, b]
         self.kernels.group_conv_wgrad(self.xp.ascontiguousarray(x[rows]), gy, *self.pad,
                                       *self.stride, s["acc"])
-        np.sum(s["acc"].reshape(f, self._k, -1), axis=2, out=self._gws[i])
+        np.sum(s["acc"].reshape(f, self._k, -1), axis=2, out=gws[i])
         if gx is None:
             return
         self.kernels.group_conv_xgrad(gy, self._w5(), *self.pad, *self.stride, gx[rows])
 
-    def _backward(self, x, gx, i, slot):
-        """Chunk i's share of gWᵀ into _gws[i], and its samples' gx."""
+    def _backward(self, x, gx, gws, i, slot):
+        """Chunk i's share of gWᵀ into gws[i], and its samples' gx."""
         rows = self.chunks[i]
         # with kept cols, chunk i's still holds the forward's
         col = self._cols[i] if self._cols is not None else self._col(x, i, slot)
@@ -387,10 +403,10 @@ class ConvolutionLayer(Layer):
             np.matmul(col.reshape(g, k, b, -1).transpose(0, 2, 1, 3),
                       self.grad[rows].reshape(b, g, f // g, -1).transpose(1, 0, 3, 2),
                       out=s["gws_by_sample"])
-            np.sum(s["gws_by_sample"], axis=1, out=self._gws[i])
+            np.sum(s["gws_by_sample"], axis=1, out=gws[i])
         else:
             _matmul(col.reshape(g, k, -1), gt.reshape(g, f // g, -1).transpose(0, 2, 1),
-                    self._gws[i])
+                    gws[i])
         if gx is None:
             return
         if self.transposed:
