@@ -137,7 +137,9 @@ def _views_apart(net, blobs):
             # the spans, disjoint and sorted, that start before `a` ends and end after it starts
             i = bisect.bisect_left(starts, hi) - 1
             while i >= 0 and spans[i][1] > lo:
-                by_id[spans[i][2]].viewed = layer
+                blob = by_id[spans[i][2]]
+                if is_host(blob.array) == is_host(a):    # a host placeholder: host arrays
+                    blob.viewed = layer
                 i -= 1
 
 

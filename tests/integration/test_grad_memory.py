@@ -198,3 +198,14 @@ def test_a_net_that_trains_nothing_takes_no_device_memory_for_gradients(tmp_path
     grads = [g for gs in holders(net).values() for g in gs]
     assert grads and all(type(g) is np.ndarray and not g.any() for g in grads)
     assert not is_host(net.by_name["0#conv"].data)
+
+
+def test_a_blob_another_layer_keeps_a_view_of_stays_apart(tmp_path):
+    """A view of a gradient blob kept by another layer (made at its setup): the blob keeps its
+    memory, which the view reads, and the others share theirs."""
+    net = net_of(RESIDUAL_JOB, tmp_path)
+    viewed = net.by_name["0#scale"].grad
+    net.by_name["0#ip"].kept = {"rows": [viewed[:2]]}
+    grad_memory.share(net)
+    assert net.by_name["0#scale"].grad is viewed
+    assert net.by_name["0#bn"].grad.base is not None       # a slot's view
