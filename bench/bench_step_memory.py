@@ -63,7 +63,7 @@ def torch_bytes(name, batch):
     x, labels = inputs(batch)
     with tempfile.TemporaryDirectory() as ws:
         o = Ours(name, 1, False, ws, x[:1], labels[:1])
-        values = {n: [p for p in ps] for n, ps in o.params().items()}
+        values = o.params()
         o.rt.close()
         del o
     gc.collect()

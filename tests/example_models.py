@@ -63,16 +63,39 @@ def char_rnn_model(tmp_path, name):
         "examples/char-rnn/vocab.txt": f"{tmp_path}/vocab.txt"})
 
 
-#: small nets of the kinds SINGA's examples and the model zoo have, on MNIST's kvfile at
-#: DATA (e.g. tests/fixtures/singa-0.3/train-1000.bin), workspace WS
-BRANCHED_JOB = """name: "branched"
-train_one_batch { alg: kBP }
-updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
-neuralnet {
-  layer { name: "data" type: kRecordInput
-    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
-                 shape: 1 shape: 28 shape: 28 } }
-  layer { name: "conv" type: kConvolution srclayers: "data"
+SMALL_FIXTURES = os.path.join(singa.HOME, "tests", "fixtures", "singa-0.3")
+
+
+def small_job(name, layers):
+    """A kBP job (SGD with momentum) named `name` whose net is an input layer "data" (MNIST's
+    1 × 28 × 28 images, batch 20, from the kvfile at DATA) and then `layers` (text format),
+    workspace WS: `fitted` fills both in."""
+    return f"""name: "{name}"
+train_one_batch {{ alg: kBP }}
+updater {{ type: kSGD momentum: 0.9 learning_rate {{ type: kFixed base_lr: 0.05 }} }}
+neuralnet {{
+  layer {{ name: "data" type: kRecordInput
+    store_conf {{ backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
+                 shape: 1 shape: 28 shape: 28 }} }}
+{layers}
+}}
+cluster {{ workspace: "WS" }}
+"""
+
+
+def fitted(tmp_path, name, job, nb_epoch=8, device=None):
+    """(history, final params) of `job` (DATA: MNIST's train-1000.bin) fitted `nb_epoch` steps
+    (a display every 2, seed 3) on `device`, its workspace <tmp_path>/<name>."""
+    conf = tmp_path / f"{name}.job.conf"
+    conf.write_text(job.replace("DATA", f"{SMALL_FIXTURES}/train-1000.bin")
+                    .replace("WS", str(tmp_path)))
+    m = conf_model(tmp_path, name, str(conf), {})
+    h = m.fit(nb_epoch=nb_epoch, disp_freq=2, seed=3, progress=False, device=device)
+    return h.history, final_params(m)
+
+
+#: small nets of the kinds SINGA's examples and the model zoo have
+BRANCHED_JOB = small_job("branched", """  layer { name: "conv" type: kConvolution srclayers: "data"
     convolution_conf { num_filters: 4 kernel: 5 stride: 2 }
     param { name: "w0" init { type: kGaussian std: 0.1 } }
     param { name: "b0" init { type: kConstant value: 0 } } }
@@ -94,20 +117,9 @@ neuralnet {
   layer { name: "ip" type: kInnerProduct srclayers: "join" innerproduct_conf { num_output: 10 }
     param { name: "w1" init { type: kGaussian std: 0.05 } }
     param { name: "b1" init { type: kConstant value: 0 } } }
-  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
-}
-cluster { workspace: "WS" }
-"""
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }""")
 
-
-RESIDUAL_JOB = """name: "residual"
-train_one_batch { alg: kBP }
-updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
-neuralnet {
-  layer { name: "data" type: kRecordInput
-    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
-                 shape: 1 shape: 28 shape: 28 } }
-  layer { name: "conv" type: kConvolution srclayers: "data"
+RESIDUAL_JOB = small_job("residual", """  layer { name: "conv" type: kConvolution srclayers: "data"
     convolution_conf { num_filters: 4 kernel: 3 pad: 1 stride: 2 }
     param { name: "w0" init { type: kGaussian std: 0.1 } } }
   layer { name: "bn" type: kCaffeBatchNorm srclayers: "conv"
@@ -136,7 +148,4 @@ neuralnet {
   layer { name: "ip" type: kInnerProduct srclayers: "flat" innerproduct_conf { num_output: 10 }
     param { name: "w2" init { type: kGaussian std: 0.05 } }
     param { name: "b2" init { type: kConstant value: 0 } } }
-  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }
-}
-cluster { workspace: "WS" }
-"""
+  layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }""")

@@ -19,7 +19,7 @@ import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
 from example_models import (BRANCHED_JOB, RESIDUAL_JOB, char_rnn_data, char_rnn_model, conf_model,
-                            final_params, on_cpu_and_gpu)
+                            final_params, fitted, on_cpu_and_gpu)
 from singa import device
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
@@ -534,16 +534,12 @@ def test_confs_replay_their_passes_as_one_cuda_graph_to_the_bytes_op_by_op(
     model zoo's ResNets have it (Caffe's BatchNorm updating its running sums, Scale, Eltwise;
     Crop and Flatten): all passes but the input layer's are one graph, with the same params
     (the running sums too) and losses as op by op."""
-    conf = tmp_path / "job.conf"
-    conf.write_text(job.replace("DATA", f"{FIXTURES}/train-1000.bin").replace("WS", str(tmp_path)))
     launches, runs = [], {}
     launch = gpu.Graph.launch
     monkeypatch.setattr(gpu.Graph, "launch", lambda *a: (launches.append(1), launch(*a))[1])
     for name, warmup in (("graphs", cuda_graphs.WARMUP), ("op by op", 10 ** 9)):
         monkeypatch.setattr(cuda_graphs, "WARMUP", warmup)
-        m = conf_model(tmp_path, name.replace(" ", "-"), str(conf), {})
-        h = m.fit(nb_epoch=8, disp_freq=2, seed=3, progress=False, device=[0])
-        runs[name] = (h.history, final_params(m))
+        runs[name] = fitted(tmp_path, name.replace(" ", "-"), job, device=[0])
     assert runs["graphs"][0] == runs["op by op"][0]
     assert same_bytes(runs["graphs"][1], runs["op by op"][1])
     assert len(launches) == 8 - 2

@@ -5,7 +5,7 @@ import pytest
 
 import strict_device
 from conftest import FIXTURES
-from example_models import BRANCHED_JOB, RESIDUAL_JOB, conf_model, final_params
+from example_models import BRANCHED_JOB, RESIDUAL_JOB, fitted, small_job
 from singa.device import CPU, Device, is_host
 from singa.job import config
 from singa.layers.base import Layer, register
@@ -17,14 +17,7 @@ from singa.train.worker import Worker
 #: in-place activations (share_src_blobs, as SINGA's cudnn_bm.conf), a Slice and a Concate,
 #: Eltwise's PROD and MAX, Dropout, LRN, max and average pooling, and an autoencoder's
 #: EuclideanLoss beside a SoftmaxLoss
-MIXED_JOB = """name: "mixed"
-train_one_batch { alg: kBP }
-updater { type: kSGD momentum: 0.9 learning_rate { type: kFixed base_lr: 0.05 } }
-neuralnet {
-  layer { name: "data" type: kRecordInput
-    store_conf { backend: "kvfile" path: "DATA" batchsize: 20 std_value: 255
-                 shape: 1 shape: 28 shape: 28 } }
-  layer { name: "conv" type: kConvolution srclayers: "data"
+MIXED_JOB = small_job("mixed", """  layer { name: "conv" type: kConvolution srclayers: "data"
     convolution_conf { num_filters: 6 kernel: 5 stride: 2 }
     param { name: "w0" init { type: kGaussian std: 0.1 } }
     param { name: "b0" init { type: kConstant value: 0 } } }
@@ -35,11 +28,16 @@ neuralnet {
     param { name: "v" init { type: kConstant value: 0 } } }
   layer { name: "relu" type: kCudnnActivation activation_conf { type: RELU }
     share_src_blobs: true srclayers: "bm" }
-  layer { name: "norm" type: kLRN srclayers: "relu" lrn_conf { local_size: 3 alpha: 0.0001 beta: 0.75 } }
-  layer { name: "slice" type: kSlice srclayers: "norm" slice_conf { slice_dim: 1 num_slices: 3 } }
-  layer { name: "p1" type: kPooling srclayers: "slice" pooling_conf { pool: MAX kernel: 3 stride: 2 } }
-  layer { name: "p2" type: kPooling srclayers: "slice" pooling_conf { pool: AVG kernel: 3 stride: 2 } }
-  layer { name: "p3" type: kPooling srclayers: "slice" pooling_conf { pool: MAX kernel: 3 stride: 2 } }
+  layer { name: "norm" type: kLRN srclayers: "relu"
+    lrn_conf { local_size: 3 alpha: 0.0001 beta: 0.75 } }
+  layer { name: "slice" type: kSlice srclayers: "norm"
+    slice_conf { slice_dim: 1 num_slices: 3 } }
+  layer { name: "p1" type: kPooling srclayers: "slice"
+    pooling_conf { pool: MAX kernel: 3 stride: 2 } }
+  layer { name: "p2" type: kPooling srclayers: "slice"
+    pooling_conf { pool: AVG kernel: 3 stride: 2 } }
+  layer { name: "p3" type: kPooling srclayers: "slice"
+    pooling_conf { pool: MAX kernel: 3 stride: 2 } }
   layer { name: "prod" type: kEltwise srclayers: "p1" srclayers: "p2"
     eltwise_conf { operation: PROD } }
   layer { name: "max" type: kEltwise srclayers: "p2" srclayers: "p3"
@@ -56,10 +54,7 @@ neuralnet {
     param { name: "w2" init { type: kGaussian std: 0.05 } }
     param { name: "b2" init { type: kConstant value: 0 } } }
   layer { name: "out" type: kSigmoid srclayers: "decode" }
-  layer { name: "rebuilt" type: kEuclideanLoss srclayers: "out" srclayers: "data" }
-}
-cluster { workspace: "WS" }
-"""
+  layer { name: "rebuilt" type: kEuclideanLoss srclayers: "out" srclayers: "data" }""")
 
 
 def job_text(job, tmp_path):
@@ -69,11 +64,7 @@ def job_text(job, tmp_path):
 def trained(tmp_path, job, shared, monkeypatch, device=None):
     """(history, final params) of `job` fitted 8 steps, its gradient blobs `shared` or apart."""
     monkeypatch.setattr(Worker, "shares_grad_memory", shared)
-    conf = tmp_path / "job.conf"
-    conf.write_text(job_text(job, tmp_path))
-    m = conf_model(tmp_path, f"shared-{shared}", str(conf), {})
-    h = m.fit(nb_epoch=8, disp_freq=2, seed=3, progress=False, device=device)
-    return h.history, final_params(m)
+    return fitted(tmp_path, f"shared-{shared}", job, device=device)
 
 
 @pytest.mark.parametrize("job", [RESIDUAL_JOB, BRANCHED_JOB, MIXED_JOB],
