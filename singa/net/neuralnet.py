@@ -23,6 +23,7 @@ from singa.proto import job_pb2
 
 log = logging.getLogger("singa")
 
+
 class NeuralNet:
     """Layers of one phase in topological order, with their params.
 
