@@ -329,8 +329,9 @@ while :; do
   # A remote process whose ssh session ends is reaped here ($ended_rc, for check_elastic and the
   # job's status). When ssh ends with its own code 255 (the connection, or a remote command
   # killed by a signal) ZooKeeper says how the process ended (done, or stopped: 1; lost, or
-  # over: the job has no process left, 255); one it lists running, or when it does not
-  # answer, is detached instead: asked for there every 2 s until it
+  # over: the job has no process left, 255, but 0 for an elastic one: a worker-only process
+  # has nothing to rejoin once the processes holding servers are done); one it lists running,
+  # or when it does not answer, is detached instead: asked for there every 2 s until it
   # ends (done: 0; stopped or lost: 1), and restarted, or stopped, only then. An elastic one
   # whose ssh runs is asked for every 5 s: lost to ZooKeeper (frozen past its session, or cut
   # off from it) it can never go on, and is stopped over ssh (singa-kill-proc.sh), which ends
@@ -378,6 +379,12 @@ while :; do
           ended_rc[$i]=""; detached[$i]=$((SECONDS + 2)) ;;
         done) ended_rc[$i]=0 ;;      # it ended normally, and then its session dropped
         stopped) ended_rc[$i]=1 ;;
+        over) if [[ " $elastic " == *" $i "* ]]; then     # nothing left to rejoin
+                echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255) as the job ended; its worker groups have nothing left to train" >&2
+                ended_rc[$i]=0
+              else
+                echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255); ZooKeeper has it $state" >&2
+              fi ;;
         *) echo "singa-run: job $job_id: host ${proc_host[$i]}: the ssh session of process $i ended (exit 255); ZooKeeper has it $state" >&2 ;;
       esac
     done

