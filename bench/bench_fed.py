@@ -13,8 +13,12 @@ batches a round. Ours: the store decodes a batch's images on its decoding thread
 net computes. One at a time: the same layers with the decoding made serial in the calling
 thread and no read-ahead (as before issue 47). Each `--step-ms` adds a training step of that
 many ms that holds no GIL (a GPU's step as the host sees it: a wait), so the figure is what
-the input lets a GPU train at. Rounds alternate the sides; medians, images/s. The bench
-measures; it exits 0 whatever the figures.
+the input lets a GPU train at. Rounds alternate the sides; medians, images/s.
+
+Then a GPU job's training thread on one batch (`training_thread_ms`): its work with
+ImagePreprocess on the host (the CPU's kernels; SINGA_KERNELS=numpy for numpy's) against
+on the GPU, and the images/s that work alone allows. The bench measures; it exits 0
+whatever the figures.
 """
 import argparse
 import io
@@ -27,6 +31,8 @@ import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loa
 import numpy as np
 
 from singa.io import images, lmdbstore
+from singa.io.records import uniform_pixels
+from singa.io.store import read_columns
 from singa.layers.base import create_layer
 from singa.proto import caffe_pb2, job_pb2
 
@@ -49,12 +55,14 @@ def write_lmdb(path, n, size):
             txn.put(b"%08d" % i, datum.SerializeToString())
 
 
-def layers(path, batch, crop):
+def layers(path, batch, crop, mean=None):
     """The data and preprocess layers, set up."""
     data_conf = job_pb2.LayerProto()
     data_conf.name, data_conf.type = "data", job_pb2.kRecordInput
     data_conf.store_conf.backend, data_conf.store_conf.path = "lmdb", path
     data_conf.store_conf.batchsize.append(batch)
+    if mean is not None:
+        data_conf.store_conf.mean_value = mean
     data = create_layer(data_conf)
     data.rng = np.random.default_rng(0)
     data.setup([])
@@ -92,6 +100,45 @@ def images_per_s(path, args, step_ms, serial):
     return args.batches * args.batch / seconds
 
 
+def training_thread_ms(path, args):
+    """{side: median ms} of a batch's work in the training thread of a GPU job, from the
+    batch as the store gives it (decoded) to what goes to the device: ImagePreprocess on the
+    host (as before issue 47's second slice: the records parsed to floats, (x − mean) / std,
+    crop, mirror and scale, the crops copied into the upload's pinned buffer) against on the
+    GPU (now: the pixel bytes copied into the pinned buffer, the offsets drawn; the records
+    are parsed to bytes in the reading thread, `uniform_pixels`)."""
+    data, pre = layers(path, args.batch, args.crop, mean=117)
+    data.read_ahead = False
+    keys, values = read_columns(data.store or data._open(), args.batch, path, "lmdb")
+    x = data.data.reshape(args.batch, data.dim)
+    labels = np.empty(args.batch, np.int32)
+    pixels = uniform_pixels(values, data.dim, labels)
+    pinned_floats, pinned_bytes = np.empty_like(pre.data), np.empty_like(pixels)
+    at = np.empty((3, args.batch), np.int32)
+
+    def on_host():
+        data.parse(keys, values, FLAG, x)
+        np.subtract(x, data.mean, out=x)
+        pre.transform(FLAG, data.data)
+        np.copyto(pinned_floats, pre.data)
+
+    def on_gpu():
+        np.copyto(pinned_bytes, pixels)
+        at[0] = pre.rng.integers(0, args.size - args.crop + 1, args.batch)
+        at[1] = pre.rng.integers(0, args.size - args.crop + 1, args.batch)
+        at[2] = pre.rng.integers(0, 2, args.batch)
+
+    times = {"ImagePreprocess on the host": on_host, "on the GPU": on_gpu}
+    ms = {side: [] for side in times}
+    for _ in range(args.rounds * 5):
+        for side, work in times.items():
+            t = time.perf_counter()
+            work()
+            ms[side].append((time.perf_counter() - t) * 1e3)
+    data.close()
+    return {side: statistics.median(v) for side, v in ms.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=512)
@@ -118,6 +165,10 @@ def main(argv=None):
             one, ours = statistics.median(sides[True]), statistics.median(sides[False])
             alone = f"{args.batch / step_ms * 1e3:11.0f}" if step_ms else f"{'-':>11s}"
             print(f"{step_ms:8.0f} {one:14.0f} {ours:8.0f} {ours / one:11.2f} {alone}")
+        print(f"\nA GPU job's training thread, a batch from the store's to the device's "
+              f"(mean_value 117), median ms of {args.rounds * 5}:")
+        for side, ms in training_thread_ms(path, args).items():
+            print(f"{side:>28s} {ms:8.2f} ms  {args.batch / ms * 1e3:8.0f} images/s at most")
 
 
 if __name__ == "__main__":

@@ -149,3 +149,48 @@ RESIDUAL_JOB = small_job("residual", """  layer { name: "conv" type: kConvolutio
     param { name: "w2" init { type: kGaussian std: 0.05 } }
     param { name: "b2" init { type: kConstant value: 0 } } }
   layer { name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }""")
+
+
+CAFFE_DATA = os.path.join(singa.HOME, "tests", "fixtures", "caffe", "data")
+
+#: Caffe's LMDB of PNG and JPEG Datums (four of 3 × 7 × 9, convert_imageset's) in batches of
+#: 3, cropped to 5 × 5, mirrored and scaled by ImagePreprocess, as `singa-import caffe` writes
+#: a Data layer's transform_param
+FED_JOB = f"""name: "fed"
+train_one_batch {{ alg: kBP }}
+updater {{ type: kSGD momentum: 0.9 learning_rate {{ type: kFixed base_lr: 0.05 }} }}
+neuralnet {{
+  layer {{ name: "data" type: kRecordInput
+    store_conf {{ backend: "lmdb" path: "{CAFFE_DATA}/encoded_lmdb" batchsize: 3
+                 mean_value: 117 std_value: 2 }} }}
+  layer {{ name: "pre" type: kImagePreprocess srclayers: "data"
+    rgbimage_conf {{ cropsize: 5 mirror: true scale: 0.017 }} }}
+  layer {{ name: "ip" type: kInnerProduct srclayers: "pre" innerproduct_conf {{ num_output: 2 }}
+    param {{ name: "w" init {{ type: kGaussian std: 0.1 }} }}
+    param {{ name: "b" init {{ type: kConstant value: 0 }} }} }}
+  layer {{ name: "loss" type: kSoftmaxLoss srclayers: "ip" srclayers: "data" }}
+}}
+cluster {{ workspace: "WS" }}
+"""
+
+
+def fed(tmp_path, name, monkeypatch, steps=8, device=None):
+    """(each training step's crops, host arrays; history; final params) of FED_JOB fitted
+    `steps` steps on `device`, its workspace <tmp_path>/<name>."""
+    from singa.device import host
+    from singa.layers.input import ImagePreprocessLayer
+    from singa.proto import job_pb2
+    crops = []
+    transform = ImagePreprocessLayer.transform
+
+    def keep(self, flag, x):
+        transform(self, flag, x)
+        if flag & job_pb2.kTrain:
+            crops.append(host(self.data).copy())
+    conf = tmp_path / f"{name}.job.conf"
+    conf.write_text(FED_JOB.replace("WS", str(tmp_path / name)))
+    m = Model.from_conf(str(conf))
+    with monkeypatch.context() as patch:
+        patch.setattr(ImagePreprocessLayer, "transform", keep)
+        history = m.fit(nb_epoch=steps, disp_freq=2, seed=3, progress=False, device=device)
+    return crops, history.history, final_params(m)

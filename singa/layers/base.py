@@ -24,7 +24,8 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
 `rng` is the net's numpy Generator, set before `setup`; layers draw all randomness from it.
 `device` (`singa.device.Device`, set before `setup`) is where the layer computes: it allocates
 its blobs with `self.xp` (numpy or cupy) and draws random numbers on the host. Input and
-parser layers (`one_to_many`) compute on the host; on a GPU net they keep a copy of `data` (and
+parser layers (`one_to_many`, but for `computes_on_gpu` ones) compute on the host; on a GPU
+net they keep a copy of `data` (and
 of the labels `aux_data`) on the GPU (`mirror`, `aux_mirror`, refreshed by `publish()` at the end
 of their compute_feature), which is what `data_for` (`labels_for`) gives the other layers. No
 step waits for the GPU: these copies and the random draws go through `uploads` (pinned
@@ -128,7 +129,11 @@ class Layer:
     """Base layer: holds the conf, output blob, its gradient, labels and params."""
 
     #: True for input layers: they may feed several destinations without a Split layer.
+    #: They compute on the host (`on_host`) unless they are `computes_on_gpu`.
     one_to_many = False
+    #: True for a one_to_many layer whose kernels also take device arrays: on a GPU net it
+    #: computes on its partition's GPU like the other layers.
+    computes_on_gpu = False
     #: the metric names the layer adds (lower-case); None: not declared (a user layer's)
     METRICS = None
     #: True when every output reads every input neuron (SINGA's kOneToAll): on partition_dim 1
@@ -325,6 +330,12 @@ class Layer:
         return f"{type(self).__name__}({self.name!r})"
 
 
+def on_host(layer):
+    """Whether `layer` computes on the host on a GPU net: an input or parser layer
+    (`one_to_many`) that is not `computes_on_gpu`."""
+    return getattr(layer, "one_to_many", False) and not getattr(layer, "computes_on_gpu", False)
+
+
 def _where(dst, blob, mirror):
     """A host layer's `blob`, or its GPU `mirror` (if any) for a `dst` that is no host layer."""
-    return blob if mirror is None or getattr(dst, "one_to_many", False) else mirror
+    return blob if mirror is None or on_host(dst) else mirror

@@ -11,7 +11,7 @@ from singa.layers import kernels
 from singa.layers.base import Layer, register, type_name
 from singa.proto import job_pb2
 
-__all__ = ["RecordInputLayer", "CSVInputLayer", "ImagePreprocessLayer", "crop_and_mirror"]
+__all__ = ["RecordInputLayer", "CSVInputLayer", "ImagePreprocessLayer"]
 
 
 class StoreInputLayer(Layer):
@@ -321,9 +321,14 @@ class ImagePreprocessLayer(Layer):
     top-left corner, as SINGA does, or with `center_crop` (ours) the centre ((H−s)/2, (W−s)/2,
     Caffe's), and never mirror. `meanfile` is ignored, as in SINGA 0.3. SINGA needs H == W;
     here a crop needs only s ≤ H, W.
+
+    On a GPU it computes there (`computes_on_gpu`): the host draws the offsets, and one kernel
+    crops, flips and scales, so its input layer's batch goes to the device as its bytes and
+    the pixels are never floats on the host.
     """
 
     one_to_many = True
+    computes_on_gpu = True
 
     sources = (1, 1)
 
@@ -341,6 +346,8 @@ class ImagePreprocessLayer(Layer):
         self.crop = (rc.cropsize,) * 2 if rc.cropsize else src.shape[2:]
         self.scale = np.float32(rc.scale)
         self.data = self.xp.zeros(src.shape[:2] + self.crop, np.float32)
+        self.at = self.xp.zeros((3, len(src)), np.int32)      # each image's (h, w, flip)
+        self.kernels = kernels.choose(self.device)
 
     def compute_feature(self, flag, srclayers):
         self.transform(flag, srclayers[0].data_for(self))
@@ -349,27 +356,17 @@ class ImagePreprocessLayer(Layer):
         """data = scale·crop(x), the crop random in kTrain."""
         (ch, cw), n = self.crop, len(x)
         span_h, span_w = x.shape[2] - ch, x.shape[3] - cw
+        at = np.zeros((3, n), np.int32)
         if flag & job_pb2.kTrain:
-            h = self.rng.integers(0, span_h + 1, n)
-            w = self.rng.integers(0, span_w + 1, n)
-            mirror = (self.rng.integers(0, 2, n) == 1 if self.conf.rgbimage_conf.mirror
-                      else np.zeros(n, bool))
-            crop_and_mirror(x, h, w, mirror, self.data)
-        else:
-            h, w = (span_h // 2, span_w // 2) if self.conf.rgbimage_conf.center_crop else (0, 0)
-            np.copyto(self.data, x[:, :, h:h + ch, w:w + cw])
-        if self.scale != 1:
-            self.data *= self.scale
+            at[0] = self.rng.integers(0, span_h + 1, n)
+            at[1] = self.rng.integers(0, span_w + 1, n)
+            if self.conf.rgbimage_conf.mirror:
+                at[2] = self.rng.integers(0, 2, n)
+        elif self.conf.rgbimage_conf.center_crop:
+            at[0], at[1] = span_h // 2, span_w // 2
+        self.uploads(self.at, at)
+        self.kernels.crop_mirror(x, self.at, self.scale, self.data)
         self.publish()
-
-
-def crop_and_mirror(x, h, w, mirror, out):
-    """out[i] = x[i, :, h_i:h_i+s, w_i:w_i+t] ((s, t): out's size), mirrored left-right if
-    mirror[i]: a copy per image (a fancy-indexed gather of all was 2.3x slower)."""
-    s, t = out.shape[-2:]
-    for i, (hi, wi, flip) in enumerate(zip(h, w, mirror)):
-        window = x[i, :, hi:hi + s, wi:wi + t]
-        np.copyto(out[i], window[..., ::-1] if flip else window)
 
 
 def _text(key):

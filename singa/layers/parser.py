@@ -120,6 +120,8 @@ class RGBImageLayer(ImagePreprocessLayer):
     blob when it does not crop outside training; here crops are ImagePreprocess's.
     """
 
+    computes_on_gpu = False
+
     def setup(self, srclayers):
         src = shard_source(self, srclayers)
         ImagePreprocessLayer.setup(self, srclayers)

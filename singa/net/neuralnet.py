@@ -13,7 +13,7 @@ from singa import layers  # noqa: F401  (registers every layer type)
 from singa.device import CPU, is_host
 from singa.device.footprint import BeyondMemory, format_bytes
 from singa.errors import ConfigError
-from singa.layers.base import Layer, create_layer, layer_class, set_up
+from singa.layers.base import Layer, create_layer, layer_class, on_host, set_up
 from singa.layers import kernels
 from singa.naming import plain, unrolled
 from singa.net import grad_memory, graph, partition
@@ -39,7 +39,7 @@ class NeuralNet:
         net holds every partition's layers `L@k` (each worker runs `partition(k)`); `rng` may
         then be a list of K generators, one per partition. The layers compute on `device`
         (or partition k's on `device[k]`, a list of K), except the input and parser layers
-        (`one_to_many`), which compute on the host and mirror their data to a GPU for the
+        (`base.on_host`), which compute on the host and mirror their data to a GPU for the
         layers there. `share_grads` (a kBP train net): the gradient blobs of each partition
         share memory by when they are live in a step (`grad_memory`)."""
         self.phase = phase
@@ -68,7 +68,7 @@ class NeuralNet:
             layer.forward_only = not phase & job_pb2.kTrain
             layer.grads_planned = share_grads
             where = self.devices[conf.partition_id]
-            if not layer.one_to_many or where.gpu is None:     # host layers: also on SHAPES
+            if not on_host(layer) or where.gpu is None:     # host layers: also on SHAPES
                 layer.device = where
             self.layers.append(layer)
             self.by_name[conf.name] = layer
@@ -123,16 +123,16 @@ class NeuralNet:
     def _mirror_host_layers(self):
         """Give each host layer read by a layer on a GPU (its partition's) a copy of its data
         and labels there (`Layer.make_mirror`)."""
-        on_host = collections.defaultdict(set)      # name: whether each reader is a host layer
+        read_on_host = collections.defaultdict(set)     # name: whether each reader is a host layer
         for layer in self.layers:
             for s in self.srclayers[layer.name]:
-                on_host[s.name].add(layer.one_to_many)
+                read_on_host[s.name].add(on_host(layer))
         for layer in self.layers:
             where = self.devices[layer.partition_id]
-            if where.gpu is not None and layer.one_to_many and False in on_host[layer.name] \
+            if where.gpu is not None and on_host(layer) and False in read_on_host[layer.name] \
                     and is_host(layer.data):
                 with where.selected():
-                    layer.make_mirror(where, host_read=True in on_host[layer.name])
+                    layer.make_mirror(where, host_read=True in read_on_host[layer.name])
 
     def _chain_by_rows(self):
         """Give each convolution on the host (`then`) the chain of layers after it that each

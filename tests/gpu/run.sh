@@ -6,7 +6,7 @@
 # time of each layer's passes and of each operation in them at batch 1024, and of the same
 # products and convolutions by torch (bench/gpu_op_times.py) in the log, and where py-spy is
 # among the wheels, its samples of the GIL's holders in $OUT/gpu-pyspy.txt (collapsed stacks).
-# Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three, py-spy:
+# Wheels in .whl/ (pyzmq, kazoo, protobuf, tensorboardX, pytest and its three, py-spy, lmdb:
 # docs/gpu.md says how to fetch them) are installed to /tmp/site first.
 # Exit status: pytest's.
 # `tests/gpu/run.sh zoo` instead runs only bench/bench_gpu_zoo.py (training steps of ResNet-50,

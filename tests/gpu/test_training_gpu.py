@@ -1,7 +1,8 @@
 """Training on GPU 0 against the CPU: SINGA's MNIST MLP, LeNet and cifar10 confs reach the CPU
 run's test accuracy within one point at the same step, and train with their passes as CUDA
 graphs to the bits of op by op; an RBM (kCD) and char-rnn (kBPTT) train as on the CPU; a
-GPU job resumed on the GPU continues bit-exactly; snapshots move between the GPU and the
+GPU job resumed on the GPU continues bit-exactly; a Caffe LMDB of images feeds the GPU the
+CPU's crops; snapshots move between the GPU and the
 CPU; two workers share one GPU, and two GPUs hold a group's partitions; a job of two
 processes over tcp (no ZooKeeper) has its worker process on the GPU and its server process on
 the CPU."""
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 import singa
-from example_models import (EXAMPLES, char_rnn_data, char_rnn_model, conf_model, final_params,
-                            on_cpu_and_gpu)
+from example_models import (EXAMPLES, char_rnn_data, char_rnn_model, conf_model, fed,
+                            final_params, on_cpu_and_gpu)
 from singa import checkpoint
 from singa.device import cuda_graphs, threads
 from singa.job import topology
@@ -163,6 +164,20 @@ def test_a_convnet_resumed_on_the_gpu_continues_bit_exactly_on_each_engine(
     whole.fit(x, y, nb_epoch=4, batch_size=50, seed=4, progress=False, device=[0])
     ours, theirs = final_params(m), final_params(whole)
     assert {k: v.tobytes() for k, v in ours.items()} == {k: v.tobytes() for k, v in theirs.items()}
+
+
+def test_a_caffe_lmdb_of_images_fed_to_the_gpu_gives_the_cpus_crops_in_its_order(
+        tmp_path, monkeypatch):
+    """Caffe's LMDB of PNG and JPEG Datums through RecordInput (its bytes to the device, the
+    mean and std there) and ImagePreprocess on the GPU (crop, mirror, scale): each step's
+    crops are the CPU's to the bit, and training is the CPU's within rounding."""
+    pytest.importorskip("lmdb")
+    pytest.importorskip("PIL")
+    cpu, gpu = (fed(tmp_path, name, monkeypatch, 8, device)
+                for name, device in (("cpu", None), ("gpu", [0])))
+    assert [c.tobytes() for c in gpu[0]] == [c.tobytes() for c in cpu[0]]
+    for name, values in cpu[2].items():
+        assert np.allclose(gpu[2][name], values, rtol=1e-4, atol=1e-6), name
 
 
 @pytest.mark.parametrize("first, then", [([0], None), (None, [0])])

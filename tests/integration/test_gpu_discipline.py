@@ -6,6 +6,7 @@ float32 rounding where it sums in another order (a convolution's gW: the CPU sum
 chunk, a GPU in one chunk) or computes exp in a kernel (SoftmaxLoss: CUDA's expf, g++'s on
 the stand-in, where the CPU has numpy's). Our CUDA kernels (singa/layers/kernels/cuda.py) run on it
 through tests/cuda_shim.py. The real GPU is tests/gpu's."""
+import importlib.util
 import io
 import threading
 import zlib
@@ -19,7 +20,7 @@ import singa
 import strict_device
 from conftest import FIXTURES, scaled_records
 from example_models import (BRANCHED_JOB, RESIDUAL_JOB, char_rnn_data, char_rnn_model, conf_model,
-                            final_params, fitted, on_cpu_and_gpu)
+                            fed, final_params, fitted, on_cpu_and_gpu)
 from singa import device
 from singa.comm import msg as m
 from singa.comm import param_msg as pm
@@ -269,6 +270,28 @@ def rounding_apart(a, b, rtol=1e-5):
     if not np.allclose(a, b, rtol=rtol, atol=1e-7):
         raise AssertionError(f"apart by {np.abs(np.subtract(a, b)).max()}")
     return True
+
+
+@pytest.mark.skipif(not all(map(importlib.util.find_spec, ("lmdb", "PIL"))),
+                    reason="needs lmdb and Pillow")
+def test_a_caffe_lmdb_of_images_feeds_the_gpu_path_its_bytes_and_the_cpus_crops(
+        tmp_path, gpu, monkeypatch):
+    """Caffe's LMDB of PNG and JPEG Datums (FED_JOB), cropped, mirrored and scaled by
+    ImagePreprocess, which computes on the GPU: per step the images go to the device as
+    their bytes, 3 × 189, with their labels and the crops' offsets (before: 3,180 bytes, the
+    images and their crops as floats), and each step's crops are the CPU's, to the bit (the
+    same records, offsets and flips); training is the CPU's within SoftmaxLoss's rounding."""
+    runs, moved = {}, []
+    for name, dev, steps in (("cpu", None, 8), ("gpu", [0], 8), ("gpu 4", [0], 4)):
+        gpu.moved.clear()
+        runs[name] = fed(tmp_path, name, monkeypatch, steps, dev)
+        moved.append(gpu.moved["to device"])
+    crops = {name: [c.tobytes() for c in run[0]] for name, run in runs.items()}
+    assert len(crops["cpu"]) == len(set(crops["cpu"])) == 8
+    assert crops["gpu"] == crops["cpu"]
+    assert rounding_apart(runs["gpu"][1], runs["cpu"][1])
+    assert rounding_apart(runs["gpu"][2], runs["cpu"][2])
+    assert (moved[1] - moved[2]) / 4 == 3 * 189 + 3 * 4 + 3 * 3 * 4
 
 
 def test_an_rbm_trains_with_cd_on_the_gpu_path_as_on_the_cpu(tmp_path, gpu):

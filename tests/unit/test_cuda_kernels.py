@@ -277,6 +277,23 @@ def test_normalize_pixels_gives_the_input_layers_bits(shim):
     assert same_bits(y, want) and shim.intact()
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.017])
+def test_crop_mirror_gives_numpys_bits(shim, scale):
+    """ImagePreprocess's crop, flip and scale of every image in one launch: numpy's copies
+    and product, crops at the corners and the middle of non-square images."""
+    rng = np.random.default_rng(8)
+    x = rng.normal(0, 50, (5, 3, 9, 11)).astype(np.float32)
+    at = np.array([[0, 4, 2, 1, 4], [0, 5, 3, 0, 2], [0, 1, 1, 0, 7]], np.int32)
+    want = np.empty((5, 3, 5, 6), np.float32)
+    kernels.numpy.crop_mirror(x, at, np.float32(scale), want)
+    y = shim.new(want.shape)
+    cuda.crop_mirror(shim.new(x), shim.new(at, np.int32), np.float32(scale), y)
+    assert same_bits(y, want) and shim.intact()
+    s = np.float32(scale)       # numpy's, written out: image 0 as it is, image 1 flipped
+    assert same_bits(want[0], x[0, :, :5, :6] * s if scale != 1 else x[0, :, :5, :6])
+    assert same_bits(want[1], x[1, :, 4:9, 5:11][..., ::-1] * s)
+
+
 @pytest.mark.parametrize("topk", [1, 3])
 def test_softmax_loss_gives_the_layers_probabilities_loss_and_ranking(shim, topk):
     """p, the mean loss and the top-k accuracy of SoftmaxLoss's numpy path, added to the sums

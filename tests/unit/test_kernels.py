@@ -208,6 +208,23 @@ def test_compiled_per_channel_passes_give_numpys_bits(monkeypatch, conf, shape, 
     assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("conf", ["cropsize: 5 mirror: true scale: 0.017",
+                                  "cropsize: 4 mirror: true", "scale: 3", "cropsize: 5"])
+def test_compiled_crop_mirror_gives_numpys_bits(monkeypatch, conf):
+    """ImagePreprocess's training crops (random offsets and flips) and its test crop."""
+    outs = []
+    for choice in ("numba", "numpy"):
+        monkeypatch.setenv("SINGA_KERNELS", choice)
+        src = Source(np.random.default_rng(0).normal(0, 90, (6, 3, 7, 9)), grad=False)
+        layer = make_layer(f'name: "pre" type: kImagePreprocess rgbimage_conf {{ {conf} }}',
+                           [src], seed=4)
+        assert layer.kernels.__name__ == f"singa.layers.kernels.{choice}"
+        for flag in (job_pb2.kTrain, job_pb2.kTest):
+            layer.compute_feature(flag, [src])
+            outs.append(layer.data.tobytes())
+    assert outs[:2] == outs[2:]
+
+
 def test_numpy_is_chosen_by_the_environment(monkeypatch):
     monkeypatch.setenv("SINGA_KERNELS", "numpy")
     assert kernels.choose(CPU) is kernels.numpy

@@ -294,6 +294,25 @@ extern "C" __global__ void normalize_pixels(
     BOTH(normalize_pixels_, u, mean, std, y, total, dim);
 }
 
+// y[n, c, i, j] = x[n, c, h + i, w + j'] * scale, j' = t - 1 - j where f != 0 else j, for x
+// (N, C, H, W), y (N, C, s, t) and at (3, N) holding each image's (h, w, f): ImagePreprocess.
+template <typename I> __device__ void crop_mirror_(
+        const float* x, const int* at, float scale, float* y, I nn, I nc, I h, I w, I s, I t) {
+    EACH(e, nn * nc * s * t) {
+        I j = e % t, u = e / t;
+        I i = u % s; u /= s;
+        I n = u / nc;
+        I q = at[2 * nn + n] ? t - 1 - j : j;
+        y[e] = x[(u * h + at[n] + i) * w + at[nn + n] + q] * scale;
+    }
+}
+
+extern "C" __global__ void crop_mirror(
+        const float* x, const int* at, float scale, float* y, long long nn, long long nc,
+        long long h, long long w, long long s, long long t, long long thin) {
+    BOTH(crop_mirror_, x, at, scale, y, nn, nc, h, w, s, t);
+}
+
 // SoftmaxLoss's forward on x (N, D), row n by thread n: p[n] = exp(x[n] − max) / Σ_j (in
 // index order; max NaN if any x[n, j] is), loss[n] = −log(max(p[n, label], FLT_MIN)) in
 // double (np.maximum: NaN wins), hit[n] = [fewer than topk entries of p[n] rank above

@@ -25,7 +25,7 @@ __all__ = ["SOURCE", "OPTIONS", "COMPILED", "im2col", "col2im", "group_conv", "g
            "group_conv_xgrad", "argmax_dtype", "max_pool", "avg_pool", "max_pool_backward",
            "avg_pool_backward", "RELU", "SIGMOID", "TANH", "STANH", "activation",
            "activation_grad", "normalise", "scale", "normalize_pixels", "softmax_loss",
-           "softmax_loss_grad", "lrn", "lrn_grad"]
+           "softmax_loss_grad", "lrn", "lrn_grad", "crop_mirror"]
 
 OPTIONS = ("--fmad=false",)
 
@@ -167,6 +167,15 @@ def normalize_pixels(pixels, mean, std, y):
     (dim,) float32: the host's float32 subtraction and division."""
     _launch("normalize_pixels", y.size, _contiguous(pixels), _contiguous(mean), _contiguous(std),
             _out(y), y.size, y.shape[1])
+
+
+def crop_mirror(x, at, scale, y):
+    """y[n] = scale·x[n, :, h:h + s, w:w + t], flipped left-right where f ≠ 0, for x
+    (N, C, H, W), y (N, C, s, t) and at (3, N) int32 holding each image's (h, w, f): one
+    launch; numpy's values (its copy, then the same float32 product)."""
+    nn, nc, s, t = y.shape
+    _launch("crop_mirror", y.size, _contiguous(x), _contiguous(at), np.float32(scale), _out(y),
+            nn, nc, *x.shape[2:], s, t)
 
 
 def softmax_loss(x, labels, topk, scale, p, loss, hit, out):

