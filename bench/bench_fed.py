@@ -17,8 +17,9 @@ the input lets a GPU train at. Rounds alternate the sides; medians, images/s.
 
 Then a GPU job's training thread on one batch (`training_thread_ms`): its work with
 ImagePreprocess on the host (the CPU's kernels; SINGA_KERNELS=numpy for numpy's) against
-on the GPU, and the images/s that work alone allows. The bench measures; it exits 0
-whatever the figures.
+on the GPU, and the images/s that work alone allows; and its reading thread's
+(`reading_thread_ms`): a batch's images made records and parsed back, against decoded into
+one array. The bench measures; it exits 0 whatever the figures.
 """
 import argparse
 import io
@@ -139,6 +140,32 @@ def training_thread_ms(path, args):
     return {side: statistics.median(v) for side, v in ms.items()}
 
 
+def reading_thread_ms(path, args):
+    """{side: median ms} of the reading thread's work for a batch of a GPU job: the records
+    read and decoded (side by side) to the pixel bytes the layer uploads, made records of
+    each image and parsed back (before), against the batch decoded into one array (now,
+    `LMDBStore.read_samples`)."""
+    labels = np.empty(args.batch, np.int32)
+    dim = 3 * args.size * args.size
+
+    def records(store):
+        return uniform_pixels([v for _, v in store.read_many(args.batch)], dim, labels)
+
+    def samples(store):
+        return uniform_pixels(store.read_samples(args.batch)[1], dim, labels)
+
+    ms = {"records (before)": [], "one array (now)": []}
+    with lmdbstore.LMDBStore(path) as store:
+        for _ in range(args.rounds * 5):
+            for side, read in zip(ms, (records, samples)):
+                if store.tell() + args.batch > store.count():
+                    store.seek(0)
+                t = time.perf_counter()
+                read(store)
+                ms[side].append((time.perf_counter() - t) * 1e3)
+    return {side: statistics.median(v) for side, v in ms.items()}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=512)
@@ -169,6 +196,10 @@ def main(argv=None):
               f"(mean_value 117), median ms of {args.rounds * 5}:")
         for side, ms in training_thread_ms(path, args).items():
             print(f"{side:>28s} {ms:8.2f} ms  {args.batch / ms * 1e3:8.0f} images/s at most")
+        print(f"\nIts reading thread, a batch read, decoded ({len(os.sched_getaffinity(0))} "
+              f"threads) and made the bytes it uploads, median ms of {args.rounds * 5}:")
+        for side, ms in reading_thread_ms(path, args).items():
+            print(f"{side:>28s} {ms:8.2f} ms  {args.batch / ms * 1e3:8.0f} images/s")
 
 
 if __name__ == "__main__":

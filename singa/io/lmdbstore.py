@@ -6,11 +6,13 @@ a batch's side by side."""
 import os
 import threading
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
 from singa.io.images import decode_image, decode_many, image_record
+from singa.io.records import Samples
 from singa.proto import caffe_pb2, common_pb2
 
 __all__ = ["LMDBStore", "datum_record"]
@@ -69,6 +71,24 @@ class LMDBStore(ReadOnly):
     def read_many(self, n):
         """The next `n` (key, RecordProto bytes), fewer at the end: the encoded Datums among
         them decoded side by side (`images.decode_many`)."""
+        keys, records = self._read(n)
+        return list(zip(keys, _recorded(records)))
+
+    def read_samples(self, n):
+        """(keys, values) of the next `n` records, fewer at the end: where all are encoded
+        Datums of one shape, one `records.Samples` ((n, C, H, W) uint8 decoded side by side,
+        and the labels), which the input layer takes as it is; else `read_many`'s RecordProto
+        bytes (a record of each image, which the layer parses back)."""
+        keys, records = self._read(n)
+        if records and all(isinstance(r, tuple) for r in records):
+            images = decode_many([r[:2] for r in records])
+            if len({image.shape for image in images}) == 1:
+                return keys, Samples(np.stack(images), np.array([r[2] for r in records]))
+            return keys, [image_record(x, r[2]) for x, r in zip(images, records)]
+        return keys, _recorded(records)
+
+    def _read(self, n):
+        """(keys, `_datum` of each) of the next `n` records, fewer at the end."""
         items = []
         try:
             while len(items) < n and self._valid:
@@ -77,11 +97,7 @@ class LMDBStore(ReadOnly):
                 self._pos += 1
         except self._lmdb.Error as e:
             raise DataError(f"{self.path}: record {self._pos} cannot be read: {_why(e)}") from None
-        records = [_datum(value, key, self.path) for key, value in items]
-        encoded = [i for i, r in enumerate(records) if isinstance(r, tuple)]
-        for i, pixels in zip(encoded, decode_many([records[i][:2] for i in encoded])):
-            records[i] = image_record(pixels, records[i][2])
-        return [(key, r) for (key, _), r in zip(items, records)]
+        return [key for key, _ in items], [_datum(value, key, self.path) for key, value in items]
 
     def seek_to_first(self):
         self.seek(0)
@@ -128,6 +144,15 @@ def datum_record(value, key, path):
     if isinstance(record, tuple):
         return image_record(decode_image(*record[:2]), record[2])
     return record
+
+
+def _recorded(records):
+    """`_datum`'s values as RecordProto bytes: the encoded images decoded side by side."""
+    records = list(records)
+    encoded = [i for i, r in enumerate(records) if isinstance(r, tuple)]
+    for i, pixels in zip(encoded, decode_many([records[i][:2] for i in encoded])):
+        records[i] = image_record(pixels, records[i][2])
+    return records
 
 
 def _datum(value, key, path):

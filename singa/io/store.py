@@ -2,6 +2,7 @@
 from itertools import islice
 
 from singa.errors import DataError
+from singa.io.images import image_record
 from singa.io.imagelist import ImageListStore
 from singa.io.kvfile import KVFile
 from singa.io.lmdbstore import LMDBStore
@@ -64,19 +65,23 @@ def read_batch(store, n, path, backend):
 
 
 def read_columns(store, n, path, backend):
-    """`read_batch` as (keys, values): the memory store's values as one `records.Samples`."""
+    """`read_batch` as (keys, values): the values as one `records.Samples` where the store
+    gives them so (`read_samples`: the memory store's, an LMDB's images), else a list."""
     if not hasattr(store, "read_samples"):
         return tuple(zip(*read_batch(store, n, path, backend)))
-    keys, samples = store.read_samples(n)
-    parts = [samples]
+    keys, values = store.read_samples(n)
+    parts = [values]
     while len(keys) < n:
         store.seek_to_first()
-        more, samples = store.read_samples(n - len(keys))
+        more, values = store.read_samples(n - len(keys))
         if not more:
             raise DataError(f"{path}: the {backend} store is empty")
         keys += more
-        parts.append(samples)
-    return keys, Samples.join(parts)
+        parts.append(values)
+    if all(isinstance(part, Samples) for part in parts):
+        return keys, Samples.join(parts)
+    return keys, [v if isinstance(part, list) else image_record(v.x, v.label)
+                  for part in parts for v in part]
 
 
 def count_records(backend, path):

@@ -297,18 +297,46 @@ def test_a_batch_of_images_is_decoded_side_by_side_to_the_records_one_at_a_time(
     assert threads and all(name.startswith("decode") for name in threads), threads
 
 
+def test_a_batch_of_encoded_images_of_one_shape_comes_as_one_array_of_the_records_bytes(
+        tmp_path):
+    """An LMDB's batch of encoded Datums of one shape is one (n, C, H, W) uint8 array and its
+    labels, the bytes and labels of the records read one at a time, across the wrap; with
+    an image of another shape in the batch, the records themselves (the layer names the
+    odd one)."""
+    from singa.io.records import Samples
+    from singa.io.store import read_columns
+    path = os.path.join(DATA, "encoded_lmdb")
+    with open_store("lmdb", path, "read") as store:
+        records = [parse_record(v, k) for k, v in iter(store.read, None)]
+    with open_store("lmdb", path, "read") as store:
+        keys, values = read_columns(store, 7, path, "lmdb")
+    assert isinstance(values, Samples) and values.x.shape == (7, 3, 7, 9) and len(keys) == 7
+    for i, rec in enumerate(records + records[:3]):
+        assert values.x[i].tobytes() == rec.pixel and values.labels[i] == rec.label
+    buf = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(buf, "PNG")
+    odd = caffe_pb2.Datum(encoded=True, data=buf.getvalue(), label=1).SerializeToString()
+    with lmdb.open(path, readonly=True, lock=False) as env, env.begin() as txn:
+        theirs = [v for _, v in txn.cursor()]
+    mixed = write_lmdb(tmp_path / "db", theirs[:2] + [odd])
+    with open_store("lmdb", mixed, "read") as store:
+        keys, values = read_columns(store, 3, mixed, "lmdb")
+    with open_store("lmdb", mixed, "read") as store:
+        assert values == [v for _, v in store.read_many(3)]
+
+
 def test_caffe_stores_read_the_next_batch_while_the_net_computes_and_resume_exactly(tmp_path):
     """The input layer reads batch k + 1 in its own thread after handing out batch k; its
     position stays that of the batches used, so a snapshot resumes at batch k + 1."""
     from singa.io import lmdbstore
     path = write_lmdb(tmp_path / "db", [datum(i) for i in range(7)])
     layer = record_input(path, "batchsize: 2")
-    readers, read_many = [], lmdbstore.LMDBStore.read_many
+    readers, read = [], lmdbstore.LMDBStore._read
 
     def watched(store, n):
         readers.append(__import__("threading").current_thread().name)
-        return read_many(store, n)
-    lmdbstore.LMDBStore.read_many = watched
+        return read(store, n)
+    lmdbstore.LMDBStore._read = watched
     try:
         layer.compute_feature(TRAIN, [])
         layer._ahead.result()
@@ -320,7 +348,7 @@ def test_caffe_stores_read_the_next_batch_while_the_net_computes_and_resume_exac
             layer.compute_feature(TRAIN, [])
             want.append(list(layer.aux_data))
     finally:
-        lmdbstore.LMDBStore.read_many = read_many
+        lmdbstore.LMDBStore._read = read
     layer.close()
     assert saved == (4, True) and want == [[4, 5], [6, 0], [1, 2], [3, 4]]
     again = record_input(path, "batchsize: 2")
