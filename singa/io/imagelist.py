@@ -14,7 +14,7 @@ import numpy as np
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_many, image_record
+from singa.io.images import decode_batch, decode_many, image_record
 
 __all__ = ["ImageListStore"]
 
@@ -73,6 +73,19 @@ class ImageListStore(ReadOnly):
     def read_many(self, n):
         """The next `n` (path, RecordProto bytes), fewer at the end of the pass: the images
         decoded side by side (`images.decode_many`)."""
+        items, raws = self._read(n)
+        return [(key, image_record(pixels, label))
+                for (key, label), pixels in zip(items, decode_many(raws))]
+
+    def read_samples(self, n):
+        """(paths, values) of the next `n` images, fewer at the end of the pass:
+        `images.decode_batch`'s (one array where they have one shape, else RecordProto
+        bytes)."""
+        items, raws = self._read(n)
+        return [key for key, _ in items], decode_batch(raws, [label for _, label in items])
+
+    def _read(self, n):
+        """((path, label), decode_image's args) of the next `n` images, fewer at the end."""
         items, raws = [], []
         while len(items) < n and self._i < len(self.items):
             name, label = self.items[self._i if self._order is None else self._order[self._i]]
@@ -85,8 +98,7 @@ class ImageListStore(ReadOnly):
                 raise DataError(f"{self.path}: cannot read image {image}: {e.strerror}") \
                     from None
             items.append((name.encode(), label))
-        return [(key, image_record(pixels, label))
-                for (key, label), pixels in zip(items, decode_many(raws))]
+        return items, raws
 
     def seek_to_first(self):
         """The next pass: a shuffling reader draws its order from the last one's key."""

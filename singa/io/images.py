@@ -1,6 +1,6 @@
 """8-bit images as Caffe reads them: decoded with Pillow into Caffe's (C, H, W) BGR order, and
 resized as OpenCV's bilinear cv::resize does (caffe/src/caffe/util/io.cpp); a batch's images
-decoded side by side (`decode_many`)."""
+decoded side by side (`decode_many`, `decode_batch`)."""
 import functools
 import io
 import os
@@ -10,7 +10,8 @@ import numpy as np
 
 from singa.errors import DataError
 
-__all__ = ["decode_image", "decode_many", "resize_linear", "image_record", "pillow"]
+__all__ = ["decode_image", "decode_many", "decode_batch", "resize_linear", "image_record",
+           "pillow"]
 
 
 def pillow():
@@ -57,6 +58,18 @@ def decode_many(images):
     if len(images) < 2:
         return [decode_image(*args) for args in images]
     return list(_decoders().map(lambda args: decode_image(*args), images))
+
+
+def decode_batch(images, labels):
+    """A batch's values from its encoded `images` (decode_image's args each) and `labels`,
+    decoded side by side: one `records.Samples` ((n, C, H, W) uint8 and the labels), which an
+    input layer takes as it is, where all have one shape; else each one's RecordProto bytes
+    (`image_record`)."""
+    from singa.io.records import Samples
+    pixels = decode_many(images)
+    if pixels and len({x.shape for x in pixels}) == 1:
+        return Samples(np.stack(pixels), np.array(labels))
+    return [image_record(x, label) for x, label in zip(pixels, labels)]
 
 
 @functools.cache

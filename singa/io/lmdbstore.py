@@ -6,13 +6,11 @@ a batch's side by side."""
 import os
 import threading
 
-import numpy as np
 from google.protobuf.message import DecodeError
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_image, decode_many, image_record
-from singa.io.records import Samples
+from singa.io.images import decode_batch, decode_image, decode_many, image_record
 from singa.proto import caffe_pb2, common_pb2
 
 __all__ = ["LMDBStore", "datum_record"]
@@ -76,15 +74,11 @@ class LMDBStore(ReadOnly):
 
     def read_samples(self, n):
         """(keys, values) of the next `n` records, fewer at the end: where all are encoded
-        Datums of one shape, one `records.Samples` ((n, C, H, W) uint8 decoded side by side,
-        and the labels), which the input layer takes as it is; else `read_many`'s RecordProto
-        bytes (a record of each image, which the layer parses back)."""
+        Datums, `images.decode_batch`'s (one array where they have one shape), else
+        `read_many`'s RecordProto bytes."""
         keys, records = self._read(n)
         if records and all(isinstance(r, tuple) for r in records):
-            images = decode_many([r[:2] for r in records])
-            if len({image.shape for image in images}) == 1:
-                return keys, Samples(np.stack(images), np.array([r[2] for r in records]))
-            return keys, [image_record(x, r[2]) for x, r in zip(images, records)]
+            return keys, decode_batch([r[:2] for r in records], [r[2] for r in records])
         return keys, _recorded(records)
 
     def _read(self, n):

@@ -297,26 +297,36 @@ def test_a_batch_of_images_is_decoded_side_by_side_to_the_records_one_at_a_time(
     assert threads and all(name.startswith("decode") for name in threads), threads
 
 
-def test_a_batch_of_encoded_images_of_one_shape_comes_as_one_array_of_the_records_bytes(
-        tmp_path):
-    """An LMDB's batch of encoded Datums of one shape is one (n, C, H, W) uint8 array and its
-    labels, the bytes and labels of the records read one at a time, across the wrap; with
-    an image of another shape in the batch, the records themselves (the layer names the
-    odd one)."""
+@pytest.mark.parametrize("backend, path, conf", [
+    ("lmdb", "encoded_lmdb", None), ("imagelist", "list.txt", image_list()),
+    ("imagelist", "list.txt", image_list(new_height=5, new_width=12))])
+def test_a_batch_of_images_of_one_shape_comes_as_one_array_of_the_records_bytes(backend, path,
+                                                                                conf):
+    """A batch of encoded images of one shape (an LMDB's, an image list's) is one
+    (n, C, H, W) uint8 array and its labels: the bytes and labels of the records read one
+    at a time, across the wrap."""
     from singa.io.records import Samples
     from singa.io.store import read_columns
-    path = os.path.join(DATA, "encoded_lmdb")
-    with open_store("lmdb", path, "read") as store:
+    path = os.path.join(DATA, path)
+    with open_store(backend, path, "read", conf) as store:
         records = [parse_record(v, k) for k, v in iter(store.read, None)]
-    with open_store("lmdb", path, "read") as store:
-        keys, values = read_columns(store, 7, path, "lmdb")
-    assert isinstance(values, Samples) and values.x.shape == (7, 3, 7, 9) and len(keys) == 7
+    with open_store(backend, path, "read", conf) as store:
+        keys, values = read_columns(store, 7, path, backend)
+    assert isinstance(values, Samples) and len(values.x) == len(keys) == 7
     for i, rec in enumerate(records + records[:3]):
-        assert values.x[i].tobytes() == rec.pixel and values.labels[i] == rec.label
+        assert values.x[i].shape == tuple(rec.shape) and values.x[i].tobytes() == rec.pixel
+        assert values.labels[i] == rec.label
+
+
+def test_a_batch_of_images_of_several_shapes_comes_as_their_records(tmp_path):
+    """With an image of another shape in the batch, the records themselves: the input layer
+    names the odd one."""
+    from singa.io.store import read_columns
     buf = io.BytesIO()
     Image.new("RGB", (4, 4)).save(buf, "PNG")
     odd = caffe_pb2.Datum(encoded=True, data=buf.getvalue(), label=1).SerializeToString()
-    with lmdb.open(path, readonly=True, lock=False) as env, env.begin() as txn:
+    with lmdb.open(os.path.join(DATA, "encoded_lmdb"), readonly=True, lock=False) as env, \
+            env.begin() as txn:
         theirs = [v for _, v in txn.cursor()]
     mixed = write_lmdb(tmp_path / "db", theirs[:2] + [odd])
     with open_store("lmdb", mixed, "read") as store:
