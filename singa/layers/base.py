@@ -25,11 +25,11 @@ Contract (mirrors SINGA 0.3's include/singa/neuralnet/layer.h):
 `device` (`singa.device.Device`, set before `setup`) is where the layer computes: it allocates
 its blobs with `self.xp` (numpy or cupy) and draws random numbers on the host. Input and
 parser layers (`one_to_many`, but for `computes_on_gpu` ones) compute on the host; on a GPU
-net they keep a copy of `data` (and
-of the labels `aux_data`) on the GPU (`mirror`, `aux_mirror`, refreshed by `publish()` at the end
-of their compute_feature), which is what `data_for` (`labels_for`) gives the other layers. No
-step waits for the GPU: these copies and the random draws go through `uploads` (pinned
-buffers), and metrics stay device scalars until they are read.
+net they keep a copy of `data` (and of the labels `aux_data`) on the GPU (`mirror`,
+`aux_mirror`, refreshed by `publish()` at the end of their compute_feature), which is what
+`data_for` (`labels_for`) gives the other layers. No step waits for the GPU: these copies
+and the random draws go through `uploads` (pinned buffers), and metrics stay device scalars
+until they are read.
 """
 import functools
 
