@@ -175,8 +175,8 @@ cluster {{ workspace: "WS" }}
 
 
 def fed(tmp_path, name, monkeypatch, steps=8, device=None):
-    """(each training step's crops, host arrays; history; final params) of FED_JOB fitted
-    `steps` steps on `device`, its workspace <tmp_path>/<name>."""
+    """(each training step's crops, host arrays; history; final params) of FED_JOB `fitted`
+    `steps` steps on `device`."""
     from singa.device import host
     from singa.layers.input import ImagePreprocessLayer
     from singa.proto import job_pb2
@@ -187,10 +187,7 @@ def fed(tmp_path, name, monkeypatch, steps=8, device=None):
         transform(self, flag, x)
         if flag & job_pb2.kTrain:
             crops.append(host(self.data).copy())
-    conf = tmp_path / f"{name}.job.conf"
-    conf.write_text(FED_JOB.replace("WS", str(tmp_path / name)))
-    m = Model.from_conf(str(conf))
     with monkeypatch.context() as patch:
         patch.setattr(ImagePreprocessLayer, "transform", keep)
-        history = m.fit(nb_epoch=steps, disp_freq=2, seed=3, progress=False, device=device)
-    return crops, history.history, final_params(m)
+        history, params = fitted(tmp_path, name, FED_JOB, steps, device)
+    return crops, history, params

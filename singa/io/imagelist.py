@@ -14,7 +14,7 @@ import numpy as np
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_batch, decode_many, image_record
+from singa.io.images import batch_values, decode_many, image_record
 
 __all__ = ["ImageListStore"]
 
@@ -79,10 +79,10 @@ class ImageListStore(ReadOnly):
 
     def read_samples(self, n):
         """(paths, values) of the next `n` images, fewer at the end of the pass:
-        `images.decode_batch`'s (one array where they have one shape, else RecordProto
+        `images.batch_values`'s (one array where they have one shape, else RecordProto
         bytes)."""
         items, raws = self._read(n)
-        return [key for key, _ in items], decode_batch(raws, [label for _, label in items])
+        return [key for key, _ in items], batch_values(raws, [label for _, label in items])
 
     def _read(self, n):
         """((path, label), decode_image's args) of the next `n` images, fewer at the end."""

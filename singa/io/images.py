@@ -1,6 +1,6 @@
 """8-bit images as Caffe reads them: decoded with Pillow into Caffe's (C, H, W) BGR order, and
 resized as OpenCV's bilinear cv::resize does (caffe/src/caffe/util/io.cpp); a batch's images
-decoded side by side (`decode_many`, `decode_batch`)."""
+decoded side by side (`decode_many`, `batch_values`)."""
 import functools
 import io
 import os
@@ -10,7 +10,7 @@ import numpy as np
 
 from singa.errors import DataError
 
-__all__ = ["decode_image", "decode_many", "decode_batch", "resize_linear", "image_record",
+__all__ = ["decode_image", "decode_many", "batch_values", "resize_linear", "image_record",
            "pillow"]
 
 
@@ -60,7 +60,7 @@ def decode_many(images):
     return list(_decoders().map(lambda args: decode_image(*args), images))
 
 
-def decode_batch(images, labels):
+def batch_values(images, labels):
     """A batch's values from its encoded `images` (decode_image's args each) and `labels`,
     decoded side by side: one `records.Samples` ((n, C, H, W) uint8 and the labels), which an
     input layer takes as it is, where all have one shape; else each one's RecordProto bytes

@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 
 from singa.errors import DataError
 from singa.io.base import ReadOnly
-from singa.io.images import decode_batch, decode_image, decode_many, image_record
+from singa.io.images import batch_values, decode_image, decode_many, image_record
 from singa.proto import caffe_pb2, common_pb2
 
 __all__ = ["LMDBStore", "datum_record"]
@@ -74,11 +74,11 @@ class LMDBStore(ReadOnly):
 
     def read_samples(self, n):
         """(keys, values) of the next `n` records, fewer at the end: where all are encoded
-        Datums, `images.decode_batch`'s (one array where they have one shape), else
+        Datums, `images.batch_values`'s (one array where they have one shape), else
         `read_many`'s RecordProto bytes."""
         keys, records = self._read(n)
         if records and all(isinstance(r, tuple) for r in records):
-            return keys, decode_batch([r[:2] for r in records], [r[2] for r in records])
+            return keys, batch_values([r[:2] for r in records], [r[2] for r in records])
         return keys, _recorded(records)
 
     def _read(self, n):
