@@ -1,6 +1,6 @@
 """Bench: a training step of the Caffe zoo nets imported by ours on one GPU against PyTorch there.
 
-    python bench/bench_gpu_zoo.py [--nets resnet50,googlenet,vgg16,mobilenet] [--batches 32,128]
+    python bench/bench_gpu_zoo.py [--nets resnet50,googlenet,vgg16,mobilenet] [--batches 128,32]
                                   [--rounds 3] [--steps 3] [--warmup 2] [--device gpu|cpu]
                                   [--cpu-threads 2]
 
@@ -362,7 +362,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", default="resnet50,googlenet,vgg16,mobilenet",
                     help="comma-separated: " + ", ".join(bench_zoo.NETS))
-    ap.add_argument("--batches", help="comma-separated (default 32,128; on the CPU 2)")
+    ap.add_argument("--batches", help="comma-separated, run in this order (default 128,32; "
+                    "on the CPU 2)")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 3; on the CPU 1)")
     ap.add_argument("--steps", type=int, help="steps per side per round (default 3; CPU 1)")
     ap.add_argument("--warmup", type=int, help="steps per side before timing (default 2; CPU 0)")
@@ -370,7 +371,7 @@ def main(argv=None):
     ap.add_argument("--cpu-threads", type=int, default=2, help="ours' and torch's, on the CPU")
     args = ap.parse_args(argv)
     gpu = args.device == "gpu"
-    defaults = ("32,128", 3, 3, 2) if gpu else ("2", 1, 1, 0)
+    defaults = ("128,32", 3, 3, 2) if gpu else ("2", 1, 1, 0)
     for key, value in zip(("batches", "rounds", "steps", "warmup"), defaults):
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -401,8 +402,8 @@ def main(argv=None):
           f"{GOAL_BATCH}, ours' device memory <= {GOAL_MEMORY}x torch's", flush=True)
     rows, failed = [], []
     with contextlib.nullcontext() if gpu else threads.limit(args.cpu_threads):
-        for name in names:
-            for batch in batches:
+        for batch in batches:      # --batches' order: a device call may end before the last
+            for name in names:
                 t0 = time.perf_counter()
                 try:
                     med, mem = bench(name, batch, args)

@@ -3,6 +3,7 @@
 shapes cuDNN derives from them, the perf results' layout, error strings). The passes against
 a fake library: tests/integration/test_gpu_cudnn.py; on a GPU: tests/gpu."""
 import ctypes
+import sys
 
 import pytest
 
@@ -48,3 +49,18 @@ def test_the_perf_results_have_cudnns_layout():
     determinism, mathType, reserved[3]: 48 bytes on a 64-bit machine."""
     assert ctypes.sizeof(cudnn.Perf) == 48
     assert cudnn.Perf.memory.offset == 16 and cudnn.Perf.determinism.offset == 24
+
+
+@pytest.mark.parametrize("folder", ["cudnn", "cu13"])
+def test_the_library_is_looked_for_in_the_nvidia_wheels_folders(tmp_path, monkeypatch, folder):
+    """nvidia-cudnn-cu12 puts it in nvidia/cudnn/lib, CUDA 13's wheels in nvidia/cu13/lib: a
+    GPU machine's torch brings one or the other."""
+    lib = tmp_path / "nvidia" / folder / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudnn.so.9").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in [m for m in sys.modules if m.split(".")[0] == "nvidia"]:
+        monkeypatch.delitem(sys.modules, name)
+    found = cudnn.candidates()
+    assert found[0] == str(lib / "libcudnn.so.9") and found[-1] == "libcudnn.so.9"
+    assert len(found) == len(set(found))

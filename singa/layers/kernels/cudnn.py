@@ -14,6 +14,7 @@ captures the passes without an allocation.
 """
 import ctypes
 import functools
+import glob
 import importlib.util
 import os
 import threading
@@ -76,13 +77,15 @@ class CudnnError(RuntimeError):
 
 
 def candidates():
-    """Where libcudnn.so.9 may be: the nvidia-cudnn wheel's folder, then wherever the dynamic
-    loader finds it."""
-    spec = importlib.util.find_spec("nvidia.cudnn") if importlib.util.find_spec("nvidia") \
-        else None
-    found = [os.path.join(p, "lib", "libcudnn.so.9")
-             for p in (spec.submodule_search_locations if spec else [])]
-    return [p for p in found if os.path.exists(p)] + ["libcudnn.so.9"]
+    """Where libcudnn.so.9 may be: the nvidia-cudnn wheel's folder (nvidia/cudnn/lib, or
+    another folder of the `nvidia` namespace's, as CUDA 13's wheels lay theirs out:
+    nvidia/cu13/lib), then wherever the dynamic loader finds it."""
+    spec = importlib.util.find_spec("nvidia")
+    roots = spec.submodule_search_locations if spec else []
+    found = [os.path.join(root, "cudnn", "lib", "libcudnn.so.9") for root in roots]
+    found += [path for root in roots
+              for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcudnn.so.9")))]
+    return list(dict.fromkeys(p for p in found if os.path.exists(p))) + ["libcudnn.so.9"]
 
 
 @functools.cache
