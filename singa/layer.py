@@ -16,7 +16,6 @@ and its mask forward in training mode; `ComputeGradient()` runs them backward;
 `Dummy` / `ImageInput` / `LabelInput` feed numpy batches; `save_model_parameter` /
 `load_model_parameter` write and read SINGA checkpoint files.
 """
-import inspect
 import logging
 import math
 import numbers
@@ -26,6 +25,7 @@ import zlib
 import numpy as np
 
 from singa import checkpoint
+from singa.api import arguments
 from singa.errors import ConfigError
 from singa.initializations import get_init_values
 from singa.io.records import holds_targets
@@ -60,30 +60,6 @@ ACTIVATIONS = {
     'tanh': (job_pb2.kActivation, job_pb2.TANH),
 }
 
-#: Keras' initializers that are fixed distributions, as ParamGenProto fields
-FIXED_INITIALIZERS = {
-    'zeros': dict(type=job_pb2.kConstant, value=0),
-    'ones': dict(type=job_pb2.kConstant, value=1),
-    'random_normal': dict(type=job_pb2.kGaussian, mean=0, std=0.05),
-    'random_uniform': dict(type=job_pb2.kUniform, low=-0.05, high=0.05),
-}
-#: Keras' variance-scaling initializers: name -> (s, n, distribution): std sqrt(s/n), or
-#: U(±sqrt(3s/n)), n = fan_in or fan_avg = (fan_in + fan_out)/2 (Keras' normal ones are
-#: truncated, then rescaled to that std; ours draw a plain normal of that std)
-SCALED_INITIALIZERS = {
-    'glorot_uniform': (1, 'fan_avg', 'uniform'), 'glorot_normal': (1, 'fan_avg', 'normal'),
-    'he_uniform': (2, 'fan_in', 'uniform'), 'he_normal': (2, 'fan_in', 'normal'),
-    'lecun_uniform': (1, 'fan_in', 'uniform'), 'lecun_normal': (1, 'fan_in', 'normal'),
-}
-#: (n, distribution) -> (the engine's init type drawing it from the param's shape (rows, cols)
-#: = (fan_out, fan_in), m): with ±sqrt(m·s) (uniform) or std sqrt(m·s) (normal) it draws the
-#: formula above (singa.layers.param.fill); fan_avg normal has none
-FAN_INITS = {('fan_in', 'normal'): (job_pb2.kGaussianSqrtFanIn, 1),
-             ('fan_in', 'uniform'): (job_pb2.kUniformSqrtFanIn, 1),
-             ('fan_avg', 'uniform'): (job_pb2.kUniformSqrtFanInOut, 6)}
-
-_LAYER_FIELDS = frozenset(job_pb2.LayerProto.DESCRIPTOR.fields_by_name)
-_INIT_FIELDS = tuple(job_pb2.ParamGenProto.DESCRIPTOR.fields_by_name)
 
 
 class Layer:
@@ -103,13 +79,13 @@ class Layer:
     keywords = ()
 
     def __init__(self, input_shape=None, **kwargs):
-        _check_keywords(self, kwargs)
+        arguments.check_keywords(self, kwargs)
         self.layer = job_pb2.LayerProto()
         setval(self.layer, **kwargs)
         if 'name' not in kwargs:
             self.layer.name = generate_name('layer', 1)
         self.input_shape = None if input_shape is None else \
-            _sample_shape(type(self).__name__, 'input_shape', input_shape)
+            arguments.sample_shape(type(self).__name__, 'input_shape', input_shape)
         self.is_datalayer = False
         self.srclayers = []
         self.src = kwargs.get('src')
@@ -327,25 +303,27 @@ class Convolution2D(Layer):
     Keras' spellings: `kernel_size` and `strides` (int or (rows, cols): y first, the reverse
     of kernel's pair), `padding` 'valid' (pad 0) or 'same' (pad k//2: odd kernels only; with
     strides > 1 Keras pads one pixel less before than after), `use_bias=False` (the weight
-    alone), `kernel_initializer` / `bias_initializer` (a name of FIXED_INITIALIZERS or, for
-    the weight, SCALED_INITIALIZERS: glorot_* need the input channels C from `input_shape`
-    (C, H, W), or (H, W) for C = 1).
+    alone), `kernel_initializer` / `bias_initializer` (a name of
+    arguments.FIXED_INITIALIZERS or, for the weight, arguments.SCALED_INITIALIZERS: glorot_*
+    need the input channels C from `input_shape` (C, H, W), or (H, W) for C = 1).
     """
 
     def __init__(self, nb_filter=0, kernel=None, stride=None, pad=None, init=None, w_param=None,
                  b_param=None, activation=None, kernel_size=None, strides=None, padding=None,
                  use_bias=True, kernel_initializer=None, bias_initializer=None, **kwargs):
         name = type(self).__name__
-        _check_positive(name, 'nb_filter', nb_filter)
-        kernel = _alias(name, 'kernel', kernel, 'kernel_size', _yx(kernel_size), 0)
-        stride = _alias(name, 'stride', stride, 'strides', _yx(strides), 1)
+        arguments.check_positive(name, 'nb_filter', nb_filter)
+        kernel = arguments.alias(name, 'kernel', kernel, 'kernel_size',
+                                 arguments.yx(kernel_size), 0)
+        stride = arguments.alias(name, 'stride', stride, 'strides', arguments.yx(strides), 1)
         super().__init__(**{'name': generate_name('conv', 1), **kwargs}, type=job_pb2.kCConvolution)
         conf = self.layer.convolution_conf
         conf.num_filters = nb_filter
-        _set_xy(conf, 'kernel', kernel)
-        _set_xy(conf, 'stride', stride)
-        pad = _alias(name, 'pad', pad, 'padding', _padding(name, padding, kernel), 0)
-        _set_xy(conf, 'pad', pad, low=0)
+        arguments.set_xy(conf, 'kernel', kernel)
+        arguments.set_xy(conf, 'stride', stride)
+        pad = arguments.alias(name, 'pad', pad, 'padding',
+                              arguments.keras_pad(name, padding, kernel), 0)
+        arguments.set_xy(conf, 'pad', pad, low=0)
         fans = None
         if self.input_shape is not None:
             if len(self.input_shape) not in (2, 3):
@@ -390,7 +368,7 @@ class MaxPooling2D(Layer):
             raise ConfigError(f"{name}: give pool_size once (by position or by keyword)")
         keras = pool_size is not None
         pool_size = size if pool_size is None else pool_size
-        stride = _alias(name, 'stride', stride, 'strides', strides)
+        stride = arguments.alias(name, 'stride', stride, 'strides', strides)
         if padding not in (None, 'valid'):
             raise ConfigError(f"{name}: padding must be 'valid' (pad 0; ignore_border=False pads "
                               f"1), got {padding!r}")
@@ -400,12 +378,12 @@ class MaxPooling2D(Layer):
                 and pool_size[0] == pool_size[1]):
             raise ConfigError(f"{name}: pool_size must be an int or a square (k, k), got "
                               f"{pool_size!r}")
-        _check_positive(name, 'pool_size', pool_size[0])
+        arguments.check_positive(name, 'pool_size', pool_size[0])
         if stride is None:
             stride = pool_size[0] if keras else 1
         if isinstance(stride, (tuple, list)) and len(stride) == 2 and stride[0] == stride[1]:
             stride = stride[0]
-        _check_positive(name, 'stride', stride)
+        arguments.check_positive(name, 'stride', stride)
         super().__init__(**{'name': generate_name('pool'), **kwargs}, type=job_pb2.kCPooling)
         setval(self.layer.pooling_conf, pool=self.method, kernel=pool_size[0], stride=stride,
                pad=0 if ignore_border else 1)
@@ -422,7 +400,7 @@ class LRN2D(Layer):
     keywords = ('alpha', 'beta', 'knorm')
 
     def __init__(self, size=0, **kwargs):
-        _check_positive('LRN2D', 'size', size)
+        arguments.check_positive('LRN2D', 'size', size)
         super().__init__(**{'name': generate_name('norm'), **kwargs}, type=job_pb2.kLRN)
         self.layer.lrn_conf.local_size = size
         setval(self.layer.lrn_conf, **get_init_values('lrn2d', **kwargs))
@@ -487,19 +465,19 @@ class Dense(Layer):
 
     Keras' spellings: `units` (output_dim), `input_dim` (input_shape (input_dim,)),
     `use_bias=False` (bias_term false, the weight alone), `kernel_initializer` /
-    `bias_initializer` (a name of FIXED_INITIALIZERS or, for the weight,
-    SCALED_INITIALIZERS: glorot_normal, and any with `transpose`, need `input_shape`).
+    `bias_initializer` (a name of arguments.FIXED_INITIALIZERS or, for the weight,
+    arguments.SCALED_INITIALIZERS: glorot_normal, and any with `transpose`, need `input_shape`).
     """
     keywords = ('transpose',)
 
     def __init__(self, output_dim=None, activation=None, init=None, w_param=None, b_param=None,
                  input_dim=None, units=None, use_bias=True, kernel_initializer=None,
                  bias_initializer=None, **kwargs):
-        output_dim = _alias('Dense', 'output_dim', output_dim, 'units', units, 0)
-        _check_positive('Dense', 'output_dim', output_dim)
+        output_dim = arguments.alias('Dense', 'output_dim', output_dim, 'units', units, 0)
+        arguments.check_positive('Dense', 'output_dim', output_dim)
         if input_dim is not None:
-            kwargs['input_shape'] = _alias('Dense', 'input_shape', kwargs.get('input_shape'),
-                                           'input_dim', (input_dim,))
+            kwargs['input_shape'] = arguments.alias(
+                'Dense', 'input_shape', kwargs.get('input_shape'), 'input_dim', (input_dim,))
         # the counter advances even for a named layer: its params are numbered after it
         super().__init__(**{'name': generate_name('layer', 1), **kwargs},
                          type=job_pb2.kInnerProduct)
@@ -533,7 +511,7 @@ class Input:
     is_datalayer = False
 
     def __init__(self, shape=None, name='input'):
-        self.input_shape = _sample_shape('Input', 'shape', shape)
+        self.input_shape = arguments.sample_shape('Input', 'shape', shape)
         self.name = name
 
 
@@ -542,8 +520,8 @@ class Autoencoder:
     expands it (decoder weights tied to the encoder's when `param_share`)."""
 
     def __init__(self, hid_dim=None, out_dim=0, activation=None, param_share=True):
-        _check_positive('Autoencoder', 'out_dim', out_dim)
-        self.hid_dim = _dims('Autoencoder', 'hid_dim', hid_dim)
+        arguments.check_positive('Autoencoder', 'out_dim', out_dim)
+        self.hid_dim = arguments.dims('Autoencoder', 'hid_dim', hid_dim)
         self.out_dim = out_dim
         self.layer_type = 'AutoEncoder'
         self.activation = activation
@@ -562,7 +540,7 @@ class RBM(Layer):
     keywords = ('lr', 'wd', 'scale', 'low', 'high', 'mean', 'std', 'value')
 
     def __init__(self, out_dim=None, w_param=None, b_param=None, sampling=None, **kwargs):
-        self.out_dim = _dims('RBM', 'out_dim', out_dim)
+        self.out_dim = arguments.dims('RBM', 'out_dim', out_dim)
         self.name = kwargs.pop('name', 'RBMVis')
         self.layer_type = kwargs.pop('type', job_pb2.kRBMVis)
         super().__init__(name=generate_name(self.name, withnumber=False), type=self.layer_type,
@@ -721,63 +699,6 @@ def _stored_params(neuralnet, what):
     return params
 
 
-def _check_keywords(builder, kwargs):
-    """ConfigError naming the first of `kwargs` that the Layer `builder` does not take
-    (setval and set_param_field would skip it without a word)."""
-    for key in kwargs:
-        role, _, field = key.partition('_')
-        if key in _LAYER_FIELDS or key in ('seed', 'src') or key in builder.keywords or (
-                role in ('w', 'b') and field in ('lr', 'wd') + _INIT_FIELDS):
-            continue
-        params = inspect.signature(type(builder).__init__).parameters.values()
-        own = [p.name for p in params if p.name not in ('self', 'input_shape')
-               and p.kind not in (p.VAR_KEYWORD, p.POSITIONAL_ONLY)]
-        raise ConfigError(f"{type(builder).__name__}: unknown keyword {key!r} (known: "
-                          f"{', '.join(own + list(builder.keywords) + ['input_shape'])}, seed, "
-                          f"src, w_/b_<lr|wd|{'|'.join(_INIT_FIELDS)}>, LayerProto fields)")
-
-
-def _alias(builder, name, value, keras_name, keras_value, default=None):
-    """SINGA's argument `name` or Keras' spelling `keras_name` of it, whichever is given (not
-    None): both is a ConfigError; neither gives `default`."""
-    if keras_value is None:
-        return default if value is None else value
-    if value is not None:
-        raise ConfigError(f"{builder}: give {name} or {keras_name}, not both")
-    return keras_value
-
-
-def _yx(value):
-    """Keras' (rows, cols) as SINGA's pair (x, y); anything else as it is."""
-    if isinstance(value, (tuple, list)) and len(value) == 2:
-        return (value[1], value[0])
-    return value
-
-
-def _padding(builder, padding, kernel):
-    """Keras' `padding` as SINGA's pad for `kernel` (int or (x, y)): 'valid' 0, 'same' k//2
-    on each axis (odd k: the output is ceil(size/stride) as Keras'); None for None."""
-    if padding is None or padding == 'valid':
-        return None if padding is None else 0
-    if padding != 'same':
-        raise ConfigError(f"{builder}: padding must be 'valid' or 'same', got {padding!r}")
-    pair = (kernel, kernel) if isinstance(kernel, numbers.Integral) else kernel
-    if any(k % 2 == 0 for k in pair):
-        raise ConfigError(f"{builder}: padding 'same' needs an odd kernel (SINGA pads both "
-                          f"sides alike; Keras pads an even one unequally), got {kernel!r}")
-    return kernel // 2 if isinstance(kernel, numbers.Integral) else (pair[0] // 2, pair[1] // 2)
-
-
-def _sample_shape(builder, arg, value):
-    """`value` (an int or a sequence of positive ints) as a tuple."""
-    shape = (value,) if isinstance(value, numbers.Integral) else value
-    if not (isinstance(shape, (tuple, list)) and shape
-            and all(isinstance(d, numbers.Integral) and d > 0 for d in shape)):
-        raise ConfigError(f"{builder}: {arg} must be a tuple of positive ints (a sample's "
-                          f"shape, e.g. (784,)), got {value!r}")
-    return tuple(int(d) for d in shape)
-
-
 def _set_mask(ly, activation):
     """Give layer `ly` the activation LayerProto after it (`mask`): none for None and Keras'
     'linear'."""
@@ -788,15 +709,17 @@ def _set_mask(ly, activation):
 def _add_params(ly, changename, init, w_param, b_param, use_bias, kernel_initializer,
                 bias_initializer, fans, exact, kwargs):
     """Append the weight and (with `use_bias`) the bias ParamProto to Dense or Convolution2D
-    `ly`: from w_param/b_param, Keras' initializers (`fans`, `exact`: _keras_param's) or
-    `init` (default: weight 'gaussian', bias 'constant'), with the shortcuts in `kwargs`."""
+    `ly`: from w_param/b_param, Keras' initializers (`fans`, `exact`: as
+    `arguments.keras_param` takes them) or `init` (default: weight 'gaussian', bias
+    'constant'), with the shortcuts in `kwargs`."""
     builder = type(ly).__name__
     for par, keras_name, keras_value in ((w_param, 'kernel_initializer', kernel_initializer),
                                          (b_param, 'bias_initializer', bias_initializer)):
         for name, value in (('init', init), ('w_param' if par is w_param else 'b_param', par)):
             if value is not None and keras_value is not None:
                 raise ConfigError(f"{builder}: give {name} or {keras_name}, not both")
-    w = _keras_param(builder, 'kernel_initializer', kernel_initializer, fans, exact) or w_param
+    w = arguments.keras_param(builder, 'kernel_initializer', kernel_initializer, fans,
+                              exact) or w_param
     ly.layer.param.add().CopyFrom(_take(w, 'w', changename, init or 'gaussian', **kwargs))
     if not use_bias:
         given = [k for k, v in (('b_param', b_param), ('bias_initializer', bias_initializer))
@@ -804,65 +727,7 @@ def _add_params(ly, changename, init, w_param, b_param, use_bias, kernel_initial
         if given:
             raise ConfigError(f"{builder}: use_bias=False makes no bias; drop {given[0]}")
         return
-    b = _keras_param(builder, 'bias_initializer', bias_initializer) or b_param
+    b = arguments.keras_param(builder, 'bias_initializer', bias_initializer) or b_param
     ly.layer.param.add().CopyFrom(_take(b, 'b', changename, init or 'constant', **kwargs))
 
 
-def _keras_param(builder, arg, name, fans=None, exact=None):
-    """A Parameter drawn as Keras' initializer `name` (None: None) for `arg`: FIXED_INITIALIZERS'
-    fields, or (a weight's: `exact` not None) a SCALED_INITIALIZERS formula by FAN_INITS' init
-    type where it is among `exact` (the types exact for this param's shape), else by bounds
-    from `fans` (fan_in, fan_out; None where unknown: a ConfigError)."""
-    if name is None:
-        return None
-    par = Parameter(init='none')
-    if name in FIXED_INITIALIZERS:
-        setval(par.param.init, **FIXED_INITIALIZERS[name])
-        return par
-    if name not in SCALED_INITIALIZERS or exact is None:
-        known = list(FIXED_INITIALIZERS) + (list(SCALED_INITIALIZERS) if exact is not None else [])
-        raise ConfigError(f"{builder}: {arg} must be one of {', '.join(known)}, got {name!r}")
-    s, n, distribution = SCALED_INITIALIZERS[name]
-    init_type, m = FAN_INITS.get((n, distribution), (None, 0))
-    if init_type in exact:
-        a = math.sqrt(m * s)
-        fields = dict(mean=0, std=a) if distribution == 'normal' else dict(low=-a, high=a)
-        setval(par.param.init, type=init_type, **fields)
-        return par
-    if fans is None:
-        raise ConfigError(f"{builder}: {arg} {name!r} needs the layer's fan_in and fan_out: give "
-                          f"input_shape (the shape of the samples it reads)")
-    count = fans[0] if n == 'fan_in' else (fans[0] + fans[1]) / 2
-    if distribution == 'normal':
-        setval(par.param.init, type=job_pb2.kGaussian, mean=0, std=math.sqrt(s / count))
-    else:
-        a = math.sqrt(3 * s / count)
-        setval(par.param.init, type=job_pb2.kUniform, low=-a, high=a)
-    return par
-
-
-def _check_positive(builder, arg, value):
-    if not isinstance(value, numbers.Integral) or value <= 0:
-        raise ConfigError(f"{builder}: {arg} must be a positive int, got {value!r}")
-
-
-def _dims(builder, arg, value):
-    dims = [value] if isinstance(value, numbers.Integral) else list(value or [])
-    if not dims or not all(isinstance(d, numbers.Integral) and d > 0 for d in dims):
-        raise ConfigError(f"{builder}: {arg} must be a positive int or a list of them, "
-                          f"got {value!r}")
-    return dims
-
-
-def _set_xy(conf, field, value, low=1):
-    """`field` from an int, or `field_x` and `field_y` from a pair (ConvolutionProto)."""
-    pair = (value, value) if isinstance(value, numbers.Integral) else value
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
-            and all(isinstance(v, numbers.Integral) and v >= low for v in pair)):
-        raise ConfigError(f"Convolution2D: {field} must be an int >= {low} or a pair of them, "
-                          f"got {value!r}")
-    if isinstance(value, numbers.Integral):
-        setattr(conf, field, value)
-    else:
-        setattr(conf, field + '_x', value[0])
-        setattr(conf, field + '_y', value[1])
