@@ -14,6 +14,8 @@
 #   bench    bench/bench_gpu.py: SINGA's MLP, LeNet and cifar10 nets against torch, with and
 #            without CUDA graphs and buckets, and ours on the CPU
 #   training tests/gpu's training tests (SINGA's confs, bit-exact resumes, the fed LMDB ...)
+#   fed      bench/bench_fed.py: images/s of a Caffe LMDB of JPEGs through the input layers on
+#            this machine's cores, against the GPU's step; the training thread's crop on the GPU
 #   ops      bench/gpu_op_times.py: each layer's passes and operations at batch 1024 against
 #            torch's, then a profile of ours into $OUT/gpu-profile.txt, if time is left
 # The log is $OUT/gpu.log (default ./gpu-check/). Wheels in .whl/ (pyzmq, kazoo, protobuf,
@@ -30,7 +32,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   export PYTHONPATH=$PWD:/tmp/site
 fi
 PHASES=("$@")
-[ ${#PHASES[@]} -gt 0 ] || PHASES=(where layers zoo bench training ops)
+[ ${#PHASES[@]} -gt 0 ] || PHASES=(where layers zoo bench training fed ops)
 failed=0
 
 # phase CAP NAME CMD...: CMD under timeout min(CAP, what is left of DEADLINE)
@@ -65,10 +67,11 @@ print('cuDNN', cudnn.version(), 'loaded')" ;;
       zoo) (cd bench && phase 230 zoo python3 bench_gpu_zoo.py --batches 128,32) ;;
       bench) (cd bench && phase 150 bench python3 bench_gpu.py) ;;
       training) phase 300 training "${PYTEST[@]}" tests/gpu/test_training_gpu.py || failed=1 ;;
+      fed) (cd bench && phase 60 fed python3 bench_fed.py) ;;
       ops) (cd bench && phase 60 ops python3 gpu_op_times.py --batch 1024)
            (cd bench && phase 60 profile python3 -c "import bench_gpu
 bench_gpu.profile_threads('$OUT/gpu-profile.txt')") ;;
-      *) echo "tests/gpu/run.sh: unknown phase '$p' (where layers zoo bench training ops)"
+      *) echo "tests/gpu/run.sh: unknown phase '$p' (where layers zoo bench training fed ops)"
          failed=2 ;;
     esac
   done
