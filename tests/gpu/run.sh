@@ -7,7 +7,8 @@
 # says so, and a second, short call can run what was skipped or failed:
 #   tests/gpu/run.sh [PHASE ...]      (default: all, in this order)
 #   where    the GPU and the cuDNN this process loads (singa.layers.kernels.cudnn)
-#   layers   tests/gpu's kernel and layer tests: cuDNN's passes against im2col and the CPU
+#   layers   tests/gpu's kernel and layer tests: cuDNN's passes against im2col and the CPU,
+#            and tests/unit/test_cudnn.py against the real libcudnn
 #   zoo      bench/bench_gpu_zoo.py: ResNet-50, GoogLeNet, VGG-16, MobileNet v1 training
 #            steps at batch 128, then 32, against torch float32 and TF32, and device memory
 #            (each net's row printed as it is measured)
@@ -62,8 +63,8 @@ PYTEST=(python3 -m pytest -v --tb=short -p no:cacheprovider -rfEs --durations=10
         phase 30 where python3 -c "from singa.layers.kernels import cudnn
 print('cuDNN candidates:', cudnn.candidates())
 print('cuDNN', cudnn.version(), 'loaded')" ;;
-      layers) phase 100 layers "${PYTEST[@]}" tests/gpu/test_kernels_gpu.py \
-                tests/gpu/test_layers_gpu.py || failed=1 ;;
+      layers) phase 100 layers "${PYTEST[@]}" tests/unit/test_cudnn.py \
+                tests/gpu/test_kernels_gpu.py tests/gpu/test_layers_gpu.py || failed=1 ;;
       zoo) (cd bench && phase 230 zoo python3 bench_gpu_zoo.py --batches 128,32) ;;
       bench) (cd bench && phase 150 bench python3 bench_gpu.py) ;;
       training) phase 300 training "${PYTEST[@]}" tests/gpu/test_training_gpu.py || failed=1 ;;
