@@ -361,7 +361,13 @@ def test_a_remote_elastic_process_frozen_for_good_restarts_and_a_dropped_ssh_is_
                      rf"session of process 1 ended \(exit 255\) while the process runs; "
                      rf"watching it in ZooKeeper", text), text
     assert "restart 2" not in text and "not restarted" not in text, text
-    assert frozen not in drivers_in(ns) and driver not in drivers_in(ns)    # ended
+    # ended: the launcher returns once ZooKeeper has the detached process done, which it marks
+    # before its interpreter's teardown (its ssh session, which the launcher would wait on, is
+    # gone): a moment later
+    deadline = time.monotonic() + 30
+    while {frozen, driver} & set(drivers_in(ns)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not {frozen, driver} & set(drivers_in(ns))
     with open(tmp_path / "ws" / "metrics.csv") as f:
         rows = [row for row in csv.DictReader(f) if row["phase"] == "train" and
                 row["metric"] == "loss"]
