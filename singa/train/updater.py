@@ -12,9 +12,8 @@ import math
 
 import numpy as np
 
-from singa.device import CPU, is_host, on
+from singa.device import is_host, on
 from singa.errors import CheckpointError, ConfigError, NonFiniteError
-from singa.layers import kernels
 from singa.proto import job_pb2
 from singa.train import updater_cuda as cu
 
@@ -200,9 +199,7 @@ class Updater:
     `grad` is used as scratch. The weight-decay term takes one more param-sized array from the
     Updater's scratch array (each server owns its Updater), which grows to the largest param
     and is then reused. On a GPU the prelude and rule are one kernel (`singa.train.updater_cuda`,
-    the subclass's `fused`), with the same bits, launched once for the slices of a bucket; on
-    the CPU, where numba's are its kernels, the same kernel compiled by numba
-    (`kernels.numba.update`): one pass, the same bits again, nothing param-sized allocated.
+    the subclass's `fused`), with the same bits, launched once for the slices of a bucket.
     """
     clips = False   # SINGA clips only in SGD, Nesterov, AdaGrad and RMSProp
     linear = False  # rule is linear in g: grad_scale can fold into lr when there is no decay
@@ -218,8 +215,7 @@ class Updater:
                      if self.clips and proto.clip_high > proto.clip_low else None)
         self._buf = None            # scratch of the weight-decay term (each server owns its Updater)
         self._rate = (None, None)   # (step, its float32 learning rate) of the last update
-        self._launch = None         # the fused kernels' arguments that stay (cu.rule)
-        self._host = None           # the CPU's compiled kernels, or False: once chosen
+        self._launch = None         # the GPU kernel's arguments that stay (cu.rule)
         self._buckets = {}          # the slices updated together on a GPU -> their cu.Bucket
 
     def new_state(self, shape, xp=np):
@@ -237,13 +233,11 @@ class Updater:
         if fold:
             # lr*(s*g) == (lr*s)*g up to one rounding: saves a full pass over the param
             lr = lr * scale
-        fused = cu if not is_host(data) else self._compiled()
-        if fused is not None and all(a.flags.c_contiguous and a.dtype == np.float32
-                                     for a in (data, grad, *buffers)):
+        if not is_host(data) and all(a.flags.c_contiguous for a in (data, grad, *buffers)):
             if self._launch is None:
                 self._launch = cu.rule(*self.fused(), self.clip)
-            fused.update(self._launch, data, grad, buffers, lr, None if fold or scale == 1
-                         else scale, wd if not fold and wd > 0 else None)
+            cu.update(self._launch, data, grad, buffers, lr,
+                      None if fold or scale == 1 else scale, wd if not fold and wd > 0 else None)
             return
         if self.clip is not None:
             np.clip(grad, *self.clip, out=grad)
@@ -255,15 +249,6 @@ class Updater:
                 np.multiply(data, wd, out=t)
                 grad += t
         self._rule(data, grad, buffers, lr)
-
-    def _compiled(self):
-        """The CPU's compiled kernels (`kernels.numba`, whose `update` is updater_cuda's kernel
-        on the host) where they are the CPU's kernels, else None: numpy's calls. Chosen at the
-        first update."""
-        if self._host is None:
-            host = kernels.choose(CPU)
-            self._host = host if host.COMPILED else False
-        return self._host or None
 
     def update_many(self, step, slices):
         """`update(step, *s)` for each of `slices` [(data, grad, buffers, lr_scale, wd_scale,

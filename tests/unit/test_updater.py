@@ -456,35 +456,3 @@ def test_a_fixed_step_schedule_is_asked_every_update_others_once_a_step(monkeypa
 def test_unusable_schedules_are_config_errors(text, match):
     with pytest.raises(ConfigError, match=match):
         create_lr_generator(lr_proto(text))
-
-
-@pytest.mark.parametrize("extra, scales", [
-    ("", (1.0, 1.0, 1.0)), ("", (2.0, 1.0, 0.25)),
-    ("weight_decay: 0.01 clip_low: -0.1 clip_high: 0.1", (2.0, 3.0, 0.25)),
-    ("weight_decay: 0.01 clip_low: 0 clip_high: 0.2", (1.0, 1.0, 1.0))])
-@pytest.mark.parametrize("name", CASES)
-def test_the_compiled_rule_on_the_cpu_gives_the_bits_of_numpys_calls(name, extra, scales,
-                                                                      monkeypatch):
-    """kernels.numba's `update` (updater_cuda's kernel on the host, one pass) against numpy's
-    calls (SINGA_KERNELS=numpy): the same bytes of the param and its buffers over steps, on
-    gradients holding zeros of both signs, the clip bounds, tiny and huge values and NaN;
-    the gradient is left as it was."""
-    pytest.importorskip("numba")
-    rng = np.random.default_rng(7)
-    w0 = rng.normal(0, 1, 600).astype(np.float32)
-    w0[:5] = [0.0, -0.0, 1e-30, 3e18, np.nan]
-    grads = rng.normal(0, 0.3, (4, 600)).astype(np.float32)
-    grads[:, :9] = [0.0, -0.0, 0.1, -0.1, 0.2, 1e-30, -1e-38, 1e18, np.nan]
-    runs = []
-    for kernels in ("numpy", "numba"):
-        monkeypatch.setenv("SINGA_KERNELS", kernels)
-        up = create_updater(updater_proto(CASES[name][0] + " " + extra))
-        w, state = w0.copy(), up.new_state(w0.shape)
-        for step, g in enumerate(grads):
-            given = g.copy()
-            up.update(step, w, given, state, *scales)
-            if kernels == "numba":
-                assert given.tobytes() == g.tobytes()
-        assert (up._compiled() is not None) == (kernels == "numba")
-        runs.append([a.tobytes() for a in (w, *state)])
-    assert runs[1] == runs[0]

@@ -8,13 +8,11 @@ pooling, one pass where numpy copies each tap (cifar10's
 pools at batch 100, ms a call of one thread, numpy against ours: pool1's MAX 3 × 3 stride 2
 on 32 × 32 × 32 30.8 against 5.3 forward, 9.3 against 4.6 backward; pool2's AVG on
 32 × 16 × 16 2.2 against 1.5 and 4.4 against 1.9; pool3's on 64 × 8 × 8 1.5 against 1.4 and
-2.5 against 1.3); and the updaters' rules on the host (`update`: updater_cuda's kernel, one
-pass where numpy's calls make 2 to 19).
+2.5 against 1.3).
 
 All release the GIL, so the compute threads run their chunks side by side, and all add in
 the order of `kernels.numpy`'s functions of the same names: both give the same float32 bits
-(tests/unit/test_kernels.py; the rules, those of `singa.train.updater`'s numpy calls:
-tests/unit/test_updater.py).
+(tests/unit/test_kernels.py).
 """
 import numba
 import numpy as np
@@ -487,111 +485,3 @@ def crop_mirror(x, at, scale, y):
                 else:
                     for j in range(t):
                         y[n, c, i, j] = row[w + U(j)] * scale
-
-
-@jit
-def _clip(x, lo, hi):
-    """numpy's float32 clip: a NaN stays; on a tie (zeros of both signs) x is kept."""
-    x = lo if x < lo else x
-    return hi if x > hi else x
-
-
-@jit
-def _update(w, g, h, u, rule, clip, lo, hi, scale_on, scale, wd_on, wd, lr, c0, c1, c2, c3,
-            c4):
-    """singa/train/updater_cuda.cu's `step_` for every element of flat w, g, h, u (float32):
-    the same operations in the same order, each rounded to float32 (no contraction into
-    fused multiply-adds: numba's default), so the bits of the updater's numpy calls."""
-    for i in range(w.size):
-        gi = g[i]
-        if clip:
-            gi = _clip(gi, lo, hi)
-        if scale_on:
-            gi = gi * scale
-        if wd_on:
-            t = w[i] * wd
-            gi = gi + t
-        if rule == 0:       # SGD
-            gi = gi * lr
-            w[i] = w[i] - gi
-        elif rule == 1:     # SGD with momentum c0
-            gi = gi * lr
-            h[i] = h[i] * c0
-            h[i] = h[i] - gi
-            w[i] = w[i] + h[i]
-        elif rule == 2:     # Nesterov, c0 momentum, c1 1 + momentum
-            gi = gi * lr
-            hm = h[i] * c0
-            gi = gi + hm
-            t = gi * c1
-            t = t - hm
-            w[i] = w[i] - t
-            h[i] = gi
-        elif rule == 3:     # AdaGrad, c0 delta
-            t = gi * gi
-            h[i] = h[i] + t
-            gi = gi * lr
-            t = np.sqrt(h[i] + c0)
-            gi = gi / t
-            w[i] = w[i] - gi
-        elif rule == 4:     # RMSProp, c0 delta, c1 rho, c2 1 - rho
-            t = gi * gi
-            t = t * c2
-            h[i] = h[i] * c1
-            h[i] = h[i] + t
-            gi = gi * lr
-            t = np.sqrt(h[i] + c0)
-            gi = gi / t
-            w[i] = w[i] - gi
-        elif rule == 5:     # AdaDelta, c0 delta, c1 rho, c2 1 - rho
-            t = gi * gi
-            t = t * c2
-            h[i] = h[i] * c1
-            h[i] = h[i] + t
-            t = np.sqrt(u[i] + c0)
-            gi = gi * t
-            t = np.sqrt(h[i] + c0)
-            gi = gi / t
-            t = gi * gi
-            t = t * c2
-            u[i] = u[i] * c1
-            u[i] = u[i] + t
-            gi = gi * lr
-            w[i] = w[i] - gi
-        elif rule == 6:     # Adam, c0 delta, c1 1 - beta1, c2 1 - beta2, c3 beta1, c4 beta2
-            t = gi * c1
-            h[i] = h[i] * c3
-            h[i] = h[i] + t
-            t = gi * gi
-            t = t * c2
-            u[i] = u[i] * c4
-            u[i] = u[i] + t
-            gi = h[i] * lr
-            t = np.sqrt(u[i] + c0)
-            gi = gi / t
-            w[i] = w[i] - gi
-        else:               # AdamMax, c0 delta, c1 1 - beta1, c2 beta2, c3 beta1
-            t = gi * c1
-            h[i] = h[i] * c3
-            h[i] = h[i] + t
-            v = u[i] * c2
-            a = abs(gi)
-            v = v if np.isnan(v) or v > a else a    # numpy's maximum: a NaN wins
-            u[i] = v + c0
-            gi = h[i] * lr
-            gi = gi / u[i]
-            w[i] = w[i] - gi
-
-
-def update(launch, w, g, buffers, lr, scale=None, wd=None):
-    """`singa.train.updater_cuda.update` on the host: the rule of `launch` (updater_cuda.rule)
-    on slice `w` (float32, C-contiguous), its gradient `g` (left as it was) and `buffers`,
-    in one compiled pass where numpy's calls make 2 to 19 (SGD over 5 M floats: 4.3 against
-    2.5 ms; with momentum 7.8 against 3.6)."""
-    if w.size == 0:
-        return
-    h, u = (list(buffers) + [w, w])[:2]
-    head, constants = launch
-    f = np.float32
-    _update(w.reshape(-1), g.reshape(-1), h.reshape(-1), u.reshape(-1), *head,
-            scale is not None, f(scale or 0), wd is not None, f(wd or 0), f(lr), *constants)
