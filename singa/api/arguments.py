@@ -127,16 +127,18 @@ def keras_param(builder, arg, name, fans=None, exact=None):
 
 
 def check_positive(builder, arg, value):
+    """ConfigError unless `value` is a positive int."""
     if not isinstance(value, numbers.Integral) or value <= 0:
         raise ConfigError(f"{builder}: {arg} must be a positive int, got {value!r}")
 
 
 def dims(builder, arg, value):
-    dims = [value] if isinstance(value, numbers.Integral) else list(value or [])
-    if not dims or not all(isinstance(d, numbers.Integral) and d > 0 for d in dims):
+    """`value` (a positive int or a list of them) as a list."""
+    found = [value] if isinstance(value, numbers.Integral) else list(value or [])
+    if not found or not all(isinstance(d, numbers.Integral) and d > 0 for d in found):
         raise ConfigError(f"{builder}: {arg} must be a positive int or a list of them, "
                           f"got {value!r}")
-    return dims
+    return found
 
 
 def set_xy(conf, field, value, low=1):
