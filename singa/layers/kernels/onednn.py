@@ -154,18 +154,21 @@ class _Stream:
 
 
 _local = threading.local()
-#: held while a primitive or a thread's memory objects are made: made in several threads at
-#: once (two layers' first calls), one of them now and then failed at its execution (invalid
-#: arguments)
+#: held while a primitive, a thread's memory objects or its stream are made: made in several
+#: threads at once (two layers' first calls), one of them now and then failed at its execution
+#: (invalid arguments)
 _MAKING = threading.RLock()
 
 
 def stream():
     """The calling thread's stream: a stream is not for several threads at once (two
-    threads executing on one stream failed now and then with invalid arguments)."""
+    threads executing on one stream failed now and then with invalid arguments), and streams
+    are made one at a time, with the primitives (made at once in several new threads, a
+    reorder on one of them failed now and then: 4 in 6,600 rounds of four, none in 9,200)."""
     held = getattr(_local, "stream", None)
     if held is None:
-        held = _local.stream = _Stream()
+        with _MAKING:
+            held = _local.stream = _Stream()
     return held.handle
 
 
