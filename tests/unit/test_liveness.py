@@ -207,6 +207,9 @@ def test_a_peer_added_as_or_after_the_watch_ends_leaves_the_context_free_to_end(
         watch.add(1, late)
         watch.closing.set()      # the thread ends before its next turn reads the queue
         watch.close()
+        # close() returns at once where closing is set: the thread must not still be polling
+        # as the context terminates under it (ContextTerminated in the thread, a warning)
+        watch.thread.join(10)
     late.close()
     ended = threading.Thread(target=local.close, daemon=True)
     ended.start()
