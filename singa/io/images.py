@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from singa.errors import DataError
+from singa.io.records import Samples
 
 __all__ = ["decode_image", "decode_many", "batch_values", "resize_linear", "image_record",
            "pillow"]
@@ -65,7 +66,6 @@ def batch_values(images, labels):
     decoded side by side: one `records.Samples` ((n, C, H, W) uint8 and the labels), which an
     input layer takes as it is, where all have one shape; else each one's RecordProto bytes
     (`image_record`)."""
-    from singa.io.records import Samples
     pixels = decode_many(images)
     if pixels and len({x.shape for x in pixels}) == 1:
         return Samples(np.stack(pixels), np.array(labels))

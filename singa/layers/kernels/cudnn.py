@@ -81,11 +81,10 @@ def candidates():
     another folder of the `nvidia` namespace's, as CUDA 13's wheels lay theirs out:
     nvidia/cu13/lib), then wherever the dynamic loader finds it."""
     spec = importlib.util.find_spec("nvidia")
-    roots = spec.submodule_search_locations if spec else []
-    found = [os.path.join(root, "cudnn", "lib", "libcudnn.so.9") for root in roots]
-    found += [path for root in roots
-              for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcudnn.so.9")))]
-    return list(dict.fromkeys(p for p in found if os.path.exists(p))) + ["libcudnn.so.9"]
+    found = [path for root in (spec.submodule_search_locations if spec else [])
+             for path in sorted(glob.glob(os.path.join(root, "*", "lib", "libcudnn.so.9")))]
+    return sorted(found, key=lambda p: not p.endswith("/cudnn/lib/libcudnn.so.9")) + \
+        ["libcudnn.so.9"]
 
 
 @functools.cache
