@@ -8,25 +8,28 @@ side by side and read ahead (ours) against one image at a time in the training t
 A temporary LMDB of `--images` JPEG Datums (quality 90, `--size` square, colour: smooth
 gradients with noise, as photos compress), read by kRecordInput (backend lmdb) at `--batch`
 and cropped to `--crop` and mirrored by kImagePreprocess (Caffe's transforms), `--batches`
-batches a round. Ours: the store decodes a batch's images on its decoding threads
-(`images.decode_many`) and the input layer reads the next batch in its own thread while the
-net computes. One at a time: the same layers with the decoding made serial in the calling
-thread and no read-ahead (as before issue 47). Each `--step-ms` adds a training step of that
-many ms that holds no GIL (a GPU's step as the host sees it: a wait), so the figure is what
-the input lets a GPU train at. Rounds alternate the sides; medians, images/s.
+batches a round. Ours (processes): the store decodes a batch's images in its decoding
+processes (`images.decode_many`, `singa.io.decoders`) and the input layer reads the next batch
+in its own thread while the net computes. Threads: the same with a decoding thread per CPU,
+an image a task (decode_many before the processes). One at a time: the decoding made serial
+in the calling thread and no read-ahead (as before issue 47). Each `--step-ms` adds a training
+step of that many ms that holds no GIL (a GPU's step as the host sees it: a wait), so the
+figure is what the input lets a GPU train at. Rounds alternate the sides; medians, images/s.
 
 Then a GPU job's training thread on one batch (`training_thread_ms`): its work with
 ImagePreprocess on the host (the CPU's kernels; SINGA_KERNELS=numpy for numpy's) against
 on the GPU, and the images/s that work alone allows; and its reading thread's
-(`reading_thread_ms`): a batch's images made records and parsed back, against decoded into
-one array. The bench measures; it exits 0 whatever the figures.
+(`reading_thread_ms`): a batch read and decoded into one array by threads against by
+processes. The bench measures; it exits 0 whatever the figures.
 """
 import argparse
+import functools
 import io
 import os
 import statistics
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import singa  # noqa: F401  (first: it picks OpenBLAS's kernels before numpy loads it)
 import numpy as np
@@ -76,17 +79,33 @@ def layers(path, batch, crop, mean=None):
     return data, pre
 
 
-def one_at_a_time(on):
-    """Serial decoding in the calling thread (`on`), or ours."""
-    lmdbstore.decode_many = (lambda items: [images.decode_image(*a) for a in items]) if on \
-        else images.decode_many
+def serial(items):
+    return [images.decode_image(*args) for args in items]
 
 
-def images_per_s(path, args, step_ms, serial):
-    one_at_a_time(serial)
+def threaded(items):
+    """A thread per CPU, one image a task (decode_many before the decoding processes)."""
+    return list(_threads().map(lambda args: images.decode_image(*args), items))
+
+
+@functools.cache
+def _threads():
+    return ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="decode")
+
+
+ENGINES = {"one at a time": serial, "threads": threaded, "processes": images.decode_many}
+
+
+def engine(name):
+    """Decode batches as `name` does (ENGINES), in the store's calls and in batch_values'."""
+    images.decode_many = lmdbstore.decode_many = ENGINES[name]
+
+
+def images_per_s(path, args, step_ms, name):
+    engine(name)
     try:
         data, pre = layers(path, args.batch, args.crop)
-        data.read_ahead = not serial
+        data.read_ahead = name != "one at a time"
         data.compute_feature(FLAG, [])      # opened, first batch read
         t = time.perf_counter()
         for _ in range(args.batches):
@@ -97,7 +116,7 @@ def images_per_s(path, args, step_ms, serial):
         seconds = time.perf_counter() - t
         data.close()
     finally:
-        one_at_a_time(False)
+        engine("processes")
     return args.batches * args.batch / seconds
 
 
@@ -141,28 +160,22 @@ def training_thread_ms(path, args):
 
 
 def reading_thread_ms(path, args):
-    """{side: median ms} of the reading thread's work for a batch of a GPU job: the records
-    read and decoded (side by side) to the pixel bytes the layer uploads, made records of
-    each image and parsed back (before), against the batch decoded into one array (now,
-    `LMDBStore.read_samples`)."""
+    """{engine: median ms} of the reading thread's work for a batch of a GPU job: the records
+    read, decoded side by side into one array (`LMDBStore.read_samples`) and made the pixel
+    bytes the layer uploads, by decoding threads (before) and processes (now)."""
     labels = np.empty(args.batch, np.int32)
     dim = 3 * args.size * args.size
-
-    def records(store):
-        return uniform_pixels([v for _, v in store.read_many(args.batch)], dim, labels)
-
-    def samples(store):
-        return uniform_pixels(store.read_samples(args.batch)[1], dim, labels)
-
-    ms = {"records (before)": [], "one array (now)": []}
+    ms = {"threads (before)": [], "processes (now)": []}
     with lmdbstore.LMDBStore(path) as store:
         for _ in range(args.rounds * 5):
-            for side, read in zip(ms, (records, samples)):
+            for side, name in zip(ms, ("threads", "processes")):
+                engine(name)
                 if store.tell() + args.batch > store.count():
                     store.seek(0)
                 t = time.perf_counter()
-                read(store)
+                uniform_pixels(store.read_samples(args.batch)[1], dim, labels)
                 ms[side].append((time.perf_counter() - t) * 1e3)
+    engine("processes")
     return {side: statistics.median(v) for side, v in ms.items()}
 
 
@@ -182,22 +195,24 @@ def main(argv=None):
         print(f"{args.images} JPEG Datums {args.size}x{args.size}, batch {args.batch}, crop "
               f"{args.crop} + mirror; {len(os.sched_getaffinity(0))} CPUs; images/s, median of "
               f"{args.rounds} rounds of {args.batches} batches")
-        print(f"{'step ms':>8s} {'one at a time':>14s} {'ours':>8s} {'ours / one':>11s} "
-              f"{'step alone':>11s}")
+        print(f"{'step ms':>8s} {'one at a time':>14s} {'threads':>8s} {'processes':>10s} "
+              f"{'ours / one':>11s} {'step alone':>11s}")
         for step_ms in (float(s) for s in args.step_ms.split(",")):
-            sides = {True: [], False: []}
+            sides = {name: [] for name in ENGINES}
             for _ in range(args.rounds):
-                for serial in (True, False):
-                    sides[serial].append(images_per_s(path, args, step_ms, serial))
-            one, ours = statistics.median(sides[True]), statistics.median(sides[False])
+                for name in ENGINES:
+                    sides[name].append(images_per_s(path, args, step_ms, name))
+            one, threads, ours = (statistics.median(sides[name]) for name in ENGINES)
             alone = f"{args.batch / step_ms * 1e3:11.0f}" if step_ms else f"{'-':>11s}"
-            print(f"{step_ms:8.0f} {one:14.0f} {ours:8.0f} {ours / one:11.2f} {alone}")
+            print(f"{step_ms:8.0f} {one:14.0f} {threads:8.0f} {ours:10.0f} {ours / one:11.2f} "
+                  f"{alone}")
         print(f"\nA GPU job's training thread, a batch from the store's to the device's "
               f"(mean_value 117), median ms of {args.rounds * 5}:")
         for side, ms in training_thread_ms(path, args).items():
             print(f"{side:>28s} {ms:8.2f} ms  {args.batch / ms * 1e3:8.0f} images/s at most")
         print(f"\nIts reading thread, a batch read, decoded ({len(os.sched_getaffinity(0))} "
-              f"threads) and made the bytes it uploads, median ms of {args.rounds * 5}:")
+              f"threads or processes) and made the bytes it uploads, median ms of "
+              f"{args.rounds * 5}:")
         for side, ms in reading_thread_ms(path, args).items():
             print(f"{side:>28s} {ms:8.2f} ms  {args.batch / ms * 1e3:8.0f} images/s")
 

@@ -4,7 +4,6 @@ decoded side by side (`decode_many`, `batch_values`)."""
 import functools
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -54,11 +53,11 @@ def decode_image(raw, where, is_color=None, size=None):
 
 def decode_many(images):
     """[decode_image(*args) for args in images], decoded side by side by the process's decoding
-    threads, one per CPU it may use (Pillow lets go of the GIL while it decodes); the first
-    failing image's DataError, in order."""
-    if len(images) < 2:
+    processes, one per CPU it may use (`decoders.Decoders`); the first failing image's
+    DataError, in order."""
+    if len(images) < 2 or len(os.sched_getaffinity(0)) < 2:
         return [decode_image(*args) for args in images]
-    return list(_decoders().map(lambda args: decode_image(*args), images))
+    return _decoders().decode(images)
 
 
 def batch_values(images, labels):
@@ -74,7 +73,8 @@ def batch_values(images, labels):
 
 @functools.cache
 def _decoders():
-    return ThreadPoolExecutor(len(os.sched_getaffinity(0)), thread_name_prefix="decode")
+    from singa.io.decoders import Decoders
+    return Decoders(len(os.sched_getaffinity(0)))
 
 
 # what OpenCV's imdecode reads (Pillow's other formats too would open: EPS through Ghostscript)
