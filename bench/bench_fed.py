@@ -43,19 +43,26 @@ from singa.proto import caffe_pb2, job_pb2
 FLAG = job_pb2.kTrain | job_pb2.kForward
 
 
-def write_lmdb(path, n, size):
-    import lmdb
+def photos(n, size):
+    """`n` JPEGs (quality 90) of size × size colour pixels: smooth gradients with noise, as
+    photos compress."""
     from PIL import Image
     rng = np.random.default_rng(0)
     ramp = np.linspace(0, 200, size, dtype=np.float32)
+    for _ in range(n):
+        base = ramp[:, None, None] * rng.random(3) + ramp[None, :, None] * rng.random(3)
+        pixels = np.clip(base + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+        yield buf.getvalue()
+
+
+def write_lmdb(path, n, size):
+    import lmdb
     with lmdb.open(path, map_size=1 << 32) as env, env.begin(write=True) as txn:
-        for i in range(n):
-            base = ramp[:, None, None] * rng.random(3) + ramp[None, :, None] * rng.random(3)
-            pixels = np.clip(base + rng.normal(0, 12, (size, size, 3)), 0, 255).astype(np.uint8)
-            buf = io.BytesIO()
-            Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+        for i, jpeg in enumerate(photos(n, size)):
             datum = caffe_pb2.Datum(channels=3, height=size, width=size, label=i % 10,
-                                    encoded=True, data=buf.getvalue())
+                                    encoded=True, data=jpeg)
             txn.put(b"%08d" % i, datum.SerializeToString())
 
 
@@ -80,12 +87,18 @@ def layers(path, batch, crop, mean=None):
 
 
 def serial(items):
-    return [images.decode_image(*args) for args in items]
+    return stacked([images.decode_image(*args) for args in items])
 
 
 def threaded(items):
     """A thread per CPU, one image a task (decode_many before the decoding processes)."""
-    return list(_threads().map(lambda args: images.decode_image(*args), items))
+    return stacked(list(_threads().map(lambda args: images.decode_image(*args), items)))
+
+
+def stacked(pixels):
+    """decode_many's result from a list of images: stacked into one array (as batch_values
+    did) where they have one shape."""
+    return np.stack(pixels) if pixels and len({x.shape for x in pixels}) == 1 else pixels
 
 
 @functools.cache

@@ -38,6 +38,9 @@ echo
 echo "== bench_fed.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_fed.py
 echo
+echo "== bench_decode_gil.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
+"$PY" bench/bench_decode_gil.py || echo "(needs py-spy: pip install py-spy)"
+echo
 echo "== bench_notice.py  $(date -u '+%Y-%m-%d %H:%M UTC')"
 "$PY" bench/bench_notice.py
 echo

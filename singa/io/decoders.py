@@ -17,6 +17,7 @@ A process reads requests until its standard input ends (this process closed it o
 """
 import mmap
 import os
+import select
 import signal
 import struct
 import subprocess
@@ -27,7 +28,7 @@ import numpy as np
 
 from singa.errors import DataError
 
-__all__ = ["Decoders"]
+__all__ = ["Batch", "Decoders"]
 
 OK, DATA, FAILED = 0, 1, 2
 _HEAD = struct.Struct("<IiII")
@@ -36,6 +37,7 @@ _REPLY = struct.Struct("<BQ")
 _PIXELS = struct.Struct("<IIIQ")
 _LENGTH = struct.Struct("<I")
 _ALIGN = 64
+RUNS = 4    # a batch's runs a process: one finishing early takes the next
 
 
 class Decoders:
@@ -64,24 +66,38 @@ class Decoders:
                 except BaseException:
                     self._stop()        # replies left unread: the next batch gets new ones
                     raise
-        raise DataError(f"{images[died.first][1]}: the process decoding it and the "
-                        f"{died.count - 1} images after it died ({died.why})")
+        after = {1: "", 2: " and the image after it"}.get(died.count,
+                                                             f" and the {died.count - 1} after it")
+        raise DataError(f"{images[died.first][1]}: the process decoding it{after} died "
+                        f"({died.why})")
 
     def _decode(self, images):
         while len(self._workers) < self.count:
             self._workers.append(_Worker())
-        chunks = _chunks(images, len(self._workers))
-        for worker, (first, chunk) in zip(self._workers, chunks):
-            worker.send(chunk, first)
-        pixels, error = [], None
-        for worker, (first, chunk) in zip(self._workers, chunks):
-            try:
-                pixels += worker.receive(len(chunk))
-            except (DataError, RuntimeError) as e:
-                error = error or e      # the first in order, once every reply is read
-        if error is not None:
-            raise error
-        return pixels
+        runs = _chunks(images, RUNS * len(self._workers))
+        pixels, errors, waiting, busy = Batch(len(images)), {}, list(range(len(runs))), {}
+        waiting.reverse()
+        for worker in self._workers[:len(runs)]:
+            k = waiting.pop()
+            worker.send(*runs[k])
+            busy[worker.replies] = worker, k
+        while busy:
+            for fd in select.select(list(busy), [], [])[0]:
+                worker, k = busy.pop(fd)
+                try:
+                    worker.receive(pixels)
+                except (DataError, RuntimeError, _Died) as e:
+                    errors[k] = e       # the first in order is raised once all replies are in
+                    if isinstance(e, _Died):
+                        continue        # no more runs for a dead process
+                if waiting:
+                    k = waiting.pop()
+                    worker.send(*runs[k])
+                    busy[fd] = worker, k
+        died = [k for k, e in errors.items() if isinstance(e, _Died)]
+        if died or errors:
+            raise errors[min(died or errors)]
+        return pixels.result()
 
     def _stop(self):
         for worker in self._workers:
@@ -101,6 +117,31 @@ def _chunks(images, n):
     return runs
 
 
+class Batch:
+    """A batch of n images' pixels as they come, (C, H, W) uint8 each: copied into one
+    (n, C, H, W) array of the first one's shape (one allocation, not one an image), an image
+    of another shape kept aside."""
+
+    def __init__(self, n):
+        self.n, self.array, self.odd = n, None, {}
+
+    def put(self, i, x):
+        if self.array is None:
+            self.array = np.empty((self.n,) + x.shape, np.uint8)
+        if x.shape == self.array.shape[1:]:
+            np.copyto(self.array[i], x)
+        else:
+            self.odd[i] = x.copy()
+
+    def result(self):
+        """The array, or where shapes differ (or there are none) a list of the images."""
+        if self.array is None:
+            return []
+        if not self.odd:
+            return self.array
+        return [self.odd[i] if i in self.odd else self.array[i] for i in range(self.n)]
+
+
 class _Died(Exception):
     def __init__(self, first, count, why):
         self.first, self.count, self.why = first, count, why
@@ -116,13 +157,15 @@ class _Worker:
         home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "singa.io.decoders", str(self.fd)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, pass_fds=(self.fd,), env=env)
-        self.first = 0
+            [sys.executable, "-c", "import sys, singa.io.decoders as d; d.main(int(sys.argv[1]))",
+             str(self.fd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            pass_fds=(self.fd,), env=env)
+        self.replies = self.process.stdout.fileno()
+        self.first = self.count = 0
 
-    def send(self, images, first):
+    def send(self, first, images):
         """Ask for `images` (index `first` onwards of the batch) to be decoded."""
-        self.first = first
+        self.first, self.count = first, len(images)
         raws = [args[0] for args in images]
         need = sum(len(raw) for raw in raws)
         self._grow(need + (self.estimate + _ALIGN) * len(images))
@@ -140,11 +183,11 @@ class _Worker:
         except OSError:
             pass                        # it died: its reply is missing, which receive says
 
-    def receive(self, n):
-        """The (C, H, W) uint8 copies of the `n` images asked for, or its DataError."""
-        frame = _read(self.process.stdout.fileno())
+    def receive(self, batch):
+        """The images asked for put in `batch` (a `Batch`), or their DataError."""
+        frame = _read(self.replies)
         if frame is None:
-            raise _Died(self.first, n, self._why())
+            raise _Died(self.first, self.count, self._why())
         status, size = _REPLY.unpack_from(frame)
         if size > self.size:
             self._map(size)             # it grew the file
@@ -153,14 +196,11 @@ class _Worker:
             raise DataError(body.decode(errors="surrogateescape"))
         if status != OK:
             raise RuntimeError(f"an image decoding process failed: {body.decode()}")
-        pixels, end = [], 0
-        for k in range(n):
+        for k in range(self.count):
             c, h, w, at = _PIXELS.unpack_from(body, k * _PIXELS.size)
-            pixels.append(np.frombuffer(self.memory, np.uint8, c * h * w, at)
-                          .reshape(c, h, w).copy())
-            end = max(end, c * h * w)
-        self.estimate = max(self.estimate, end)
-        return pixels
+            batch.put(self.first + k, np.frombuffer(self.memory, np.uint8, c * h * w, at)
+                      .reshape(c, h, w))
+            self.estimate = max(self.estimate, c * h * w)
 
     def _grow(self, need):
         if need > self.size:
@@ -262,6 +302,8 @@ def serve(fd, requests=0, replies=1):
             return                      # the asking process is gone
 
 
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a terminal's Ctrl-C is its parent's to act on
-    serve(int(sys.argv[1]))
+
+def main(fd):
+    """A decoding process's life: a terminal's Ctrl-C is its parent's to act on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    serve(fd)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from singa.errors import DataError
+from singa.io.decoders import Batch, Decoders
 from singa.io.records import Samples
 
 __all__ = ["decode_image", "decode_many", "batch_values", "resize_linear", "image_record",
@@ -52,12 +53,16 @@ def decode_image(raw, where, is_color=None, size=None):
 
 
 def decode_many(images):
-    """[decode_image(*args) for args in images], decoded side by side by the process's decoding
-    processes, one per CPU it may use (`decoders.Decoders`); the first failing image's
-    DataError, in order."""
-    if len(images) < 2 or len(os.sched_getaffinity(0)) < 2:
-        return [decode_image(*args) for args in images]
-    return _decoders().decode(images)
+    """decode_image(*args) of each of `images`, in order, decoded side by side by the process's
+    decoding processes, one per CPU it may use (`decoders.Decoders`): one (n, C, H, W) array
+    where they have one shape, else a list (`decoders.Batch`); the first failing image's
+    DataError."""
+    if len(images) > 1 and len(os.sched_getaffinity(0)) > 1:
+        return _decoders().decode(images)
+    batch = Batch(len(images))
+    for i, args in enumerate(images):
+        batch.put(i, decode_image(*args))
+    return batch.result()
 
 
 def batch_values(images, labels):
@@ -66,14 +71,13 @@ def batch_values(images, labels):
     input layer takes as it is, where all have one shape; else each one's RecordProto bytes
     (`image_record`)."""
     pixels = decode_many(images)
-    if pixels and len({x.shape for x in pixels}) == 1:
-        return Samples(np.stack(pixels), np.array(labels))
+    if isinstance(pixels, np.ndarray):
+        return Samples(pixels, np.array(labels))
     return [image_record(x, label) for x, label in zip(pixels, labels)]
 
 
 @functools.cache
 def _decoders():
-    from singa.io.decoders import Decoders
     return Decoders(len(os.sched_getaffinity(0)))
 
 

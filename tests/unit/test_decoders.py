@@ -61,6 +61,17 @@ def test_a_batch_is_decode_images_pixels_in_order(decoders, is_color, size):
     assert_same(decoders.decode(images), images)
 
 
+def test_a_batch_of_one_shape_is_one_array_and_of_several_a_list(decoders):
+    same = [(raw, f"image {i}") for i, raw in enumerate(photos(5))]
+    got = decoders.decode(same)
+    assert isinstance(got, np.ndarray) and got.shape == (5, 3, 40, 56)
+    assert_same(got, same)
+    several = same[:2] + [(encoded(np.zeros((7, 5), np.uint8), "PNG"), "gray")] + same[2:]
+    got = decoders.decode(several)
+    assert isinstance(got, list)
+    assert_same(got, several)
+
+
 def test_batches_of_any_count_and_growing_images_come_right(decoders):
     """One image for three processes, two, then images larger than the memory files held."""
     for n, size in [(1, (8, 8)), (2, (8, 8)), (7, (8, 8)), (5, (300, 260)), (4, (20, 20))]:
@@ -107,7 +118,7 @@ def test_a_batch_interrupted_leaves_no_reply_for_the_next(decoders, monkeypatch)
                      for k in (1, 2))
     receive = module._Worker.receive
 
-    def interrupted(self, n):
+    def interrupted(self, batch):
         monkeypatch.setattr(module._Worker, "receive", receive)
         raise KeyboardInterrupt
     monkeypatch.setattr(module._Worker, "receive", interrupted)
@@ -120,8 +131,8 @@ def test_processes_that_cannot_decode_at_all_are_one_line_naming_the_images(monk
     monkeypatch.setattr(sys, "executable", "/bin/false")
     d = Decoders(2)
     images = [(raw, f"db: record '{i}'") for i, raw in enumerate(photos(4))]
-    with pytest.raises(DataError, match=r"^db: record '0': the process decoding it and the 1 "
-                                        r"images after it died \(exit status 1\)$"):
+    with pytest.raises(DataError, match=r"^db: record '0': the process decoding it died "
+                                        r"\(exit status 1\)$"):
         d.decode(images)
     assert d._workers == []
 
