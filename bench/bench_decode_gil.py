@@ -10,10 +10,10 @@ Needs py-spy (`pip install py-spy`, a bench's tool, not a dependency): each engi
 child process under `py-spy record --gil` (only samples of a thread holding the GIL), which
 decodes the same batch of `--batch` JPEGs (bench_fed's photos, `--size` square) again and
 again for `--seconds`; the samples whose stack is in that loop or in a decoding thread, over
-the images decoded, are its GIL time an image; the CPU time of that process an image beside it (with threads all the
-decoding, with processes what the asking takes). Sampling at `--rate` Hz takes some CPU itself: on a small machine its
-images/s are a little below bench_fed's. The bench measures; it exits 0 whatever the figures
-(2 without py-spy).
+the images decoded, are its GIL time an image; beside it the CPU time of that process an image
+(with threads all of the decoding, with processes what the asking takes). Sampling at
+`--rate` Hz takes some CPU itself: on a small machine its images/s are a little below
+bench_fed's. The bench measures; it exits 0 whatever the figures (2 without py-spy).
 """
 import argparse
 import os

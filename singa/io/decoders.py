@@ -1,8 +1,9 @@
 """A batch's encoded images decoded by worker processes, one per CPU this process may use
-(`images.decode_many`'s engine). Pillow holds the GIL for about a third of a JPEG's decoding
-(its header parsed in Python, the pixels copied out as bytes: 0.26 of 0.8 ms for a 256² JPEG
-by py-spy --gil), which caps a process's decoding threads at some 3,900 such images a second
-however many cores it has; processes have a GIL each.
+(`images.decode_many`'s engine). Pillow holds the GIL for a third of a JPEG's decoding (its
+header parsed in Python, the loop around its decoder, the pixels copied out as bytes): a
+process's decoding threads held it 0.31-0.38 ms a 256² JPEG, a ceiling near 3,000 images a
+second however many cores it has; asking the processes holds it 0.03 ms
+(bench/bench_decode_gil.py).
 
 The processes share nothing with this one but messages on pipes and a memory file each
 (memfd): the encoded bytes in, the decoded (C, H, W) uint8 pixels out, no pickles. A frame is
@@ -41,9 +42,10 @@ RUNS = 4    # a batch's runs a process: one finishing early takes the next
 
 
 class Decoders:
-    """`count` decoding processes, started at the first batch; `decode` is decode_many's
-    contract: the (C, H, W) uint8 of each (raw, where[, is_color[, size]]) in order, or the
-    first failing image's DataError. One batch at a time (calls from several threads wait)."""
+    """`count` decoding processes, started at the first batch. `decode` is decode_many's
+    contract: the (C, H, W) uint8 of each (raw, where[, is_color[, size]]) in order, one
+    (n, C, H, W) array where all have one shape, else a list (`Batch`); or the first failing
+    image's DataError. One batch at a time (calls from several threads wait)."""
 
     def __init__(self, count):
         self.count = count
@@ -77,23 +79,25 @@ class Decoders:
         runs = _chunks(images, RUNS * len(self._workers))
         pixels, errors, waiting, busy = Batch(len(images)), {}, list(range(len(runs))), {}
         waiting.reverse()
+        ready = select.poll()
         for worker in self._workers[:len(runs)]:
             k = waiting.pop()
             worker.send(*runs[k])
             busy[worker.replies] = worker, k
+            ready.register(worker.replies, select.POLLIN)
         while busy:
-            for fd in select.select(list(busy), [], [])[0]:
+            for fd, _ in ready.poll():
                 worker, k = busy.pop(fd)
                 try:
                     worker.receive(pixels)
                 except (DataError, RuntimeError, _Died) as e:
                     errors[k] = e       # the first in order is raised once all replies are in
-                    if isinstance(e, _Died):
-                        continue        # no more runs for a dead process
-                if waiting:
+                if waiting and not isinstance(errors.get(k), _Died):    # none for the dead
                     k = waiting.pop()
                     worker.send(*runs[k])
                     busy[fd] = worker, k
+                else:
+                    ready.unregister(fd)
         died = [k for k, e in errors.items() if isinstance(e, _Died)]
         if died or errors:
             raise errors[min(died or errors)]
@@ -156,10 +160,14 @@ class _Worker:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "import sys, singa.io.decoders as d; d.main(int(sys.argv[1]))",
-             str(self.fd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            pass_fds=(self.fd,), env=env)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import sys, singa.io.decoders as d; d.main(int(sys.argv[1]))", str(self.fd)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self.fd,), env=env)
+        except BaseException:
+            os.close(self.fd)
+            raise
         self.replies = self.process.stdout.fileno()
         self.first = self.count = 0
 
@@ -295,7 +303,8 @@ def serve(fd, requests=0, replies=1):
         except DataError as e:
             reply = _REPLY.pack(DATA, size) + str(e).encode(errors="surrogateescape")
         except Exception as e:
-            reply = _REPLY.pack(FAILED, size) + f"{type(e).__name__}: {e}".encode(errors="backslashreplace")
+            text = f"{type(e).__name__}: {e}"
+            reply = _REPLY.pack(FAILED, size) + text.encode(errors="backslashreplace")
         try:
             _write(replies, _LENGTH.pack(len(reply)) + reply)
         except OSError:
