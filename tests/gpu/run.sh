@@ -16,12 +16,14 @@
 #            without CUDA graphs and buckets, and ours on the CPU
 #   training tests/gpu's training tests (SINGA's confs, bit-exact resumes, the fed LMDB ...)
 #   fed      bench/bench_fed.py: images/s of a Caffe LMDB of JPEGs through the input layers on
-#            this machine's cores, against the GPU's step; the training thread's crop on the GPU
+#            this machine's cores, against the GPU's step; the training thread's crop on the GPU;
+#            then bench/bench_decode_gil.py (with the py-spy wheel): decoding threads against
+#            processes on all its cores
 #   ops      bench/gpu_op_times.py: each layer's passes and operations at batch 1024 against
 #            torch's, then a profile of ours into $OUT/gpu-profile.txt, if time is left
 # The log is $OUT/gpu.log (default ./gpu-check/). Wheels in .whl/ (pyzmq, kazoo, protobuf,
-# tensorboardX, pytest and its three, lmdb: docs/gpu.md says how to fetch them) are installed
-# to /tmp/site first. Exit status: 0 when every test phase that ran passed.
+# tensorboardX, pytest and its three, lmdb, py-spy: docs/gpu.md says how to fetch them) are
+# installed to /tmp/site first. Exit status: 0 when every test phase that ran passed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${OUT:-$PWD/gpu-check}
@@ -30,7 +32,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  export PYTHONPATH=$PWD:/tmp/site
+  export PYTHONPATH=$PWD:/tmp/site PATH=/tmp/site/bin:$PATH
 fi
 PHASES=("$@")
 [ ${#PHASES[@]} -gt 0 ] || PHASES=(where layers zoo bench training fed ops)
@@ -68,7 +70,8 @@ print('cuDNN', cudnn.version(), 'loaded')" ;;
       zoo) (cd bench && phase 230 zoo python3 bench_gpu_zoo.py --batches 128,32) ;;
       bench) (cd bench && phase 150 bench python3 bench_gpu.py) ;;
       training) phase 300 training "${PYTEST[@]}" tests/gpu/test_training_gpu.py || failed=1 ;;
-      fed) (cd bench && phase 60 fed python3 bench_fed.py) ;;
+      fed) (cd bench && phase 60 fed python3 bench_fed.py
+            phase 40 gil python3 bench_decode_gil.py --seconds 5) ;;
       ops) (cd bench && phase 60 ops python3 gpu_op_times.py --batch 1024)
            (cd bench && phase 60 profile python3 -c "import bench_gpu
 bench_gpu.profile_threads('$OUT/gpu-profile.txt')") ;;
