@@ -1,8 +1,8 @@
-"""A batch's encoded images decoded by worker processes, one per CPU this process may use
-(`images.decode_many`'s engine). Pillow holds the GIL for a third of a JPEG's decoding (its
-header parsed in Python, the loop around its decoder, the pixels copied out as bytes): a
-process's decoding threads held it 0.31-0.38 ms a 256² JPEG, a ceiling near 3,000 images a
-second however many cores it has; asking the processes holds it 0.03 ms
+"""A batch's encoded images decoded by worker processes, one per CPU this process may use up
+to `MOST` (`images.decode_many`'s engine). Pillow holds the GIL for a third of a JPEG's
+decoding (its header parsed in Python, the loop around its decoder, the pixels copied out as
+bytes): a process's decoding threads held it 0.31-0.38 ms a 256² JPEG, a ceiling near 3,000
+images a second however many cores it has; asking the processes holds it 0.03 ms
 (bench/bench_decode_gil.py).
 
 The processes share nothing with this one but messages on pipes and a memory file each
@@ -39,6 +39,9 @@ _PIXELS = struct.Struct("<IIIQ")
 _LENGTH = struct.Struct("<I")
 _ALIGN = 64
 RUNS = 4    # a batch's runs a process: one finishing early takes the next
+# A process's decoding processes at most: each holds some 20 MB of its own, and 8 decode some
+# 10,000 256² JPEGs a second, beyond what a GPU trains the zoo nets at.
+MOST = 8
 
 
 class Decoders:

@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from singa.errors import DataError
-from singa.io.decoders import Batch, Decoders
+from singa.io.decoders import MOST, Batch, Decoders
 from singa.io.records import Samples
 
 __all__ = ["decode_image", "decode_many", "batch_values", "resize_linear", "image_record",
@@ -54,9 +54,9 @@ def decode_image(raw, where, is_color=None, size=None):
 
 def decode_many(images):
     """decode_image(*args) of each of `images`, in order, decoded side by side by the process's
-    decoding processes, one per CPU it may use (`decoders.Decoders`): one (n, C, H, W) array
-    where they have one shape, else a list (`decoders.Batch`); the first failing image's
-    DataError."""
+    decoding processes, one per CPU it may use up to 8 (`decoders.Decoders`): one
+    (n, C, H, W) array where they have one shape, else a list (`decoders.Batch`); the first
+    failing image's DataError."""
     if len(images) > 1 and len(os.sched_getaffinity(0)) > 1:
         return _decoders().decode(images)
     batch = Batch(len(images))
@@ -78,7 +78,7 @@ def batch_values(images, labels):
 
 @functools.cache
 def _decoders():
-    return Decoders(len(os.sched_getaffinity(0)))
+    return Decoders(min(len(os.sched_getaffinity(0)), MOST))
 
 
 # what OpenCV's imdecode reads (Pillow's other formats too would open: EPS through Ghostscript)
