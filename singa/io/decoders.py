@@ -314,8 +314,10 @@ def serve(fd, requests=0, replies=1):
             return                      # the asking process is gone
 
 
-
 def main(fd):
-    """A decoding process's life: a terminal's Ctrl-C is its parent's to act on."""
+    """A decoding process's life: a terminal's Ctrl-C is its parent's to act on, and what a
+    library prints goes to standard error, not into the replies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve(fd)
+    replies = os.dup(1)
+    os.dup2(2, 1)
+    serve(fd, 0, replies)

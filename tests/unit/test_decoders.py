@@ -127,6 +127,34 @@ def test_a_batch_interrupted_leaves_no_reply_for_the_next(decoders, monkeypatch)
     assert_same(decoders.decode(second), second)
 
 
+def test_what_a_decoding_process_prints_does_not_reach_its_replies(capfd):
+    """A library's print in the decoding process (here: around each decode) goes to standard
+    error; the replies on its standard output stay whole."""
+    from singa.io import decoders as module
+    noisy = ("import sys, singa.io.images as im, singa.io.decoders as d\n"
+             "decode = im.decode_image\n"
+             "def loud(*args):\n"
+             "    print('decoding', args[1], flush=True)\n"
+             "    return decode(*args)\n"
+             "im.decode_image = loud\n"
+             "d.main(int(sys.argv[1]))\n")
+    worker = module._Worker.__new__(module._Worker)
+    worker.fd = os.memfd_create("test")
+    worker.memory, worker.size, worker.estimate = None, 0, 0
+    worker.process = subprocess.Popen([sys.executable, "-c", noisy, str(worker.fd)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      pass_fds=(worker.fd,))
+    worker.replies = worker.process.stdout.fileno()
+    d = Decoders(1)
+    d._workers = [worker]
+    images = [(raw, f"image {i}") for i, raw in enumerate(photos(3))]
+    try:
+        assert_same(d.decode(images), images)
+    finally:
+        d._stop()
+    assert "decoding image 2" in capfd.readouterr().err
+
+
 def test_processes_that_cannot_decode_at_all_are_one_line_naming_the_images(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")
     d = Decoders(2)
