@@ -72,6 +72,19 @@ def test_a_batch_of_one_shape_is_one_array_and_of_several_a_list(decoders):
     assert_same(got, several)
 
 
+def test_one_cpu_decodes_in_the_calling_thread_to_the_same_batch(monkeypatch):
+    from singa.io import images as module
+    same = [(raw, f"image {i}") for i, raw in enumerate(photos(4))]
+    several = same + [(encoded(np.zeros((7, 5), np.uint8), "PNG"), "gray")]
+    monkeypatch.setattr(module, "_decoders", None)        # no processes asked
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    got = module.decode_many(same)
+    assert isinstance(got, np.ndarray) and got.shape == (4, 3, 40, 56)
+    assert_same(got, same)
+    assert isinstance(module.decode_many(several), list)
+    assert_same(module.decode_many(several), several)
+
+
 def test_batches_of_any_count_and_growing_images_come_right(decoders):
     """One image for three processes, two, then images larger than the memory files held."""
     for n, size in [(1, (8, 8)), (2, (8, 8)), (7, (8, 8)), (5, (300, 260)), (4, (20, 20))]:
