@@ -52,7 +52,7 @@ class Decoders:
 
     def __init__(self, count):
         self.count = count
-        self._workers = []
+        self._workers, self._pid = [], os.getpid()
         self._lock = threading.Lock()
 
     def decode(self, images):
@@ -77,6 +77,8 @@ class Decoders:
                         f"({died.why})")
 
     def _decode(self, images):
+        if self._pid != os.getpid():    # a fork's copy: the processes are its parent's
+            self._workers, self._pid = [], os.getpid()
         while len(self._workers) < self.count:
             self._workers.append(_Worker())
         runs = _chunks(images, RUNS * len(self._workers))

@@ -1,7 +1,6 @@
 """8-bit images as Caffe reads them: decoded with Pillow into Caffe's (C, H, W) BGR order, and
 resized as OpenCV's bilinear cv::resize does (caffe/src/caffe/util/io.cpp); a batch's images
 decoded side by side (`decode_many`, `batch_values`)."""
-import functools
 import io
 import os
 
@@ -58,7 +57,7 @@ def decode_many(images):
     (n, C, H, W) array where they have one shape, else a list (`decoders.Batch`); the first
     failing image's DataError."""
     if len(images) > 1 and len(os.sched_getaffinity(0)) > 1:
-        return _decoders().decode(images)
+        return _decoders.decode(images)
     batch = Batch(len(images))
     for i, args in enumerate(images):
         batch.put(i, decode_image(*args))
@@ -76,9 +75,8 @@ def batch_values(images, labels):
     return [image_record(x, label) for x, label in zip(pixels, labels)]
 
 
-@functools.cache
-def _decoders():
-    return Decoders(min(len(os.sched_getaffinity(0)), MOST))
+# the process's decoding processes, started at the first batch that needs them
+_decoders = Decoders(min(len(os.sched_getaffinity(0)), MOST))
 
 
 # what OpenCV's imdecode reads (Pillow's other formats too would open: EPS through Ghostscript)

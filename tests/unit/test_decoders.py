@@ -168,6 +168,27 @@ def test_what_a_decoding_process_prints_does_not_reach_its_replies(capfd):
     assert "decoding image 2" in capfd.readouterr().err
 
 
+def test_a_forks_batches_are_decoded_by_processes_of_its_own(decoders):
+    """A fork (multiprocessing's default here) of a process that has decoded leaves the
+    processes to its parent: the child starts its own, and the parent's still answer it."""
+    images = [(raw, f"image {i}") for i, raw in enumerate(photos(6))]
+    decoders.decode(images)
+    theirs = [w.process.pid for w in decoders._workers]
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            ok = np.array_equal(decoders.decode(images), decoders.decode(images)) and \
+                not {w.process.pid for w in decoders._workers} & set(theirs)
+            decoders._stop()
+        finally:
+            os._exit(0 if ok else 1)
+    assert_same(decoders.decode(images), images)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert [w.process.pid for w in decoders._workers] == theirs
+    assert_same(decoders.decode(images), images)
+
+
 def test_processes_that_cannot_decode_at_all_are_one_line_naming_the_images(monkeypatch):
     monkeypatch.setattr(sys, "executable", "/bin/false")
     d = Decoders(2)
