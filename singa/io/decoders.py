@@ -27,6 +27,7 @@ import threading
 
 import numpy as np
 
+from singa import HOME
 from singa.errors import DataError
 
 __all__ = ["Batch", "Decoders"]
@@ -163,8 +164,7 @@ class _Worker:
         self.fd = os.memfd_create("singa-decode")
         self.memory, self.size, self.estimate = None, 0, 0
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-        home = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [home, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [HOME, env.get("PYTHONPATH")]))
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-c",

@@ -56,7 +56,7 @@ def decode_many(images):
     decoding processes, one per CPU it may use up to 8 (`decoders.Decoders`): one
     (n, C, H, W) array where they have one shape, else a list (`decoders.Batch`); the first
     failing image's DataError."""
-    if len(images) > 1 and len(os.sched_getaffinity(0)) > 1:
+    if len(images) > 1 and _decoders.count > 1:
         return _decoders.decode(images)
     batch = Batch(len(images))
     for i, args in enumerate(images):

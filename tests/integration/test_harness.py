@@ -27,7 +27,8 @@ def test_ctrl_c_mid_test_stops_the_runs_zookeeper(tmp_path):
     the session's ZooKeeper runs: pytest's finalizers stop it by pid before the run exits."""
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER))
     out = tmp_path / "inner.out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, singa.HOME]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE),
+                                                       singa.HOME]))
     with open(out, "w") as f:
         inner = subprocess.Popen([sys.executable, "-m", "pytest", "-s", "-q", "-p",
                                   "no:cacheprovider", "--rootdir", str(tmp_path), "--basetemp",

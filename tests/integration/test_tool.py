@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import processes
 import singa
 from conftest import zookeeper
 from singa.cluster.cluster_rt import ZKClusterRuntime
@@ -38,15 +39,6 @@ def confdir(singa_conf, zk_server):
 
 def script_env(confdir):
     return dict(os.environ, PYTHON=sys.executable, SINGA_CONF=str(confdir))
-
-
-def alive(pid):
-    """A running (not zombie) process; a reparented zombie may linger where nobody reaps."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def start_registered_process(zk_server, job_id, tmp_path):
@@ -301,7 +293,7 @@ def test_zk_service_start_stop_are_idempotent(tmp_path, closed_port):
     finally:
         stopped = run("stop")
     assert stopped.returncode == 0 and "stopped" in stopped.stdout
-    assert not alive(pid)
+    assert not processes.alive(pid)
     again = run("stop")
     assert again.returncode == 0 and "not running" in again.stdout
     assert run("status").returncode == 3

@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+import processes
 from singa.errors import DataError
 from singa.io.decoders import Decoders, _chunks
 from singa.io.images import decode_image
@@ -76,13 +77,13 @@ def test_one_cpu_decodes_in_the_calling_thread_to_the_same_batch(monkeypatch):
     from singa.io import images as module
     same = [(raw, f"image {i}") for i, raw in enumerate(photos(4))]
     several = same + [(encoded(np.zeros((7, 5), np.uint8), "PNG"), "gray")]
-    monkeypatch.setattr(module, "_decoders", None)        # no processes asked
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.setattr(module, "_decoders", Decoders(1))     # one CPU
     got = module.decode_many(same)
     assert isinstance(got, np.ndarray) and got.shape == (4, 3, 40, 56)
     assert_same(got, same)
     assert isinstance(module.decode_many(several), list)
     assert_same(module.decode_many(several), several)
+    assert module._decoders._workers == []                  # no process started
 
 
 def test_batches_of_any_count_and_growing_images_come_right(decoders):
@@ -234,15 +235,6 @@ def test_the_processes_end_with_the_process_that_started_them(tmp_path, how):
         parent.send_signal(signal.SIGKILL)
     parent.wait(timeout=30)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(processes.alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(_alive(p) for p in pids)
-
-
-def _alive(pid):
-    """Whether `pid` runs (a zombie, its exit not yet collected by init, has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not any(processes.alive(p) for p in pids)
